@@ -1,0 +1,1 @@
+"""admin layer (see docs/architecture.md)."""

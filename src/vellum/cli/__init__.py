@@ -1,0 +1,1 @@
+"""cli layer (see docs/architecture.md)."""

@@ -1,0 +1,409 @@
+"""Server and client configuration: frozen dataclasses with BookKeeper's keys and defaults.
+
+Each field is a BookKeeper configuration key in snake_case with a unit suffix; its camelCase
+BookKeeper name is accepted in ``bk_server.conf``-style files (``key=value`` lines, ``#``
+comments, lists comma-separated). Unknown keys are errors with a "did you mean" suggestion;
+values are validated against ranges and cross-field rules when the object is built.
+Where Vellum's default differs from BookKeeper's code default, the field's doc says why.
+No I/O except ``load_server_config``/``parse_conf_file`` reading the file they are given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar, get_type_hints
+
+from vellum.errors import ConfigError
+
+_T = TypeVar("_T")
+
+
+def _opt(
+    key: str,
+    default: Any,
+    doc: str,
+    *,
+    lo: float | None = None,
+    hi: float | None = None,
+    choices: tuple[str, ...] | None = None,
+) -> Any:
+    meta = {"key": key, "doc": doc, "lo": lo, "hi": hi, "choices": choices}
+    if isinstance(default, list):
+        default = tuple(default)
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Configuration of one bookie (``bk_server.conf``)."""
+
+    # --- identity and network ---
+    bookie_port: int = _opt("bookiePort", 3181, "TCP port of the bookie protocol", lo=0, hi=65535)
+    bookie_id: str = _opt("bookieId", "", "explicit bookie id; empty = advertised_address:port")
+    advertised_address: str = _opt(
+        "advertisedAddress", "127.0.0.1", "address other processes use to reach this bookie"
+    )
+    bookie_bind_address: str = _opt(
+        "bookieBindAddress", "127.0.0.1", "interface the bookie listens on (loopback by default)"
+    )
+    netty_max_frame_size_bytes: int = _opt(
+        "nettyMaxFrameSizeBytes", 5242880, "largest accepted wire frame", lo=1024, hi=1 << 30
+    )
+    max_adds_in_progress_limit: int = _opt(
+        "maxAddsInProgressLimit",
+        10000,
+        "adds in flight per bookie before TOOMANYREQUESTS (BookKeeper: 0 = unlimited; "
+        "Vellum bounds memory by default)",
+        lo=0,
+    )
+    max_reads_in_progress_limit: int = _opt(
+        "maxReadsInProgressLimit",
+        10000,
+        "reads in flight per bookie before TOOMANYREQUESTS (BookKeeper: 0 = unlimited)",
+        lo=0,
+    )
+    # --- directories ---
+    journal_directories: tuple[str, ...] = _opt(
+        "journalDirectories", ["/tmp/bk-txn"], "journal directories (one journal thread each)"
+    )
+    ledger_directories: tuple[str, ...] = _opt(
+        "ledgerDirectories", ["/tmp/bk-data"], "ledger directories (entry logs + index)"
+    )
+    index_directories: tuple[str, ...] = _opt(
+        "indexDirectories", [], "RocksDB index directories; empty = the ledger directories"
+    )
+    allow_storage_expansion: bool = _opt(
+        "allowStorageExpansion", False, "allow new ledger dirs to be added to a cookie"
+    )
+    # --- journal ---
+    journal_format_version_to_write: int = _opt(
+        "journalFormatVersionToWrite", 6, "journal file format version", lo=4, hi=6
+    )
+    journal_max_size_mb: int = _opt(
+        "journalMaxSizeMB", 2048, "roll the journal file past this size", lo=1
+    )
+    journal_max_backups: int = _opt(
+        "journalMaxBackups", 5, "journal files kept below the last mark", lo=0
+    )
+    journal_pre_alloc_size_mb: int = _opt(
+        "journalPreAllocSizeMB", 16, "journal preallocation step", lo=1
+    )
+    journal_write_buffer_size_kb: int = _opt(
+        "journalWriteBufferSizeKB", 64, "journal write buffer", lo=1
+    )
+    journal_sync_data: bool = _opt(
+        "journalSyncData", True, "fsync the journal before acknowledging (never turn off in production)"
+    )
+    journal_max_group_wait_ms: float = _opt(
+        "journalMaxGroupWaitMSec", 2, "group commit: flush when the oldest entry waited this long", lo=0
+    )
+    journal_buffered_writes_threshold_bytes: int = _opt(
+        "journalBufferedWritesThreshold", 524288, "group commit: flush past this many bytes", lo=0
+    )
+    journal_buffered_entries_threshold: int = _opt(
+        "journalBufferedEntriesThreshold", 0, "group commit: flush past this many entries (0 = off)", lo=0
+    )
+    journal_flush_when_queue_empty: bool = _opt(
+        "journalFlushWhenQueueEmpty", False, "group commit: flush as soon as the queue is empty"
+    )
+    journal_alignment_size_bytes: int = _opt(
+        "journalAlignmentSize", 512, "journal flushes are padded to this alignment", lo=512, hi=1 << 20
+    )
+    journal_queue_size: int = _opt("journalQueueSize", 10000, "journal queue capacity", lo=1)
+    # --- entry logs and ledger storage ---
+    log_size_limit_bytes: int = _opt(
+        "logSizeLimit", 1073741824, "rotate an entry log past this size", lo=1024 + 64, hi=(1 << 31) - 1
+    )
+    entry_log_file_preallocation_enabled: bool = _opt(
+        "entryLogFilePreallocationEnabled", True, "preallocate the next entry log"
+    )
+    flush_interval_ms: int = _opt(
+        "flushInterval", 10000, "checkpoint period (flush ledger storage, persist lastMark)", lo=1
+    )
+    flush_entrylog_bytes: int = _opt(
+        "flushEntrylogBytes", 0, "fsync the entry log every N bytes written (0 = at flush only)", lo=0
+    )
+    db_storage_write_cache_max_size_mb: int = _opt(
+        "dbStorage_writeCacheMaxSizeMb",
+        64,
+        "write cache per bookie, split across ledger dirs and in two (BookKeeper: 25% of direct memory)",
+        lo=1,
+    )
+    db_storage_read_ahead_cache_max_size_mb: int = _opt(
+        "dbStorage_readAheadCacheMaxSizeMb",
+        64,
+        "read-ahead cache per bookie, split across ledger dirs (BookKeeper: 25% of direct memory)",
+        lo=0,
+    )
+    db_storage_read_ahead_cache_batch_size: int = _opt(
+        "dbStorage_readAheadCacheBatchSize", 100, "entries read ahead after a cache miss", lo=0
+    )
+    db_storage_max_throttle_time_ms: int = _opt(
+        "dbStorage_maxThrottleTimeMs", 10000, "wait for a full write cache before rejecting", lo=0
+    )
+    entry_log_per_ledger_enabled: bool = _opt(
+        "entryLogPerLedgerEnabled", False, "one active entry log per active ledger (seed 000)"
+    )
+    entrylog_map_access_expiry_time_s: int = _opt(
+        "entrylogMapAccessExpiryTimeInSeconds", 300, "evict idle ledger -> active log mappings", lo=1
+    )
+    maximum_number_of_active_entry_logs: int = _opt(
+        "maximumNumberOfActiveEntryLogs", 500, "cap on active logs in entry-log-per-ledger mode", lo=1
+    )
+    # --- disks ---
+    disk_usage_threshold: float = _opt(
+        "diskUsageThreshold", 0.95, "a ledger dir above this usage is full", lo=0.0, hi=1.0
+    )
+    disk_usage_warn_threshold: float = _opt(
+        "diskUsageWarnThreshold", 0.90, "warn and suspend major compaction above this", lo=0.0, hi=1.0
+    )
+    disk_usage_lwm_threshold: float = _opt(
+        "diskUsageLwmThreshold", 0.95, "a full dir is writable again below this", lo=0.0, hi=1.0
+    )
+    disk_check_interval_ms: int = _opt("diskCheckInterval", 10000, "disk usage check period", lo=1)
+    read_only_mode_enabled: bool = _opt(
+        "readOnlyModeEnabled", True, "turn read-only instead of shutting down when all dirs are full"
+    )
+    force_read_only_bookie: bool = _opt("forceReadOnlyBookie", False, "start read-only")
+    # --- GC and compaction ---
+    gc_wait_time_ms: int = _opt("gcWaitTime", 600000, "GC period", lo=1)
+    minor_compaction_interval_s: int = _opt(
+        "minorCompactionInterval", 3600, "minor compaction period (<= 0 disables)"
+    )
+    minor_compaction_threshold: float = _opt(
+        "minorCompactionThreshold", 0.2, "compact logs whose live ratio is below this", lo=0.0, hi=1.0
+    )
+    major_compaction_interval_s: int = _opt(
+        "majorCompactionInterval", 86400, "major compaction period (<= 0 disables)"
+    )
+    major_compaction_threshold: float = _opt(
+        "majorCompactionThreshold", 0.8, "compact logs whose live ratio is below this", lo=0.0, hi=1.0
+    )
+    minor_compaction_max_time_ms: int = _opt(
+        "minorCompactionMaxTimeMillis", -1, "max run time of one minor pass (<= 0: no limit)"
+    )
+    major_compaction_max_time_ms: int = _opt(
+        "majorCompactionMaxTimeMillis", -1, "max run time of one major pass (<= 0: no limit)"
+    )
+    compaction_rate_by_entries: int = _opt(
+        "compactionRateByEntries", 1000, "compaction throttle, entries per second", lo=1
+    )
+    compaction_rate_by_bytes: int = _opt(
+        "compactionRateByBytes", 1000000, "compaction throttle, bytes per second", lo=1
+    )
+    is_throttle_by_bytes: bool = _opt("isThrottleByBytes", False, "throttle compaction by bytes")
+    is_force_gc_allow_when_no_space: bool = _opt(
+        "isForceGCAllowWhenNoSpace", False, "keep compacting when disks are (almost) full"
+    )
+    # --- metadata ---
+    metadata_service_uri: str = _opt(
+        "metadataServiceUri",
+        "",
+        "zk://host:port[,host:port]/ledgers, zk+flat://, zk+hierarchical://, sqlite:///path; "
+        "empty = the embedded store next to the first ledger dir",
+    )
+    zk_timeout_ms: int = _opt("zkTimeout", 10000, "ZooKeeper session timeout", lo=100)
+    ledger_manager_type: str = _opt(
+        "ledgerManagerType", "hierarchical", "ledger layout chosen at format time",
+        choices=("flat", "hierarchical"),
+    )
+    # --- admin HTTP and stats ---
+    http_server_enabled: bool = _opt(
+        "httpServerEnabled", True, "run the admin HTTP server (BookKeeper: false)"
+    )
+    http_server_port: int = _opt("httpServerPort", 8080, "admin HTTP port", lo=0, hi=65535)
+    http_server_host: str = _opt(
+        "httpServerHost", "127.0.0.1", "admin HTTP bind address (BookKeeper: 0.0.0.0)"
+    )
+
+    def __post_init__(self) -> None:
+        _validate_ranges(self)
+        if self.disk_usage_warn_threshold > self.disk_usage_threshold:
+            raise ConfigError(
+                f"diskUsageWarnThreshold ({self.disk_usage_warn_threshold}) must not exceed "
+                f"diskUsageThreshold ({self.disk_usage_threshold})"
+            )
+        if self.disk_usage_lwm_threshold > self.disk_usage_threshold:
+            raise ConfigError(
+                f"diskUsageLwmThreshold ({self.disk_usage_lwm_threshold}) must not exceed "
+                f"diskUsageThreshold ({self.disk_usage_threshold})"
+            )
+        if (
+            self.minor_compaction_interval_s > 0
+            and self.major_compaction_interval_s > 0
+            and self.minor_compaction_threshold > self.major_compaction_threshold
+        ):
+            raise ConfigError(
+                f"minorCompactionThreshold ({self.minor_compaction_threshold}) must be below "
+                f"majorCompactionThreshold ({self.major_compaction_threshold})"
+            )
+        if (
+            self.minor_compaction_interval_s > 0
+            and self.major_compaction_interval_s > 0
+            and self.minor_compaction_interval_s > self.major_compaction_interval_s
+        ):
+            raise ConfigError(
+                f"minorCompactionInterval ({self.minor_compaction_interval_s}s) must not exceed "
+                f"majorCompactionInterval ({self.major_compaction_interval_s}s)"
+            )
+        if not self.journal_directories:
+            raise ConfigError("journalDirectories must name at least one directory")
+        if not self.ledger_directories:
+            raise ConfigError("ledgerDirectories must name at least one directory")
+        if self.journal_alignment_size_bytes & (self.journal_alignment_size_bytes - 1):
+            raise ConfigError(
+                f"journalAlignmentSize ({self.journal_alignment_size_bytes}) must be a power of two"
+            )
+
+    @property
+    def effective_index_directories(self) -> tuple[str, ...]:
+        return self.index_directories or self.ledger_directories
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    """Configuration of a client (``bk_client.conf``-style keys)."""
+
+    metadata_service_uri: str = _opt(
+        "metadataServiceUri", "", "metadata store URI; empty = sqlite store in ./data/metadata.db"
+    )
+    ensemble_size: int = _opt("ensembleSize", 3, "default ensemble size of new ledgers", lo=1)
+    write_quorum_size: int = _opt("writeQuorumSize", 2, "default write quorum", lo=1)
+    ack_quorum_size: int = _opt("ackQuorumSize", 2, "default ack quorum", lo=1)
+    digest_type: str = _opt(
+        "digestType", "CRC32C", "default digest (BookKeeper: CRC32)",
+        choices=("CRC32", "CRC32C", "HMAC", "MAC", "DUMMY"),
+    )
+    add_entry_timeout_s: float = _opt("addEntryTimeoutSec", 5, "per-bookie add timeout", lo=0.001)
+    read_entry_timeout_s: float = _opt("readEntryTimeoutSec", 5, "per-bookie read timeout", lo=0.001)
+    speculative_read_timeout_ms: int = _opt(
+        "speculativeReadTimeout", 2000, "ask the next replica after this long (0 = off)", lo=0
+    )
+    explicit_lac_interval_ms: int = _opt(
+        "explicitLacInterval", 0, "send explicit LAC when idle this long (0 = off)", lo=0
+    )
+    max_num_ensemble_changes: int = _opt(
+        "maxNumEnsembleChanges", 1 << 31, "ensemble changes allowed per ledger", lo=0
+    )
+    recovery_read_batch_size: int = _opt("recoveryReadBatchSize", 1, "recovery read batch", lo=1)
+    ensemble_placement_policy: str = _opt(
+        "ensemblePlacementPolicy", "default", "bookie placement", choices=("default", "rackaware")
+    )
+    min_num_racks_per_write_quorum: int = _opt(
+        "minNumRacksPerWriteQuorum", 2, "rack-aware: racks spanned by each write quorum", lo=1
+    )
+    enforce_min_num_racks_per_write_quorum: bool = _opt(
+        "enforceMinNumRacksPerWriteQuorum", False, "rack-aware: fail instead of degrading"
+    )
+    network_topology_script_file_name: str = _opt(
+        "networkTopologyScriptFileName", "", "rack-aware: file mapping bookie id -> /rack"
+    )
+    zk_timeout_ms: int = _opt("zkTimeout", 10000, "ZooKeeper session timeout", lo=100)
+
+    def __post_init__(self) -> None:
+        _validate_ranges(self)
+        if not self.ensemble_size >= self.write_quorum_size >= self.ack_quorum_size:
+            raise ConfigError(
+                "need ensembleSize >= writeQuorumSize >= ackQuorumSize, got "
+                f"{self.ensemble_size} >= {self.write_quorum_size} >= {self.ack_quorum_size}"
+            )
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def _validate_ranges(obj: Any) -> None:
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        lo, hi, choices = f.metadata.get("lo"), f.metadata.get("hi"), f.metadata.get("choices")
+        key = f.metadata.get("key", f.name)
+        if lo is not None and value < lo:
+            raise ConfigError(f"{key}={value} is below its minimum {lo}")
+        if hi is not None and value > hi:
+            raise ConfigError(f"{key}={value} is above its maximum {hi}")
+        if choices is not None and value not in choices:
+            raise ConfigError(f"{key}={value!r} is not one of {', '.join(choices)}")
+
+
+def _convert(cls: type, name: str, key: str, raw: Any) -> Any:
+    hint = get_type_hints(cls)[name]
+    if not isinstance(raw, str):
+        if hint is tuple[str, ...] and isinstance(raw, (list, tuple)):
+            return tuple(str(x) for x in raw)
+        return raw
+    text = raw.strip()
+    try:
+        if hint is bool:
+            low = text.lower()
+            if low in ("true", "yes", "1", "on"):
+                return True
+            if low in ("false", "no", "0", "off"):
+                return False
+            raise ValueError(text)
+        if hint is int:
+            return int(float(text)) if "e" in text.lower() else int(text)
+        if hint is float:
+            return float(text)
+        if hint == tuple[str, ...]:
+            return tuple(p.strip() for p in text.split(",") if p.strip())
+    except ValueError:
+        raise ConfigError(f"{key}={raw!r} is not a valid {getattr(hint, '__name__', hint)}") from None
+    return text
+
+
+def build_config(cls: type[_T], values: dict[str, Any], *, source: str = "") -> _T:
+    """Build ``cls`` from camelCase or snake_case keys; unknown keys raise with a suggestion."""
+    by_key: dict[str, str] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        by_key[f.name] = f.name
+        by_key[f.metadata["key"]] = f.name
+        by_key[f.metadata["key"].lower()] = f.name
+    kwargs: dict[str, Any] = {}
+    where = f" in {source}" if source else ""
+    for key, raw in values.items():
+        name = by_key.get(key) or by_key.get(key.lower())
+        if name is None:
+            close = difflib.get_close_matches(key, list(by_key), n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"unknown configuration key {key!r}{where}{hint}")
+        kwargs[name] = _convert(cls, name, key, raw)
+    try:
+        return cls(**kwargs)
+    except ConfigError as e:
+        raise ConfigError(f"{e}{where}") from None
+
+
+def parse_conf_file(path: str | Path) -> dict[str, str]:
+    """Read a ``bk_server.conf``-style file into raw key -> value strings."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"cannot read configuration file {p}: {e.strerror}") from None
+    out: dict[str, str] = {}
+    for lineno, line in enumerate(text.splitlines(), 1):
+        s = line.strip()
+        if not s or s.startswith("#") or s.startswith("!"):
+            continue
+        if "=" not in s:
+            raise ConfigError(f"{p}:{lineno}: expected key=value, got {s!r}")
+        k, v = s.split("=", 1)
+        out[k.strip()] = v.strip()
+    return out
+
+
+def load_server_config(path: str | Path | None = None, **overrides: Any) -> ServerConfig:
+    values: dict[str, Any] = dict(parse_conf_file(path)) if path else {}
+    values.update(overrides)
+    return build_config(ServerConfig, values, source=str(path) if path else "")
+
+
+def describe(config: Any) -> list[tuple[str, str, Any, Any, str]]:
+    """Rows (key, field name, value, default, doc) for ``vellum config show``."""
+    rows = []
+    for f in dataclasses.fields(config):
+        rows.append((f.metadata["key"], f.name, getattr(config, f.name), f.default, f.metadata["doc"]))
+    return rows

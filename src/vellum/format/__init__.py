@@ -1,0 +1,1 @@
+"""format layer (see docs/architecture.md)."""

@@ -1,0 +1,1 @@
+"""http layer (see docs/architecture.md)."""

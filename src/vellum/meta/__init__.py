@@ -1,0 +1,1 @@
+"""meta layer (see docs/architecture.md)."""

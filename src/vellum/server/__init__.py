@@ -1,0 +1,1 @@
+"""server layer (see docs/architecture.md)."""
