@@ -7,6 +7,7 @@ Each area registers its shell commands from its own module (``shell_<area>.py`` 
 from __future__ import annotations
 
 import importlib
+import pkgutil
 
 import click
 
@@ -14,14 +15,14 @@ from vellum.cli.output import emit_kv, emit_table
 from vellum.config import ServerConfig, describe, load_server_config
 from vellum.errors import VellumError
 
-# Modules that add commands to the ``shell`` group (and optionally top-level commands).
-_SHELL_MODULES = (
-    "vellum.cli.shell_storage",
-    "vellum.cli.shell_meta",
-)
-_TOP_MODULES = (
-    "vellum.cli.run_commands",
-)
+
+def _area_modules(prefix: str) -> list[str]:
+    """Modules of this package named ``<prefix>*``: each exposes ``register(group)``."""
+    import vellum.cli as package
+
+    return sorted(
+        f"vellum.cli.{m.name}" for m in pkgutil.iter_modules(package.__path__) if m.name.startswith(prefix)
+    )
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -57,23 +58,11 @@ def config_show(conf_file: str | None, as_json: bool) -> None:
     )
 
 
-for _name in _SHELL_MODULES:
-    try:
-        _mod = importlib.import_module(_name)
-    except ModuleNotFoundError as _e:
-        if _e.name != _name:
-            raise
-        continue
-    _mod.register(shell)
+for _name in _area_modules("shell_"):
+    importlib.import_module(_name).register(shell)
 
-for _name in _TOP_MODULES:
-    try:
-        _mod = importlib.import_module(_name)
-    except ModuleNotFoundError as _e:
-        if _e.name != _name:
-            raise
-        continue
-    _mod.register(cli)
+for _name in _area_modules("cmd_"):
+    importlib.import_module(_name).register(cli)
 
 
 def main() -> None:
