@@ -360,11 +360,10 @@ def build_config(cls: type[_T], values: dict[str, Any], *, source: str = "") -> 
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
         by_key[f.name] = f.name
         by_key[f.metadata["key"]] = f.name
-        by_key[f.metadata["key"].lower()] = f.name
     kwargs: dict[str, Any] = {}
     where = f" in {source}" if source else ""
     for key, raw in values.items():
-        name = by_key.get(key) or by_key.get(key.lower())
+        name = by_key.get(key)
         if name is None:
             close = difflib.get_close_matches(key, list(by_key), n=1, cutoff=0.6)
             hint = f"; did you mean {close[0]!r}?" if close else ""

@@ -44,10 +44,17 @@ def config() -> None:
 @config.command("show")
 @click.option("--conf", "conf_file", type=click.Path(dir_okay=False), help="bk_server.conf-style file")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-def config_show(conf_file: str | None, as_json: bool) -> None:
+@click.option("--markdown", is_flag=True, help="a Markdown table (used for docs/operations.md)")
+def config_show(conf_file: str | None, as_json: bool, markdown: bool) -> None:
     """Print the effective server configuration (file values over defaults)."""
     cfg: ServerConfig = load_server_config(conf_file)
     rows = describe(cfg)
+    if markdown:
+        click.echo("| key | default | description |\n|---|---|---|")
+        for key, _n, _value, default, doc in rows:
+            shown = ",".join(default) if isinstance(default, tuple) else default
+            click.echo(f"| `{key}` | `{shown}` | {doc} |")
+        return
     if as_json:
         emit_kv({key: value for key, _name, value, _default, _doc in rows}, as_json=True)
         return

@@ -1,0 +1,95 @@
+"""ServerConfig: BookKeeper keys and defaults, file parsing, validation with clear errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from vellum.cli.main import cli
+from vellum.config import ClientConfig, ServerConfig, build_config, load_server_config
+from vellum.errors import ConfigError
+
+
+def test_defaults_are_bookkeepers() -> None:
+    c = ServerConfig()
+    assert c.bookie_port == 3181
+    assert c.journal_max_group_wait_ms == 2
+    assert c.journal_buffered_writes_threshold_bytes == 524288
+    assert c.journal_buffered_entries_threshold == 0
+    assert c.journal_flush_when_queue_empty is False
+    assert c.journal_max_size_mb == 2048 and c.journal_max_backups == 5
+    assert c.log_size_limit_bytes == 1073741824
+    assert c.db_storage_max_throttle_time_ms == 10000
+    assert c.gc_wait_time_ms == 600000
+    assert (c.minor_compaction_threshold, c.minor_compaction_interval_s) == (0.2, 3600)
+    assert (c.major_compaction_threshold, c.major_compaction_interval_s) == (0.8, 86400)
+    assert c.compaction_rate_by_entries == 1000
+    assert (c.disk_usage_threshold, c.disk_usage_warn_threshold) == (0.95, 0.90)
+
+
+def test_conf_file_with_camel_case_keys(tmp_path: Path) -> None:
+    conf = tmp_path / "bk_server.conf"
+    conf.write_text(
+        "# a comment\n"
+        "bookiePort=3999\n"
+        "journalDirectories=/a, /b\n"
+        "journalFlushWhenQueueEmpty=true\n"
+        "minorCompactionThreshold = 0.1\n"
+        "dbStorage_maxThrottleTimeMs=50\n"
+    )
+    c = load_server_config(conf)
+    assert c.bookie_port == 3999
+    assert c.journal_directories == ("/a", "/b")
+    assert c.journal_flush_when_queue_empty is True
+    assert c.minor_compaction_threshold == 0.1
+    assert c.db_storage_max_throttle_time_ms == 50
+
+
+def test_unknown_key_suggests_the_right_one(tmp_path: Path) -> None:
+    conf = tmp_path / "bk_server.conf"
+    conf.write_text("journalMaxGroupWaitMsec=5\n")
+    with pytest.raises(ConfigError, match=r"unknown configuration key 'journalMaxGroupWaitMsec'.*did you mean") as e:
+        load_server_config(conf)
+    assert str(conf) in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"minorCompactionThreshold": "0.9"}, "must be below majorCompactionThreshold"),
+        ({"majorCompactionThreshold": "1.5"}, "above its maximum"),
+        ({"diskUsageLwmThreshold": "0.99"}, "must not exceed diskUsageThreshold"),
+        ({"diskUsageWarnThreshold": "0.97"}, "must not exceed diskUsageThreshold"),
+        ({"bookiePort": "-1"}, "below its minimum"),
+        ({"bookiePort": "abc"}, "not a valid int"),
+        ({"journalFlushWhenQueueEmpty": "maybe"}, "not a valid bool"),
+        ({"ledgerManagerType": "longhierarchical"}, "not one of"),
+        ({"journalAlignmentSize": "1000"}, "power of two"),
+    ],
+)
+def test_invalid_values_are_refused_with_the_key(values: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        build_config(ServerConfig, values)
+
+
+def test_client_quorums_validated() -> None:
+    with pytest.raises(ConfigError, match="ensembleSize >= writeQuorumSize >= ackQuorumSize"):
+        ClientConfig(ensemble_size=2, write_quorum_size=3, ack_quorum_size=2)
+
+
+def test_config_show_prints_effective_values(tmp_path: Path) -> None:
+    conf = tmp_path / "bk.conf"
+    conf.write_text("bookiePort=4000\n")
+    result = CliRunner().invoke(cli, ["config", "show", "--conf", str(conf), "--json"])
+    assert result.exit_code == 0, result.output
+    assert '"bookiePort": 4000' in result.output
+    result = CliRunner().invoke(cli, ["config", "show"])
+    assert result.exit_code == 0 and "journalMaxGroupWaitMSec" in result.output
+
+
+def test_operations_doc_lists_every_key() -> None:
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "operations.md").read_text()
+    missing = [k for k in (f.metadata["key"] for f in ServerConfig.__dataclass_fields__.values()) if f"`{k}`" not in doc]
+    assert missing == [], f"docs/operations.md does not document: {missing}"
