@@ -1,0 +1,179 @@
+"""Stamp and verify the cookie (``current/VERSION``) in every journal, ledger and index dir.
+
+Design rule 6: a cookie ties a bookie to its disks, so a wiped disk must not rejoin silently.
+At start the bookie calls ``check_or_stamp_cookies``:
+
+- every dir has no cookie and no data (fresh bookie): create ``current/`` everywhere and stamp
+  the cookie in each dir;
+- every dir has a cookie and all match the configuration: nothing to do;
+- some dirs have a cookie and others do not: a wiped or newly added disk. Refused, naming the
+  dir, unless ``allow_storage_expansion`` and the empty dir is a *new* ledger/index dir (not
+  listed in the stored cookie): then the expanded cookie is stamped in the new dir and re-stamped
+  everywhere;
+- a cookie differs from the configuration (another bookie id, other journal/ledger dirs, another
+  instance id): refused (swapped disk, foreign bookie);
+- a dir without a cookie that already holds files in ``current/``: refused (data whose owner
+  cannot be proven).
+
+Cookies of an older layout (3, 4) that match are re-stamped in the current layout (5).
+Every stamp is durable (temp file, fsync, rename, fsync dir). The metadata-store copy of the
+cookie (``/ledgers/cookies/<bookieId>``) is compared by the layer above against the returned
+Cookie.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+from vellum.errors import CookieError, StorageError
+from vellum.format.cookie import VERSION_FILENAME, Cookie
+from vellum.storage.dirs import current_dir, fsync_dir, write_file_durably
+
+log = logging.getLogger(__name__)
+
+# Files the bookie itself may create in a fresh ``current/`` before or while cookies are
+# stamped (the dir lock, the unclean-shutdown marker, a torn stamp); they do not count as data.
+_IGNORED_IN_FRESH_DIR = {".lock", "DIRTY", "DIRTY.tmp", VERSION_FILENAME + ".tmp"}
+
+
+def cookie_path(dir: Path | str) -> Path:
+    """``<dir>/current/VERSION``."""
+    return current_dir(dir) / VERSION_FILENAME
+
+
+def read_cookie(dir: Path | str) -> Cookie | None:
+    """The cookie stamped in ``dir`` (None if there is none). CorruptionError names the file."""
+    path = cookie_path(dir)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise StorageError(f"cannot read cookie {path}: {e.strerror or e}") from e
+    return Cookie.decode(data, where=str(path))
+
+
+def write_cookie(dir: Path | str, cookie: Cookie) -> None:
+    """Create ``<dir>/current`` if needed and stamp ``cookie`` durably."""
+    cur = current_dir(dir)
+    try:
+        if not cur.is_dir():
+            cur.mkdir(parents=True, exist_ok=True)
+            fsync_dir(cur.parent)
+    except OSError as e:
+        raise StorageError(f"cannot create {cur}: {e.strerror or e}") from e
+    write_file_durably(cur / VERSION_FILENAME, cookie.encode())
+
+
+def _has_data(dir: Path) -> bool:
+    cur = current_dir(dir)
+    try:
+        return any(p.name not in _IGNORED_IN_FRESH_DIR for p in cur.iterdir())
+    except FileNotFoundError:
+        return False
+    except NotADirectoryError:
+        return True
+    except OSError as e:
+        raise StorageError(f"cannot list {cur}: {e.strerror or e}") from e
+
+
+def _unique(paths: Sequence[Path | str]) -> list[str]:
+    out: list[str] = []
+    for p in paths:
+        s = str(p)
+        if s not in out:
+            out.append(s)
+    return out
+
+
+def check_or_stamp_cookies(
+    bookie_id: str,
+    journal_dirs: Sequence[Path | str],
+    ledger_dirs: Sequence[Path | str],
+    index_dirs: Sequence[Path | str],
+    instance_id: str | None,
+    *,
+    allow_storage_expansion: bool = False,
+) -> Cookie:
+    """Verify (or, on a fresh bookie, stamp) the cookie of every dir; return the cookie now on
+    disk. ``index_dirs`` empty means the index lives in the ledger dirs. Raises CookieError
+    naming the offending dir; CorruptionError if a VERSION file is unreadable."""
+    journals = tuple(str(d) for d in journal_dirs)
+    ledgers = tuple(str(d) for d in ledger_dirs)
+    indexes = tuple(str(d) for d in index_dirs) or None
+    expected = Cookie(
+        bookie_id=bookie_id,
+        journal_dirs=journals,
+        ledger_dirs=ledgers,
+        instance_id=instance_id or None,
+        index_dirs=indexes,
+    )
+    all_dirs = _unique([*journals, *ledgers, *(indexes or ())])
+    found: dict[str, Cookie | None] = {d: read_cookie(d) for d in all_dirs}
+    stamped = {d: c for d, c in found.items() if c is not None}
+    missing = [d for d, c in found.items() if c is None]
+
+    for d in missing:
+        if _has_data(Path(d)):
+            raise CookieError(
+                f"{current_dir(d)} holds data but has no cookie ({VERSION_FILENAME}): it may belong "
+                "to another bookie or have lost its cookie. Refusing to use it; move the data "
+                "away or restore the cookie"
+            )
+
+    if not stamped:
+        log.info("fresh bookie %s: stamping cookies in %s", bookie_id, ", ".join(all_dirs))
+        for d in all_dirs:
+            write_cookie(d, expected)
+        return expected
+
+    # Every stamped dir must describe this bookie (exactly, or as a subset under expansion).
+    for d, c in stamped.items():
+        try:
+            expected.verify_matches(c, allow_expansion=allow_storage_expansion)
+        except CookieError as e:
+            raise CookieError(f"cookie {cookie_path(d)} does not match this bookie: {e}") from None
+
+    # Expansion is only legal when every stored cookie agrees on the old dir set.
+    distinct = {c.with_dirs(c.ledger_dirs, c.index_dirs) for c in stamped.values()}
+    if len(distinct) > 1:
+        listing = "; ".join(f"{cookie_path(d)}: ledger dirs {list(c.ledger_dirs)}" for d, c in stamped.items())
+        raise CookieError(f"the bookie's directories carry different cookies ({listing}); fix them by hand")
+    stored = next(iter(stamped.values()))
+
+    if missing:
+        known = set(stored.ledger_dirs) | set(stored.index_dirs or ())
+        wiped = [d for d in missing if d in known or d in journals]
+        if wiped or not allow_storage_expansion:
+            bad = wiped or missing
+            raise CookieError(
+                f"no cookie in {', '.join(str(cookie_path(d)) for d in bad)} while "
+                f"{cookie_path(next(iter(stamped)))} has one: the directory was wiped or is a new "
+                "disk. A wiped disk must not rejoin silently: decommission the bookie and re-add it "
+                "with empty dirs"
+                + ("" if wiped else ", or set allowStorageExpansion=true to add a new ledger dir")
+            )
+        log.warning("storage expansion: stamping new dirs %s for bookie %s", missing, bookie_id)
+    elif stored.ledger_dirs == expected.ledger_dirs and (stored.index_dirs or None) == indexes and (
+        stored.layout_version == expected.layout_version
+    ):
+        return stored
+
+    # Expansion (new dirs, or dirs added to the configuration whose cookie was re-stamped
+    # elsewhere): stamp the expanded cookie everywhere; new dirs first so a crash midway leaves
+    # the old dirs with the old (subset) cookie, which the next start accepts again.
+    for d in missing:
+        write_cookie(d, expected)
+    for d in stamped:
+        write_cookie(d, expected)
+    return expected
+
+
+def verify_cookie_file(dir: Path | str) -> Cookie:
+    """Read a dir's cookie for inspection; CookieError if there is none."""
+    cookie = read_cookie(dir)
+    if cookie is None:
+        raise CookieError(f"no cookie in {cookie_path(dir)}")
+    return cookie

@@ -1,0 +1,157 @@
+"""Cookies on disk: fresh stamp, restart, wiped / swapped / foreign dirs, storage expansion."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from vellum.errors import CookieError, CorruptionError
+from vellum.format.cookie import Cookie
+from vellum.storage.cookies import check_or_stamp_cookies, cookie_path, read_cookie, write_cookie
+from vellum.storage.dirs import current_dir
+
+BOOKIE = "127.0.0.1:3181"
+INSTANCE = "instance-1"
+
+
+@pytest.fixture
+def dirs(tmp_path: Path) -> dict[str, list[Path]]:
+    return {
+        "journal": [tmp_path / "j0"],
+        "ledger": [tmp_path / "l0", tmp_path / "l1"],
+        "index": [],
+    }
+
+
+def stamp(d: dict[str, list[Path]], **kw: object) -> Cookie:
+    args: dict[str, object] = {"instance_id": INSTANCE}
+    args.update(kw)
+    return check_or_stamp_cookies(
+        str(args.pop("bookie_id", BOOKIE)), d["journal"], d["ledger"], d["index"], **args  # type: ignore[arg-type]
+    )
+
+
+def test_fresh_dirs_are_stamped_everywhere(dirs: dict[str, list[Path]]) -> None:
+    cookie = stamp(dirs)
+    assert cookie.bookie_id == BOOKIE and cookie.instance_id == INSTANCE
+    for d in dirs["journal"] + dirs["ledger"]:
+        assert current_dir(d).is_dir()
+        assert read_cookie(d) == cookie
+        assert not (current_dir(d) / "VERSION.tmp").exists()
+    assert cookie.ledger_dirs == tuple(str(p) for p in dirs["ledger"])
+
+
+def test_restart_with_the_same_config_is_accepted(dirs: dict[str, list[Path]]) -> None:
+    first = stamp(dirs)
+    before = cookie_path(dirs["ledger"][0]).stat().st_mtime_ns
+    assert stamp(dirs) == first
+    assert cookie_path(dirs["ledger"][0]).stat().st_mtime_ns == before  # not rewritten
+
+
+def test_wiped_ledger_dir_is_detected(dirs: dict[str, list[Path]]) -> None:
+    stamp(dirs)
+    shutil.rmtree(dirs["ledger"][1])
+    dirs["ledger"][1].mkdir()
+    with pytest.raises(CookieError) as exc:
+        stamp(dirs)
+    assert str(cookie_path(dirs["ledger"][1])) in str(exc.value)
+    assert "wiped" in str(exc.value)
+    # even with expansion allowed: the dir is listed in the stored cookie
+    with pytest.raises(CookieError, match="wiped"):
+        stamp(dirs, allow_storage_expansion=True)
+    assert read_cookie(dirs["ledger"][1]) is None  # nothing stamped on refusal
+
+
+def test_wiped_journal_dir_is_detected(dirs: dict[str, list[Path]]) -> None:
+    stamp(dirs)
+    shutil.rmtree(dirs["journal"][0])
+    with pytest.raises(CookieError, match=str(dirs["journal"][0])):
+        stamp(dirs, allow_storage_expansion=True)
+
+
+def test_swapped_dir_from_another_bookie_is_detected(tmp_path: Path, dirs: dict[str, list[Path]]) -> None:
+    stamp(dirs)
+    other = {"journal": [tmp_path / "oj"], "ledger": [tmp_path / "ol"], "index": []}
+    stamp(other, bookie_id="10.0.0.2:3181")
+    # swap: our second ledger disk is replaced by the other bookie's ledger disk
+    shutil.rmtree(dirs["ledger"][1])
+    shutil.copytree(other["ledger"][0], dirs["ledger"][1])
+    with pytest.raises(CookieError) as exc:
+        stamp(dirs)
+    assert "bookie id differs" in str(exc.value)
+    assert str(cookie_path(dirs["ledger"][1])) in str(exc.value)
+
+
+def test_instance_id_mismatch_is_refused(dirs: dict[str, list[Path]]) -> None:
+    stamp(dirs)
+    with pytest.raises(CookieError, match="instance id differs"):
+        stamp(dirs, instance_id="instance-2")
+
+
+def test_changed_ledger_dirs_refused_without_expansion(tmp_path: Path, dirs: dict[str, list[Path]]) -> None:
+    stamp(dirs)
+    dirs["ledger"].append(tmp_path / "l2")
+    with pytest.raises(CookieError, match="allowStorageExpansion"):
+        stamp(dirs)
+    assert read_cookie(tmp_path / "l2") is None
+
+
+def test_storage_expansion_stamps_the_new_dir_and_the_expanded_cookie(
+    tmp_path: Path, dirs: dict[str, list[Path]]
+) -> None:
+    stamp(dirs)
+    dirs["ledger"].append(tmp_path / "l2")
+    cookie = stamp(dirs, allow_storage_expansion=True)
+    assert cookie.ledger_dirs == tuple(str(p) for p in dirs["ledger"])
+    for d in dirs["journal"] + dirs["ledger"]:
+        assert read_cookie(d) == cookie
+    # and the next start with the same config needs no expansion
+    assert stamp(dirs) == cookie
+
+
+def test_removing_a_ledger_dir_is_refused_even_with_expansion(dirs: dict[str, list[Path]]) -> None:
+    stamp(dirs)
+    dirs["ledger"].pop()
+    with pytest.raises(CookieError, match="no longer has"):
+        stamp(dirs, allow_storage_expansion=True)
+
+
+def test_dir_with_data_but_no_cookie_is_refused(dirs: dict[str, list[Path]]) -> None:
+    current_dir(dirs["ledger"][0]).mkdir(parents=True)
+    (current_dir(dirs["ledger"][0]) / "0.log").write_bytes(b"BKLO")
+    with pytest.raises(CookieError, match="holds data but has no cookie"):
+        stamp(dirs)
+    assert read_cookie(dirs["journal"][0]) is None
+
+
+def test_separate_index_dirs_are_stamped_and_shared_dirs_once(tmp_path: Path) -> None:
+    d = {"journal": [tmp_path / "j"], "ledger": [tmp_path / "l"], "index": [tmp_path / "i", tmp_path / "l"]}
+    cookie = stamp(d)
+    assert cookie.index_dirs == (str(tmp_path / "i"), str(tmp_path / "l"))
+    assert read_cookie(tmp_path / "i") == cookie
+    assert stamp(d) == cookie
+
+
+def test_corrupt_cookie_names_the_file(dirs: dict[str, list[Path]]) -> None:
+    stamp(dirs)
+    cookie_path(dirs["ledger"][0]).write_bytes(b"not a cookie")
+    with pytest.raises(CorruptionError, match=str(cookie_path(dirs["ledger"][0]))):
+        stamp(dirs)
+
+
+def test_older_layout_cookie_is_upgraded(dirs: dict[str, list[Path]]) -> None:
+    expected = stamp(dirs)
+    text = expected.encode().decode().replace("5\n", "4\n", 1)
+    for d in dirs["journal"] + dirs["ledger"]:
+        cookie_path(d).write_text(text)
+    assert read_cookie(dirs["ledger"][0]).layout_version == 4  # type: ignore[union-attr]
+    assert stamp(dirs) == expected
+    assert read_cookie(dirs["ledger"][0]).layout_version == 5  # type: ignore[union-attr]
+
+
+def test_write_cookie_creates_current(tmp_path: Path) -> None:
+    c = Cookie(BOOKIE, ("/j",), ("/l",))
+    write_cookie(tmp_path / "x", c)
+    assert read_cookie(tmp_path / "x") == c
