@@ -1,0 +1,278 @@
+"""The stored entry: BookKeeper's client entry format, its digests, the LAC body and master keys.
+
+Responsibility: turn (ledger, entry id, LAC, cumulative length, payload) into the exact bytes a
+bookie stores and a reader verifies, and back. Pure: no I/O, no clock.
+
+Stored entry layout (big-endian, BookKeeper ``DigestManager``)::
+
+    offset  size  field
+    0       8     ledgerId
+    8       8     entryId            (>= 0 for data; negative ids are reserved for meta records)
+    16      8     lastAddConfirmed   (the writer's LAC when it sent the entry, -1 if none)
+    24      8     length             (cumulative ledger length in bytes, including this payload)
+    32      D     digest             CRC32 D=8 (BE long, high 4 bytes zero), HMAC-SHA1 D=20,
+                                      CRC32C D=4 (BE int), DUMMY D=0
+    32+D    n     payload
+
+The digest input is bytes ``[0, 32)`` followed by the payload (never the digest itself).
+
+LAC body layout (explicit LAC, WRITE_LAC / READ_LAC)::
+
+    ledgerId(8) lac(8) digest(D)        the digest covers the first 16 bytes
+
+Keys: ``master_key(password) = SHA1(b"ledger" + password)`` (sent with every add and fencing
+read; the bookie stores it and answers EUA on mismatch); the HMAC key is
+``SHA1(b"mac" + password)``.
+
+Invariants:
+* ``verify(compute(...))`` returns the same fields and payload for every digest type.
+* For CRC32, CRC32C and HMAC any change to the header, digest or payload bytes is detected
+  (for a single-bit flip: always). DUMMY only checks the ledger id, the entry id and the length.
+* ``compute`` copies the payload exactly once (into the returned bytes); ``compute_prefix``
+  copies it never, for callers that send ``[prefix, payload]`` as separate buffers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import struct
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import TypeAlias
+
+import crc32c
+
+from vellum.errors import CorruptionError, DigestMismatchError, IncorrectParameterError
+
+#: bytes-like values accepted as payloads and stored entries
+BytesLike: TypeAlias = bytes | bytearray | memoryview
+
+ENTRY_HEADER_SIZE = 32
+LAC_HEADER_SIZE = 16
+
+_HEADER = struct.Struct(">qqqq")
+_LAC_HEADER = struct.Struct(">qq")
+# CRC32 is an unsigned 32-bit value that Java writes with putLong: 8 bytes, high half zero.
+_CRC32_DIGEST = struct.Struct(">Q")
+_CRC32C_DIGEST = struct.Struct(">I")
+
+assert _HEADER.size == ENTRY_HEADER_SIZE and _LAC_HEADER.size == LAC_HEADER_SIZE
+
+
+class DigestType(IntEnum):
+    """Digest of a ledger's entries; the values are BookKeeper's metadata enum (``DataFormats``)."""
+
+    CRC32 = 1
+    HMAC = 2
+    CRC32C = 3
+    DUMMY = 4
+
+    @classmethod
+    def parse(cls, name: str) -> DigestType:
+        """Parse a configured name (``CRC32``, ``CRC32C``, ``HMAC`` or its alias ``MAC``, ``DUMMY``)."""
+        key = name.strip().upper()
+        found = _DIGEST_NAMES.get(key)
+        if found is None:
+            raise IncorrectParameterError(
+                f"unknown digest type {name!r}: expected one of CRC32, CRC32C, HMAC (alias MAC), DUMMY"
+            )
+        return found
+
+
+_DIGEST_NAMES: dict[str, DigestType] = {
+    "CRC32": DigestType.CRC32,
+    "CRC32C": DigestType.CRC32C,
+    "HMAC": DigestType.HMAC,
+    "MAC": DigestType.HMAC,  # BookKeeper's client-side DigestType name for HMAC
+    "DUMMY": DigestType.DUMMY,
+}
+
+_DIGEST_LENGTHS: dict[DigestType, int] = {
+    DigestType.CRC32: 8,
+    DigestType.HMAC: 20,
+    DigestType.CRC32C: 4,
+    DigestType.DUMMY: 0,
+}
+
+
+def digest_length(digest_type: DigestType) -> int:
+    """Bytes of digest after the 32-byte header: CRC32 8, HMAC 20, CRC32C 4, DUMMY 0."""
+    return _DIGEST_LENGTHS[DigestType(digest_type)]
+
+
+def master_key(password: bytes) -> bytes:
+    """The ledger's master key, ``SHA1(b"ledger" + password)`` (20 bytes)."""
+    return hashlib.sha1(b"ledger" + password).digest()
+
+
+def mac_key(password: bytes) -> bytes:
+    """The HMAC-SHA1 key of an HMAC ledger, ``SHA1(b"mac" + password)`` (20 bytes)."""
+    return hashlib.sha1(b"mac" + password).digest()
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """A verified entry: its header fields and its payload."""
+
+    ledger_id: int
+    entry_id: int
+    lac: int
+    length: int
+    payload: bytes
+
+
+def parse_entry_header(buf: BytesLike) -> tuple[int, int, int, int]:
+    """``(ledger_id, entry_id, lac, length)`` of a stored entry, without verifying its digest."""
+    if len(buf) < ENTRY_HEADER_SIZE:
+        raise CorruptionError(
+            f"entry of {len(buf)} bytes is shorter than its {ENTRY_HEADER_SIZE}-byte header"
+        )
+    ledger_id, entry_id, lac, length = _HEADER.unpack_from(buf)
+    return ledger_id, entry_id, lac, length
+
+
+# A digest function takes the digest input in two pieces (header, rest) so the payload is
+# never concatenated just to be checksummed.
+_DigestFn: TypeAlias = Callable[[BytesLike, BytesLike], bytes]
+
+
+def _crc32_digest(head: BytesLike, rest: BytesLike) -> bytes:
+    return _CRC32_DIGEST.pack(zlib.crc32(rest, zlib.crc32(head)))
+
+
+def _crc32c_digest(head: BytesLike, rest: BytesLike) -> bytes:
+    return _CRC32C_DIGEST.pack(crc32c.crc32c(rest, crc32c.crc32c(head)))
+
+
+def _dummy_digest(head: BytesLike, rest: BytesLike) -> bytes:
+    return b""
+
+
+def _hmac_digest_fn(password: bytes) -> _DigestFn:
+    # Keying HMAC hashes the key twice; copying a keyed template is cheaper per entry.
+    template = hmac.new(mac_key(password), digestmod=hashlib.sha1)
+
+    def digest(head: BytesLike, rest: BytesLike) -> bytes:
+        mac = template.copy()
+        mac.update(head)
+        mac.update(rest)
+        return mac.digest()
+
+    return digest
+
+
+class DigestManager:
+    """Computes and verifies the stored entries and LAC bodies of one ledger.
+
+    ``password`` only matters for HMAC (it keys the MAC); the master key a bookie checks is
+    derived separately by :func:`master_key`.
+    """
+
+    __slots__ = ("_digest", "digest_length", "digest_type", "ledger_id")
+
+    def __init__(self, ledger_id: int, digest_type: DigestType, password: bytes = b"") -> None:
+        self.ledger_id = ledger_id
+        self.digest_type = DigestType(digest_type)
+        self.digest_length = _DIGEST_LENGTHS[self.digest_type]
+        fn: _DigestFn
+        if self.digest_type is DigestType.CRC32:
+            fn = _crc32_digest
+        elif self.digest_type is DigestType.CRC32C:
+            fn = _crc32c_digest
+        elif self.digest_type is DigestType.HMAC:
+            fn = _hmac_digest_fn(password)
+        else:
+            fn = _dummy_digest
+        self._digest = fn
+
+    def __repr__(self) -> str:
+        return f"DigestManager(ledger_id={self.ledger_id}, digest_type={self.digest_type.name})"
+
+    # -- entries ---------------------------------------------------------------------------
+
+    def compute_prefix(self, entry_id: int, lac: int, length: int, payload: BytesLike) -> bytes:
+        """The stored entry minus its payload (header + digest); ``prefix + payload`` is the entry.
+
+        For senders that write ``[prefix, payload]`` as two buffers and never copy the payload.
+        """
+        header = _HEADER.pack(self.ledger_id, entry_id, lac, length)
+        return header + self._digest(header, payload)
+
+    def compute(self, entry_id: int, lac: int, length: int, payload: BytesLike) -> bytes:
+        """The full stored entry ``ledgerId entryId lac length digest payload``.
+
+        ``length`` is the cumulative ledger length including this payload. The payload is
+        copied once, into the result.
+        """
+        header = _HEADER.pack(self.ledger_id, entry_id, lac, length)
+        # bytes + buffer accepts memoryview/bytearray payloads without an intermediate copy.
+        return header + self._digest(header, payload) + payload
+
+    def verify(self, entry: BytesLike, expected_entry_id: int | None = None) -> Entry:
+        """Check a stored entry's size, ledger id, entry id (if given) and digest; return it.
+
+        Raises :class:`DigestMismatchError` naming the ledger, the entry and what mismatched.
+        """
+        size = len(entry)
+        dlen = self.digest_length
+        if size < ENTRY_HEADER_SIZE + dlen:
+            where = f"ledger {self.ledger_id}" + (
+                f" entry {expected_entry_id}" if expected_entry_id is not None else ""
+            )
+            raise DigestMismatchError(
+                f"{where}: entry of {size} bytes is shorter than the {ENTRY_HEADER_SIZE + dlen}-byte "
+                f"header and {self.digest_type.name} digest"
+            )
+        ledger_id, entry_id, lac, length = _HEADER.unpack_from(entry)
+        if ledger_id != self.ledger_id:
+            raise DigestMismatchError(
+                f"ledger {self.ledger_id}: entry {entry_id} carries ledger id {ledger_id}"
+            )
+        if expected_entry_id is not None and entry_id != expected_entry_id:
+            raise DigestMismatchError(
+                f"ledger {self.ledger_id}: expected entry {expected_entry_id}, found entry {entry_id}"
+            )
+        view = memoryview(entry)
+        payload = view[ENTRY_HEADER_SIZE + dlen :]
+        if dlen:
+            stored = view[ENTRY_HEADER_SIZE : ENTRY_HEADER_SIZE + dlen]
+            computed = self._digest(view[:ENTRY_HEADER_SIZE], payload)
+            # compare_digest: constant time, so an HMAC cannot be guessed byte by byte.
+            if not hmac.compare_digest(computed, stored):
+                raise DigestMismatchError(
+                    f"ledger {ledger_id} entry {entry_id}: {self.digest_type.name} digest mismatch "
+                    f"(stored {bytes(stored).hex()}, computed {computed.hex()} over {size} bytes)"
+                )
+        return Entry(ledger_id, entry_id, lac, length, bytes(payload))
+
+    # -- explicit LAC ----------------------------------------------------------------------
+
+    def compute_lac(self, lac: int) -> bytes:
+        """The LAC body ``ledgerId(8) lac(8) digest`` (digest over the first 16 bytes)."""
+        header = _LAC_HEADER.pack(self.ledger_id, lac)
+        return header + self._digest(header, b"")
+
+    def verify_lac(self, buf: BytesLike) -> int:
+        """Check a LAC body and return its LAC; raises :class:`DigestMismatchError`."""
+        expected = LAC_HEADER_SIZE + self.digest_length
+        if len(buf) != expected:
+            raise DigestMismatchError(
+                f"ledger {self.ledger_id}: LAC body of {len(buf)} bytes, expected {expected} "
+                f"for {self.digest_type.name}"
+            )
+        ledger_id, lac = _LAC_HEADER.unpack_from(buf)
+        if ledger_id != self.ledger_id:
+            raise DigestMismatchError(f"ledger {self.ledger_id}: LAC body carries ledger id {ledger_id}")
+        if self.digest_length:
+            view = memoryview(buf)
+            stored = view[LAC_HEADER_SIZE:]
+            computed = self._digest(view[:LAC_HEADER_SIZE], b"")
+            if not hmac.compare_digest(computed, stored):
+                raise DigestMismatchError(
+                    f"ledger {ledger_id}: LAC body (lac {lac}) {self.digest_type.name} digest mismatch "
+                    f"(stored {bytes(stored).hex()}, computed {computed.hex()})"
+                )
+        return lac

@@ -1,0 +1,804 @@
+"""Encoding messages into frames and decoding a byte stream back into messages (sans-IO).
+
+Responsibility: the byte layout of every frame of docs/protocol.md, and the framing of a
+stream of them. Pure: callers own sockets and buffers.
+
+Frame: ``int32 frameLen`` then ``frameLen`` bytes of body; the body starts with the header int
+``(version << 24) | (opcode << 16) | flags`` (version 2). Every integer is big-endian.
+
+Body layouts (after the 4-byte header; ``key`` = 20-byte master key; docs/protocol.md has
+the full tables)::
+
+    op   request                                              response
+    1    key entry                                            rc ledger entry
+    2    ledger entry [key iff DO_FENCING]                    rc ledger entry [entry iff rc=EOK]
+    7    ledger start reqId int:maxCount maxSize [key]        rc ledger start reqId {int:len entry}*
+    64   reqId ledger previousLAC timeoutMs                   reqId rc ledger int:n lacBody int:m lastEntry
+    65   reqId ledger                                         (as 64)
+    66   reqId ledger lac key int:n lacBody                   reqId rc ledger
+    67   reqId ledger                                         reqId rc ledger
+    68   reqId ledger                                         reqId rc ledger int:n {first last}*n
+    69   reqId                                                reqId rc totalDiskCapacity freeDiskSpace
+    70   reqId ledger                                         (none: fire and forget)
+    71   reqId ledger endEntryId key                          reqId rc ledger
+    127  -                                                    reqId rc int:opcode ledger entry (flags =
+                                                              mask of the known ids)
+
+Fields are int64 unless marked ``int:`` (int32); ``rc`` is int32.
+
+Invariants:
+* ``FrameDecoder.feed`` yields the same messages whatever the chunking of the stream.
+* Framing errors (negative length, length above ``max_frame_size``) raise
+  :class:`~vellum.errors.FramingError`: the stream position is lost, the connection must close;
+  the decoder stays failed.
+* A well-framed body that cannot be used (unsupported version, unknown opcode, wrong size,
+  inconsistent lengths) yields a :class:`BadFrame`; the stream stays in sync.
+* Decoded byte fields are ``bytes`` copied exactly once out of the fed data; a message never
+  holds a view of the caller's buffer, so receive buffers may be reused after ``feed`` returns.
+* ``encode_parts`` never copies an entry payload; ``encode`` copies it once.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from typing import Any, Literal, TypeAlias
+
+from vellum.errors import EBADVERSION, EOK, FramingError, IncorrectParameterError
+from vellum.proto.messages import (
+    FLAG_DO_FENCING,
+    MASTER_KEY_LENGTH,
+    MIN_ENTRY_SIZE,
+    OP_ADD,
+    OP_BATCH_READ,
+    OP_ERROR,
+    OP_FORCE_LEDGER,
+    OP_GET_BOOKIE_INFO,
+    OP_LEDGER_CLOSED,
+    OP_LIST_ENTRIES,
+    OP_LONG_POLL_READ_LAC,
+    OP_READ,
+    OP_READ_LAC,
+    OP_TRIM,
+    OP_WRITE_LAC,
+    OPCODE_NAMES,
+    PROTOCOL_VERSION,
+    AddRequest,
+    AddResponse,
+    BadFrame,
+    BatchReadRequest,
+    BatchReadResponse,
+    BytesLike,
+    ErrorResponse,
+    ForceLedgerRequest,
+    ForceLedgerResponse,
+    GetBookieInfoRequest,
+    GetBookieInfoResponse,
+    LedgerClosedNote,
+    ListEntriesRequest,
+    ListEntriesResponse,
+    LongPollReadLacRequest,
+    LongPollReadLacResponse,
+    Message,
+    ReadLacRequest,
+    ReadLacResponse,
+    ReadRequest,
+    ReadResponse,
+    TrimRequest,
+    TrimResponse,
+    WriteLacRequest,
+    WriteLacResponse,
+)
+
+Side: TypeAlias = Literal["server", "client"]
+Decoded: TypeAlias = Message | BadFrame
+
+_V = PROTOCOL_VERSION << 24
+
+# Structs. Encoders pack the frame length and header together with the fixed fields;
+# decoders read the fixed fields from offset 4 (just after the header, already parsed).
+_INT = struct.Struct(">i")
+_HEADER = struct.Struct(">I")
+_LONG = struct.Struct(">q")
+_ENTRY_IDS = struct.Struct(">qq")
+_RANGE = struct.Struct(">qq")
+
+_ADD_REQ = struct.Struct(">iI20s")  # + entry
+_ADD_RESP = struct.Struct(">iIiqq")
+_READ_REQ = struct.Struct(">iIqq")
+_READ_REQ_FENCE = struct.Struct(">iIqq20s")
+_READ_RESP = _ADD_RESP  # + entry iff rc == EOK
+_BATCH_REQ = struct.Struct(">iIqqqiq")
+_BATCH_REQ_FENCE = struct.Struct(">iIqqqiq20s")
+_BATCH_RESP = struct.Struct(">iIiqqq")  # + repeated [int len][entry]
+
+_REQ_LEDGER = struct.Struct(">iIqq")  # requestId, ledgerId
+_LP_READ_LAC_REQ = struct.Struct(">iIqqqq")  # requestId, ledgerId, previousLAC, timeoutMs
+_LAC_RESP = struct.Struct(">iIqiqi")  # requestId, rc, ledgerId, lacLen + lac + [int len][entry]
+_WRITE_LAC_REQ = struct.Struct(">iIqqq20si")  # requestId, ledgerId, lac, masterKey, bodyLen + body
+_RESP_LEDGER = struct.Struct(">iIqiq")  # requestId, rc, ledgerId
+_LIST_RESP = struct.Struct(">iIqiqi")  # requestId, rc, ledgerId, rangeCount + ranges
+_INFO_REQ = struct.Struct(">iIq")
+_INFO_RESP = struct.Struct(">iIqiqq")
+_TRIM_REQ = struct.Struct(">iIqqq20s")
+_ERROR_RESP = struct.Struct(">iIqiiqq")  # requestId, rc, opcode, ledgerId, entryId
+
+
+def _body(frame: struct.Struct) -> struct.Struct:
+    """The decoding twin of an encoding struct: the same fields without the frame length."""
+    assert frame.format.startswith(">iI")
+    return struct.Struct(">" + frame.format[2:])
+
+
+# Decoding structs start at the header int (offset 0 of the body).
+_ADD_RESP_B = _body(_ADD_RESP)
+_BATCH_REQ_B = _body(_BATCH_REQ)
+_BATCH_REQ_FENCE_B = _body(_BATCH_REQ_FENCE)
+_BATCH_RESP_B = _body(_BATCH_RESP)
+_ERROR_RESP_B = _body(_ERROR_RESP)
+_INFO_REQ_B = _body(_INFO_REQ)
+_INFO_RESP_B = _body(_INFO_RESP)
+_LAC_RESP_B = _body(_LAC_RESP)
+_LIST_RESP_B = _body(_LIST_RESP)
+_LP_READ_LAC_REQ_B = _body(_LP_READ_LAC_REQ)
+_READ_REQ_FENCE_B = _body(_READ_REQ_FENCE)
+_READ_RESP_B = _body(_READ_RESP)
+_REQ_LEDGER_B = _body(_REQ_LEDGER)
+_RESP_LEDGER_B = _body(_RESP_LEDGER)
+_TRIM_REQ_B = _body(_TRIM_REQ)
+_WRITE_LAC_REQ_B = _body(_WRITE_LAC_REQ)
+
+# Header flags of an ERROR response: which of its ids are known.
+ERROR_HAS_REQUEST_ID = 0x1
+ERROR_HAS_OPCODE = 0x2
+ERROR_HAS_LEDGER_ID = 0x4
+ERROR_HAS_ENTRY_ID = 0x8
+_ERROR_MASK = ERROR_HAS_REQUEST_ID | ERROR_HAS_OPCODE | ERROR_HAS_LEDGER_ID | ERROR_HAS_ENTRY_ID
+
+
+# ===========================================================================================
+# Encoding
+
+
+def _flags(flags: int) -> int:
+    if flags & ~0xFFFF:
+        raise IncorrectParameterError(f"header flags {flags:#x} do not fit in 16 bits")
+    return flags
+
+
+def _key(master_key: BytesLike | None, what: str) -> BytesLike:
+    # struct's "20s" silently pads or truncates: check the length ourselves.
+    if master_key is None or len(master_key) != MASTER_KEY_LENGTH:
+        got = "none" if master_key is None else f"{len(master_key)} bytes"
+        raise IncorrectParameterError(f"{what}: master key must be {MASTER_KEY_LENGTH} bytes, got {got}")
+    return master_key
+
+
+def _enc_add_req(m: AddRequest) -> list[BytesLike]:
+    entry = m.entry
+    if len(entry) < MIN_ENTRY_SIZE:
+        raise IncorrectParameterError(f"ADD: entry of {len(entry)} bytes is shorter than its header")
+    head = _ADD_REQ.pack(
+        4 + MASTER_KEY_LENGTH + len(entry), _V | (OP_ADD << 16) | _flags(m.flags), _key(m.master_key, "ADD")
+    )
+    return [head, entry]
+
+
+def _enc_add_resp(m: AddResponse) -> list[BytesLike]:
+    return [_ADD_RESP.pack(24, _V | (OP_ADD << 16), m.status, m.ledger_id, m.entry_id)]
+
+
+def _enc_read_req(m: ReadRequest) -> list[BytesLike]:
+    header = _V | (OP_READ << 16) | _flags(m.flags)
+    if m.flags & FLAG_DO_FENCING:
+        return [_READ_REQ_FENCE.pack(40, header, m.ledger_id, m.entry_id, _key(m.master_key, "fencing READ"))]
+    if m.master_key is not None:
+        raise IncorrectParameterError("READ: a master key is only sent with FLAG_DO_FENCING")
+    return [_READ_REQ.pack(20, header, m.ledger_id, m.entry_id)]
+
+
+def _enc_read_resp(m: ReadResponse) -> list[BytesLike]:
+    entry = m.entry
+    if m.status != EOK and len(entry):
+        raise IncorrectParameterError("READ response: an entry is only sent with EOK")
+    head = _READ_RESP.pack(24 + len(entry), _V | (OP_READ << 16), m.status, m.ledger_id, m.entry_id)
+    return [head, entry] if len(entry) else [head]
+
+
+def _enc_batch_req(m: BatchReadRequest) -> list[BytesLike]:
+    header = _V | (OP_BATCH_READ << 16) | _flags(m.flags)
+    fields = (m.ledger_id, m.start_entry_id, m.request_id, m.max_count, m.max_size)
+    if m.flags & FLAG_DO_FENCING:
+        return [_BATCH_REQ_FENCE.pack(60, header, *fields, _key(m.master_key, "fencing BATCH_READ"))]
+    if m.master_key is not None:
+        raise IncorrectParameterError("BATCH_READ: a master key is only sent with FLAG_DO_FENCING")
+    return [_BATCH_REQ.pack(40, header, *fields)]
+
+
+def _enc_batch_resp(m: BatchReadResponse) -> list[BytesLike]:
+    if m.status != EOK and m.entries:
+        raise IncorrectParameterError("BATCH_READ response: entries are only sent with EOK")
+    parts: list[BytesLike] = [b""]
+    size = 32
+    for entry in m.entries:
+        parts.append(_INT.pack(len(entry)))
+        parts.append(entry)
+        size += 4 + len(entry)
+    parts[0] = _BATCH_RESP.pack(
+        size, _V | (OP_BATCH_READ << 16), m.status, m.ledger_id, m.entry_id, m.request_id
+    )
+    return parts
+
+
+def _enc_lp_read_lac_req(m: LongPollReadLacRequest) -> list[BytesLike]:
+    return [
+        _LP_READ_LAC_REQ.pack(
+            36, _V | (OP_LONG_POLL_READ_LAC << 16), m.request_id, m.ledger_id, m.previous_lac, m.timeout_ms
+        )
+    ]
+
+
+def _lac_resp(opcode: int, m: LongPollReadLacResponse | ReadLacResponse) -> list[BytesLike]:
+    lac_body, last_entry = m.lac_body, m.last_entry
+    size = 32 + len(lac_body) + len(last_entry)
+    head = _LAC_RESP.pack(size, _V | (opcode << 16), m.request_id, m.status, m.ledger_id, len(lac_body))
+    # The LAC body is small: join it with the fixed fields; the entry goes out as it is.
+    return [head + lac_body + _INT.pack(len(last_entry)), last_entry]
+
+
+def _enc_lp_read_lac_resp(m: LongPollReadLacResponse) -> list[BytesLike]:
+    return _lac_resp(OP_LONG_POLL_READ_LAC, m)
+
+
+def _enc_read_lac_resp(m: ReadLacResponse) -> list[BytesLike]:
+    return _lac_resp(OP_READ_LAC, m)
+
+
+def _req_ledger(opcode: int, request_id: int, ledger_id: int) -> list[BytesLike]:
+    return [_REQ_LEDGER.pack(20, _V | (opcode << 16), request_id, ledger_id)]
+
+
+def _resp_ledger(opcode: int, request_id: int, status: int, ledger_id: int) -> list[BytesLike]:
+    return [_RESP_LEDGER.pack(24, _V | (opcode << 16), request_id, status, ledger_id)]
+
+
+def _enc_write_lac_req(m: WriteLacRequest) -> list[BytesLike]:
+    body = m.lac_body
+    head = _WRITE_LAC_REQ.pack(
+        52 + len(body),
+        _V | (OP_WRITE_LAC << 16),
+        m.request_id,
+        m.ledger_id,
+        m.lac,
+        _key(m.master_key, "WRITE_LAC"),
+        len(body),
+    )
+    return [head + body]
+
+
+def _enc_list_resp(m: ListEntriesResponse) -> list[BytesLike]:
+    ranges = m.ranges
+    head = _LIST_RESP.pack(
+        28 + 16 * len(ranges), _V | (OP_LIST_ENTRIES << 16), m.request_id, m.status, m.ledger_id, len(ranges)
+    )
+    previous = None
+    out = bytearray(head)
+    for first, last in ranges:
+        if first > last or (previous is not None and first <= previous):
+            raise IncorrectParameterError(f"LIST_ENTRIES: ranges must be sorted and disjoint: {ranges!r}")
+        out += _RANGE.pack(first, last)
+        previous = last
+    return [bytes(out)]
+
+
+def _enc_trim_req(m: TrimRequest) -> list[BytesLike]:
+    return [
+        _TRIM_REQ.pack(
+            48,
+            _V | (OP_TRIM << 16),
+            m.request_id,
+            m.ledger_id,
+            m.end_entry_id,
+            _key(m.master_key, "TRIM"),
+        )
+    ]
+
+
+def _enc_error_resp(m: ErrorResponse) -> list[BytesLike]:
+    mask = 0
+    if m.request_id is not None:
+        mask |= ERROR_HAS_REQUEST_ID
+    if m.opcode is not None:
+        mask |= ERROR_HAS_OPCODE
+    if m.ledger_id is not None:
+        mask |= ERROR_HAS_LEDGER_ID
+    if m.entry_id is not None:
+        mask |= ERROR_HAS_ENTRY_ID
+    return [
+        _ERROR_RESP.pack(
+            36,
+            _V | (OP_ERROR << 16) | mask,
+            m.request_id if m.request_id is not None else -1,
+            m.status,
+            m.opcode if m.opcode is not None else -1,
+            m.ledger_id if m.ledger_id is not None else -1,
+            m.entry_id if m.entry_id is not None else -1,
+        )
+    ]
+
+
+def _enc_read_lac_req(m: ReadLacRequest) -> list[BytesLike]:
+    return _req_ledger(OP_READ_LAC, m.request_id, m.ledger_id)
+
+
+def _enc_write_lac_resp(m: WriteLacResponse) -> list[BytesLike]:
+    return _resp_ledger(OP_WRITE_LAC, m.request_id, m.status, m.ledger_id)
+
+
+def _enc_force_req(m: ForceLedgerRequest) -> list[BytesLike]:
+    return _req_ledger(OP_FORCE_LEDGER, m.request_id, m.ledger_id)
+
+
+def _enc_force_resp(m: ForceLedgerResponse) -> list[BytesLike]:
+    return _resp_ledger(OP_FORCE_LEDGER, m.request_id, m.status, m.ledger_id)
+
+
+def _enc_list_req(m: ListEntriesRequest) -> list[BytesLike]:
+    return _req_ledger(OP_LIST_ENTRIES, m.request_id, m.ledger_id)
+
+
+def _enc_info_req(m: GetBookieInfoRequest) -> list[BytesLike]:
+    return [_INFO_REQ.pack(12, _V | (OP_GET_BOOKIE_INFO << 16), m.request_id)]
+
+
+def _enc_info_resp(m: GetBookieInfoResponse) -> list[BytesLike]:
+    return [
+        _INFO_RESP.pack(
+            32,
+            _V | (OP_GET_BOOKIE_INFO << 16),
+            m.request_id,
+            m.status,
+            m.total_disk_capacity,
+            m.free_disk_space,
+        )
+    ]
+
+
+def _enc_ledger_closed(m: LedgerClosedNote) -> list[BytesLike]:
+    return _req_ledger(OP_LEDGER_CLOSED, m.request_id, m.ledger_id)
+
+
+def _enc_trim_resp(m: TrimResponse) -> list[BytesLike]:
+    return _resp_ledger(OP_TRIM, m.request_id, m.status, m.ledger_id)
+
+
+# Keyed by exact type: messages are final dataclasses, and a dict lookup beats isinstance chains.
+_ENCODERS: dict[type[Any], Callable[[Any], list[BytesLike]]] = {
+    AddRequest: _enc_add_req,
+    AddResponse: _enc_add_resp,
+    ReadRequest: _enc_read_req,
+    ReadResponse: _enc_read_resp,
+    BatchReadRequest: _enc_batch_req,
+    BatchReadResponse: _enc_batch_resp,
+    LongPollReadLacRequest: _enc_lp_read_lac_req,
+    LongPollReadLacResponse: _enc_lp_read_lac_resp,
+    ReadLacRequest: _enc_read_lac_req,
+    ReadLacResponse: _enc_read_lac_resp,
+    WriteLacRequest: _enc_write_lac_req,
+    WriteLacResponse: _enc_write_lac_resp,
+    ForceLedgerRequest: _enc_force_req,
+    ForceLedgerResponse: _enc_force_resp,
+    ListEntriesRequest: _enc_list_req,
+    ListEntriesResponse: _enc_list_resp,
+    GetBookieInfoRequest: _enc_info_req,
+    GetBookieInfoResponse: _enc_info_resp,
+    LedgerClosedNote: _enc_ledger_closed,
+    TrimRequest: _enc_trim_req,
+    TrimResponse: _enc_trim_resp,
+    ErrorResponse: _enc_error_resp,
+}
+
+
+def encode_parts(msg: Message) -> list[BytesLike]:
+    """The frame of ``msg`` (length prefix included) as buffers to write in order.
+
+    Entry payloads are returned as the very objects held by the message (no copy), which suits
+    ``transport.writelines``. Raises :class:`IncorrectParameterError` for values that do not
+    fit the layout (bad master key length, out-of-range integers, unknown message type).
+    """
+    encoder = _ENCODERS.get(type(msg))
+    if encoder is None:
+        raise IncorrectParameterError(f"not a wire message: {type(msg).__name__}")
+    try:
+        return encoder(msg)
+    except struct.error as exc:
+        raise IncorrectParameterError(f"cannot encode {msg!r:.200}: {exc}") from exc
+
+
+def encode(msg: Message) -> bytes:
+    """The frame of ``msg`` (length prefix included) as one ``bytes`` (payload copied once)."""
+    parts = encode_parts(msg)
+    if len(parts) == 1:
+        return bytes(parts[0])
+    return b"".join(parts)
+
+
+# ===========================================================================================
+# Decoding
+
+
+class _Malformed(Exception):
+    """A body does not match its opcode's layout (internal: becomes a BadFrame)."""
+
+
+def _expect(body: memoryview, size: int, name: str) -> None:
+    if len(body) != size:
+        raise _Malformed(f"{name} frame body of {len(body)} bytes, expected {size}")
+
+
+def _dec_add_req(body: memoryview, flags: int) -> Message:
+    if len(body) < 4 + MASTER_KEY_LENGTH + MIN_ENTRY_SIZE:
+        raise _Malformed(
+            f"ADD frame body of {len(body)} bytes is shorter than a master key and an entry header"
+        )
+    return AddRequest(bytes(body[4:24]), bytes(body[24:]), flags)
+
+
+def _dec_read_req(body: memoryview, flags: int) -> Message:
+    if flags & FLAG_DO_FENCING:
+        _expect(body, 40, "fencing READ")
+        _, ledger_id, entry_id, key = _READ_REQ_FENCE_B.unpack_from(body)
+        return ReadRequest(ledger_id, entry_id, flags, key)
+    _expect(body, 20, "READ")
+    ledger_id, entry_id = _ENTRY_IDS.unpack_from(body, 4)
+    return ReadRequest(ledger_id, entry_id, flags)
+
+
+def _dec_batch_req(body: memoryview, flags: int) -> Message:
+    if flags & FLAG_DO_FENCING:
+        _expect(body, 60, "fencing BATCH_READ")
+        _, lid, eid, rid, count, size, key = _BATCH_REQ_FENCE_B.unpack_from(body)
+        return BatchReadRequest(lid, eid, rid, count, size, flags, key)
+    _expect(body, 40, "BATCH_READ")
+    _, lid, eid, rid, count, size = _BATCH_REQ_B.unpack_from(body)
+    return BatchReadRequest(lid, eid, rid, count, size, flags)
+
+
+def _dec_add_resp(body: memoryview, flags: int) -> Message:
+    _expect(body, 24, "ADD response")
+    _, status, ledger_id, entry_id = _ADD_RESP_B.unpack_from(body)
+    return AddResponse(status, ledger_id, entry_id)
+
+
+def _dec_read_resp(body: memoryview, flags: int) -> Message:
+    if len(body) < 24:
+        raise _Malformed(f"READ response body of {len(body)} bytes, expected at least 24")
+    _, status, ledger_id, entry_id = _READ_RESP_B.unpack_from(body)
+    if status != EOK:
+        _expect(body, 24, "READ error response")
+        return ReadResponse(status, ledger_id, entry_id)
+    return ReadResponse(status, ledger_id, entry_id, bytes(body[24:]))
+
+
+def _dec_batch_resp(body: memoryview, flags: int) -> Message:
+    end = len(body)
+    if end < 32:
+        raise _Malformed(f"BATCH_READ response body of {end} bytes, expected at least 32")
+    _, status, ledger_id, entry_id, request_id = _BATCH_RESP_B.unpack_from(body)
+    if status != EOK:
+        _expect(body, 32, "BATCH_READ error response")
+        return BatchReadResponse(status, ledger_id, entry_id, request_id)
+    entries: list[bytes] = []
+    pos = 32
+    while pos < end:
+        if end - pos < 4:
+            raise _Malformed(f"BATCH_READ response: {end - pos} trailing bytes after entry {len(entries)}")
+        (size,) = _INT.unpack_from(body, pos)
+        pos += 4
+        if size < 0 or size > end - pos:
+            raise _Malformed(
+                f"BATCH_READ response: entry {len(entries)} claims {size} bytes, {end - pos} left"
+            )
+        entries.append(bytes(body[pos : pos + size]))
+        pos += size
+    return BatchReadResponse(status, ledger_id, entry_id, request_id, tuple(entries))
+
+
+def _dec_lp_read_lac_req(body: memoryview, flags: int) -> Message:
+    _expect(body, 36, "LONG_POLL_READ_LAC")
+    _, request_id, ledger_id, previous_lac, timeout_ms = _LP_READ_LAC_REQ_B.unpack_from(body)
+    return LongPollReadLacRequest(request_id, ledger_id, previous_lac, timeout_ms)
+
+
+def _lac_resp_fields(body: memoryview, name: str) -> tuple[int, int, int, bytes, bytes]:
+    end = len(body)
+    if end < 32:
+        raise _Malformed(f"{name} response body of {end} bytes, expected at least 32")
+    _, request_id, status, ledger_id, lac_len = _LAC_RESP_B.unpack_from(body)
+    pos = 28
+    if lac_len < 0 or lac_len > end - pos - 4:
+        raise _Malformed(f"{name} response: LAC body of {lac_len} bytes does not fit")
+    lac_body = bytes(body[pos : pos + lac_len])
+    pos += lac_len
+    (entry_len,) = _INT.unpack_from(body, pos)
+    pos += 4
+    if entry_len != end - pos:
+        raise _Malformed(f"{name} response: last entry of {entry_len} bytes, {end - pos} left")
+    return request_id, status, ledger_id, lac_body, bytes(body[pos:])
+
+
+def _dec_lp_read_lac_resp(body: memoryview, flags: int) -> Message:
+    return LongPollReadLacResponse(*_lac_resp_fields(body, "LONG_POLL_READ_LAC"))
+
+
+def _dec_read_lac_resp(body: memoryview, flags: int) -> Message:
+    return ReadLacResponse(*_lac_resp_fields(body, "READ_LAC"))
+
+
+def _req_ledger_decoder(
+    cls: Callable[[int, int], Message], name: str
+) -> Callable[[memoryview, int], Message]:
+    def decode(body: memoryview, flags: int) -> Message:
+        _expect(body, 20, name)
+        _, request_id, ledger_id = _REQ_LEDGER_B.unpack_from(body)
+        return cls(request_id, ledger_id)
+
+    return decode
+
+
+def _resp_ledger_decoder(
+    cls: Callable[[int, int, int], Message], name: str
+) -> Callable[[memoryview, int], Message]:
+    def decode(body: memoryview, flags: int) -> Message:
+        _expect(body, 24, name)
+        _, request_id, status, ledger_id = _RESP_LEDGER_B.unpack_from(body)
+        return cls(request_id, status, ledger_id)
+
+    return decode
+
+
+def _dec_write_lac_req(body: memoryview, flags: int) -> Message:
+    end = len(body)
+    if end < 52:
+        raise _Malformed(f"WRITE_LAC frame body of {end} bytes, expected at least 52")
+    _, request_id, ledger_id, lac, key, size = _WRITE_LAC_REQ_B.unpack_from(body)
+    if size != end - 52:
+        raise _Malformed(f"WRITE_LAC: LAC body claims {size} bytes, {end - 52} present")
+    return WriteLacRequest(request_id, ledger_id, lac, key, bytes(body[52:]))
+
+
+def _dec_list_resp(body: memoryview, flags: int) -> Message:
+    end = len(body)
+    if end < 28:
+        raise _Malformed(f"LIST_ENTRIES response body of {end} bytes, expected at least 28")
+    _, request_id, status, ledger_id, count = _LIST_RESP_B.unpack_from(body)
+    if count < 0 or count * 16 != end - 28:
+        raise _Malformed(f"LIST_ENTRIES response: {count} ranges in {end - 28} bytes")
+    ranges = tuple(_RANGE.iter_unpack(body[28:]))
+    previous = None
+    for first, last in ranges:
+        if first > last or (previous is not None and first <= previous):
+            raise _Malformed("LIST_ENTRIES response: ranges are not sorted and disjoint")
+        previous = last
+    return ListEntriesResponse(request_id, status, ledger_id, ranges)
+
+
+def _dec_info_req(body: memoryview, flags: int) -> Message:
+    _expect(body, 12, "GET_BOOKIE_INFO")
+    _, request_id = _INFO_REQ_B.unpack_from(body)
+    return GetBookieInfoRequest(request_id)
+
+
+def _dec_info_resp(body: memoryview, flags: int) -> Message:
+    _expect(body, 32, "GET_BOOKIE_INFO response")
+    _, request_id, status, total, free = _INFO_RESP_B.unpack_from(body)
+    return GetBookieInfoResponse(request_id, status, total, free)
+
+
+def _dec_trim_req(body: memoryview, flags: int) -> Message:
+    _expect(body, 48, "TRIM")
+    _, request_id, ledger_id, end_entry_id, key = _TRIM_REQ_B.unpack_from(body)
+    return TrimRequest(request_id, ledger_id, end_entry_id, key)
+
+
+def _dec_error_resp(body: memoryview, flags: int) -> Message:
+    _expect(body, 36, "ERROR response")
+    if flags & ~_ERROR_MASK:
+        raise _Malformed(f"ERROR response with unknown flags {flags:#x}")
+    _, request_id, status, opcode, ledger_id, entry_id = _ERROR_RESP_B.unpack_from(body)
+    return ErrorResponse(
+        status,
+        request_id if flags & ERROR_HAS_REQUEST_ID else None,
+        opcode if flags & ERROR_HAS_OPCODE else None,
+        ledger_id if flags & ERROR_HAS_LEDGER_ID else None,
+        entry_id if flags & ERROR_HAS_ENTRY_ID else None,
+    )
+
+
+_Decoder: TypeAlias = Callable[[memoryview, int], Message]
+
+_REQUEST_DECODERS: dict[int, _Decoder] = {
+    OP_ADD: _dec_add_req,
+    OP_READ: _dec_read_req,
+    OP_BATCH_READ: _dec_batch_req,
+    OP_LONG_POLL_READ_LAC: _dec_lp_read_lac_req,
+    OP_READ_LAC: _req_ledger_decoder(ReadLacRequest, "READ_LAC"),
+    OP_WRITE_LAC: _dec_write_lac_req,
+    OP_FORCE_LEDGER: _req_ledger_decoder(ForceLedgerRequest, "FORCE_LEDGER"),
+    OP_LIST_ENTRIES: _req_ledger_decoder(ListEntriesRequest, "LIST_ENTRIES"),
+    OP_GET_BOOKIE_INFO: _dec_info_req,
+    OP_LEDGER_CLOSED: _req_ledger_decoder(LedgerClosedNote, "LEDGER_CLOSED"),
+    OP_TRIM: _dec_trim_req,
+}
+
+_RESPONSE_DECODERS: dict[int, _Decoder] = {
+    OP_ADD: _dec_add_resp,
+    OP_READ: _dec_read_resp,
+    OP_BATCH_READ: _dec_batch_resp,
+    OP_LONG_POLL_READ_LAC: _dec_lp_read_lac_resp,
+    OP_READ_LAC: _dec_read_lac_resp,
+    OP_WRITE_LAC: _resp_ledger_decoder(WriteLacResponse, "WRITE_LAC response"),
+    OP_FORCE_LEDGER: _resp_ledger_decoder(ForceLedgerResponse, "FORCE_LEDGER response"),
+    OP_LIST_ENTRIES: _dec_list_resp,
+    OP_GET_BOOKIE_INFO: _dec_info_resp,
+    OP_TRIM: _resp_ledger_decoder(TrimResponse, "TRIM response"),
+    OP_ERROR: _dec_error_resp,
+}
+
+# Vellum opcodes whose request/response carries a ledger id right after the request id (+rc).
+_VELLUM_LEDGER_OPS = frozenset(
+    {
+        OP_LONG_POLL_READ_LAC,
+        OP_READ_LAC,
+        OP_WRITE_LAC,
+        OP_FORCE_LEDGER,
+        OP_LIST_ENTRIES,
+        OP_LEDGER_CLOSED,
+        OP_TRIM,
+    }
+)
+# Opcodes 64..126 are Vellum's range: every frame there carries a request id after the header,
+# so even an opcode this build does not know can be answered by request id.
+_VELLUM_OP_RANGE = range(64, OP_ERROR)
+
+
+def _recover_ids(body: memoryview, opcode: int, side: Side) -> tuple[int | None, int | None, int | None]:
+    """Best-effort ``(request_id, ledger_id, entry_id)`` of a malformed body."""
+    n = len(body)
+    request_id = ledger_id = entry_id = None
+    # v2 responses have the int rc before the ids; requests do not.
+    rc = 4 if side == "client" else 0
+    if opcode == OP_ADD:
+        at = 4 + rc if side == "client" else 4 + MASTER_KEY_LENGTH
+        if n >= at + 16:
+            ledger_id, entry_id = _ENTRY_IDS.unpack_from(body, at)
+    elif opcode in (OP_READ, OP_BATCH_READ):
+        at = 4 + rc
+        if n >= at + 16:
+            ledger_id, entry_id = _ENTRY_IDS.unpack_from(body, at)
+        if opcode == OP_BATCH_READ and n >= at + 24:
+            (request_id,) = _LONG.unpack_from(body, at + 16)
+    elif opcode in _VELLUM_OP_RANGE:
+        if n >= 12:
+            (request_id,) = _LONG.unpack_from(body, 4)
+        if opcode in _VELLUM_LEDGER_OPS and n >= 20 + rc:
+            (ledger_id,) = _LONG.unpack_from(body, 12 + rc)
+    return request_id, ledger_id, entry_id
+
+
+def decode_body(body: memoryview | bytes, *, side: Side) -> Decoded:
+    """Decode one frame body (without its length prefix): requests if ``side == "server"``,
+    responses if ``side == "client"``. Never raises for a bad body: returns a :class:`BadFrame`.
+    """
+    view = body if isinstance(body, memoryview) else memoryview(body)
+    decoders = _REQUEST_DECODERS if side == "server" else _RESPONSE_DECODERS
+    return _decode(view, decoders, side)
+
+
+def _decode(body: memoryview, decoders: dict[int, _Decoder], side: Side) -> Decoded:
+    if len(body) < 4:
+        return BadFrame(f"frame body of {len(body)} bytes has no header")
+    (header,) = _HEADER.unpack_from(body)
+    version = header >> 24
+    opcode = (header >> 16) & 0xFF
+    flags = header & 0xFFFF
+    if version != PROTOCOL_VERSION:
+        return BadFrame(
+            f"unsupported protocol version {version} (this bookie speaks {PROTOCOL_VERSION})",
+            EBADVERSION,
+            version,
+            opcode,
+            flags,
+        )
+    decoder = decoders.get(opcode)
+    if decoder is not None:
+        try:
+            # Vellum's operations define no flags: refuse them rather than guess their meaning.
+            # (ERROR uses its flags as a bit mask of known ids; v2 frames keep theirs.)
+            if flags and opcode in _VELLUM_OP_RANGE:
+                raise _Malformed(f"{OPCODE_NAMES[opcode]} frame with flags {flags:#x}; none are defined")
+            return decoder(body, flags)
+        except (_Malformed, struct.error) as exc:
+            reason = str(exc)
+    else:
+        kind = "request" if side == "server" else "response"
+        name = OPCODE_NAMES.get(opcode)
+        reason = f"opcode {opcode}{f' ({name})' if name else ''} is not a known {kind}"
+    request_id, ledger_id, entry_id = _recover_ids(body, opcode, side)
+    return BadFrame(
+        reason,
+        version=version,
+        opcode=opcode,
+        flags=flags,
+        request_id=request_id,
+        ledger_id=ledger_id,
+        entry_id=entry_id,
+    )
+
+
+class FrameDecoder:
+    """Splits a byte stream into frames and decodes each (sans-IO).
+
+    ``side="server"`` decodes requests (what a bookie reads); ``side="client"`` decodes
+    responses. ``feed`` returns the messages completed by the data, in order; partial frames
+    are kept until the rest arrives. A :class:`FramingError` (negative or oversized length)
+    is raised from ``feed`` and again from every later call.
+    """
+
+    __slots__ = ("_buf", "_decoders", "_failure", "_max", "_side")
+
+    def __init__(self, max_frame_size: int, *, side: Side) -> None:
+        if max_frame_size < 4:
+            raise IncorrectParameterError(f"max_frame_size {max_frame_size} is below a frame header")
+        if side not in ("server", "client"):
+            raise IncorrectParameterError(f"side must be 'server' or 'client', not {side!r}")
+        self._max = max_frame_size
+        self._side: Side = side
+        self._decoders = _REQUEST_DECODERS if side == "server" else _RESPONSE_DECODERS
+        self._buf = bytearray()
+        self._failure: str | None = None
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet part of a complete frame."""
+        return len(self._buf)
+
+    def feed(self, data: BytesLike) -> list[Decoded]:
+        """Consume ``data``; return every message it completes. Never keeps a view of ``data``."""
+        if self._failure is not None:
+            raise FramingError(self._failure)
+        buf = self._buf
+        buffered = bool(buf)
+        if buffered:
+            buf += data
+            view = memoryview(buf)
+        else:
+            # Fast path: frames wholly inside ``data`` are decoded straight from it.
+            view = memoryview(data)
+        out: list[Decoded] = []
+        pos = 0
+        try:
+            end = len(view)
+            decoders, side, limit = self._decoders, self._side, self._max
+            unpack_len = _INT.unpack_from
+            while end - pos >= 4:
+                (size,) = unpack_len(view, pos)
+                if size < 0 or size > limit:
+                    self._failure = (
+                        f"frame length {size} outside 0..{limit} (max frame size): stream out of sync"
+                    )
+                    raise FramingError(self._failure)
+                start = pos + 4
+                stop = start + size
+                if stop > end:
+                    break
+                out.append(_decode(view[start:stop], decoders, side))
+                pos = stop
+            if not buffered and pos < end:
+                buf += view[pos:]
+        finally:
+            # The views die here so that ``buf`` may be resized (bytearray refuses while exported).
+            view.release()
+        if buffered and pos:
+            del buf[:pos]
+        return out

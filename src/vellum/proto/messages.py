@@ -1,0 +1,437 @@
+"""Wire messages between a client and a bookie: constants and one frozen dataclass per message.
+
+Responsibility: name every frame of the protocol (docs/protocol.md) as a value object. No
+encoding here (see ``codec.py``) and no I/O.
+
+Invariants:
+* Every frame's header int is ``(PROTOCOL_VERSION << 24) | (opcode << 16) | flags``.
+* ADD, READ and BATCH_READ (opcodes 1, 2, 7) are BookKeeper v2's frames, byte for byte; they
+  carry no request id: a v2 client matches answers by (op, ledger id, entry id).
+* Vellum's own operations (opcodes >= 64) carry an int64 ``request_id`` right after the header
+  in both directions; the answer repeats the request's id.
+* ``status`` fields hold v2 wire status codes from :mod:`vellum.errors` (``EOK``, ``ENOLEDGER``...).
+* Byte fields of decoded messages are ``bytes`` owned by the message (never views into a
+  caller's receive buffer). Messages built by callers may hold any bytes-like value.
+* ``LedgerClosedNote`` is fire-and-forget: a bookie never answers it.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import TypeAlias
+
+from vellum.errors import EBADREQ
+
+#: bytes-like values accepted in byte fields of messages built by callers
+BytesLike: TypeAlias = bytes | bytearray | memoryview
+
+PROTOCOL_VERSION = 2
+MASTER_KEY_LENGTH = 20
+#: BookKeeper's nettyMaxFrameSizeBytes default (5 MiB)
+DEFAULT_MAX_FRAME_SIZE = 5 * 1024 * 1024
+#: A stored entry starts with ledgerId entryId lac length (format/entry.py ENTRY_HEADER_SIZE;
+#: proto/ may not import format/, a test keeps the two equal).
+MIN_ENTRY_SIZE = 32
+
+# -- opcodes --------------------------------------------------------------------------------
+# BookKeeper v2 (BookieProtocol): the byte layout of these frames is BookKeeper's.
+OP_ADD = 1
+OP_READ = 2
+OP_BATCH_READ = 7
+# Vellum's own operations. 3..6 are taken by v2 (AUTH, READ_LAC, WRITE_LAC, GET_BOOKIE_INFO,
+# defined but sent over v3 by Java); Vellum's start at 64 so they can never collide with a
+# future v2 opcode.
+OP_LONG_POLL_READ_LAC = 64
+OP_READ_LAC = 65
+OP_WRITE_LAC = 66
+OP_FORCE_LEDGER = 67
+OP_LIST_ENTRIES = 68
+OP_GET_BOOKIE_INFO = 69
+OP_LEDGER_CLOSED = 70
+OP_TRIM = 71
+#: response only: a request that could not be parsed or whose opcode is unknown
+OP_ERROR = 127
+
+OPCODE_NAMES: dict[int, str] = {
+    OP_ADD: "ADD",
+    OP_READ: "READ",
+    OP_BATCH_READ: "BATCH_READ",
+    OP_LONG_POLL_READ_LAC: "LONG_POLL_READ_LAC",
+    OP_READ_LAC: "READ_LAC",
+    OP_WRITE_LAC: "WRITE_LAC",
+    OP_FORCE_LEDGER: "FORCE_LEDGER",
+    OP_LIST_ENTRIES: "LIST_ENTRIES",
+    OP_GET_BOOKIE_INFO: "GET_BOOKIE_INFO",
+    OP_LEDGER_CLOSED: "LEDGER_CLOSED",
+    OP_TRIM: "TRIM",
+    OP_ERROR: "ERROR",
+}
+
+# -- flags (low 16 bits of the header; meaningful on v2 requests) ----------------------------
+#: READ / BATCH_READ: fence the ledger before answering; the frame then carries the master key
+FLAG_DO_FENCING = 0x1
+#: ADD: a recovery add (allowed on a fenced ledger)
+FLAG_RECOVERY_ADD = 0x2
+#: serve ahead of normal traffic (recovery reads, LAC reads)
+FLAG_HIGH_PRIORITY = 0x4
+
+
+def header_int(opcode: int, flags: int = 0) -> int:
+    """The packed header int ``(2 << 24) | (opcode << 16) | flags``."""
+    return (PROTOCOL_VERSION << 24) | (opcode << 16) | flags
+
+
+def split_header(header: int) -> tuple[int, int, int]:
+    """``(version, opcode, flags)`` of a packed header int (read as unsigned 32 bits)."""
+    return (header >> 24) & 0xFF, (header >> 16) & 0xFF, header & 0xFFFF
+
+
+_ENTRY_IDS = struct.Struct(">qq")
+
+
+# ===========================================================================================
+# BookKeeper v2 frames
+
+
+@dataclass(frozen=True, slots=True)
+class AddRequest:
+    """ADD (v2): store ``entry`` (a full stored entry, format/entry.py) under ``master_key``.
+
+    The ledger and entry ids are not separate fields on the wire: they are read from the entry.
+    """
+
+    master_key: BytesLike
+    entry: BytesLike
+    flags: int = 0
+
+    @property
+    def ledger_id(self) -> int:
+        return int(_ENTRY_IDS.unpack_from(self.entry)[0])
+
+    @property
+    def entry_id(self) -> int:
+        return int(_ENTRY_IDS.unpack_from(self.entry)[1])
+
+    @property
+    def is_recovery(self) -> bool:
+        return bool(self.flags & FLAG_RECOVERY_ADD)
+
+
+@dataclass(frozen=True, slots=True)
+class AddResponse:
+    """ADD response (v2)."""
+
+    status: int
+    ledger_id: int
+    entry_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReadRequest:
+    """READ (v2). ``entry_id == -1`` asks for the last entry (a v2 LAC read).
+
+    With ``FLAG_DO_FENCING`` the bookie fences the ledger first and ``master_key`` is required;
+    without it ``master_key`` must be ``None``.
+    """
+
+    ledger_id: int
+    entry_id: int
+    flags: int = 0
+    master_key: BytesLike | None = None
+
+    @property
+    def is_fencing(self) -> bool:
+        return bool(self.flags & FLAG_DO_FENCING)
+
+
+@dataclass(frozen=True, slots=True)
+class ReadResponse:
+    """READ response (v2); ``entry`` is the stored entry, present only when ``status == EOK``."""
+
+    status: int
+    ledger_id: int
+    entry_id: int
+    entry: BytesLike = b""
+
+
+@dataclass(frozen=True, slots=True)
+class BatchReadRequest:
+    """BATCH_READ (v2, BookKeeper 4.17): up to ``max_count`` entries / ``max_size`` bytes from
+    ``start_entry_id``. ``master_key`` iff ``FLAG_DO_FENCING``, as for READ."""
+
+    ledger_id: int
+    start_entry_id: int
+    request_id: int
+    max_count: int
+    max_size: int
+    flags: int = 0
+    master_key: BytesLike | None = None
+
+    @property
+    def is_fencing(self) -> bool:
+        return bool(self.flags & FLAG_DO_FENCING)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchReadResponse:
+    """BATCH_READ response (v2): consecutive stored entries from ``entry_id`` (the start id)."""
+
+    status: int
+    ledger_id: int
+    entry_id: int
+    request_id: int
+    entries: tuple[BytesLike, ...] = ()
+
+
+# ===========================================================================================
+# Vellum's own operations (request id right after the header)
+
+
+@dataclass(frozen=True, slots=True)
+class LongPollReadLacRequest:
+    """Wait up to ``timeout_ms`` until the bookie's LAC for the ledger exceeds ``previous_lac``."""
+
+    request_id: int
+    ledger_id: int
+    previous_lac: int
+    timeout_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class LongPollReadLacResponse:
+    """The explicit LAC body (may be empty) and the last stored entry (may be empty)."""
+
+    request_id: int
+    status: int
+    ledger_id: int
+    lac_body: BytesLike = b""
+    last_entry: BytesLike = b""
+
+
+@dataclass(frozen=True, slots=True)
+class ReadLacRequest:
+    """Read the explicit LAC body and last entry of a ledger, without waiting."""
+
+    request_id: int
+    ledger_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReadLacResponse:
+    """Same shape as :class:`LongPollReadLacResponse`."""
+
+    request_id: int
+    status: int
+    ledger_id: int
+    lac_body: BytesLike = b""
+    last_entry: BytesLike = b""
+
+
+@dataclass(frozen=True, slots=True)
+class WriteLacRequest:
+    """Store an explicit LAC (``lac_body`` is the digested LAC body of format/entry.py)."""
+
+    request_id: int
+    ledger_id: int
+    lac: int
+    master_key: BytesLike
+    lac_body: BytesLike
+
+
+@dataclass(frozen=True, slots=True)
+class WriteLacResponse:
+    request_id: int
+    status: int
+    ledger_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class ForceLedgerRequest:
+    """Answer once everything added to the ledger so far is durable on the bookie."""
+
+    request_id: int
+    ledger_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class ForceLedgerResponse:
+    request_id: int
+    status: int
+    ledger_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class ListEntriesRequest:
+    """Which entries of the ledger does the bookie hold?"""
+
+    request_id: int
+    ledger_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class ListEntriesResponse:
+    """The entry ids held, as sorted disjoint inclusive ranges ``((first, last), ...)``.
+
+    Build ``ranges`` with :func:`entry_ranges`; iterate ids with :meth:`entry_ids`.
+    """
+
+    request_id: int
+    status: int
+    ledger_id: int
+    ranges: tuple[tuple[int, int], ...] = ()
+
+    def entry_ids(self) -> Iterator[int]:
+        for first, last in self.ranges:
+            yield from range(first, last + 1)
+
+    @property
+    def entry_count(self) -> int:
+        """Number of entry ids held."""
+        return sum(last - first + 1 for first, last in self.ranges)
+
+
+def entry_ranges(entry_ids: Iterable[int]) -> tuple[tuple[int, int], ...]:
+    """Compress entry ids (any order, duplicates allowed) into sorted disjoint inclusive ranges
+    with no two ranges adjacent: ``[0, 1, 2, 5]`` -> ``((0, 2), (5, 5))``."""
+    ranges: list[tuple[int, int]] = []
+    first = last = None
+    for entry_id in sorted(set(entry_ids)):
+        if last is not None and entry_id == last + 1:
+            last = entry_id
+            continue
+        if first is not None and last is not None:
+            ranges.append((first, last))
+        first = last = entry_id
+    if first is not None and last is not None:
+        ranges.append((first, last))
+    return tuple(ranges)
+
+
+@dataclass(frozen=True, slots=True)
+class GetBookieInfoRequest:
+    request_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class GetBookieInfoResponse:
+    """Disk capacity and free space of the bookie's ledger dirs, in bytes."""
+
+    request_id: int
+    status: int
+    total_disk_capacity: int
+    free_disk_space: int
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerClosedNote:
+    """Advisory: the writer closed the ledger (the bookie may finish it early). No response."""
+
+    request_id: int
+    ledger_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class TrimRequest:
+    """Drop the ledger's entries below ``end_entry_id`` (named-ledger shrink with force)."""
+
+    request_id: int
+    ledger_id: int
+    end_entry_id: int
+    master_key: BytesLike
+
+
+@dataclass(frozen=True, slots=True)
+class TrimResponse:
+    request_id: int
+    status: int
+    ledger_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorResponse:
+    """Answer to a request that could not be parsed or has an unknown opcode/version.
+
+    ``None`` marks an id the bookie could not recover from the bad frame. ``opcode`` is the
+    request's opcode if its header was readable.
+    """
+
+    status: int
+    request_id: int | None = None
+    opcode: int | None = None
+    ledger_id: int | None = None
+    entry_id: int | None = None
+
+
+# ===========================================================================================
+# A well-framed frame whose contents cannot be used
+
+
+@dataclass(frozen=True, slots=True)
+class BadFrame:
+    """A frame with intact framing but an unknown version/opcode or a malformed body.
+
+    Yielded by the decoder instead of raising, so a bookie can answer (see
+    :meth:`error_response`) and keep serving the connection. Ids are ``None`` when they could
+    not be recovered. ``status`` is the wire status to answer: ``EBADVERSION`` for an
+    unsupported protocol version, ``EBADREQ`` otherwise.
+    """
+
+    reason: str
+    status: int = EBADREQ
+    version: int | None = None
+    opcode: int | None = None
+    flags: int = 0
+    request_id: int | None = None
+    ledger_id: int | None = None
+    entry_id: int | None = None
+
+    def error_response(self) -> Response | None:
+        """The response a bookie sends for this bad request frame (``None``: send nothing).
+
+        A v2 op whose ids were recovered gets its own response type with the error status, so
+        a v2 client (matching by op, ledger, entry) can fail exactly that request; every other
+        bad frame gets an :class:`ErrorResponse`. A bad LEDGER_CLOSED note gets nothing, as a
+        good one would.
+        """
+        if self.version == PROTOCOL_VERSION:
+            if self.opcode == OP_LEDGER_CLOSED:
+                return None
+            if self.ledger_id is not None and self.entry_id is not None:
+                if self.opcode == OP_ADD:
+                    return AddResponse(self.status, self.ledger_id, self.entry_id)
+                if self.opcode == OP_READ:
+                    return ReadResponse(self.status, self.ledger_id, self.entry_id)
+                if self.opcode == OP_BATCH_READ and self.request_id is not None:
+                    return BatchReadResponse(self.status, self.ledger_id, self.entry_id, self.request_id)
+        return ErrorResponse(self.status, self.request_id, self.opcode, self.ledger_id, self.entry_id)
+
+
+Request: TypeAlias = (
+    AddRequest
+    | ReadRequest
+    | BatchReadRequest
+    | LongPollReadLacRequest
+    | ReadLacRequest
+    | WriteLacRequest
+    | ForceLedgerRequest
+    | ListEntriesRequest
+    | GetBookieInfoRequest
+    | LedgerClosedNote
+    | TrimRequest
+)
+Response: TypeAlias = (
+    AddResponse
+    | ReadResponse
+    | BatchReadResponse
+    | LongPollReadLacResponse
+    | ReadLacResponse
+    | WriteLacResponse
+    | ForceLedgerResponse
+    | ListEntriesResponse
+    | GetBookieInfoResponse
+    | TrimResponse
+    | ErrorResponse
+)
+Message: TypeAlias = Request | Response

@@ -1,0 +1,227 @@
+"""The stored entry format: digests, verification, LAC bodies, master keys (format/entry.py)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from vellum.errors import CorruptionError, DigestMismatchError, IncorrectParameterError
+from vellum.format.entry import (
+    ENTRY_HEADER_SIZE,
+    DigestManager,
+    DigestType,
+    Entry,
+    digest_length,
+    mac_key,
+    master_key,
+    parse_entry_header,
+)
+
+INT64 = st.integers(min_value=-(1 << 63), max_value=(1 << 63) - 1)
+CHECKED = [DigestType.CRC32, DigestType.CRC32C, DigestType.HMAC]
+
+# bookkeeper.md §2.1: ledger 1, entry 0, LAC -1, length 5, payload b"hello"
+EXAMPLE_HEADER = bytes.fromhex("00000000000000010000000000000000ffffffffffffffff0000000000000005")
+
+
+# -- worked example (bookkeeper.md §1.5, §2.1) -----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("digest_type", "digest_hex"),
+    [
+        (DigestType.CRC32, "0000000030a56872"),
+        (DigestType.CRC32C, "e3a5f74d"),
+        (DigestType.HMAC, "00107b7f219e26462e04e16e6e7a7f41e046e090"),
+        (DigestType.DUMMY, ""),
+    ],
+)
+def test_worked_example(digest_type: DigestType, digest_hex: str) -> None:
+    entry = DigestManager(1, digest_type, b"").compute(0, -1, 5, b"hello")
+    assert entry == EXAMPLE_HEADER + bytes.fromhex(digest_hex) + b"hello"
+
+
+def test_master_key_of_empty_password() -> None:
+    assert master_key(b"").hex() == "850bf1071c5e3d8c24235676f8816ae0cbe2f14f"
+    assert len(master_key(b"secret")) == 20
+    assert master_key(b"a") != master_key(b"b")
+    assert mac_key(b"") != master_key(b"")  # different prefixes: "mac" vs "ledger"
+
+
+# -- digest types ------------------------------------------------------------------------------
+
+
+def test_digest_lengths() -> None:
+    assert [digest_length(t) for t in DigestType] == [8, 20, 4, 0]
+    assert [int(t) for t in DigestType] == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("CRC32", DigestType.CRC32),
+        ("crc32c", DigestType.CRC32C),
+        ("Hmac", DigestType.HMAC),
+        ("MAC", DigestType.HMAC),
+        (" dummy ", DigestType.DUMMY),
+    ],
+)
+def test_parse_digest_type(name: str, expected: DigestType) -> None:
+    assert DigestType.parse(name) is expected
+
+
+def test_parse_unknown_digest_type_names_the_choices() -> None:
+    with pytest.raises(IncorrectParameterError, match=r"'SHA256'.*CRC32, CRC32C, HMAC"):
+        DigestType.parse("SHA256")
+    with pytest.raises(ValueError):  # also usable as a plain ValueError by config parsing
+        DigestType.parse("")
+
+
+# -- round trips -------------------------------------------------------------------------------
+
+
+@given(
+    digest_type=st.sampled_from(list(DigestType)),
+    ledger_id=INT64,
+    entry_id=INT64,
+    lac=INT64,
+    length=INT64,
+    payload=st.binary(max_size=300),
+    password=st.binary(max_size=10),
+    wrap=st.sampled_from([bytes, bytearray, memoryview]),
+)
+def test_round_trip(
+    digest_type: DigestType,
+    ledger_id: int,
+    entry_id: int,
+    lac: int,
+    length: int,
+    payload: bytes,
+    password: bytes,
+    wrap: type,
+) -> None:
+    dm = DigestManager(ledger_id, digest_type, password)
+    stored = dm.compute(entry_id, lac, length, wrap(payload))
+    assert isinstance(stored, bytes)
+    assert len(stored) == ENTRY_HEADER_SIZE + digest_length(digest_type) + len(payload)
+    assert dm.compute_prefix(entry_id, lac, length, payload) + payload == stored
+    assert parse_entry_header(stored) == (ledger_id, entry_id, lac, length)
+    for view in (stored, memoryview(stored), bytearray(stored)):
+        got = dm.verify(view, entry_id)
+        assert got == Entry(ledger_id, entry_id, lac, length, payload)
+        assert type(got.payload) is bytes
+    assert dm.verify(stored) == got
+
+
+@given(
+    digest_type=st.sampled_from(list(DigestType)),
+    ledger_id=INT64,
+    lac=INT64,
+    password=st.binary(max_size=10),
+)
+def test_lac_round_trip(digest_type: DigestType, ledger_id: int, lac: int, password: bytes) -> None:
+    dm = DigestManager(ledger_id, digest_type, password)
+    body = dm.compute_lac(lac)
+    assert len(body) == 16 + digest_length(digest_type)
+    assert dm.verify_lac(body) == lac
+    assert dm.verify_lac(memoryview(body)) == lac
+
+
+# -- corruption is detected --------------------------------------------------------------------
+
+
+def _flip(data: bytes, bit: int) -> bytes:
+    out = bytearray(data)
+    out[bit // 8] ^= 1 << (bit % 8)
+    return bytes(out)
+
+
+@pytest.mark.parametrize("digest_type", CHECKED)
+def test_every_single_bit_flip_of_an_entry_is_detected(digest_type: DigestType) -> None:
+    dm = DigestManager(7, digest_type, b"pw")
+    stored = dm.compute(3, 2, 100, b"payload of twenty b")
+    assert dm.verify(stored).payload == b"payload of twenty b"
+    for bit in range(len(stored) * 8):
+        with pytest.raises(DigestMismatchError):
+            dm.verify(_flip(stored, bit))
+
+
+@pytest.mark.parametrize("digest_type", CHECKED)
+def test_every_single_bit_flip_of_a_lac_body_is_detected(digest_type: DigestType) -> None:
+    dm = DigestManager(7, digest_type, b"pw")
+    body = dm.compute_lac(41)
+    for bit in range(len(body) * 8):
+        with pytest.raises(DigestMismatchError):
+            dm.verify_lac(_flip(body, bit))
+
+
+def test_dummy_checks_ids_but_not_payload() -> None:
+    dm = DigestManager(7, DigestType.DUMMY)
+    stored = dm.compute(3, 2, 1, b"x")
+    # DUMMY has no digest: a flipped payload passes, by definition.
+    assert dm.verify(_flip(stored, (len(stored) - 1) * 8)).payload == b"y"
+    with pytest.raises(DigestMismatchError, match="ledger id 8"):
+        dm.verify(b"\x00" * 7 + b"\x08" + stored[8:])
+    with pytest.raises(DigestMismatchError, match="expected entry 4"):
+        dm.verify(stored, 4)
+
+
+def test_hmac_with_wrong_password_fails() -> None:
+    stored = DigestManager(5, DigestType.HMAC, b"right").compute(0, -1, 3, b"abc")
+    with pytest.raises(DigestMismatchError, match=r"ledger 5 entry 0: HMAC digest mismatch"):
+        DigestManager(5, DigestType.HMAC, b"wrong").verify(stored)
+    lac_body = DigestManager(5, DigestType.HMAC, b"right").compute_lac(9)
+    with pytest.raises(DigestMismatchError):
+        DigestManager(5, DigestType.HMAC, b"wrong").verify_lac(lac_body)
+
+
+def test_crc_types_ignore_the_password() -> None:
+    for digest_type in (DigestType.CRC32, DigestType.CRC32C):
+        stored = DigestManager(5, digest_type, b"a").compute(0, -1, 3, b"abc")
+        assert DigestManager(5, digest_type, b"b").verify(stored).payload == b"abc"
+
+
+def test_wrong_ledger_or_entry_id_is_named() -> None:
+    stored = DigestManager(5, DigestType.CRC32C).compute(4, 3, 3, b"abc")
+    with pytest.raises(DigestMismatchError, match=r"ledger 6: entry 4 carries ledger id 5"):
+        DigestManager(6, DigestType.CRC32C).verify(stored)
+    with pytest.raises(DigestMismatchError, match=r"ledger 5: expected entry 9, found entry 4"):
+        DigestManager(5, DigestType.CRC32C).verify(stored, 9)
+
+
+@pytest.mark.parametrize("digest_type", list(DigestType))
+def test_short_entries_are_rejected(digest_type: DigestType) -> None:
+    dm = DigestManager(5, digest_type)
+    minimal = dm.compute(0, -1, 0, b"")
+    assert dm.verify(minimal).payload == b""
+    for cut in range(len(minimal)):
+        with pytest.raises(DigestMismatchError, match="shorter"):
+            dm.verify(minimal[:cut])
+
+
+def test_lac_body_of_wrong_size_or_ledger_is_rejected() -> None:
+    dm = DigestManager(5, DigestType.CRC32C)
+    body = dm.compute_lac(3)
+    with pytest.raises(DigestMismatchError, match="LAC body of 19 bytes"):
+        dm.verify_lac(body[:-1])
+    with pytest.raises(DigestMismatchError, match="LAC body of 21 bytes"):
+        dm.verify_lac(body + b"\x00")
+    with pytest.raises(DigestMismatchError, match="ledger id 5"):
+        DigestManager(6, DigestType.CRC32C).verify_lac(body)
+
+
+def test_crc32_digest_high_half_is_zero() -> None:
+    stored = DigestManager(1, DigestType.CRC32).compute(0, -1, 5, b"hello")
+    assert stored[32:36] == b"\x00\x00\x00\x00"
+
+
+def test_parse_entry_header_needs_32_bytes() -> None:
+    assert parse_entry_header(EXAMPLE_HEADER) == (1, 0, -1, 5)
+    with pytest.raises(CorruptionError, match="31 bytes"):
+        parse_entry_header(EXAMPLE_HEADER[:31])
+
+
+def test_unknown_digest_type_value_is_rejected() -> None:
+    with pytest.raises(ValueError):
+        DigestManager(1, 9)  # type: ignore[arg-type]

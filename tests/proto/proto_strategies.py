@@ -1,0 +1,118 @@
+"""Hypothesis strategies for every wire message (shared by the proto tests)."""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from vellum.errors import EBADREQ, EFENCED, EIO, ENOENTRY, ENOLEDGER, EOK, EUA
+from vellum.proto import (
+    FLAG_DO_FENCING,
+    AddRequest,
+    AddResponse,
+    BatchReadRequest,
+    BatchReadResponse,
+    ErrorResponse,
+    ForceLedgerRequest,
+    ForceLedgerResponse,
+    GetBookieInfoRequest,
+    GetBookieInfoResponse,
+    LedgerClosedNote,
+    ListEntriesRequest,
+    ListEntriesResponse,
+    LongPollReadLacRequest,
+    LongPollReadLacResponse,
+    Message,
+    ReadLacRequest,
+    ReadLacResponse,
+    ReadRequest,
+    ReadResponse,
+    TrimRequest,
+    TrimResponse,
+    WriteLacRequest,
+    WriteLacResponse,
+    entry_ranges,
+)
+
+INT64 = st.integers(min_value=-(1 << 63), max_value=(1 << 63) - 1)
+INT32 = st.integers(min_value=-(1 << 31), max_value=(1 << 31) - 1)
+FLAGS = st.integers(min_value=0, max_value=0xFFFF)
+KEYS = st.binary(min_size=20, max_size=20)
+ENTRIES = st.binary(min_size=32, max_size=120)
+STATUS = st.sampled_from([EOK, ENOLEDGER, ENOENTRY, EBADREQ, EIO, EUA, EFENCED])
+ERROR_STATUS = st.sampled_from([ENOLEDGER, ENOENTRY, EBADREQ, EIO, EUA, EFENCED])
+SMALL_BYTES = st.binary(max_size=60)
+
+
+@st.composite
+def read_requests(draw: st.DrawFn) -> ReadRequest:
+    flags = draw(FLAGS)
+    key = draw(KEYS) if flags & FLAG_DO_FENCING else None
+    return ReadRequest(draw(INT64), draw(INT64), flags, key)
+
+
+@st.composite
+def batch_read_requests(draw: st.DrawFn) -> BatchReadRequest:
+    flags = draw(FLAGS)
+    key = draw(KEYS) if flags & FLAG_DO_FENCING else None
+    return BatchReadRequest(draw(INT64), draw(INT64), draw(INT64), draw(INT32), draw(INT64), flags, key)
+
+
+@st.composite
+def read_responses(draw: st.DrawFn) -> ReadResponse:
+    if draw(st.booleans()):
+        return ReadResponse(EOK, draw(INT64), draw(INT64), draw(ENTRIES))
+    return ReadResponse(draw(ERROR_STATUS), draw(INT64), draw(INT64))
+
+
+@st.composite
+def batch_read_responses(draw: st.DrawFn) -> BatchReadResponse:
+    if draw(st.booleans()):
+        entries = tuple(draw(st.lists(st.binary(max_size=80), max_size=4)))
+        return BatchReadResponse(EOK, draw(INT64), draw(INT64), draw(INT64), entries)
+    return BatchReadResponse(draw(ERROR_STATUS), draw(INT64), draw(INT64), draw(INT64))
+
+
+@st.composite
+def list_entries_responses(draw: st.DrawFn) -> ListEntriesResponse:
+    ids = draw(st.lists(st.integers(min_value=-5, max_value=200), max_size=40))
+    return ListEntriesResponse(draw(INT64), draw(STATUS), draw(INT64), entry_ranges(ids))
+
+
+def _optional(strategy: st.SearchStrategy[int]) -> st.SearchStrategy[int | None]:
+    return st.none() | strategy
+
+
+REQUESTS: st.SearchStrategy[Message] = st.one_of(
+    st.builds(AddRequest, KEYS, ENTRIES, FLAGS),
+    read_requests(),
+    batch_read_requests(),
+    st.builds(LongPollReadLacRequest, INT64, INT64, INT64, INT64),
+    st.builds(ReadLacRequest, INT64, INT64),
+    st.builds(WriteLacRequest, INT64, INT64, INT64, KEYS, SMALL_BYTES),
+    st.builds(ForceLedgerRequest, INT64, INT64),
+    st.builds(ListEntriesRequest, INT64, INT64),
+    st.builds(GetBookieInfoRequest, INT64),
+    st.builds(LedgerClosedNote, INT64, INT64),
+    st.builds(TrimRequest, INT64, INT64, INT64, KEYS),
+)
+
+RESPONSES: st.SearchStrategy[Message] = st.one_of(
+    st.builds(AddResponse, STATUS, INT64, INT64),
+    read_responses(),
+    batch_read_responses(),
+    st.builds(LongPollReadLacResponse, INT64, STATUS, INT64, SMALL_BYTES, SMALL_BYTES),
+    st.builds(ReadLacResponse, INT64, STATUS, INT64, SMALL_BYTES, SMALL_BYTES),
+    st.builds(WriteLacResponse, INT64, STATUS, INT64),
+    st.builds(ForceLedgerResponse, INT64, STATUS, INT64),
+    list_entries_responses(),
+    st.builds(GetBookieInfoResponse, INT64, STATUS, INT64, INT64),
+    st.builds(TrimResponse, INT64, STATUS, INT64),
+    st.builds(
+        ErrorResponse,
+        STATUS,
+        _optional(INT64),
+        _optional(st.integers(min_value=0, max_value=255)),
+        _optional(INT64),
+        _optional(INT64),
+    ),
+)

@@ -1,0 +1,364 @@
+"""Round trips, every chunking, framing errors and bad frames of the wire codec (proto/codec.py)."""
+
+from __future__ import annotations
+
+import itertools
+import struct
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from proto_strategies import REQUESTS, RESPONSES
+
+from vellum.errors import EBADREQ, EBADVERSION, EOK, FramingError, IncorrectParameterError
+from vellum.format.entry import ENTRY_HEADER_SIZE, DigestManager, DigestType, master_key
+from vellum.proto import (
+    FLAG_DO_FENCING,
+    MIN_ENTRY_SIZE,
+    OP_ADD,
+    OP_ERROR,
+    OP_LEDGER_CLOSED,
+    OP_READ,
+    OP_TRIM,
+    AddRequest,
+    AddResponse,
+    BadFrame,
+    BatchReadRequest,
+    BatchReadResponse,
+    ErrorResponse,
+    ForceLedgerRequest,
+    FrameDecoder,
+    LedgerClosedNote,
+    ListEntriesResponse,
+    Message,
+    ReadLacResponse,
+    ReadRequest,
+    ReadResponse,
+    TrimRequest,
+    decode_body,
+    encode,
+    encode_parts,
+    entry_ranges,
+    header_int,
+    split_header,
+)
+
+KEY = master_key(b"pw")
+ENTRY = DigestManager(3, DigestType.CRC32C).compute(5, 4, 10, b"0123456789")
+MAX = 1 << 20
+V2_RESPONSES = {"AddResponse", "ReadResponse", "BatchReadResponse"}
+
+
+def frame(body: bytes) -> bytes:
+    return struct.pack(">i", len(body)) + body
+
+
+def server(data: bytes) -> list[object]:
+    return list(FrameDecoder(MAX, side="server").feed(data))
+
+
+def client(data: bytes) -> list[object]:
+    return list(FrameDecoder(MAX, side="client").feed(data))
+
+
+# -- round trips ------------------------------------------------------------------------------
+
+
+@given(REQUESTS)
+def test_request_round_trip(msg: Message) -> None:
+    data = encode(msg)
+    assert isinstance(data, bytes)
+    assert struct.unpack_from(">i", data)[0] == len(data) - 4
+    assert b"".join(encode_parts(msg)) == data
+    assert server(data) == [msg]
+    assert decode_body(data[4:], side="server") == msg
+
+
+@given(RESPONSES)
+def test_response_round_trip(msg: Message) -> None:
+    data = encode(msg)
+    assert struct.unpack_from(">i", data)[0] == len(data) - 4
+    assert b"".join(encode_parts(msg)) == data
+    assert client(data) == [msg]
+    assert decode_body(memoryview(data)[4:], side="client") == msg
+
+
+def test_decoded_byte_fields_are_owned_bytes() -> None:
+    (msg,) = server(encode(AddRequest(KEY, ENTRY)))
+    assert isinstance(msg, AddRequest)
+    assert type(msg.entry) is bytes and type(msg.master_key) is bytes
+    assert (msg.ledger_id, msg.entry_id) == (3, 5)
+
+
+def test_encode_parts_does_not_copy_the_entry() -> None:
+    payload = memoryview(bytearray(ENTRY))
+    parts = encode_parts(AddRequest(KEY, payload))
+    assert parts[-1] is payload
+    resp_parts = encode_parts(ReadResponse(EOK, 3, 5, ENTRY))
+    assert resp_parts[-1] is ENTRY
+
+
+def test_min_entry_size_matches_the_entry_format() -> None:
+    assert MIN_ENTRY_SIZE == ENTRY_HEADER_SIZE
+
+
+def test_header_int_packing() -> None:
+    assert header_int(OP_ADD) == 0x02010000
+    assert header_int(OP_READ, FLAG_DO_FENCING) == 0x02020001
+    assert split_header(0x02010002) == (2, OP_ADD, 2)
+
+
+@given(st.lists(st.integers(min_value=-3, max_value=300), max_size=60))
+def test_entry_ranges_compress_ids(ids: list[int]) -> None:
+    ranges = entry_ranges(ids)
+    resp = ListEntriesResponse(1, EOK, 2, ranges)
+    assert list(resp.entry_ids()) == sorted(set(ids))
+    assert resp.entry_count == len(set(ids))
+    # canonical: sorted, disjoint and never adjacent
+    for (_, last), (first, _) in itertools.pairwise(ranges):
+        assert first > last + 1
+
+
+def test_entry_ranges_example() -> None:
+    assert entry_ranges([5, 0, 2, 1, 2]) == ((0, 2), (5, 5))
+    assert entry_ranges([]) == ()
+
+
+# -- every chunking ---------------------------------------------------------------------------
+
+
+@given(
+    msgs=st.lists(REQUESTS, min_size=1, max_size=8),
+    cuts=st.lists(st.integers(min_value=0, max_value=4000), max_size=20),
+    kind=st.sampled_from(["bytes", "memoryview", "reused-bytearray"]),
+)
+def test_server_decoder_is_chunking_independent(msgs: list[Message], cuts: list[int], kind: str) -> None:
+    stream = b"".join(encode(m) for m in msgs)
+    _check_chunking(stream, cuts, kind, "server", msgs)
+
+
+@given(
+    msgs=st.lists(RESPONSES, min_size=1, max_size=8),
+    cuts=st.lists(st.integers(min_value=0, max_value=4000), max_size=20),
+    kind=st.sampled_from(["bytes", "memoryview", "reused-bytearray"]),
+)
+def test_client_decoder_is_chunking_independent(msgs: list[Message], cuts: list[int], kind: str) -> None:
+    stream = b"".join(encode(m) for m in msgs)
+    _check_chunking(stream, cuts, kind, "client", msgs)
+
+
+def _check_chunking(stream: bytes, cuts: list[int], kind: str, side: str, msgs: list[Message]) -> None:
+    bounds = sorted({c % (len(stream) + 1) for c in cuts} | {0, len(stream)})
+    decoder = FrameDecoder(MAX, side=side)  # type: ignore[arg-type]
+    out: list[object] = []
+    scratch = bytearray(len(stream))
+    for a, b in itertools.pairwise(bounds):
+        chunk = stream[a:b]
+        if kind == "bytes":
+            out += decoder.feed(chunk)
+        elif kind == "memoryview":
+            out += decoder.feed(memoryview(stream)[a:b])
+        else:
+            # A receive buffer the caller reuses: the decoder must not keep views of it.
+            view = memoryview(scratch)[: b - a]
+            view[:] = chunk
+            out += decoder.feed(view)
+            view[:] = b"\xa5" * (b - a)
+    assert out == msgs
+    assert decoder.buffered == 0
+
+
+def test_partial_frame_is_kept_until_complete() -> None:
+    data = encode(AddRequest(KEY, ENTRY))
+    decoder = FrameDecoder(MAX, side="server")
+    assert decoder.feed(data[:3]) == []
+    assert decoder.feed(data[3:30]) == []
+    assert decoder.buffered == 30
+    assert decoder.feed(data[30:] + data[:10]) == [AddRequest(KEY, ENTRY)]
+    assert decoder.buffered == 10
+    assert decoder.feed(data[10:]) == [AddRequest(KEY, ENTRY)]
+    assert decoder.feed(b"") == []
+
+
+# -- framing errors ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("length", [-1, -(1 << 31), 101])
+def test_bad_frame_length_is_a_framing_error_and_sticks(length: int) -> None:
+    decoder = FrameDecoder(100, side="server")
+    good = encode(ForceLedgerRequest(1, 2))
+    with pytest.raises(FramingError, match="frame length"):
+        decoder.feed(good + struct.pack(">i", length) + b"\x00" * 8)
+    with pytest.raises(FramingError):
+        decoder.feed(good)
+
+
+def test_framing_error_when_the_length_arrives_in_pieces() -> None:
+    decoder = FrameDecoder(100, side="client")
+    assert decoder.feed(b"\x00\x00") == []
+    with pytest.raises(FramingError):
+        decoder.feed(b"\x01\x00")  # 256 > 100
+
+
+def test_frame_of_exactly_max_size_is_accepted() -> None:
+    msg = ReadResponse(EOK, 1, 2, b"e" * 76)  # body = 24 + 76 = 100
+    assert FrameDecoder(100, side="client").feed(encode(msg)) == [msg]
+    with pytest.raises(FramingError):
+        FrameDecoder(99, side="client").feed(encode(msg))
+
+
+def test_decoder_arguments_are_checked() -> None:
+    with pytest.raises(IncorrectParameterError):
+        FrameDecoder(1024, side="both")  # type: ignore[arg-type]
+    with pytest.raises(IncorrectParameterError):
+        FrameDecoder(2, side="server")
+
+
+# -- bad frames: framing intact, connection survives ------------------------------------------
+
+
+def _then_good(bad_body: bytes, side: str = "server") -> BadFrame:
+    """Feed a bad frame followed by a good one; the good one must still decode."""
+    good: Message = ForceLedgerRequest(7, 8) if side == "server" else AddResponse(EOK, 1, 2)
+    out = FrameDecoder(MAX, side=side).feed(frame(bad_body) + encode(good))  # type: ignore[arg-type]
+    assert len(out) == 2 and out[1] == good
+    assert isinstance(out[0], BadFrame)
+    return out[0]
+
+
+def test_unsupported_version_answers_ebadversion() -> None:
+    body = encode(ReadRequest(1, 2))[4:]
+    bad = _then_good(b"\x03" + body[1:])
+    assert (bad.status, bad.version, bad.opcode) == (EBADVERSION, 3, OP_READ)
+    assert bad.error_response() == ErrorResponse(EBADVERSION, None, OP_READ, None, None)
+
+
+def test_unknown_opcode_in_vellums_range_keeps_the_request_id() -> None:
+    bad = _then_good(struct.pack(">Iqq", header_int(99), 1234, 5))
+    assert bad.status == EBADREQ and bad.opcode == 99 and bad.request_id == 1234
+    assert bad.error_response() == ErrorResponse(EBADREQ, 1234, 99, None, None)
+
+
+def test_unknown_opcode_outside_vellums_range_has_no_ids() -> None:
+    bad = _then_good(struct.pack(">Iqq", header_int(3), 1, 2))  # v2 AUTH: not served
+    assert bad.request_id is None and bad.ledger_id is None
+    assert "opcode 3" in bad.reason
+
+
+def test_body_without_header() -> None:
+    bad = _then_good(b"\x02\x01")
+    assert bad.opcode is None and "no header" in bad.reason
+    assert bad.error_response() == ErrorResponse(EBADREQ)
+
+
+def test_short_add_answers_with_an_add_response_when_ids_are_known() -> None:
+    truncated = encode(AddRequest(KEY, ENTRY))[4 : 4 + 24 + 20]  # entry header cut short
+    bad = _then_good(truncated)
+    assert (bad.opcode, bad.ledger_id, bad.entry_id) == (OP_ADD, 3, 5)
+    assert bad.error_response() == AddResponse(EBADREQ, 3, 5)
+    bad = _then_good(truncated[:30])
+    assert bad.ledger_id is None
+    assert bad.error_response() == ErrorResponse(EBADREQ, None, OP_ADD, None, None)
+
+
+def test_fencing_read_without_master_key() -> None:
+    body = struct.pack(">Iqq", header_int(OP_READ, FLAG_DO_FENCING), 4, 6)
+    bad = _then_good(body)
+    assert "fencing READ" in bad.reason
+    assert bad.error_response() == ReadResponse(EBADREQ, 4, 6)
+
+
+def test_read_with_trailing_bytes_is_bad() -> None:
+    bad = _then_good(encode(ReadRequest(4, 6))[4:] + b"\x00")
+    assert bad.error_response() == ReadResponse(EBADREQ, 4, 6)
+
+
+def test_bad_batch_read_answers_by_request_id() -> None:
+    body = encode(BatchReadRequest(4, 6, 99, 10, 1000))[4:]
+    bad = _then_good(body[:-1])
+    assert bad.error_response() == BatchReadResponse(EBADREQ, 4, 6, 99)
+
+
+def test_bad_trim_keeps_request_and_ledger_ids() -> None:
+    body = encode(TrimRequest(11, 12, 13, KEY))[4:]
+    bad = _then_good(body[:-3])
+    assert (bad.opcode, bad.request_id, bad.ledger_id) == (OP_TRIM, 11, 12)
+    assert bad.error_response() == ErrorResponse(EBADREQ, 11, OP_TRIM, 12, None)
+
+
+def test_bad_ledger_closed_note_gets_no_answer() -> None:
+    body = encode(LedgerClosedNote(1, 2))[4:]
+    bad = _then_good(body + b"\x00")
+    assert bad.opcode == OP_LEDGER_CLOSED
+    assert bad.error_response() is None
+
+
+def test_server_does_not_accept_responses_and_client_not_requests() -> None:
+    bad = _then_good(encode(ErrorResponse(EBADREQ))[4:], side="server")
+    assert bad.opcode == OP_ERROR and "not a known request" in bad.reason
+    bad = _then_good(encode(LedgerClosedNote(1, 2))[4:], side="client")
+    assert bad.opcode == OP_LEDGER_CLOSED and "not a known response" in bad.reason
+
+
+def test_client_side_bad_frames() -> None:
+    bad = _then_good(encode(ReadResponse(EBADREQ, 4, 6))[4:] + b"junk", side="client")
+    assert (bad.ledger_id, bad.entry_id) == (4, 6)
+    body = encode(BatchReadResponse(EOK, 1, 2, 3, (b"abc",)))[4:]
+    bad = _then_good(body[:-1], side="client")  # entry claims more bytes than present
+    assert "claims 3 bytes" in bad.reason and bad.request_id == 3
+    body = encode(ReadLacResponse(5, EOK, 6, b"lac", b"entry"))[4:]
+    bad = _then_good(body + b"x", side="client")
+    assert (bad.request_id, bad.ledger_id) == (5, 6)
+    body = encode(ListEntriesResponse(5, EOK, 6, ((1, 2),)))[4:]
+    bad = _then_good(body[:-8] + struct.pack(">q", 0), side="client")  # (1, 0): first > last
+    assert "sorted" in bad.reason
+
+
+@given(body=st.binary(max_size=80), opcode=st.integers(min_value=0, max_value=255), flags=st.integers(0, 7))
+def test_any_well_framed_body_decodes_without_raising(body: bytes, opcode: int, flags: int) -> None:
+    # Random contents behind a valid header: a message or a BadFrame, never an exception.
+    for side in ("server", "client"):
+        for data in (body, struct.pack(">I", header_int(opcode, flags)) + body):
+            out = FrameDecoder(MAX, side=side).feed(frame(data))  # type: ignore[arg-type]
+            assert len(out) == 1
+            msg = out[0]
+            if isinstance(msg, BadFrame):
+                reply = msg.error_response()
+                assert reply is None or encode(reply)
+            elif side == "server" or msg.__class__.__name__ not in V2_RESPONSES:
+                assert encode(msg) == frame(data)  # whatever decodes is canonical
+            else:
+                # v2 responses ignore header flags (as BookKeeper does); the rest is canonical
+                assert encode(msg)[8:] == data[4:]
+
+
+# -- encode refuses what does not fit --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "msg",
+    [
+        AddRequest(b"short", ENTRY),
+        AddRequest(KEY, ENTRY[:31]),
+        AddRequest(KEY, ENTRY, flags=0x10000),
+        AddRequest(KEY, ENTRY, flags=-1),
+        ReadRequest(1, 2, FLAG_DO_FENCING),
+        ReadRequest(1, 2, 0, KEY),
+        BatchReadRequest(1, 2, 3, 4, 5, 0, KEY),
+        ReadResponse(EBADREQ, 1, 2, ENTRY),
+        BatchReadResponse(EBADREQ, 1, 2, 3, (ENTRY,)),
+        AddResponse(EOK, 1 << 63, 0),
+        BatchReadRequest(1, 2, 3, 1 << 31, 5),
+        TrimRequest(1, 2, 3, KEY + b"x"),
+        ListEntriesResponse(1, EOK, 2, ((5, 6), (1, 2))),
+        ListEntriesResponse(1, EOK, 2, ((5, 4),)),
+    ],
+)
+def test_encode_rejects_values_that_do_not_fit(msg: Message) -> None:
+    with pytest.raises(IncorrectParameterError):
+        encode(msg)
+
+
+def test_encode_rejects_non_messages() -> None:
+    with pytest.raises(IncorrectParameterError, match="BadFrame"):
+        encode(BadFrame("x"))  # type: ignore[arg-type]
