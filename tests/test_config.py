@@ -18,7 +18,7 @@ def test_defaults_are_bookkeepers() -> None:
     assert c.journal_max_group_wait_ms == 2
     assert c.journal_buffered_writes_threshold_bytes == 524288
     assert c.journal_buffered_entries_threshold == 0
-    assert c.journal_flush_when_queue_empty is False
+    assert c.journal_flush_when_queue_empty is True  # Vellum's default, documented
     assert c.journal_max_size_mb == 2048 and c.journal_max_backups == 5
     assert c.log_size_limit_bytes == 1073741824
     assert c.db_storage_max_throttle_time_ms == 10000
@@ -35,14 +35,14 @@ def test_conf_file_with_camel_case_keys(tmp_path: Path) -> None:
         "# a comment\n"
         "bookiePort=3999\n"
         "journalDirectories=/a, /b\n"
-        "journalFlushWhenQueueEmpty=true\n"
+        "journalFlushWhenQueueEmpty=false\n"
         "minorCompactionThreshold = 0.1\n"
         "dbStorage_maxThrottleTimeMs=50\n"
     )
     c = load_server_config(conf)
     assert c.bookie_port == 3999
     assert c.journal_directories == ("/a", "/b")
-    assert c.journal_flush_when_queue_empty is True
+    assert c.journal_flush_when_queue_empty is False
     assert c.minor_compaction_threshold == 0.1
     assert c.db_storage_max_throttle_time_ms == 50
 

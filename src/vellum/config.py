@@ -20,6 +20,10 @@ from vellum.errors import ConfigError
 
 _T = TypeVar("_T")
 
+#: Where ``vellum standalone`` keeps its embedded metadata store; the shell's default ``--uri``.
+DEFAULT_DATA_DIR = "data/standalone"
+DEFAULT_METADATA_URI = f"sqlite:///{DEFAULT_DATA_DIR}/metadata.db"
+
 
 def _opt(
     key: str,
@@ -107,7 +111,10 @@ class ServerConfig:
         "journalBufferedEntriesThreshold", 0, "group commit: flush past this many entries (0 = off)", lo=0
     )
     journal_flush_when_queue_empty: bool = _opt(
-        "journalFlushWhenQueueEmpty", False, "group commit: flush as soon as the queue is empty"
+        "journalFlushWhenQueueEmpty",
+        True,
+        "group commit: flush as soon as the queue is empty (BookKeeper: false; with a separate "
+        "force-write stage batches still form while an fsync runs, without a fixed wait)",
     )
     journal_alignment_size_bytes: int = _opt(
         "journalAlignmentSize", 512, "journal flushes are padded to this alignment", lo=512, hi=1 << 20

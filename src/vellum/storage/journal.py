@@ -1,0 +1,672 @@
+"""The bookie journal: group commit of records into ``<dir>/current/<hex id>.txn`` files.
+
+Responsibility: make journal records durable and call each record's callback once the fsync
+that covers it has completed; replay journals from a ``LogMark``; roll and garbage-collect
+journal files. The byte format lives in ``vellum.format.journal``.
+
+Threads (one ``Journal`` per journal directory; instances are independent):
+
+- callers (``log_entry`` & co.) encode the record and append it to a bounded queue
+  (``journalQueueSize``; a full queue blocks the caller: back-pressure);
+- the *writer* thread takes queued records, appends them to the current batch and flushes the
+  batch when one of BookKeeper's four group-commit triggers fires: the oldest record waited
+  ``journalMaxGroupWaitMSec``, ``journalBufferedWritesThreshold`` bytes or
+  ``journalBufferedEntriesThreshold`` records (0 = off) are buffered, or the queue is empty and
+  ``journalFlushWhenQueueEmpty`` is set. A flush appends the padding record carrying the batch
+  checksum, ``os.pwrite``s the bytes and hands a force-write request to
+  - the *force-write* thread, which coalesces every request waiting for it into one
+    ``fdatasync``, advances ``current_mark()`` and then runs the callbacks. The writer keeps
+    writing the next batch while an fsync runs.
+
+Invariants:
+
+- A callback runs with ``None`` only after the fdatasync covering its record returned
+  (``journalSyncData=false`` skips the fsync, as BookKeeper does: never in production).
+- Fail-stop: after a failed write or fsync every pending and every later record's callback
+  gets a ``StorageError`` naming the file; nothing is retried and acknowledged.
+- ``current_mark()`` only moves forward and always sits at a batch boundary.
+- A non-last journal ends cleanly: a roll waits until the old file is fsynced before the new
+  file exists, new files appear atomically (written as ``.txn.tmp``, fsynced, renamed, directory
+  fsynced), and ``start()`` truncates the torn tail of the previous last journal (never-acked
+  bytes) before opening a new one. Replay therefore treats a bad record in a non-last journal
+  as corruption and one in the last journal as the torn tail of a crash.
+- ``gc_journals`` never deletes the current journal or any journal at or above the mark.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import cast
+
+from vellum.errors import CorruptionError, StorageError
+from vellum.format.journal import (
+    CURRENT_JOURNAL_VERSION,
+    V5,
+    V6,
+    JournalRecord,
+    JournalScanner,
+    RecordKind,
+    ScanStop,
+    batch_crc,
+    encode_entry,
+    encode_explicit_lac,
+    encode_fence,
+    encode_header,
+    encode_master_key,
+    encode_padding,
+)
+from vellum.format.lastmark import ZERO_MARK, LogMark
+
+log = logging.getLogger(__name__)
+
+Callback = Callable[[BaseException | None], None]
+
+_JOURNAL_NAME = re.compile(r"^([0-9a-f]+)\.txn$")
+_ZERO_CHUNK = bytes(1 << 20)
+_MB = 1 << 20
+
+
+def journal_file_name(journal_id: int) -> str:
+    """BookKeeper's name: ``Long.toHexString(id) + ".txn"``."""
+    return f"{journal_id:x}.txn"
+
+
+def list_journal_ids(current_dir: Path) -> list[int]:
+    """Ids of the ``<hex id>.txn`` files in a journal's ``current`` directory, ascending."""
+    try:
+        names = os.listdir(current_dir)
+    except FileNotFoundError:
+        return []
+    ids = []
+    for name in names:
+        m = _JOURNAL_NAME.match(name)
+        if m:
+            ids.append(int(m.group(1), 16))
+    return sorted(ids)
+
+
+class JournalFile:
+    """A read-only journal file for scanning: ``with JournalFile(path) as jf: for r in jf.scan(): ...``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            self._fd = os.open(path, os.O_RDONLY)
+        except OSError as e:
+            raise StorageError(f"cannot open journal {path}: {e.strerror}") from None
+
+    def read(self, offset: int, n: int) -> bytes:
+        try:
+            return os.pread(self._fd, n, offset)
+        except OSError as e:
+            raise StorageError(f"cannot read journal {self.path} at offset {offset}: {e.strerror}") from None
+
+    def scanner(self, start: int | None = None) -> JournalScanner:
+        return JournalScanner(self.read, start=start, where=str(self.path))
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self) -> JournalFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@dataclass(frozen=True, slots=True)
+class JournalReplay:
+    """What replay found in one journal file."""
+
+    journal_id: int
+    path: Path
+    start: int
+    records: int
+    stop: ScanStop
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayResult:
+    """Outcome of ``Journal.replay``: per-file results, totals, and where valid data ends."""
+
+    journals: list[JournalReplay] = field(default_factory=list)
+    records: int = 0
+    #: records with an unknown negative entry id (skipped, as BookKeeper does)
+    skipped: int = 0
+
+    @property
+    def end_mark(self) -> LogMark | None:
+        """The position after the last valid record of the last journal (None: no journal)."""
+        if not self.journals:
+            return None
+        last = self.journals[-1]
+        return LogMark(last.journal_id, last.stop.valid_end)
+
+    @property
+    def torn_tail(self) -> bool:
+        return bool(self.journals) and not self.journals[-1].stop.clean
+
+
+class _Queue:
+    """A bounded multi-producer queue from which one consumer takes everything at once."""
+
+    def __init__(self, capacity: int) -> None:
+        self.items: deque[object] = deque()
+        self.capacity = capacity
+        self.closed = False
+        self._consumer_waiting = False
+        self._lock = threading.Lock()
+        self._not_empty = threading.Condition(self._lock)
+        self._not_full = threading.Condition(self._lock)
+
+    def put(self, item: object) -> None:
+        with self._lock:
+            items = self.items
+            while len(items) >= self.capacity and not self.closed:
+                self._not_full.wait()
+            items.append(item)
+            if self._consumer_waiting:
+                self._consumer_waiting = False
+                self._not_empty.notify()
+
+    def take_all(self, timeout: float | None) -> list[object]:
+        """Everything queued; waits up to ``timeout`` (None: until something or close)."""
+        with self._lock:
+            if not self.items and not self.closed:
+                if timeout is None:
+                    while not self.items and not self.closed:
+                        self._consumer_waiting = True
+                        self._not_empty.wait()
+                elif timeout > 0:
+                    self._consumer_waiting = True
+                    self._not_empty.wait(timeout)
+                self._consumer_waiting = False
+            out = list(self.items)
+            self.items.clear()
+            if out:
+                self._not_full.notify_all()
+            return out
+
+    def close(self) -> None:
+        with self._lock:
+            self.closed = True
+            self._not_empty.notify_all()
+            self._not_full.notify_all()
+
+
+@dataclass(slots=True)
+class _ForceRequest:
+    fd: int
+    path: Path
+    journal_id: int
+    end: int
+    callbacks: list[Callback]
+    close_fd: bool = False
+    done: threading.Event | None = None
+    last: bool = False
+
+
+_SHUTDOWN = object()
+#: a queued record: (encoded record, callback, enqueue time)
+_Item = tuple[bytes, Callback, float]
+
+
+class Journal:
+    """One journal directory: writer + force-write threads, replay, roll and GC.
+
+    ``fsync`` (default ``os.fdatasync``) and ``clock`` are injectable for tests.
+    """
+
+    def __init__(
+        self,
+        journal_dir: Path,
+        index: int = 0,
+        *,
+        max_group_wait_ms: float = 2,
+        buffered_writes_threshold: int = 524288,
+        buffered_entries_threshold: int = 0,
+        flush_when_queue_empty: bool = False,
+        max_size_mb: int = 2048,
+        max_backups: int = 5,
+        prealloc_size_mb: int = 16,
+        alignment: int = 512,
+        format_version: int = CURRENT_JOURNAL_VERSION,
+        sync_data: bool = True,
+        queue_size: int = 10000,
+        write_buffer_size_kb: int = 64,
+        prealloc_zero: bool = True,
+        fsync: Callable[[int], None] = os.fdatasync,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        encode_header(format_version)  # validates the version early (UnknownFormatVersionError)
+        if alignment < 16:
+            raise ValueError(f"journal alignment {alignment} must be at least 16 bytes")
+        self.journal_dir = Path(journal_dir)
+        self.current_dir = self.journal_dir / "current"
+        self.index = index
+        self._max_wait = max(0.0, max_group_wait_ms) / 1000.0
+        self._bytes_threshold = buffered_writes_threshold
+        self._entries_threshold = buffered_entries_threshold
+        self._flush_when_empty = flush_when_queue_empty
+        self._max_size = max_size_mb * _MB
+        self.max_backups = max_backups
+        self._prealloc_step = max(prealloc_size_mb * _MB, alignment)
+        self._alignment = alignment
+        self.format_version = format_version
+        self._sync_data = sync_data
+        self._write_buffer = max(write_buffer_size_kb, 1) * 1024
+        self._prealloc_zero = prealloc_zero
+        self._fsync = fsync
+        self._clock = clock
+        self._queue = _Queue(queue_size)
+        self._force_queue = _Queue(1 << 62)
+        self._error: StorageError | None = None
+        self._mark = ZERO_MARK
+        self._started = False
+        self._stopped = False
+        self._writer: threading.Thread | None = None
+        self._forcer: threading.Thread | None = None
+        # state owned by the writer thread once started
+        self._fd = -1
+        self._journal_id = -1
+        self._path = Path()
+        self._pos = 0
+        self._prealloc_end = 0
+        self._header_size = 0
+        # what replay learnt about the last journal: (id, stop) so start() can seal its tail
+        self._replayed_tail: tuple[int, ScanStop] | None = None
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def current_journal_id(self) -> int:
+        """Id of the journal file being written (-1 before ``start``)."""
+        return self._journal_id
+
+    @property
+    def current_path(self) -> Path:
+        return self._path
+
+    @property
+    def failed(self) -> StorageError | None:
+        """The error that stopped this journal (fail-stop), or None."""
+        return self._error
+
+    def journal_path(self, journal_id: int) -> Path:
+        return self.current_dir / journal_file_name(journal_id)
+
+    def journal_ids(self) -> list[int]:
+        return list_journal_ids(self.current_dir)
+
+    def current_mark(self) -> LogMark:
+        """Everything written before this position has been fsynced (moves forward only)."""
+        return self._mark
+
+    # ------------------------------------------------------------------ replay
+
+    def replay(self, mark: LogMark, on_record: Callable[[JournalRecord], None]) -> ReplayResult:
+        """Feed every valid record at or after ``mark`` to ``on_record``, in journal order.
+
+        Records with unknown negative entry ids are skipped. A bad record ends the replay: in
+        the last journal it is the torn tail of a crash (reported in the result); in an earlier
+        journal it is ``CorruptionError`` naming the file and offset. A missing marked journal
+        is ``CorruptionError`` (fail-stop), except for the zero mark of a fresh bookie.
+        """
+        all_ids = self.journal_ids()
+        ids = [i for i in all_ids if i >= mark.journal_id]
+        if mark != ZERO_MARK and mark.journal_id not in ids:
+            raise CorruptionError(
+                f"journal {self.journal_path(mark.journal_id)} named by lastMark {mark} is missing "
+                f"(journals present: {', '.join(journal_file_name(i) for i in all_ids) or 'none'})"
+            )
+        journals: list[JournalReplay] = []
+        total = skipped = 0
+        for n, journal_id in enumerate(ids):
+            path = self.journal_path(journal_id)
+            start = mark.offset if journal_id == mark.journal_id else None
+            count = 0
+            with JournalFile(path) as jf:
+                scanner = jf.scanner(start)
+                for record in scanner:
+                    if record.kind is RecordKind.OTHER:
+                        skipped += 1
+                        continue
+                    on_record(record)
+                    count += 1
+            stop = scanner.stop
+            assert stop is not None
+            total += count
+            journals.append(JournalReplay(journal_id, path, scanner.start, count, stop))
+            if not stop.clean:
+                if n != len(ids) - 1:
+                    raise CorruptionError(
+                        f"{stop.describe(str(path))}; it is not the last journal, so this is "
+                        "corruption, not a torn tail"
+                    )
+                log.warning("journal %s: torn tail ignored: %s", path, stop.describe(str(path)))
+        if ids:
+            self._replayed_tail = (ids[-1], journals[-1].stop)
+        return ReplayResult(journals, total, skipped)
+
+    # ------------------------------------------------------------------ garbage collection
+
+    def gc_journals(self, mark: LogMark) -> list[Path]:
+        """Delete journals below ``mark.journal_id``, keeping the newest ``max_backups`` of them.
+
+        Never deletes the current journal or any journal at or above the mark (rule 7: journals
+        are deleted only below a persisted mark). Returns the deleted paths.
+        """
+        below = [i for i in self.journal_ids() if i < mark.journal_id and i != self._journal_id]
+        victims = below[: len(below) - self.max_backups] if self.max_backups > 0 else below
+        deleted = []
+        for journal_id in victims:
+            path = self.journal_path(journal_id)
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                continue
+            except OSError as e:
+                raise StorageError(f"cannot delete journal {path}: {e.strerror}") from None
+            deleted.append(path)
+        if deleted:
+            log.info("journal %d: deleted %d journal(s) below %s", self.index, len(deleted), mark)
+        return deleted
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Open a new journal file (max existing id + 1, or the time in ms) and start the threads."""
+        if self._started:
+            raise StorageError(f"journal {self.journal_dir} already started")
+        try:
+            self.current_dir.mkdir(parents=True, exist_ok=True)
+            for name in os.listdir(self.current_dir):
+                if name.endswith(".txn.tmp"):  # a file creation interrupted by a crash
+                    (self.current_dir / name).unlink()
+            ids = self.journal_ids()
+            if ids:
+                self._seal(ids[-1])
+            new_id = ids[-1] + 1 if ids else int(time.time() * 1000)
+            self._open_new(new_id)
+        except OSError as e:
+            raise StorageError(f"cannot start journal in {self.current_dir}: {e}") from e
+        self._mark = LogMark(self._journal_id, self._pos)
+        self._started = True
+        self._writer = threading.Thread(
+            target=self._writer_loop, name=f"journal-{self.index}-writer", daemon=True
+        )
+        self._forcer = threading.Thread(
+            target=self._force_loop, name=f"journal-{self.index}-force-write", daemon=True
+        )
+        self._forcer.start()
+        self._writer.start()
+
+    def shutdown(self) -> None:
+        """Flush and fsync what is queued, run its callbacks, stop the threads, close the file."""
+        if not self._started or self._stopped:
+            self._stopped = True
+            return
+        self._stopped = True
+        self._queue.put(_SHUTDOWN)
+        assert self._writer is not None and self._forcer is not None
+        self._writer.join()
+        self._forcer.join()
+
+    def _seal(self, journal_id: int) -> None:
+        """Cut the torn tail of the previous last journal so it ends cleanly as a non-last one.
+
+        The bytes after the last valid batch were never acknowledged (a batch is acked only
+        after the fsync that covers its checksum).
+        """
+        known = self._replayed_tail
+        path = self.journal_path(journal_id)
+        if known is not None and known[0] == journal_id:
+            stop = known[1]
+        else:
+            with JournalFile(path) as jf:
+                scanner = jf.scanner()
+                for _ in scanner:
+                    pass
+                assert scanner.stop is not None
+                stop = scanner.stop
+        if stop.clean:
+            return
+        log.warning("journal %s: truncating torn tail: %s", path, stop.describe(str(path)))
+        fd = os.open(path, os.O_RDWR)
+        try:
+            os.ftruncate(fd, stop.valid_end)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _open_new(self, journal_id: int) -> None:
+        """Create ``<hex id>.txn`` atomically: header + first preallocation, fsynced, renamed."""
+        path = self.journal_path(journal_id)
+        tmp = path.with_name(path.name + ".tmp")
+        header = encode_header(self.format_version)
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            self._fd = fd
+            self._pos = 0
+            self._prealloc_end = 0
+            self._write(header)
+            self._extend(len(header))
+            os.fsync(fd)
+            os.rename(tmp, path)
+            dfd = os.open(self.current_dir, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        except BaseException:
+            os.close(fd)
+            self._fd = -1
+            raise
+        self._journal_id = journal_id
+        self._path = path
+        self._header_size = len(header)
+        log.info("journal %d: writing %s", self.index, path)
+
+    # ------------------------------------------------------------------ adding records
+
+    def log_entry(self, ledger_id: int, entry_id: int, entry: bytes, callback: Callback) -> None:
+        """Journal a stored client entry (which starts with ``ledger_id``, ``entry_id``)."""
+        del ledger_id, entry_id  # they are the entry's first 16 bytes; kept for BookKeeper's API
+        self._enqueue(encode_entry(entry), callback)
+
+    def log_master_key(self, ledger_id: int, key: bytes, callback: Callback) -> None:
+        self._enqueue(encode_master_key(ledger_id, key), callback)
+
+    def log_fence(self, ledger_id: int, callback: Callback) -> None:
+        self._enqueue(encode_fence(ledger_id), callback)
+
+    def log_explicit_lac(self, ledger_id: int, lac_body: bytes, callback: Callback) -> None:
+        # Versions below 6 have no explicit-LAC record: BookKeeper drops it but still acks
+        # after the next flush; an empty record does the same here.
+        record = encode_explicit_lac(ledger_id, lac_body) if self.format_version >= V6 else b""
+        self._enqueue(record, callback)
+
+    def _enqueue(self, record: bytes, callback: Callback) -> None:
+        if not self._started or self._stopped:
+            raise StorageError(f"journal {self.journal_dir} is not running")
+        self._queue.put((record, callback, self._clock()))
+
+    # ------------------------------------------------------------------ writer thread
+
+    def _write(self, data: bytes | bytearray | memoryview) -> None:
+        """Write ``data`` at the current position (raises OSError)."""
+        view = memoryview(data)
+        pos = self._pos
+        while view:
+            n = os.pwrite(self._fd, view, pos)
+            pos += n
+            view = view[n:]
+        self._pos = pos
+
+    def _extend(self, upto: int) -> None:
+        """Preallocate so that the file reaches past ``upto`` (in journalPreAllocSizeMB steps).
+
+        Zero-filled by default: overwriting written blocks makes fdatasync cheaper than writing
+        into holes or fallocated extents (benchmarking.md). ``prealloc_zero=False`` extends
+        the size only, as BookKeeper does.
+        """
+        if upto <= self._prealloc_end:
+            return
+        new_end = self._prealloc_end + self._prealloc_step
+        while new_end < upto:
+            new_end += self._prealloc_step
+        if self._prealloc_zero:
+            pos = max(self._prealloc_end, self._pos)
+            while pos < new_end:
+                pos += os.pwrite(self._fd, _ZERO_CHUNK[: min(len(_ZERO_CHUNK), new_end - pos)], pos)
+        else:
+            os.ftruncate(self._fd, new_end)
+        self._prealloc_end = new_end
+
+    def _writer_loop(self) -> None:
+        take = self._queue.take_all
+        clock = self._clock
+        buf = bytearray()
+        callbacks: list[Callback] = []
+        crc = 0
+        batch_bytes = 0
+        oldest = 0.0
+        max_wait = self._max_wait
+        bytes_threshold = self._bytes_threshold
+        entries_threshold = self._entries_threshold
+        write_buffer = self._write_buffer
+        queue_items = self._queue.items
+        shutting_down = False
+
+        def flush() -> None:
+            nonlocal buf, crc, batch_bytes
+            try:
+                if self._error is None:
+                    if self.format_version >= V5:
+                        crc = batch_crc(buf, crc)
+                        buf += encode_padding(self._pos + len(buf), self._alignment, crc)
+                    self._extend(self._pos + len(buf))
+                    self._write(buf)
+            except OSError as e:
+                self._fail(f"write of journal {self._path} failed at offset {self._pos}", e)
+            self._force_queue.put(
+                _ForceRequest(self._fd, self._path, self._journal_id, self._pos, callbacks.copy())
+            )
+            buf = bytearray()
+            callbacks.clear()
+            crc = 0
+            batch_bytes = 0
+            if self._pos >= self._max_size and self._error is None:
+                self._roll()
+
+        while True:
+            timeout = None if not callbacks else max(0.0, oldest + max_wait - clock())
+            items = take(timeout)
+            for item in items:
+                if item is _SHUTDOWN:
+                    shutting_down = True
+                    continue
+                record, callback, enqueued = cast(_Item, item)
+                if not callbacks:
+                    oldest = enqueued
+                buf += record
+                batch_bytes += len(record)
+                callbacks.append(callback)
+                if len(buf) >= write_buffer and self._error is None:
+                    # Like BookKeeper's BufferedChannel: hand full buffers to the OS early,
+                    # without padding; the batch checksum runs over the pieces.
+                    try:
+                        crc = batch_crc(buf, crc)
+                        self._extend(self._pos + len(buf))
+                        self._write(buf)
+                    except OSError as e:
+                        self._fail(f"write of journal {self._path} failed at offset {self._pos}", e)
+                    buf = bytearray()
+                if (bytes_threshold and batch_bytes >= bytes_threshold) or (
+                    entries_threshold and len(callbacks) >= entries_threshold
+                ):
+                    flush()
+            if callbacks and (
+                shutting_down or clock() - oldest >= max_wait or (self._flush_when_empty and not queue_items)
+            ):
+                flush()
+            if shutting_down:
+                self._force_queue.put(
+                    _ForceRequest(
+                        self._fd, self._path, self._journal_id, self._pos, [], close_fd=True, last=True
+                    )
+                )
+                # records enqueued after the shutdown marker (a race with shutdown()) must not hang
+                for item in take(0):
+                    if item is not _SHUTDOWN:
+                        cast(_Item, item)[1](StorageError(f"journal {self._path} was shut down"))
+                self._queue.close()
+                return
+
+    def _roll(self) -> None:
+        """Start file id+1 once the old file is fsynced and closed (so it ends cleanly)."""
+        done = threading.Event()
+        self._force_queue.put(
+            _ForceRequest(self._fd, self._path, self._journal_id, self._pos, [], close_fd=True, done=done)
+        )
+        done.wait()
+        if self._error is not None:
+            self._fd = -1
+            return
+        try:
+            self._open_new(self._journal_id + 1)
+        except OSError as e:
+            self._fail(f"cannot roll journal {self._path} to id {self._journal_id + 1:x}", e)
+
+    def _fail(self, what: str, exc: OSError) -> StorageError:
+        if self._error is None:
+            self._error = StorageError(f"{what}: {exc}")
+            log.error("journal %d failed (fail-stop): %s", self.index, self._error)
+        return self._error
+
+    # ------------------------------------------------------------------ force-write thread
+
+    def _force_loop(self) -> None:
+        take = self._force_queue.take_all
+        while True:
+            requests: list[_ForceRequest] = take(None)  # type: ignore[assignment]
+            i = 0
+            while i < len(requests):
+                # coalesce consecutive requests on the same file into one fdatasync
+                j = i + 1
+                while j < len(requests) and requests[j].fd == requests[i].fd:
+                    j += 1
+                group = requests[i:j]
+                i = j
+                last = group[-1]
+                if self._error is None and self._sync_data and last.fd >= 0:
+                    try:
+                        self._fsync(last.fd)
+                    except OSError as e:
+                        self._fail(f"fsync of journal {last.path} failed up to offset {last.end}", e)
+                error = self._error
+                if error is None:
+                    self._mark = LogMark(last.journal_id, last.end)
+                for request in group:
+                    for callback in request.callbacks:
+                        try:
+                            callback(error)
+                        except Exception:
+                            log.exception("journal %d: callback failed", self.index)
+                for request in group:
+                    if request.close_fd and request.fd >= 0:
+                        os.close(request.fd)
+                    if request.done is not None:
+                        request.done.set()
+                    if request.last:
+                        return

@@ -1,0 +1,349 @@
+"""Journal: group commit, callbacks after fsync, replay, roll, GC, torn tails and fail-stop."""
+
+from __future__ import annotations
+
+import os
+import random
+import struct
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vellum.errors import CorruptionError, StorageError, UnknownFormatVersionError
+from vellum.format.journal import JournalRecord, RecordKind, StopReason, encode_header
+from vellum.format.lastmark import ZERO_MARK, LogMark
+from vellum.storage.journal import Journal, journal_file_name
+
+WAIT = 10.0  # generous bound for events in tests (not a speed assertion)
+
+
+def entry(ledger_id: int, entry_id: int, size: int = 100) -> bytes:
+    payload = bytes((entry_id + i) % 251 for i in range(size))
+    return struct.pack(">qqqq", ledger_id, entry_id, entry_id - 1, size) + payload
+
+
+def make(tmp_path: Path, **kw: Any) -> Journal:
+    kw.setdefault("prealloc_size_mb", 1)
+    kw.setdefault("max_group_wait_ms", 1)
+    return Journal(tmp_path / "journal", **kw)
+
+
+class Acks:
+    """Collects callback results; wait(n) blocks until n callbacks ran."""
+
+    def __init__(self) -> None:
+        self.results: list[tuple[int, BaseException | None]] = []
+        self.cond = threading.Condition()
+
+    def cb(self, key: int) -> Callable[[BaseException | None], None]:
+        def done(exc: BaseException | None) -> None:
+            with self.cond:
+                self.results.append((key, exc))
+                self.cond.notify_all()
+
+        return done
+
+    def wait(self, n: int) -> list[tuple[int, BaseException | None]]:
+        with self.cond:
+            assert self.cond.wait_for(lambda: len(self.results) >= n, WAIT), self.results
+            return list(self.results)
+
+
+def replay_all(j: Journal, mark: LogMark = ZERO_MARK) -> list[JournalRecord]:
+    out: list[JournalRecord] = []
+    j.replay(mark, out.append)
+    return out
+
+
+def test_replay_returns_exactly_the_acked_records_in_order(tmp_path: Path) -> None:
+    j = make(tmp_path)
+    j.start()
+    acks = Acks()
+    for i in range(200):
+        j.log_entry(1, i, entry(1, i), acks.cb(i))
+    j.log_master_key(1, b"k" * 20, acks.cb(1000))
+    j.log_fence(1, acks.cb(1001))
+    j.log_explicit_lac(1, b"lacbody", acks.cb(1002))
+    results = acks.wait(203)
+    assert all(exc is None for _, exc in results)
+    assert sorted(k for k, _ in results) == [*range(200), 1000, 1001, 1002]
+    j.shutdown()
+    records = replay_all(make(tmp_path))
+    assert [r.data for r in records[:200]] == [entry(1, i) for i in range(200)]
+    assert [(r.kind, r.data) for r in records[200:]] == [
+        (RecordKind.MASTER_KEY, b"k" * 20),
+        (RecordKind.FENCE, b""),
+        (RecordKind.EXPLICIT_LAC, b"lacbody"),
+    ]
+
+
+def test_callbacks_never_run_before_their_fsync(tmp_path: Path) -> None:
+    gate = threading.Event()
+    synced_upto: list[int] = []  # size of the file at each completed fsync
+    calls: list[str] = []
+
+    def fsync(fd: int) -> None:
+        calls.append("fsync-start")
+        assert gate.wait(WAIT)
+        os.fdatasync(fd)
+        synced_upto.append(os.fstat(fd).st_size)
+        calls.append("fsync-done")
+
+    j = make(tmp_path, fsync=fsync, buffered_entries_threshold=1)
+    j.start()
+    acks = Acks()
+    j.log_entry(1, 0, entry(1, 0), acks.cb(0))
+    # the writer wrote the batch and the force-write thread sits in fsync: no ack yet
+    for _ in range(100):
+        if calls:
+            break
+        threading.Event().wait(0.01)
+    assert calls == ["fsync-start"]
+    assert acks.results == []
+    gate.set()
+    acks.wait(1)
+    assert calls[:2] == ["fsync-start", "fsync-done"]
+    mark = j.current_mark()
+    assert mark.offset > 512
+    j.shutdown()
+
+
+def test_entries_threshold_one_acks_a_single_entry_despite_a_huge_wait(tmp_path: Path) -> None:
+    j = make(tmp_path, max_group_wait_ms=10**7, buffered_entries_threshold=1)
+    j.start()
+    acks = Acks()
+    j.log_entry(1, 0, entry(1, 0), acks.cb(0))
+    assert acks.wait(1) == [(0, None)]
+    j.shutdown()
+
+
+def test_flush_when_queue_empty_acks_without_waiting(tmp_path: Path) -> None:
+    j = make(tmp_path, max_group_wait_ms=10**7, flush_when_queue_empty=True)
+    j.start()
+    acks = Acks()
+    j.log_fence(3, acks.cb(0))
+    assert acks.wait(1) == [(0, None)]
+    j.shutdown()
+
+
+def test_bytes_threshold_flushes(tmp_path: Path) -> None:
+    j = make(tmp_path, max_group_wait_ms=10**7, buffered_writes_threshold=3000)
+    j.start()
+    acks = Acks()
+    for i in range(3):  # 3 x ~1 KiB crosses 3000 bytes
+        j.log_entry(1, i, entry(1, i, 1000), acks.cb(i))
+    assert sorted(acks.wait(3)) == [(0, None), (1, None), (2, None)]
+    j.shutdown()
+
+
+def test_below_every_threshold_nothing_is_acked_until_shutdown(tmp_path: Path) -> None:
+    # the negative control for the trigger tests above: they can fail
+    j = make(tmp_path, max_group_wait_ms=10**7, buffered_writes_threshold=10**6)
+    j.start()
+    acks = Acks()
+    j.log_entry(1, 0, entry(1, 0), acks.cb(0))
+    with acks.cond:
+        assert not acks.cond.wait_for(lambda: bool(acks.results), 0.3)
+    j.shutdown()  # flushes what is queued
+    assert acks.results == [(0, None)]
+    assert [r.entry_id for r in replay_all(make(tmp_path))] == [0]
+
+
+def test_max_group_wait_flushes(tmp_path: Path) -> None:
+    j = make(tmp_path, max_group_wait_ms=5, buffered_writes_threshold=10**6)
+    j.start()
+    acks = Acks()
+    j.log_entry(1, 0, entry(1, 0), acks.cb(0))
+    assert acks.wait(1) == [(0, None)]
+    j.shutdown()
+
+
+def test_roll_and_gc_keep_max_backups(tmp_path: Path) -> None:
+    j = make(tmp_path, max_size_mb=1, max_backups=2, buffered_entries_threshold=1)
+    j.start()
+    first = j.current_journal_id
+    acks = Acks()
+    n = 5 * 1024 // 60  # ~5 MiB of 60 KiB entries
+    for i in range(n):
+        j.log_entry(1, i, entry(1, i, 60 * 1024), acks.cb(i))
+    acks.wait(n)
+    j.shutdown()  # lets a roll that follows the last flush finish
+    ids = j.journal_ids()
+    assert len(ids) >= 5 and ids == list(range(first, first + len(ids)))
+    assert j.current_journal_id == ids[-1]
+    assert j.current_mark().journal_id in ids[-2:]
+    # everything is replayable across the rolled files
+    assert [r.entry_id for r in replay_all(make(tmp_path))] == list(range(n))
+    deleted = j.gc_journals(LogMark(ids[-2], 0))
+    left = j.journal_ids()
+    assert [p.name for p in deleted] == [journal_file_name(i) for i in ids[: len(ids) - 2 - 2]]
+    assert left == ids[-4:]  # 2 backups below the mark, the marked one, the current one
+    assert j.gc_journals(LogMark(ids[-1] + 5, 0)) and j.current_journal_id in j.journal_ids()
+
+
+def test_replay_from_a_mark_skips_what_is_before_it(tmp_path: Path) -> None:
+    j = make(tmp_path, buffered_entries_threshold=1)
+    j.start()
+    acks = Acks()
+    j.log_entry(1, 0, entry(1, 0), acks.cb(0))
+    acks.wait(1)
+    mark = j.current_mark()
+    j.log_entry(1, 1, entry(1, 1), acks.cb(1))
+    acks.wait(2)
+    j.shutdown()
+    assert [r.entry_id for r in replay_all(make(tmp_path), mark)] == [1]
+
+
+def _write_some(tmp_path: Path, n: int) -> tuple[Journal, list[int]]:
+    j = make(tmp_path, buffered_entries_threshold=3)
+    j.start()
+    acks = Acks()
+    for i in range(n):
+        j.log_entry(1, i, entry(1, i, 200), acks.cb(i))
+    acks.wait(n)
+    j.shutdown()
+    return j, list(range(n))
+
+
+def test_torn_tail_after_truncation_at_random_points(tmp_path: Path) -> None:
+    j, ids = _write_some(tmp_path, 30)
+    path = j.current_path
+    data = path.read_bytes()
+    end = j.current_mark().offset
+    rng = random.Random(7)
+    for cut in [rng.randrange(0, end + 1) for _ in range(25)] + [end, 512, 0]:
+        path.write_bytes(data[:cut])
+        got = [r.entry_id for r in replay_all(make(tmp_path))]
+        assert got == ids[: len(got)]
+    path.write_bytes(data)
+    assert [r.entry_id for r in replay_all(make(tmp_path))] == ids
+
+
+def test_flipped_byte_in_last_batch_is_a_torn_tail(tmp_path: Path) -> None:
+    j, ids = _write_some(tmp_path, 9)  # 3 batches of 3
+    path = j.current_path
+    data = bytearray(path.read_bytes())
+    records = replay_all(make(tmp_path))
+    data[records[-1].offset + 50] ^= 0x01
+    path.write_bytes(bytes(data))
+    fresh = make(tmp_path)
+    out: list[JournalRecord] = []
+    result = fresh.replay(ZERO_MARK, out.append)
+    assert [r.entry_id for r in out] == ids[:6]
+    assert result.torn_tail and result.journals[-1].stop.reason is StopReason.CHECKSUM_MISMATCH
+    # starting a new journal seals the old one: it becomes a clean non-last journal
+    fresh.start()
+    acks = Acks()
+    fresh.log_entry(2, 0, entry(2, 0), acks.cb(0))
+    fresh.shutdown()
+    assert [(r.ledger_id, r.entry_id) for r in replay_all(make(tmp_path))] == [
+        *[(1, i) for i in ids[:6]],
+        (2, 0),
+    ]
+
+
+def test_corruption_in_a_non_last_journal_is_an_error(tmp_path: Path) -> None:
+    j, _ = _write_some(tmp_path, 9)
+    first = j.current_path
+    j2 = make(tmp_path, buffered_entries_threshold=1)
+    j2.start()
+    acks = Acks()
+    j2.log_entry(2, 0, entry(2, 0), acks.cb(0))
+    acks.wait(1)
+    j2.shutdown()
+    data = bytearray(first.read_bytes())
+    data[600] ^= 0xFF
+    first.write_bytes(bytes(data))
+    with pytest.raises(CorruptionError, match=rf"{first.name}.*offset \d+"):
+        replay_all(make(tmp_path))
+
+
+def test_missing_marked_journal_is_fail_stop(tmp_path: Path) -> None:
+    j, _ = _write_some(tmp_path, 3)
+    with pytest.raises(CorruptionError, match=r"named by lastMark .* is missing"):
+        replay_all(make(tmp_path), LogMark(j.current_journal_id - 1, 512))
+    j.current_path.unlink()
+    with pytest.raises(CorruptionError, match="is missing"):
+        replay_all(make(tmp_path), LogMark(j.current_journal_id, 512))
+    assert replay_all(make(tmp_path)) == []  # a fresh bookie: nothing to replay
+
+
+def test_unknown_version_error(tmp_path: Path) -> None:
+    current = tmp_path / "journal" / "current"
+    current.mkdir(parents=True)
+    (current / "10.txn").write_bytes(b"BKLG" + struct.pack(">i", 9) + bytes(504))
+    with pytest.raises(UnknownFormatVersionError, match="version 9"):
+        replay_all(make(tmp_path))
+    with pytest.raises(UnknownFormatVersionError):
+        make(tmp_path, format_version=7)
+
+
+def test_fsync_failure_fails_pending_and_later_records(tmp_path: Path) -> None:
+    def fsync(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    j = make(tmp_path, fsync=fsync, buffered_entries_threshold=1)
+    j.start()
+    start_mark = j.current_mark()
+    acks = Acks()
+    j.log_entry(1, 0, entry(1, 0), acks.cb(0))
+    j.log_entry(1, 1, entry(1, 1), acks.cb(1))
+    results = acks.wait(2)
+    assert all(isinstance(exc, StorageError) for _, exc in results)
+    assert str(j.current_path) in str(results[0][1])
+    j.log_entry(1, 2, entry(1, 2), acks.cb(2))  # a later record fails too, never acked
+    later = acks.wait(3)[2]
+    assert later[0] == 2 and isinstance(later[1], StorageError)
+    assert j.current_mark() == start_mark and j.failed is not None
+    j.shutdown()
+
+
+def test_write_failure_is_fail_stop(tmp_path: Path) -> None:
+    j = make(tmp_path, buffered_entries_threshold=1)
+    j.start()
+    acks = Acks()
+    j.log_entry(1, 0, entry(1, 0), acks.cb(0))
+    acks.wait(1)
+    os.close(j._fd)  # the next pwrite fails with EBADF
+    j.log_entry(1, 1, entry(1, 1), acks.cb(1))
+    res = acks.wait(2)[1]
+    assert isinstance(res[1], StorageError) and "write of journal" in str(res[1])
+    j._fd = -1  # already closed above
+    j.shutdown()
+
+
+def test_several_journals_are_independent(tmp_path: Path) -> None:
+    js = [Journal(tmp_path / f"j{i}", i, prealloc_size_mb=1, buffered_entries_threshold=1) for i in range(2)]
+    acks = Acks()
+    for j in js:
+        j.start()
+    for i in range(10):
+        js[i % 2].log_entry(i, 0, entry(i, 0), acks.cb(i))
+    acks.wait(10)
+    for j in js:
+        j.shutdown()
+    assert [r.ledger_id for r in replay_all(js[0])] == [0, 2, 4, 6, 8]
+    assert [r.ledger_id for r in replay_all(js[1])] == [1, 3, 5, 7, 9]
+
+
+def test_v4_journal_writes_without_padding(tmp_path: Path) -> None:
+    j = make(tmp_path, format_version=4, buffered_entries_threshold=1)
+    j.start()
+    acks = Acks()
+    j.log_entry(1, 0, entry(1, 0), acks.cb(0))
+    j.log_explicit_lac(1, b"dropped below v6", acks.cb(1))
+    assert sorted(acks.wait(2)) == [(0, None), (1, None)]
+    j.shutdown()
+    assert j.current_path.read_bytes()[:8] == encode_header(4)
+    assert [r.kind for r in replay_all(make(tmp_path))] == [RecordKind.ENTRY]
+
+
+def test_log_after_shutdown_raises(tmp_path: Path) -> None:
+    j = make(tmp_path)
+    j.start()
+    j.shutdown()
+    with pytest.raises(StorageError):
+        j.log_fence(1, lambda exc: None)
