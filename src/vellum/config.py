@@ -22,7 +22,7 @@ _T = TypeVar("_T")
 
 #: Where ``vellum standalone`` keeps its embedded metadata store; the shell's default ``--uri``.
 DEFAULT_DATA_DIR = "data/standalone"
-DEFAULT_METADATA_URI = f"sqlite:///{DEFAULT_DATA_DIR}/metadata.db"
+DEFAULT_METADATA_URI = f"sqlite:///./{DEFAULT_DATA_DIR}/metadata.db"
 
 
 def _opt(

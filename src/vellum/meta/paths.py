@@ -1,0 +1,72 @@
+"""ZooKeeper paths of BookKeeper's metadata layout, and key rules of the key-value area.
+
+Responsibility: map ledger ids to znode paths and back for the flat and hierarchical ledger
+managers, name the fixed paths under the root, and validate key-value keys. Pure functions.
+
+Invariants:
+- flat: ``{root}/L%010d``;
+- hierarchical: ids below Integer.MAX_VALUE use the 2/4/4 split of ``%010d``
+  (1 -> ``{root}/00/0000/L0001``: at most 10,000 ledgers per leaf node); larger ids use
+  BookKeeper's 3/4/4/4/4 split of ``%019d`` (``{root}/000/0000/0000/0000/L0001``). Every level
+  name is fixed-width decimal, so lexicographic order of names is numeric order of ids;
+- a path that does not match its layout parses to ``None`` (never a wrong id).
+"""
+
+from __future__ import annotations
+
+import re
+
+from vellum.errors import IncorrectParameterError
+
+INT32_MAX = (1 << 31) - 1
+
+AVAILABLE = "available"
+READONLY = "readonly"
+COOKIES = "cookies"
+LAYOUT = "LAYOUT"
+INSTANCEID = "INSTANCEID"
+IDGEN = "idgen"
+KV = "vellum-kv"
+#: names under the root that are never ledger nodes (BookKeeper's plus ours)
+RESERVED = frozenset({AVAILABLE, COOKIES, LAYOUT, INSTANCEID, IDGEN, "idgen-long", "underreplication", KV})
+
+
+def flat_ledger_path(root: str, ledger_id: int) -> str:
+    _check_id(ledger_id)
+    return f"{root}/L{ledger_id:010d}"
+
+
+def hierarchical_ledger_path(root: str, ledger_id: int) -> str:
+    _check_id(ledger_id)
+    if ledger_id < INT32_MAX:
+        s = f"{ledger_id:010d}"
+        return f"{root}/{s[0:2]}/{s[2:6]}/L{s[6:10]}"
+    s = f"{ledger_id:019d}"
+    return f"{root}/{s[0:3]}/{s[3:7]}/{s[7:11]}/{s[11:15]}/L{s[15:19]}"
+
+
+def parse_flat_name(name: str) -> int | None:
+    """``L0000000042`` -> 42; anything else -> None."""
+    if len(name) == 11 and name[0] == "L" and name[1:].isdigit():
+        return int(name[1:])
+    return None
+
+
+def _check_id(ledger_id: int) -> None:
+    if not 0 <= ledger_id < (1 << 63):
+        raise IncorrectParameterError(f"ledger id {ledger_id} out of range 0..2^63-1")
+
+
+_SEGMENT = re.compile(r"^[A-Za-z0-9._~:@=+\-]+$")
+
+
+def validate_kv_key(key: str) -> str:
+    """Check a key-value key (see ``KeyValueStore``); returns it unchanged."""
+    if not key or len(key) > 1024:
+        raise IncorrectParameterError(f"key-value key must be 1..1024 characters, got {len(key)}")
+    for seg in key.split("/"):
+        if seg in ("", ".", "..") or not _SEGMENT.match(seg):
+            raise IncorrectParameterError(
+                f"bad key-value key {key!r}: segments are non-empty [A-Za-z0-9._~:@=+-], not '.' or '..'"
+            )
+    return key

@@ -1,0 +1,747 @@
+"""ZooKeeper metadata driver (kazoo), with BookKeeper's znode layout.
+
+Responsibility: implement every interface of ``meta.api`` on a ZooKeeper ensemble under one root
+(default ``/ledgers``):
+
+    {root}/LAYOUT                    "2\\n<factoryClass>:1" (BookKeeper's text)
+    {root}/INSTANCEID                cluster instance id (UUID text)
+    {root}/available/<bookieId>      ephemeral: writable bookie
+    {root}/available/readonly/<id>   ephemeral: read-only bookie
+    {root}/cookies/<bookieId>        persistent, versioned cookie
+    {root}/idgen/ID-<seq>            ephemeral-sequential: ledger id = seq, node deleted at once
+    {root}/L0000000001               flat ledger manager
+    {root}/00/0000/L0001             hierarchical ledger manager (2/4/4)
+    {root}/vellum-kv/<key>           Vellum's key-value area (data = b"v" + value; b"" = directory)
+
+Invariants:
+- versions are znode ``stat.version``; every CAS is a ``set``/``delete`` with that version, so
+  ZooKeeper itself decides conflicts;
+- one kazoo session per store; on session loss (``LOST``) listeners hear ``EXPIRED`` (a client
+  must assume it may have been fenced); when kazoo has a new session the store re-creates its
+  bookie registrations, then listeners hear ``RECONNECTED``;
+- connection problems surface as ``MetadataStoreUnavailableError`` (retryable), bad data as
+  ``MetaStoreError`` naming the znode.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any, NoReturn
+
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import (
+    BadVersionError,
+    ConnectionLoss,
+    KazooException,
+    NodeExistsError,
+    NoNodeError,
+    NotEmptyError,
+    OperationTimeoutError,
+    SessionExpiredError,
+)
+from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.protocol.states import ZnodeStat
+
+from vellum.errors import (
+    LedgerExistsError,
+    LedgerIdOverflowError,
+    MetadataStoreUnavailableError,
+    MetadataVersionError,
+    MetaStoreError,
+    NoSuchLedgerError,
+)
+from vellum.ids import BookieId, LedgerId
+from vellum.meta import paths as P
+from vellum.meta.api import (
+    BookiesWatcher,
+    KeyValueStore,
+    LayoutManager,
+    LedgerIdGenerator,
+    LedgerManager,
+    LedgerRange,
+    LedgerWatcher,
+    MetadataStore,
+    RegistrationManager,
+    SessionEvent,
+    SessionListener,
+    Versioned,
+    Watch,
+)
+from vellum.meta.dispatch import CallbackDispatcher
+from vellum.meta.model import (
+    LedgerLayout,
+    LedgerMetadata,
+    deserialize_ledger_metadata,
+    serialize_ledger_metadata,
+)
+
+log = logging.getLogger(__name__)
+
+_FLAT_PAGE = 10_000
+_CREATE_RETRIES = 100
+
+
+def _unavailable(e: Exception, what: str) -> NoReturn:
+    raise MetadataStoreUnavailableError(f"ZooKeeper unavailable while {what}: {type(e).__name__}") from e
+
+
+_TRANSIENT = (ConnectionLoss, SessionExpiredError, OperationTimeoutError, KazooTimeoutError)
+
+
+class _Flag(Watch):
+    def __init__(self, on_cancel: Callable[[], None] | None = None) -> None:
+        self.cancelled = False
+        self._on_cancel = on_cancel
+
+    def cancel(self) -> None:
+        if not self.cancelled:
+            self.cancelled = True
+            if self._on_cancel:
+                self._on_cancel()
+
+
+class ZkLedgerIdGenerator(LedgerIdGenerator):
+    """BookKeeper's ZkLedgerIdGenerator: the sequence number of an ephemeral-sequential znode."""
+
+    def __init__(self, client: KazooClient, root: str) -> None:
+        self._client = client
+        self._prefix = f"{root}/{P.IDGEN}/ID-"
+
+    def generate_ledger_id(self) -> LedgerId:
+        try:
+            path = self._client.create(self._prefix, b"", ephemeral=True, sequence=True, makepath=True)
+        except _TRANSIENT as e:
+            _unavailable(e, f"generating a ledger id under {self._prefix}")
+        seq = int(path.rsplit("ID-", 1)[1])
+        # The node only carried the counter; drop it without waiting.
+        self._client.delete_async(path)
+        if not 0 <= seq < P.INT32_MAX:
+            raise LedgerIdOverflowError(f"ledger id sequence {seq} at {path} exceeds Integer.MAX_VALUE")
+        return LedgerId(seq)
+
+
+class ZkLedgerManager(LedgerManager):
+    """Flat or hierarchical ledger manager on one root."""
+
+    def __init__(self, client: KazooClient, root: str, layout: LedgerLayout, id_generator: LedgerIdGenerator) -> None:
+        self._client = client
+        self._root = root
+        self.layout = layout
+        self._idgen = id_generator
+        self._hier = layout.manager_type == "hierarchical"
+
+    def ledger_path(self, ledger_id: int) -> str:
+        if self._hier:
+            return P.hierarchical_ledger_path(self._root, ledger_id)
+        return P.flat_ledger_path(self._root, ledger_id)
+
+    def create_ledger(self, metadata: LedgerMetadata) -> tuple[LedgerId, int]:
+        for _ in range(_CREATE_RETRIES):
+            ledger_id = self._idgen.generate_ledger_id()
+            try:
+                return ledger_id, self.create_ledger_with_id(ledger_id, metadata)
+            except LedgerExistsError:
+                continue  # an id taken by create_ledger_with_id; BookKeeper also just retries
+        raise LedgerExistsError(f"{_CREATE_RETRIES} generated ledger ids in a row already existed under {self._root}")
+
+    def create_ledger_with_id(self, ledger_id: LedgerId, metadata: LedgerMetadata) -> int:
+        path = self.ledger_path(ledger_id)
+        try:
+            self._client.create(path, serialize_ledger_metadata(metadata), makepath=True)
+        except NodeExistsError:
+            raise LedgerExistsError(f"ledger {ledger_id} already exists at {path}") from None
+        except _TRANSIENT as e:
+            _unavailable(e, f"creating {path}")
+        return 0
+
+    def read_ledger(self, ledger_id: LedgerId) -> Versioned[LedgerMetadata]:
+        path = self.ledger_path(ledger_id)
+        try:
+            data, stat = self._client.get(path)
+        except NoNodeError:
+            raise NoSuchLedgerError(f"no ledger {ledger_id} (no znode {path})") from None
+        except _TRANSIENT as e:
+            _unavailable(e, f"reading {path}")
+        return Versioned(deserialize_ledger_metadata(data, where=f"znode {path}"), stat.version)
+
+    def write_ledger(self, ledger_id: LedgerId, metadata: LedgerMetadata, expected_version: int) -> int:
+        path = self.ledger_path(ledger_id)
+        try:
+            stat = self._client.set(path, serialize_ledger_metadata(metadata), version=expected_version)
+        except BadVersionError:
+            raise MetadataVersionError(
+                f"ledger {ledger_id} at {path} changed: expected version {expected_version}, the store has another"
+            ) from None
+        except NoNodeError:
+            raise NoSuchLedgerError(f"no ledger {ledger_id} (no znode {path})") from None
+        except _TRANSIENT as e:
+            _unavailable(e, f"writing {path}")
+        return int(stat.version)
+
+    def delete_ledger(self, ledger_id: LedgerId, expected_version: int | None = None) -> None:
+        path = self.ledger_path(ledger_id)
+        try:
+            self._client.delete(path, version=-1 if expected_version is None else expected_version)
+        except NoNodeError:
+            return
+        except BadVersionError:
+            raise MetadataVersionError(
+                f"ledger {ledger_id} at {path} changed: expected version {expected_version}"
+            ) from None
+        except _TRANSIENT as e:
+            _unavailable(e, f"deleting {path}")
+
+    def ledger_exists(self, ledger_id: LedgerId) -> bool:
+        try:
+            return self._client.exists(self.ledger_path(ledger_id)) is not None
+        except _TRANSIENT as e:
+            _unavailable(e, f"checking ledger {ledger_id}")
+
+    def _children(self, path: str) -> list[str]:
+        try:
+            return sorted(self._client.get_children(path))
+        except NoNodeError:
+            return []  # removed while we walked: nothing under it any more
+        except _TRANSIENT as e:
+            _unavailable(e, f"listing {path}")
+
+    def ledger_ranges(self, start_after: LedgerId | None = None) -> Iterator[LedgerRange]:
+        if not self._hier:
+            # Flat: ZooKeeper can only list one node's children at once, so this loads every
+            # name (BookKeeper's flat manager does the same; the reason hierarchical exists).
+            ids = sorted(
+                i for i in (P.parse_flat_name(n) for n in self._children(self._root))
+                if i is not None and (start_after is None or i > start_after)
+            )
+            for k in range(0, len(ids), _FLAT_PAGE):
+                yield LedgerRange(tuple(LedgerId(i) for i in ids[k:k + _FLAT_PAGE]))
+            return
+        yield from self._walk_hierarchical(start_after)
+
+    def _walk_hierarchical(self, start_after: int | None) -> Iterator[LedgerRange]:
+        # Level-1 names: 2 digits = 2/4/4 layout (10-digit ids), 3 digits = 3/4/4/4/4 (19 digits).
+        top = [n for n in self._children(self._root) if n.isdigit() and len(n) in (2, 3)]
+        for width, depth in ((2, 3), (3, 5)):
+            digits = 10 if width == 2 else 19
+            start = None if start_after is None else f"{start_after:0{digits}d}"
+            for name in (n for n in top if len(n) == width):
+                yield from self._walk(f"{self._root}/{name}", name, depth - 1, start)
+
+    def _walk(self, path: str, prefix: str, levels_left: int, start: str | None) -> Iterator[LedgerRange]:
+        if start is not None and prefix < start[: len(prefix)]:
+            return  # the whole subtree is at or below start_after
+        children = self._children(path)
+        if levels_left == 1:
+            ids = []
+            for c in children:
+                if len(c) == 5 and c[0] == "L" and c[1:].isdigit():
+                    full = prefix + c[1:]
+                    if start is None or full > start:
+                        ids.append(LedgerId(int(full)))
+            if ids:
+                yield LedgerRange(tuple(ids))
+            return
+        for c in children:
+            if len(c) == 4 and c.isdigit():
+                yield from self._walk(f"{path}/{c}", prefix + c, levels_left - 1, start)
+
+    def watch_ledger(self, ledger_id: LedgerId, callback: LedgerWatcher) -> Watch:
+        path = self.ledger_path(ledger_id)
+        flag = _Flag()
+        first = [True]
+
+        def on_change(data: bytes | None, stat: ZnodeStat | None, *_: Any) -> bool | None:
+            if flag.cancelled:
+                return False  # tells kazoo to drop the watch
+            if first[0]:
+                first[0] = False  # kazoo calls once at registration; the contract is "after a change"
+                return None
+            if data is None or stat is None:
+                callback(ledger_id, None)
+            else:
+                try:
+                    md = deserialize_ledger_metadata(data, where=f"znode {path}")
+                except MetaStoreError:
+                    log.exception("watched ledger %s has unreadable metadata", ledger_id)
+                    return None
+                callback(ledger_id, Versioned(md, stat.version))
+            return None
+
+        try:
+            self._client.DataWatch(path, on_change)
+        except _TRANSIENT as e:
+            _unavailable(e, f"watching {path}")
+        return flag
+
+
+class ZkRegistrationManager(RegistrationManager):
+    def __init__(self, client: KazooClient, root: str, session_timeout_s: float) -> None:
+        self._client = client
+        self._root = root
+        self._available = f"{root}/{P.AVAILABLE}"
+        self._readonly = f"{root}/{P.AVAILABLE}/{P.READONLY}"
+        self._cookies = f"{root}/{P.COOKIES}"
+        self._session_timeout_s = session_timeout_s
+        self._lock = threading.RLock()
+        self._mine: dict[BookieId, tuple[bool, bytes]] = {}
+
+    def _path(self, bookie_id: BookieId, read_only: bool) -> str:
+        return f"{self._readonly if read_only else self._available}/{bookie_id}"
+
+    def register_bookie(self, bookie_id: BookieId, *, read_only: bool = False, data: bytes = b"") -> None:
+        if not bookie_id or "/" in bookie_id or bookie_id == P.READONLY:
+            raise MetaStoreError(f"bad bookie id {bookie_id!r}")
+        with self._lock:
+            self._mine[bookie_id] = (read_only, data)
+            self._create(bookie_id, read_only, data)
+
+    def _create(self, bookie_id: BookieId, read_only: bool, data: bytes) -> None:
+        session_id = self._client.client_id[0] if self._client.client_id else None
+        self._delete_own(self._path(bookie_id, not read_only), session_id)
+        path = self._path(bookie_id, read_only)
+        # A node left by our previous session (or a previous process) lives until that session
+        # expires; wait for it rather than fail a restarting bookie (bounded by 2 session timeouts).
+        deadline = time.monotonic() + 2 * self._session_timeout_s + 1
+        while True:
+            try:
+                self._client.create(path, data, ephemeral=True, makepath=True)
+                return
+            except NodeExistsError:
+                try:
+                    _, stat = self._client.get(path)
+                except NoNodeError:
+                    continue
+                if stat.ephemeralOwner == session_id:
+                    self._client.set(path, data)
+                    return
+                if time.monotonic() > deadline:
+                    raise MetaStoreError(
+                        f"bookie {bookie_id} is already registered at {path} by another live session "
+                        f"0x{stat.ephemeralOwner:x}"
+                    ) from None
+                time.sleep(0.2)
+            except _TRANSIENT as e:
+                _unavailable(e, f"registering at {path}")
+
+    def _delete_own(self, path: str, session_id: int | None) -> None:
+        try:
+            _, stat = self._client.get(path)
+            if stat.ephemeralOwner == session_id:
+                self._client.delete(path, version=stat.version)
+        except (NoNodeError, BadVersionError):
+            pass
+
+    def reregister_all(self) -> None:
+        """After a new session: re-create every registration this store made."""
+        with self._lock:
+            for bookie_id, (read_only, data) in list(self._mine.items()):
+                try:
+                    self._create(bookie_id, read_only, data)
+                except Exception:
+                    log.exception("re-registering bookie %s failed", bookie_id)
+
+    def unregister_bookie(self, bookie_id: BookieId) -> None:
+        with self._lock:
+            self._mine.pop(bookie_id, None)
+            session_id = self._client.client_id[0] if self._client.client_id else None
+            try:
+                for ro in (False, True):
+                    self._delete_own(self._path(bookie_id, ro), session_id)
+            except _TRANSIENT as e:
+                _unavailable(e, f"unregistering {bookie_id}")
+
+    def list_bookies(self, *, read_only: bool = False) -> frozenset[BookieId]:
+        path = self._readonly if read_only else self._available
+        try:
+            names = self._client.get_children(path)
+        except NoNodeError:
+            return frozenset()
+        except _TRANSIENT as e:
+            _unavailable(e, f"listing {path}")
+        return frozenset(BookieId(n) for n in names if read_only or n != P.READONLY)
+
+    def watch_bookies(self, callback: BookiesWatcher, *, read_only: bool = False) -> Watch:
+        path = self._readonly if read_only else self._available
+        flag = _Flag()
+
+        def on_children(children: list[str]) -> bool | None:
+            if flag.cancelled:
+                return False
+            callback(frozenset(BookieId(n) for n in children if read_only or n != P.READONLY))
+            return None
+
+        try:
+            self._client.ensure_path(path)
+            self._client.ChildrenWatch(path, on_children)
+        except _TRANSIENT as e:
+            _unavailable(e, f"watching {path}")
+        return flag
+
+    def get_cookie(self, bookie_id: BookieId) -> Versioned[bytes] | None:
+        path = f"{self._cookies}/{bookie_id}"
+        try:
+            data, stat = self._client.get(path)
+        except NoNodeError:
+            return None
+        except _TRANSIENT as e:
+            _unavailable(e, f"reading {path}")
+        return Versioned(bytes(data), stat.version)
+
+    def put_cookie(self, bookie_id: BookieId, data: bytes, expected_version: int | None) -> int:
+        path = f"{self._cookies}/{bookie_id}"
+        try:
+            if expected_version is None:
+                self._client.create(path, data, makepath=True)
+                return 0
+            return int(self._client.set(path, data, version=expected_version).version)
+        except NodeExistsError:
+            raise MetadataVersionError(f"cookie {path} already exists") from None
+        except (BadVersionError, NoNodeError):
+            raise MetadataVersionError(
+                f"cookie {path} is not at version {expected_version} (changed or removed)"
+            ) from None
+        except _TRANSIENT as e:
+            _unavailable(e, f"writing {path}")
+
+    def remove_cookie(self, bookie_id: BookieId, expected_version: int | None = None) -> None:
+        path = f"{self._cookies}/{bookie_id}"
+        try:
+            self._client.delete(path, version=-1 if expected_version is None else expected_version)
+        except NoNodeError:
+            pass
+        except BadVersionError:
+            raise MetadataVersionError(f"cookie {path} is not at version {expected_version}") from None
+        except _TRANSIENT as e:
+            _unavailable(e, f"deleting {path}")
+
+    def get_instance_id(self) -> str | None:
+        path = f"{self._root}/{P.INSTANCEID}"
+        try:
+            data, _ = self._client.get(path)
+        except NoNodeError:
+            return None
+        except _TRANSIENT as e:
+            _unavailable(e, f"reading {path}")
+        try:
+            return bytes(data).decode("ascii").strip()
+        except UnicodeDecodeError:
+            raise MetaStoreError(f"{path}: instance id is not text: {bytes(data)[:40]!r}") from None
+
+
+class ZkLayoutManager(LayoutManager):
+    def __init__(self, client: KazooClient, root: str) -> None:
+        self._client = client
+        self.path = f"{root}/{P.LAYOUT}"
+
+    def read_layout(self) -> LedgerLayout | None:
+        try:
+            data, _ = self._client.get(self.path)
+        except NoNodeError:
+            return None
+        except _TRANSIENT as e:
+            _unavailable(e, f"reading {self.path}")
+        return LedgerLayout.parse(data, where=f"znode {self.path}")
+
+    def store_layout(self, layout: LedgerLayout) -> None:
+        try:
+            self._client.create(self.path, layout.serialize(), makepath=True)
+        except NodeExistsError:
+            raise MetadataVersionError(f"a layout already exists at {self.path}") from None
+        except _TRANSIENT as e:
+            _unavailable(e, f"writing {self.path}")
+
+    def delete_layout(self) -> None:
+        try:
+            self._client.delete(self.path)
+        except NoNodeError:
+            pass
+        except _TRANSIENT as e:
+            _unavailable(e, f"deleting {self.path}")
+
+
+_KEY_MARK = b"v"
+
+
+class ZkKeyValueStore(KeyValueStore):
+    """Keys are znode paths under ``{root}/vellum-kv``; a znode holding a key has data b"v"+value."""
+
+    def __init__(self, client: KazooClient, root: str) -> None:
+        self._client = client
+        self._base = f"{root}/{P.KV}"
+
+    def _path(self, key: str) -> str:
+        return f"{self._base}/{P.validate_kv_key(key)}"
+
+    def get(self, key: str) -> Versioned[bytes] | None:
+        try:
+            data, stat = self._client.get(self._path(key))
+        except NoNodeError:
+            return None
+        except _TRANSIENT as e:
+            _unavailable(e, f"reading key {key!r}")
+        if not data.startswith(_KEY_MARK):
+            return None  # only a directory of longer keys
+        return Versioned(bytes(data[1:]), stat.version)
+
+    def create(self, key: str, value: bytes) -> int:
+        path = self._path(key)
+        try:
+            try:
+                self._client.create(path, _KEY_MARK + value, makepath=True)
+                return 0
+            except NodeExistsError:
+                data, stat = self._client.get(path)
+                if data.startswith(_KEY_MARK):
+                    raise MetadataVersionError(f"key {key!r} already exists ({path})") from None
+                # A directory node of longer keys becomes a key too.
+                return int(self._client.set(path, _KEY_MARK + value, version=stat.version).version)
+        except (BadVersionError, NoNodeError):
+            raise MetadataVersionError(f"key {key!r} changed while being created ({path})") from None
+        except _TRANSIENT as e:
+            _unavailable(e, f"creating key {key!r}")
+
+    def cas(self, key: str, value: bytes, expected_version: int) -> int:
+        path = self._path(key)
+        try:
+            data, stat = self._client.get(path)
+            if not data.startswith(_KEY_MARK) or stat.version != expected_version:
+                raise MetadataVersionError(f"key {key!r} ({path}) is not at version {expected_version}")
+            return int(self._client.set(path, _KEY_MARK + value, version=expected_version).version)
+        except (BadVersionError, NoNodeError):
+            raise MetadataVersionError(f"key {key!r} ({path}) is not at version {expected_version}") from None
+        except _TRANSIENT as e:
+            _unavailable(e, f"writing key {key!r}")
+
+    def delete(self, key: str, expected_version: int | None = None) -> bool:
+        path = self._path(key)
+        try:
+            for _ in range(_CREATE_RETRIES):
+                try:
+                    data, stat = self._client.get(path)
+                except NoNodeError:
+                    return False
+                if not data.startswith(_KEY_MARK):
+                    return False
+                if expected_version is not None and stat.version != expected_version:
+                    raise MetadataVersionError(f"key {key!r} ({path}) is not at version {expected_version}")
+                try:
+                    try:
+                        self._client.delete(path, version=stat.version)
+                    except NotEmptyError:
+                        self._client.set(path, b"", version=stat.version)  # keep the directory
+                    return True
+                except BadVersionError:
+                    if expected_version is not None:
+                        raise MetadataVersionError(
+                            f"key {key!r} ({path}) is not at version {expected_version}"
+                        ) from None
+                except NoNodeError:
+                    return False
+            raise MetadataStoreUnavailableError(f"key {key!r} ({path}) kept changing during delete")
+        except _TRANSIENT as e:
+            _unavailable(e, f"deleting key {key!r}")
+
+    def list(self, prefix: str = "", *, start_after: str | None = None, limit: int | None = None) -> list[str]:
+        directory, _, partial = prefix.rpartition("/")
+        node = f"{self._base}/{directory}" if directory else self._base
+        found: list[str] = []
+
+        def walk(path: str, key_prefix: str, first: bool) -> None:
+            try:
+                children = self._client.get_children(path)
+            except NoNodeError:
+                return
+            for c in children:
+                if first and not c.startswith(partial):
+                    continue
+                key = f"{key_prefix}{c}"
+                child = f"{path}/{c}"
+                try:
+                    data, _ = self._client.get(child)
+                except NoNodeError:
+                    continue
+                if data.startswith(_KEY_MARK):
+                    found.append(key)
+                walk(child, key + "/", False)
+
+        try:
+            walk(node, f"{directory}/" if directory else "", True)
+        except _TRANSIENT as e:
+            _unavailable(e, f"listing keys under {prefix!r}")
+        # Keys are collected per subtree, then sorted, because '/' does not sort first.
+        keys = sorted(k for k in found if start_after is None or k > start_after)
+        return keys[:limit] if limit is not None else keys
+
+
+class ZkMetadataStore(MetadataStore):
+    """A kazoo session on ``hosts`` with the metadata under ``root``."""
+
+    def __init__(
+        self,
+        hosts: str,
+        root: str = "/ledgers",
+        *,
+        ledger_manager_type: str | None = None,
+        session_timeout_s: float = 10.0,
+        connect_timeout_s: float = 10.0,
+        uri: str = "",
+    ) -> None:
+        self.uri = uri or f"zk://{hosts}{root}"
+        self.hosts = hosts
+        self.root = root.rstrip("/") or "/ledgers"
+        self._wanted_type = ledger_manager_type
+        self._client = KazooClient(
+            hosts=hosts,
+            timeout=session_timeout_s,
+            connection_retry={"max_tries": -1, "delay": 0.1, "max_delay": 1.0},
+        )
+        self._dispatch = CallbackDispatcher("vellum-zk-events")
+        self._listeners: list[SessionListener] = []
+        self._lock = threading.RLock()
+        self._lost = False
+        self._closed = False
+        self._ledgers: ZkLedgerManager | None = None
+        try:
+            self._client.start(timeout=connect_timeout_s)
+        except (KazooTimeoutError, KazooException, OSError) as e:
+            self._client.stop()
+            self._client.close()
+            self._dispatch.close()
+            raise MetadataStoreUnavailableError(
+                f"cannot reach ZooKeeper at {hosts} (metadata root {self.root}) within "
+                f"{connect_timeout_s:g}s: {type(e).__name__}"
+            ) from None
+        self._idgen = ZkLedgerIdGenerator(self._client, self.root)
+        self._registration = ZkRegistrationManager(self._client, self.root, session_timeout_s)
+        self._layout = ZkLayoutManager(self._client, self.root)
+        self._kv = ZkKeyValueStore(self._client, self.root)
+        self._client.add_listener(self._on_state)
+
+    # -- session --------------------------------------------------------------------------
+
+    @property
+    def client(self) -> KazooClient:
+        """The kazoo client (for tests and tools; the library uses the managers)."""
+        return self._client
+
+    @property
+    def session_id(self) -> int:
+        cid = self._client.client_id
+        return int(cid[0]) if cid else 0
+
+    def _on_state(self, state: str) -> None:
+        # Runs on kazoo's connection thread: never block here.
+        if state == KazooState.LOST:
+            with self._lock:
+                if self._closed:
+                    return
+                self._lost = True
+            self._emit(SessionEvent.EXPIRED)
+        elif state == KazooState.CONNECTED:
+            with self._lock:
+                if not self._lost or self._closed:
+                    return
+                self._lost = False
+            # Re-registering needs ZooKeeper round trips: do it on the dispatcher thread.
+            self._dispatch.submit(self._registration.reregister_all)
+            self._emit(SessionEvent.RECONNECTED)
+
+    def _emit(self, event: SessionEvent) -> None:
+        with self._lock:
+            listeners = list(self._listeners)
+        for fn in listeners:
+            self._dispatch.submit(lambda fn=fn: fn(event))  # type: ignore[misc]
+
+    def add_session_listener(self, listener: SessionListener) -> Callable[[], None]:
+        with self._lock:
+            self._listeners.append(listener)
+
+        def remove() -> None:
+            with self._lock:
+                if listener in self._listeners:
+                    self._listeners.remove(listener)
+
+        return remove
+
+    # -- managers -------------------------------------------------------------------------
+
+    @property
+    def ledgers(self) -> LedgerManager:
+        with self._lock:
+            if self._ledgers is None:
+                layout = self._layout.read_layout()
+                if layout is None:
+                    raise MetaStoreError(
+                        f"no ledger layout at {self._layout.path}: the cluster at {self.hosts} is not "
+                        f"formatted (run `vellum shell metaformat --uri {self.uri}`)"
+                    )
+                if self._wanted_type is not None and layout.manager_type != self._wanted_type:
+                    raise MetaStoreError(
+                        f"{self.uri} asks for the {self._wanted_type} ledger manager but "
+                        f"{self._layout.path} says {layout.manager_type} ({layout.factory_class})"
+                    )
+                self._ledgers = ZkLedgerManager(self._client, self.root, layout, self._idgen)
+            return self._ledgers
+
+    @property
+    def id_generator(self) -> LedgerIdGenerator:
+        return self._idgen
+
+    @property
+    def registration(self) -> ZkRegistrationManager:
+        return self._registration
+
+    @property
+    def layout(self) -> LayoutManager:
+        return self._layout
+
+    @property
+    def kv(self) -> KeyValueStore:
+        return self._kv
+
+    def is_formatted(self) -> bool:
+        return self._layout.read_layout() is not None
+
+    def format(self, ledger_manager_type: str | None = None, *, force: bool = False) -> str:
+        mtype = ledger_manager_type or self._wanted_type or "hierarchical"
+        if self._wanted_type is not None and mtype != self._wanted_type:
+            raise MetaStoreError(f"{self.uri} fixes the {self._wanted_type} ledger manager, not {mtype}")
+        layout = LedgerLayout(mtype)
+        instance_id = str(uuid.uuid4())
+        with self._lock:
+            try:
+                if force:
+                    self._client.delete(self.root, recursive=True)
+                elif self._client.exists(self._layout.path) or self._client.exists(f"{self.root}/{P.INSTANCEID}"):
+                    raise MetaStoreError(
+                        f"{self.root} on {self.hosts} is already formatted; use --force to wipe it"
+                    )
+                for sub in (P.AVAILABLE, f"{P.AVAILABLE}/{P.READONLY}", P.COOKIES, P.IDGEN):
+                    self._client.ensure_path(f"{self.root}/{sub}")
+                tx = self._client.transaction()
+                tx.create(self._layout.path, layout.serialize())
+                tx.create(f"{self.root}/{P.INSTANCEID}", instance_id.encode())
+                results = tx.commit()
+            except NoNodeError:
+                return self.format(mtype, force=force)  # root vanished under a concurrent wipe
+            except _TRANSIENT as e:
+                _unavailable(e, f"formatting {self.root}")
+            if any(isinstance(r, Exception) for r in results):
+                raise MetaStoreError(f"{self.root} on {self.hosts} was formatted concurrently: {results}")
+            self._ledgers = None
+        return instance_id
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        try:
+            self._client.stop()
+            self._client.close()
+        finally:
+            self._dispatch.close()
