@@ -1,0 +1,714 @@
+"""Entry logs of one ledger directory: allocation, appends, rotation, random and sequential reads.
+
+Files live in ``<ledger_dir>/current/``: ``<hex id>.log`` in BookKeeper's entry-log format
+(``vellum.format.entrylog``) and ``lastId`` (hex id of the last allocated log + newline).
+
+Invariants:
+- Log ids only grow: a new logger starts after ``max(lastId, largest existing log id)``;
+  ``lastId`` is written and fsynced (with the directory) at every allocation, before the log
+  is used. A sealed (rotated) log is never reopened for writing.
+- Rotation seals a log: buffered records are written, the ledgers map is appended, the header's
+  map fields are rewritten in place, and the file is fsynced, in that order.
+- A location handed out by ``add_entry`` is durable only after the next ``flush()`` returns.
+  A failed write truncates the log back to its last fully written record (nothing half-written
+  stays counted); a failed fsync abandons the log (fail-stop for that file: its unsynced tail is
+  never trusted) and later adds go to a new log. Either way the error is raised to the caller of
+  the add/flush that hit it and ``failure_count`` grows: a caller compares it before and after
+  its round (adds + flush) and indexes nothing if it changed, so locations whose bytes were lost
+  are never indexed, even if another caller's add hit the failure.
+- "Which log is active for this ledger" is decided in exactly one place,
+  ``_active_log_for(ledger_id)``: one shared active log here; one per ledger in the
+  entry-log-per-ledger mode (seed 000).
+
+Threads: add/flush/rotation run under ``_lock`` (the storage's flush thread, compaction);
+reads use ``os.pread`` on reference-counted read-only descriptors and run concurrently.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vellum.errors import CorruptionError, DiskFullError, StorageError
+from vellum.format import entrylog as fmt
+from vellum.ids import MAX_LOG_ID, location_log_id, location_offset, make_location
+
+LOG_SUFFIX = ".log"
+LAST_ID_FILE = "lastId"
+WRITE_BUFFER_SIZE = 65536  # BookKeeper's writeBufferSizeBytes
+
+
+def log_file_name(log_id: int) -> str:
+    """BookKeeper's name: lowercase hex, no padding."""
+    return f"{log_id:x}{LOG_SUFFIX}"
+
+
+def parse_log_file_name(name: str) -> int | None:
+    if not name.endswith(LOG_SUFFIX):
+        return None
+    stem = name[: -len(LOG_SUFFIX)]
+    try:
+        value = int(stem, 16)
+    except ValueError:
+        return None
+    return value if 0 <= value <= MAX_LOG_ID and stem == f"{value:x}" else None
+
+
+class FileOps:
+    """The system calls the entry logger writes through; tests inject failures by subclassing."""
+
+    def write(self, fd: int, data: bytes | memoryview) -> int:
+        return os.write(fd, data)
+
+    def pwrite(self, fd: int, data: bytes, offset: int) -> int:
+        return os.pwrite(fd, data, offset)
+
+    def fsync(self, fd: int) -> None:
+        os.fsync(fd)
+
+    def ftruncate(self, fd: int, length: int) -> None:
+        os.ftruncate(fd, length)
+
+
+def _io_error(e: OSError, what: str) -> StorageError:
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return DiskFullError(f"{what}: no space left on device")
+    return StorageError(f"{what}: {e.strerror or e}")
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class _ActiveLog:
+    """An unsealed log being appended to."""
+
+    log_id: int
+    path: Path
+    fd: int
+    pos: int = fmt.HEADER_SIZE  # logical end, buffered records included
+    file_pos: int = fmt.HEADER_SIZE  # bytes handed to the file
+    synced_pos: int = fmt.HEADER_SIZE
+    buf: bytearray = field(default_factory=bytearray)
+    sizes: dict[int, int] = field(default_factory=dict)  # per ledger, records written to the file
+    buf_sizes: dict[int, int] = field(default_factory=dict)  # per ledger, records still buffered
+
+
+@dataclass
+class _Reader:
+    fd: int
+    users: int = 0
+    closing: bool = False
+
+
+@dataclass(frozen=True)
+class LogInfo:
+    log_id: int
+    size: int
+    ledgers: dict[int, int]
+    from_map: bool
+    active: bool
+
+
+class EntryLogger:
+    """The entry logs of one ledger directory (see the module docstring for the invariants)."""
+
+    def __init__(
+        self,
+        ledger_dir: Path,
+        *,
+        log_size_limit: int,
+        preallocate: bool = True,
+        flush_entrylog_bytes: int = 0,
+        write_buffer_size: int = WRITE_BUFFER_SIZE,
+        file_ops: FileOps | None = None,
+    ) -> None:
+        if log_size_limit <= fmt.HEADER_SIZE:
+            raise ValueError(f"log_size_limit {log_size_limit} must exceed the {fmt.HEADER_SIZE}-byte header")
+        if log_size_limit >= 1 << 32:
+            raise ValueError(f"log_size_limit {log_size_limit} does not fit a 32-bit location offset")
+        self.ledger_dir = Path(ledger_dir)
+        self.current_dir = self.ledger_dir / "current"
+        self.current_dir.mkdir(parents=True, exist_ok=True)
+        self.log_size_limit = log_size_limit
+        self.flush_entrylog_bytes = flush_entrylog_bytes
+        self.write_buffer_size = write_buffer_size
+        self._ops = file_ops or FileOps()
+        self._preallocate = preallocate
+        self._lock = threading.RLock()
+        self._readers_lock = threading.Lock()
+        self._readers: dict[int, _Reader] = {}
+        self._current: _ActiveLog | None = None
+        self._preallocated: _ActiveLog | None = None
+        self._prealloc_thread: threading.Thread | None = None
+        self._prealloc_error: BaseException | None = None
+        self.failure_count = 0
+        self._closed = False
+        existing = self.log_ids()
+        self._last_id = max([self._read_last_id(), *existing], default=-1)
+
+    # ------------------------------------------------------------------ allocation
+
+    def _read_last_id(self) -> int:
+        path = self.current_dir / LAST_ID_FILE
+        try:
+            text = path.read_text(encoding="ascii").strip()
+        except FileNotFoundError:
+            return -1
+        except OSError as e:
+            raise StorageError(f"{path}: cannot read: {e.strerror}") from None
+        try:
+            return int(text, 16)
+        except ValueError:
+            # A torn lastId must not stop the bookie: the existing logs bound the next id anyway.
+            return -1
+
+    def _write_last_id(self, log_id: int) -> None:
+        path = self.current_dir / LAST_ID_FILE
+        tmp = path.with_name(LAST_ID_FILE + ".tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                self._ops.write(fd, f"{log_id:x}\n".encode("ascii"))
+                self._ops.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+        except OSError as e:
+            raise _io_error(e, f"{path}") from None
+
+    def _next_log_id(self) -> int:
+        candidate = self._last_id
+        for _ in range(MAX_LOG_ID + 1):
+            candidate = 0 if candidate >= MAX_LOG_ID else candidate + 1
+            if not (self.current_dir / log_file_name(candidate)).exists():
+                return candidate
+        raise StorageError(f"{self.current_dir}: no free entry log id")
+
+    def _create_log(self, log_id: int) -> _ActiveLog:
+        """Create, stamp and fsync a new log and record it in ``lastId`` before anyone uses it."""
+        path = self.current_dir / log_file_name(log_id)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except OSError as e:
+            raise _io_error(e, f"{path}: cannot create entry log") from None
+        try:
+            header = fmt.encode_header()
+            n = self._ops.write(fd, header)
+            if n != len(header):
+                raise OSError(errno.EIO, f"short header write ({n} of {len(header)} bytes)")
+            self._ops.fsync(fd)
+        except OSError as e:
+            os.close(fd)
+            try:
+                path.unlink()
+            except OSError:
+                pass
+            raise _io_error(e, f"{path} offset 0") from None
+        self._write_last_id(log_id)
+        try:
+            fsync_dir(self.current_dir)
+        except OSError as e:
+            os.close(fd)
+            raise _io_error(e, f"{self.current_dir}: fsync") from None
+        return _ActiveLog(log_id, path, fd)
+
+    def _allocate(self) -> _ActiveLog:
+        """The next log: the preallocated one if ready, else a fresh one; then preallocate again."""
+        log: _ActiveLog | None = None
+        if self._prealloc_thread is not None:
+            self._prealloc_thread.join()
+            self._prealloc_thread = None
+            log, self._preallocated = self._preallocated, None
+            self._prealloc_error = None  # a failed preallocation is retried synchronously below
+        if log is None:
+            log_id = self._next_log_id()
+            self._last_id = log_id
+            log = self._create_log(log_id)
+        if self._preallocate:
+            self._start_preallocation()
+        return log
+
+    def _start_preallocation(self) -> None:
+        # The id is reserved here, under _lock; the thread only creates the file. It is always
+        # joined before the next allocation, so lastId writes never race.
+        log_id = self._next_log_id()
+        self._last_id = log_id
+
+        def run() -> None:
+            try:
+                self._preallocated = self._create_log(log_id)
+            except BaseException as e:  # the next allocation then creates a log synchronously
+                self._prealloc_error = e
+
+        self._prealloc_thread = threading.Thread(
+            target=run, name=f"entrylog-prealloc-{self.ledger_dir}", daemon=True
+        )
+        self._prealloc_thread.start()
+
+    def _active_log_for(self, ledger_id: int) -> _ActiveLog:
+        """THE decision "which log receives this ledger's next entry": one shared active log.
+
+        The entry-log-per-ledger mode (seed 000) replaces only this method (plus rotation of the
+        logs it keeps): everything else works on whatever ``_ActiveLog`` it returns.
+        """
+        if self._current is None:
+            self._current = self._allocate()
+        return self._current
+
+    def _active_logs(self) -> list[_ActiveLog]:
+        return [self._current] if self._current is not None else []
+
+    def _forget_active(self, log: _ActiveLog) -> None:
+        if self._current is log:
+            self._current = None
+
+    # ------------------------------------------------------------------ writes
+
+    def add_entry(self, ledger_id: int, entry: bytes) -> int:
+        """Append ``entry`` (its first 16 bytes are ledgerId, entryId) and return its location.
+
+        The location is durable only after ``flush()``.
+        """
+        if len(entry) < fmt.MIN_SANE_ENTRY_SIZE:
+            raise ValueError(f"entry of {len(entry)} bytes is shorter than {fmt.MIN_SANE_ENTRY_SIZE}")
+        record_len = fmt.SIZE_FIELD + len(entry)
+        with self._lock:
+            self._check_open()
+            log = self._active_log_for(ledger_id)
+            if log.pos + record_len > self.log_size_limit and log.pos > fmt.HEADER_SIZE:
+                self._seal(log)
+                log = self._active_log_for(ledger_id)
+            offset = log.pos + fmt.SIZE_FIELD
+            location = make_location(log.log_id, offset)
+            log.buf += fmt.encode_record(entry)
+            log.pos += record_len
+            log.buf_sizes[ledger_id] = log.buf_sizes.get(ledger_id, 0) + record_len
+            if len(log.buf) >= self.write_buffer_size:
+                self._write_out(log)
+                if (
+                    self.flush_entrylog_bytes > 0
+                    and log.file_pos - log.synced_pos >= self.flush_entrylog_bytes
+                ):
+                    self._sync(log)
+            return location
+
+    def _write_out(self, log: _ActiveLog) -> None:
+        """Hand the buffered records to the file; on failure truncate back and drop them."""
+        if not log.buf:
+            return
+        # An immutable copy: a view of the bytearray would pin it while an error is in flight.
+        data = memoryview(bytes(log.buf))
+        start = log.file_pos
+        written = 0
+        try:
+            while written < len(data):
+                n = self._ops.write(log.fd, data[written:])
+                if n <= 0:
+                    raise OSError(errno.EIO, "write returned 0")
+                written += n
+        except OSError as e:
+            err = _io_error(e, f"{log.path} offset {start + written}")
+            self._discard_buffer(log)
+            raise err from None
+        log.file_pos += written
+        for lid, size in log.buf_sizes.items():
+            log.sizes[lid] = log.sizes.get(lid, 0) + size
+        log.buf.clear()
+        log.buf_sizes.clear()
+
+    def _discard_buffer(self, log: _ActiveLog) -> None:
+        """After a failed write: cut the file back to the last whole record, or abandon the log."""
+        self.failure_count += 1
+        log.buf.clear()
+        log.buf_sizes.clear()
+        try:
+            self._ops.ftruncate(log.fd, log.file_pos)
+            os.lseek(log.fd, log.file_pos, os.SEEK_SET)
+            log.pos = log.file_pos
+        except OSError:
+            self._abandon(log)
+
+    def _abandon(self, log: _ActiveLog) -> None:
+        """Stop writing to a log whose tail cannot be trusted; it stays readable and unsealed."""
+        self._forget_active(log)
+        try:
+            os.close(log.fd)
+        except OSError:
+            pass
+
+    def _sync(self, log: _ActiveLog) -> None:
+        try:
+            self._ops.fsync(log.fd)
+        except OSError as e:
+            err = _io_error(e, f"{log.path}: fsync")
+            # Fail-stop for this file: after a failed fsync the kernel may have dropped dirty pages,
+            # so nothing after the last good sync is trusted; writers move on to a new log.
+            self.failure_count += 1
+            self._abandon(log)
+            raise err from None
+        log.synced_pos = log.file_pos
+
+    def _seal(self, log: _ActiveLog) -> None:
+        """Rotate: write the ledgers map, rewrite the header fields, fsync, close. Never reopened."""
+        self._write_out(log)
+        map_offset = log.file_pos
+        sizes = dict(log.sizes)
+        if sizes:
+            log.buf += fmt.encode_ledgers_map(sizes)
+            log.pos += len(log.buf)
+            self._write_out(log)
+        try:
+            n = self._ops.pwrite(
+                log.fd,
+                fmt.encode_header_map_fields(map_offset if sizes else 0, len(sizes)),
+                fmt.HEADER_MAP_FIELDS_OFFSET,
+            )
+            if n != 12:
+                raise OSError(errno.EIO, f"short header write ({n} of 12 bytes)")
+        except OSError as e:
+            err = _io_error(e, f"{log.path} offset {fmt.HEADER_MAP_FIELDS_OFFSET}")
+            self.failure_count += 1
+            self._abandon(log)
+            raise err from None
+        self._sync(log)
+        self._forget_active(log)
+        os.close(log.fd)
+
+    def flush(self) -> None:
+        """Make every location handed out so far durable: write buffers, fsync the active log(s)."""
+        with self._lock:
+            self._check_open()
+            for log in self._active_logs():
+                self._write_out(log)
+                if log.synced_pos < log.file_pos:
+                    self._sync(log)
+
+    def rotate(self) -> None:
+        """Seal the active log(s) now (e.g. before compaction of the current log, or in tests)."""
+        with self._lock:
+            self._check_open()
+            for log in self._active_logs():
+                self._seal(log)
+
+    def least_unflushed_log_id(self) -> int:
+        """Logs below this id are sealed and safe for GC/compaction (BookKeeper's name)."""
+        with self._lock:
+            active = [log.log_id for log in self._active_logs()]
+            return min(active) if active else self._last_id + 1
+
+    def active_log_ids(self) -> list[int]:
+        with self._lock:
+            return [log.log_id for log in self._active_logs()]
+
+    # ------------------------------------------------------------------ reads
+
+    def log_path(self, log_id: int) -> Path:
+        return self.current_dir / log_file_name(log_id)
+
+    def _acquire_reader(self, log_id: int) -> _Reader:
+        with self._readers_lock:
+            reader = self._readers.get(log_id)
+            if reader is None:
+                path = self.log_path(log_id)
+                try:
+                    fd = os.open(path, os.O_RDONLY)
+                except FileNotFoundError:
+                    raise CorruptionError(f"{path}: entry log does not exist") from None
+                except OSError as e:
+                    raise StorageError(f"{path}: cannot open: {e.strerror}") from None
+                reader = self._readers[log_id] = _Reader(fd)
+            reader.users += 1
+            return reader
+
+    def _release_reader(self, reader: _Reader) -> None:
+        with self._readers_lock:
+            reader.users -= 1
+            if reader.closing and reader.users == 0:
+                os.close(reader.fd)
+
+    def _make_readable(self, log_id: int, end: int) -> None:
+        """Bytes of the active log below ``end`` may still be buffered: hand them to the file."""
+        current = [log for log in self._active_logs() if log.log_id == log_id]
+        if current and current[0].file_pos < end:
+            with self._lock:
+                for log in self._active_logs():
+                    if log.log_id == log_id and log.file_pos < end:
+                        self._write_out(log)
+
+    def _pread(self, reader: _Reader, n: int, offset: int, log_id: int) -> bytes:
+        try:
+            return os.pread(reader.fd, n, offset)
+        except OSError as e:
+            raise StorageError(
+                f"{self.log_path(log_id)} offset {offset}: read failed: {e.strerror}"
+            ) from None
+
+    def read_entry(self, ledger_id: int, entry_id: int, location: int) -> bytes:
+        """The entry stored at ``location``; the size and ids there must match the request."""
+        log_id, offset = location_log_id(location), location_offset(location)
+        path = self.log_path(log_id)
+        if offset < fmt.HEADER_SIZE + fmt.SIZE_FIELD:
+            raise CorruptionError(f"{path} offset {offset}: location points into the header")
+        self._make_readable(log_id, offset + fmt.MIN_SANE_ENTRY_SIZE)
+        reader = self._acquire_reader(log_id)
+        try:
+            head = self._pread(
+                reader, fmt.SIZE_FIELD + fmt.MIN_SANE_ENTRY_SIZE, offset - fmt.SIZE_FIELD, log_id
+            )
+            if len(head) < fmt.SIZE_FIELD + fmt.MIN_SANE_ENTRY_SIZE:
+                raise CorruptionError(f"{path} offset {offset}: entry runs past the end of the log")
+            size = fmt.decode_size(head)
+            if size < fmt.MIN_SANE_ENTRY_SIZE:
+                raise CorruptionError(f"{path} offset {offset - fmt.SIZE_FIELD}: insane entry size {size}")
+            lid, eid = fmt.entry_ids(head[fmt.SIZE_FIELD :])
+            if (lid, eid) != (ledger_id, entry_id):
+                raise CorruptionError(
+                    f"{path} offset {offset}: expected ledger {ledger_id} entry {entry_id}, "
+                    f"found ledger {lid} entry {eid}"
+                )
+            self._make_readable(log_id, offset + size)
+            entry = self._pread(reader, size, offset, log_id)
+            if len(entry) != size:
+                raise CorruptionError(
+                    f"{path} offset {offset}: entry of {size} bytes runs past the end of the log"
+                )
+            return entry
+        finally:
+            self._release_reader(reader)
+
+    def read_following(
+        self, ledger_id: int, location: int, *, max_entries: int, max_bytes: int = 1 << 20
+    ) -> list[tuple[int, int, bytes]]:
+        """Read-ahead: up to ``max_entries`` records after ``location`` while they belong to
+        ``ledger_id`` (a sorted flush keeps a ledger's entries adjacent). Returns
+        ``(entry_id, location, entry)``; stops quietly at anything unexpected."""
+        log_id, offset = location_log_id(location), location_offset(location)
+        out: list[tuple[int, int, bytes]] = []
+        reader = self._acquire_reader(log_id)
+        try:
+            head = self._pread(reader, fmt.SIZE_FIELD, offset - fmt.SIZE_FIELD, log_id)
+            if len(head) < fmt.SIZE_FIELD:
+                return out
+            pos = offset + fmt.decode_size(head)  # start of the next record's size field
+            chunk_len = min(max_bytes, 1 << 20)
+            chunk = b""
+            base = pos
+            with self._lock:
+                limit = self._readable_end(log_id)
+            while len(out) < max_entries:
+                if limit is not None and pos + fmt.SIZE_FIELD + fmt.MIN_SANE_ENTRY_SIZE > limit:
+                    return out
+                rel = pos - base
+                if rel + fmt.SIZE_FIELD > len(chunk):
+                    base, rel = pos, 0
+                    chunk = self._pread(reader, chunk_len, pos, log_id)
+                    if len(chunk) < fmt.SIZE_FIELD:
+                        return out
+                size = fmt.decode_size(chunk, rel)
+                if size < fmt.MIN_SANE_ENTRY_SIZE or (
+                    limit is not None and pos + fmt.SIZE_FIELD + size > limit
+                ):
+                    return out
+                if rel + fmt.SIZE_FIELD + size > len(chunk):
+                    base, rel = pos, 0
+                    chunk = self._pread(reader, max(chunk_len, fmt.SIZE_FIELD + size), pos, log_id)
+                    if len(chunk) < fmt.SIZE_FIELD + size:
+                        return out
+                body = chunk[rel + fmt.SIZE_FIELD : rel + fmt.SIZE_FIELD + size]
+                lid, eid = fmt.entry_ids(body)
+                if lid != ledger_id:
+                    return out
+                out.append((eid, make_location(log_id, pos + fmt.SIZE_FIELD), body))
+                pos += fmt.SIZE_FIELD + size
+            return out
+        finally:
+            self._release_reader(reader)
+
+    def _readable_end(self, log_id: int) -> int | None:
+        for log in self._active_logs():
+            if log.log_id == log_id:
+                return log.file_pos
+        return None
+
+    def log_ids(self) -> list[int]:
+        """Ids of the ``.log`` files in ``current/``, ascending (compaction temporaries excluded)."""
+        try:
+            names = os.listdir(self.current_dir)
+        except OSError as e:
+            raise StorageError(f"{self.current_dir}: cannot list: {e.strerror}") from None
+        return sorted(i for i in (parse_log_file_name(n) for n in names) if i is not None)
+
+    def _log_end(self, log_id: int) -> int:
+        with self._lock:
+            for log in self._active_logs():
+                if log.log_id == log_id:
+                    self._write_out(log)
+                    return log.file_pos
+        path = self.log_path(log_id)
+        try:
+            return path.stat().st_size
+        except FileNotFoundError:
+            raise CorruptionError(f"{path}: entry log does not exist") from None
+
+    def scan(self, log_id: int, *, verify: fmt.VerifyFn | None = None) -> Iterator[fmt.LogRecord]:
+        """Scan one log's records in file order (see ``EntryLogScanner``); the header is checked."""
+        scanner = self.scanner(log_id, verify=verify)
+        yield from scanner
+
+    def scanner(self, log_id: int, *, verify: fmt.VerifyFn | None = None) -> fmt.EntryLogScanner:
+        """A scanner over one log; its ``report`` says where it stopped once iterated."""
+        end = self._log_end(log_id)
+        path = self.log_path(log_id)
+        reader = self._acquire_reader(log_id)
+        # The scanner reads lazily: keep the descriptor referenced until the logger closes.
+        read = self._read_fn(reader, log_id)
+        try:
+            fmt.decode_header(read(0, fmt.HEADER_SIZE), where=str(path))
+        except Exception:
+            self._release_reader(reader)
+            raise
+        return _OwningScanner(
+            read, end=end, verify=verify, where=str(path), release=lambda: self._release_reader(reader)
+        )
+
+    def _read_fn(self, reader: _Reader, log_id: int) -> Callable[[int, int], bytes]:
+        return lambda off, n: self._pread(reader, n, off, log_id)
+
+    def ledgers_map(self, log_id: int) -> dict[int, int]:
+        """``{ledger_id: bytes}`` of a log: the map at its end, else a full scan (BookKeeper's rule).
+
+        For the active log: the in-memory map of what has been appended so far.
+        """
+        with self._lock:
+            for log in self._active_logs():
+                if log.log_id == log_id:
+                    sizes = dict(log.sizes)
+                    for lid, size in log.buf_sizes.items():
+                        sizes[lid] = sizes.get(lid, 0) + size
+                    return sizes
+        info = self.log_info(log_id)
+        return info.ledgers
+
+    def log_info(self, log_id: int) -> LogInfo:
+        """Size and ledgers of one log, saying whether the ledgers map or a scan provided them."""
+        with self._lock:
+            active = log_id in [log.log_id for log in self._active_logs()]
+        if active:
+            return LogInfo(log_id, self._log_end(log_id), self.ledgers_map(log_id), False, True)
+        end = self._log_end(log_id)
+        path = self.log_path(log_id)
+        reader = self._acquire_reader(log_id)
+        try:
+            sizes = fmt.read_ledgers_map(self._read_fn(reader, log_id), end, where=str(path))
+        finally:
+            self._release_reader(reader)
+        if sizes is not None:
+            return LogInfo(log_id, end, sizes, True, False)
+        records = self.scan(log_id)
+        scanned: dict[int, int] = {}
+        for rec in records:
+            scanned[rec.ledger_id] = scanned.get(rec.ledger_id, 0) + fmt.SIZE_FIELD + rec.size
+        return LogInfo(log_id, end, scanned, False, False)
+
+    def delete_log(self, log_id: int) -> None:
+        """Remove a sealed log (GC/compaction). The active log cannot be deleted."""
+        with self._lock:
+            if log_id in [log.log_id for log in self._active_logs()]:
+                raise StorageError(f"{self.log_path(log_id)}: cannot delete the active entry log")
+            if self._preallocated is not None and self._preallocated.log_id == log_id:
+                raise StorageError(f"{self.log_path(log_id)}: cannot delete the preallocated entry log")
+            path = self.log_path(log_id)
+            with self._readers_lock:
+                reader = self._readers.pop(log_id, None)
+                if reader is not None:
+                    reader.closing = True
+                    if reader.users == 0:
+                        os.close(reader.fd)
+            try:
+                path.unlink()
+                fsync_dir(self.current_dir)
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                raise _io_error(e, f"{path}: delete") from None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StorageError(f"{self.current_dir}: entry logger is closed")
+
+    def close(self) -> None:
+        """Flush the active log(s) (not sealed: a sealed log is never reopened, and the next
+        logger starts a new one anyway) and release every descriptor."""
+        with self._lock:
+            if self._closed:
+                return
+            try:
+                for log in self._active_logs():
+                    self._write_out(log)
+                    if log.synced_pos < log.file_pos:
+                        self._sync(log)
+            finally:
+                self._closed = True
+                for log in self._active_logs():
+                    self._abandon(log)
+                thread = self._prealloc_thread
+        if thread is not None:
+            thread.join()
+        with self._lock:
+            spare, self._preallocated = self._preallocated, None
+            if spare is not None:
+                # An unused preallocated log holds no entry: remove it rather than leave an empty file.
+                os.close(spare.fd)
+                try:
+                    spare.path.unlink()
+                except OSError:
+                    pass
+        with self._readers_lock:
+            for reader in self._readers.values():
+                reader.closing = True
+                if reader.users == 0:
+                    os.close(reader.fd)
+            self._readers.clear()
+
+    def __enter__(self) -> EntryLogger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _OwningScanner(fmt.EntryLogScanner):
+    """A scanner that releases its read descriptor when iteration ends."""
+
+    def __init__(
+        self,
+        read: fmt.ReadFn,
+        *,
+        end: int,
+        verify: fmt.VerifyFn | None,
+        where: str,
+        release: Callable[[], None],
+    ) -> None:
+        super().__init__(read, end=end, verify=verify, where=where)
+        self._release = release
+        self._released = False
+
+    def __iter__(self) -> Iterator[fmt.LogRecord]:
+        try:
+            yield from super().__iter__()
+        finally:
+            if not self._released:
+                self._released = True
+                self._release()

@@ -1,0 +1,499 @@
+"""Ledger storage of one ledger directory with DbLedgerStorage semantics (seed 003).
+
+Write path: ``add_entry`` puts the entry in the *active* write cache. When it is full it is
+swapped with the (empty) *flushing* cache and the storage's flush thread writes it out; if the
+flushing cache is still being written the writer waits up to ``max_throttle_time_ms`` and is then
+rejected (``OperationRejectedError``, BookKeeper's back-pressure).
+
+Flush: sort the swapped cache by (ledger, entry) -> append to the entry log -> fsync the entry
+log -> write all locations in one RocksDB batch -> sync the indexes -> drop the cache. Until the
+last step the entries stay readable from the cache, so a failed flush loses nothing and is
+retried with the cache intact.
+
+Read path: write caches (active, then flushing) -> read-ahead cache -> location index -> entry
+log; a miss that reads the entry log also reads up to ``read_ahead_batch_size`` following
+entries of the same ledger (adjacent thanks to the sorted flush) into the read-ahead cache.
+
+Invariants:
+- After ``flush()`` returns, every entry added and every ledger-data change (master key, fence,
+  explicit LAC, delete) made before the call is durable in the entry log and the indexes.
+- An entry is in a write cache or in the location index at every instant (the index is written
+  before the cache is dropped, and readers look at both caches under one lock), so a reader never
+  misses an added entry.
+- ``NoSuchEntryError`` is raised only for a known ledger whose entry is neither cached nor
+  indexed; an unknown ledger raises ``NoSuchLedgerError``; anything doubtful is a storage error.
+- Flushes, deletes and trims are serialised by ``_flush_lock``, so a flush never re-adds the
+  locations of a ledger deleted while it ran. Lock order: ``_flush_lock`` then ``_cond``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from vellum.errors import (
+    CorruptionError,
+    IncorrectParameterError,
+    NoSuchEntryError,
+    NoSuchLedgerError,
+    OperationRejectedError,
+    StorageError,
+    UnauthorizedAccessError,
+)
+from vellum.format.ledger_index import LedgerData
+from vellum.ids import INVALID_ENTRY_ID, LAST_ADD_CONFIRMED
+from vellum.storage.entry_logger import EntryLogger, FileOps
+from vellum.storage.index import EntryLocationIndex, LedgerMetadataIndex
+
+_IDS = struct.Struct(">qq")
+#: pause of the flush thread after a failed background flush before it tries again
+FLUSH_RETRY_DELAY_S = 1.0
+
+
+class _WriteCache:
+    """Entries by (ledger, entry) with their total size and each ledger's greatest entry id."""
+
+    __slots__ = ("entries", "last", "max_bytes", "size")
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.entries: dict[tuple[int, int], bytes] = {}
+        self.last: dict[int, int] = {}
+        self.size = 0
+
+    def put(self, ledger_id: int, entry_id: int, entry: bytes) -> None:
+        old = self.entries.get((ledger_id, entry_id))
+        if old is not None:
+            self.size -= len(old)
+        self.entries[(ledger_id, entry_id)] = entry
+        self.size += len(entry)
+        if entry_id > self.last.get(ledger_id, INVALID_ENTRY_ID):
+            self.last[ledger_id] = entry_id
+
+    def has_room(self, n: int) -> bool:
+        return not self.entries or self.size + n <= self.max_bytes
+
+    def drop_ledger(self, ledger_id: int, below: int | None = None) -> None:
+        """Drop a ledger's entries (all, or those with id < ``below``)."""
+        if ledger_id not in self.last:
+            return
+        for key in [k for k in self.entries if k[0] == ledger_id and (below is None or k[1] < below)]:
+            self.size -= len(self.entries.pop(key))
+        remaining = [k[1] for k in self.entries if k[0] == ledger_id]
+        if remaining:
+            self.last[ledger_id] = max(remaining)
+        else:
+            del self.last[ledger_id]
+
+
+class LedgerStorage:
+    """DbLedgerStorage semantics for one ledger directory (see the module docstring)."""
+
+    def __init__(
+        self,
+        ledger_dir: Path,
+        index_dir: Path | None = None,
+        *,
+        log_size_limit: int,
+        write_cache_max_bytes: int,
+        read_cache_max_bytes: int,
+        read_ahead_batch_size: int,
+        max_throttle_time_ms: int,
+        flush_entrylog_bytes: int = 0,
+        preallocate: bool = True,
+        file_ops: FileOps | None = None,
+        flush_hook: Callable[[], None] | None = None,
+    ) -> None:
+        if write_cache_max_bytes < 2:
+            raise ValueError(f"write_cache_max_bytes {write_cache_max_bytes} is too small")
+        self.ledger_dir = Path(ledger_dir)
+        self.index_dir = Path(index_dir) if index_dir is not None else self.ledger_dir
+        self._half = write_cache_max_bytes // 2
+        self._read_cache_max = read_cache_max_bytes
+        self._read_ahead = read_ahead_batch_size
+        self._max_throttle_s = max_throttle_time_ms / 1000.0
+        self._flush_hook = flush_hook
+        self.entry_logger = EntryLogger(
+            self.ledger_dir,
+            log_size_limit=log_size_limit,
+            preallocate=preallocate,
+            flush_entrylog_bytes=flush_entrylog_bytes,
+            file_ops=file_ops,
+        )
+        try:
+            self.locations = EntryLocationIndex(self.index_dir)
+            try:
+                self.ledgers_index = LedgerMetadataIndex(self.index_dir)
+            except BaseException:
+                self.locations.close()
+                raise
+        except BaseException:
+            self.entry_logger.close()
+            raise
+        # BookKeeper's LedgerMetadataIndex keeps every LedgerData in memory too.
+        self._ledgers: dict[int, LedgerData] = {}
+        for lid in list(self.ledgers_index.ledgers()):
+            data = self.ledgers_index.get(lid)
+            if data is not None:
+                self._ledgers[lid] = data
+
+        self._cond = threading.Condition()
+        self._flush_lock = threading.RLock()
+        self._active = _WriteCache(self._half)
+        self._flushing: _WriteCache | None = None
+        self._read_cache: OrderedDict[tuple[int, int], bytes] = OrderedDict()
+        self._read_cache_size = 0
+        self._read_cache_lock = threading.Lock()
+        self._epoch = 0  # bumped by delete/trim: read-ahead results older than it are dropped
+        self._last_flush_error: BaseException | None = None
+        self._retry_at = 0.0
+        self._closed = False
+        self._flush_thread = threading.Thread(
+            target=self._flush_loop, name=f"ledger-storage-flush-{self.ledger_dir}", daemon=True
+        )
+        self._flush_thread.start()
+
+    # ------------------------------------------------------------------ writes
+
+    def add_entry(self, entry: bytes) -> None:
+        """Put a stored entry (ids from its first 16 bytes) in the write cache.
+
+        Waits up to ``max_throttle_time_ms`` while both caches are full, then raises
+        ``OperationRejectedError``. Durable only after the next ``flush()``.
+        """
+        if len(entry) < _IDS.size:
+            raise IncorrectParameterError(f"entry of {len(entry)} bytes has no ledger/entry id header")
+        ledger_id, entry_id = _IDS.unpack_from(entry, 0)
+        if ledger_id < 0 or entry_id < 0:
+            raise IncorrectParameterError(f"cannot store ledger {ledger_id} entry {entry_id}: negative id")
+        entry = bytes(entry)
+        deadline: float | None = None
+        with self._cond:
+            self._check_open()
+            while not self._active.has_room(len(entry)):
+                if self._flushing is None:
+                    self._flushing, self._active = self._active, _WriteCache(self._half)
+                    self._cond.notify_all()  # wake the flush thread
+                    break
+                now = time.monotonic()
+                if deadline is None:
+                    deadline = now + self._max_throttle_s
+                if now >= deadline:
+                    why = f" (last flush failed: {self._last_flush_error})" if self._last_flush_error else ""
+                    raise OperationRejectedError(
+                        f"{self.ledger_dir}: write cache full and the previous cache is still being "
+                        f"flushed after {self._max_throttle_s * 1000:.0f} ms; rejecting ledger "
+                        f"{ledger_id} entry {entry_id}{why}"
+                    )
+                self._cond.wait(deadline - now)
+                self._check_open()
+            if ledger_id not in self._ledgers:
+                # Adds normally follow set_master_key; an entry still makes its ledger known.
+                self._put_ledger(ledger_id, LedgerData(exists=True, fenced=False, master_key=b""))
+            self._active.put(ledger_id, entry_id, entry)
+
+    def _flush_loop(self) -> None:
+        """The storage's flush thread: writes out a swapped (full) cache."""
+        while True:
+            with self._cond:
+                while not self._closed:
+                    if self._flushing is not None:
+                        delay = self._retry_at - time.monotonic()
+                        if delay <= 0:
+                            break
+                        self._cond.wait(delay)  # back off after a failure; flush() retries sooner
+                    else:
+                        self._cond.wait()
+                if self._closed:
+                    return
+            try:
+                with self._flush_lock:
+                    self._flush_swapped()
+            except Exception as e:  # kept: writers' rejections report it, flush() raises its own
+                with self._cond:
+                    self._last_flush_error = e
+                    self._retry_at = time.monotonic() + FLUSH_RETRY_DELAY_S
+                    self._cond.notify_all()
+
+    def _flush_swapped(self) -> None:
+        """Write out the flushing cache, if any. Caller holds ``_flush_lock``."""
+        with self._cond:
+            cache = self._flushing
+        if cache is None:
+            return
+        self._write_cache_out(cache)
+        with self._cond:
+            self._flushing = None
+            self._last_flush_error = None
+            self._retry_at = 0.0
+            self._cond.notify_all()
+
+    def _write_cache_out(self, cache: _WriteCache) -> None:
+        if self._flush_hook is not None:
+            self._flush_hook()
+        with self._cond:
+            items = sorted(cache.entries.items())  # snapshot: the cache is no longer written to
+        failures = self.entry_logger.failure_count
+        batch: list[tuple[int, int, int]] = []
+        for (lid, eid), entry in items:
+            batch.append((lid, eid, self.entry_logger.add_entry(lid, entry)))
+        self.entry_logger.flush()
+        if self.entry_logger.failure_count != failures:
+            # Some of this round's records were dropped by a failed write: index none of them.
+            raise StorageError(f"{self.ledger_dir}: entry log write failed during flush; will retry")
+        if batch:
+            self.locations.put_locations(batch)
+        self.locations.sync()
+        self.ledgers_index.sync()
+
+    def flush(self) -> None:
+        """Make everything added (and every ledger-data change) before this call durable."""
+        with self._flush_lock:
+            self._check_open()
+            self._flush_swapped()
+            with self._cond:
+                if self._active.entries:
+                    self._flushing, self._active = self._active, _WriteCache(self._half)
+            self._flush_swapped()
+            # Ledger data and deletes reach RocksDB without sync; an empty flush still syncs them.
+            self.entry_logger.flush()
+            self.locations.sync()
+            self.ledgers_index.sync()
+
+    # ------------------------------------------------------------------ reads
+
+    def get_entry(self, ledger_id: int, entry_id: int) -> bytes:
+        """The stored entry; ``entry_id == -1`` means the last entry this storage holds."""
+        if entry_id == LAST_ADD_CONFIRMED:
+            entry_id = self.get_last_entry_id(ledger_id)
+            if entry_id == INVALID_ENTRY_ID:
+                raise NoSuchEntryError(f"ledger {ledger_id} has no entry in {self.ledger_dir}")
+        if entry_id < 0:
+            raise IncorrectParameterError(f"entry id {entry_id} is not readable")
+        key = (ledger_id, entry_id)
+        with self._cond:
+            self._check_open()
+            found = self._active.entries.get(key)
+            if found is None and self._flushing is not None:
+                found = self._flushing.entries.get(key)
+            epoch = self._epoch
+        if found is not None:
+            return found
+        with self._read_cache_lock:
+            found = self._read_cache.get(key)
+            if found is not None:
+                self._read_cache.move_to_end(key)
+                return found
+        location = self.locations.get_location(ledger_id, entry_id)
+        for _attempt in range(2):
+            if location is None:
+                if not self.ledger_exists(ledger_id):
+                    raise NoSuchLedgerError(f"ledger {ledger_id} is not in {self.ledger_dir}")
+                raise NoSuchEntryError(f"ledger {ledger_id} entry {entry_id} is not in {self.ledger_dir}")
+            try:
+                entry = self.entry_logger.read_entry(ledger_id, entry_id, location)
+                break
+            except CorruptionError:
+                # Compaction may have moved the entry and deleted its old log since the lookup.
+                again = self.locations.get_location(ledger_id, entry_id)
+                if again == location:
+                    raise
+                location = again
+        else:
+            raise StorageError(f"ledger {ledger_id} entry {entry_id}: location kept changing")
+        if self._read_ahead > 0 and self._read_cache_max > 0:
+            self._read_ahead_after(ledger_id, location, epoch)
+        return entry
+
+    def _read_ahead_after(self, ledger_id: int, location: int, epoch: int) -> None:
+        try:
+            following = self.entry_logger.read_following(ledger_id, location, max_entries=self._read_ahead)
+        except (StorageError, CorruptionError):
+            return  # read-ahead is an optimisation: the entries are read one by one later
+        with self._read_cache_lock:
+            if epoch != self._epoch:
+                return
+            for eid, _loc, data in following:
+                key = (ledger_id, eid)
+                if key in self._read_cache:
+                    continue
+                self._read_cache[key] = data
+                self._read_cache_size += len(data)
+            while self._read_cache_size > self._read_cache_max and self._read_cache:
+                _, old = self._read_cache.popitem(last=False)
+                self._read_cache_size -= len(old)
+
+    def read_cache_contains(self, ledger_id: int, entry_id: int) -> bool:
+        """Whether the read-ahead cache holds the entry (observability and tests)."""
+        with self._read_cache_lock:
+            return (ledger_id, entry_id) in self._read_cache
+
+    def get_last_entry_id(self, ledger_id: int) -> int:
+        """Greatest entry id held (cached or indexed), -1 if none."""
+        with self._cond:
+            self._check_open()
+            last = self._active.last.get(ledger_id, INVALID_ENTRY_ID)
+            if self._flushing is not None:
+                last = max(last, self._flushing.last.get(ledger_id, INVALID_ENTRY_ID))
+        indexed = self.locations.get_last_entry(ledger_id)
+        if indexed is not None:
+            last = max(last, indexed[0])
+        return last
+
+    def has_entry(self, ledger_id: int, entry_id: int) -> bool:
+        key = (ledger_id, entry_id)
+        with self._cond:
+            if key in self._active.entries or (self._flushing is not None and key in self._flushing.entries):
+                return True
+        return self.locations.get_location(ledger_id, entry_id) is not None
+
+    def entry_ids(self, ledger_id: int) -> list[int]:
+        """Every entry id held for the ledger, ascending."""
+        with self._cond:
+            ids = {e for (lid, e) in self._active.entries if lid == ledger_id}
+            if self._flushing is not None:
+                ids.update(e for (lid, e) in self._flushing.entries if lid == ledger_id)
+        ids.update(self.locations.entry_ids(ledger_id))
+        return sorted(ids)
+
+    # ------------------------------------------------------------------ ledger data
+
+    def _put_ledger(self, ledger_id: int, data: LedgerData) -> None:
+        self.ledgers_index.put(ledger_id, data)
+        self._ledgers[ledger_id] = data
+
+    def _ledger(self, ledger_id: int) -> LedgerData:
+        data = self._ledgers.get(ledger_id)
+        if data is None:
+            raise NoSuchLedgerError(f"ledger {ledger_id} is not in {self.ledger_dir}")
+        return data
+
+    def ledger_exists(self, ledger_id: int) -> bool:
+        with self._cond:
+            return ledger_id in self._ledgers
+
+    def ledgers(self) -> Iterator[int]:
+        with self._cond:
+            return iter(sorted(self._ledgers))
+
+    def set_master_key(self, ledger_id: int, master_key: bytes) -> None:
+        """Create the ledger with its master key; a different key for a known ledger is refused."""
+        with self._cond:
+            self._check_open()
+            data = self._ledgers.get(ledger_id)
+            if data is None:
+                self._put_ledger(
+                    ledger_id, LedgerData(exists=True, fenced=False, master_key=bytes(master_key))
+                )
+            elif not data.master_key:
+                self._put_ledger(ledger_id, _replace(data, master_key=bytes(master_key)))
+            elif data.master_key != master_key:
+                raise UnauthorizedAccessError(f"ledger {ledger_id}: master key does not match the stored one")
+
+    def get_master_key(self, ledger_id: int) -> bytes | None:
+        with self._cond:
+            data = self._ledgers.get(ledger_id)
+            return None if data is None else data.master_key
+
+    def set_fenced(self, ledger_id: int) -> bool:
+        """Fence the ledger; True if it was not fenced before. Durable at the next ``flush()``."""
+        with self._cond:
+            self._check_open()
+            data = self._ledger(ledger_id)
+            if data.fenced:
+                return False
+            self._put_ledger(ledger_id, _replace(data, fenced=True))
+            return True
+
+    def is_fenced(self, ledger_id: int) -> bool:
+        with self._cond:
+            return self._ledger(ledger_id).fenced
+
+    def set_explicit_lac(self, ledger_id: int, body: bytes) -> None:
+        with self._cond:
+            self._check_open()
+            data = self._ledger(ledger_id)
+            self._put_ledger(ledger_id, _replace(data, explicit_lac=bytes(body)))
+
+    def get_explicit_lac(self, ledger_id: int) -> bytes | None:
+        with self._cond:
+            return self._ledger(ledger_id).explicit_lac
+
+    def set_limbo(self, ledger_id: int, limbo: bool) -> None:
+        with self._cond:
+            self._check_open()
+            self._put_ledger(ledger_id, _replace(self._ledger(ledger_id), limbo=limbo))
+
+    def delete_ledger(self, ledger_id: int) -> None:
+        """Forget the ledger: cached entries, index entries and ledger data (durable at flush)."""
+        with self._flush_lock:
+            with self._cond:
+                self._check_open()
+                self._active.drop_ledger(ledger_id)
+                if self._flushing is not None:
+                    self._flushing.drop_ledger(ledger_id)
+                self._bump_epoch_and_evict(ledger_id, None)
+                self._ledgers.pop(ledger_id, None)
+            self.locations.delete_ledger(ledger_id)
+            self.ledgers_index.delete(ledger_id)
+
+    def trim(self, ledger_id: int, end_entry_id: int) -> None:
+        """Drop the ledger's entries with id < ``end_entry_id`` (shrink with force)."""
+        with self._flush_lock:
+            with self._cond:
+                self._check_open()
+                self._ledger(ledger_id)
+                self._active.drop_ledger(ledger_id, below=end_entry_id)
+                if self._flushing is not None:
+                    self._flushing.drop_ledger(ledger_id, below=end_entry_id)
+                self._bump_epoch_and_evict(ledger_id, end_entry_id)
+            self.locations.delete_range(ledger_id, 0, end_entry_id)
+
+    def _bump_epoch_and_evict(self, ledger_id: int, below: int | None) -> None:
+        with self._read_cache_lock:
+            self._epoch += 1
+            for key in [k for k in self._read_cache if k[0] == ledger_id and (below is None or k[1] < below)]:
+                self._read_cache_size -= len(self._read_cache.pop(key))
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StorageError(f"{self.ledger_dir}: ledger storage is closed")
+
+    def close(self) -> None:
+        """Flush, stop the flush thread, close the entry logger and the indexes."""
+        with self._cond:
+            if self._closed:
+                return
+        error: BaseException | None = None
+        try:
+            self.flush()
+        except BaseException as e:
+            error = e
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._flush_thread.join()
+        for closer in (self.entry_logger.close, self.locations.close, self.ledgers_index.close):
+            try:
+                closer()
+            except BaseException as e:
+                error = error or e
+        if error is not None:
+            raise error
+
+    def __enter__(self) -> LedgerStorage:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _replace(data: LedgerData, **changes: object) -> LedgerData:
+    return dataclasses.replace(data, **changes)  # type: ignore[arg-type]
