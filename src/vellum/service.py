@@ -1,2 +1,300 @@
 """Composition root: builds a running bookie (storage, bookie, server, HTTP, metadata) from a
-ServerConfig. Nothing below this module knows how the parts are wired together."""
+ServerConfig, and the standalone cluster (N bookie processes + the embedded metadata store).
+
+Start order: metadata store (the cluster must be formatted) -> local storage (locks, cookies
+checked against the store's copy, journal replay) -> network server -> admin HTTP ->
+registration (writable or read-only; re-registered when the state or the session changes).
+Stop order is the reverse: deregister first so clients stop choosing this bookie, then close
+the server, then the clean storage shutdown (final checkpoint, unclean-shutdown marker removed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vellum.admin.bookie_admin import BookieAdmin
+from vellum.bookie.bookie import OpenedBookie, open_bookie
+from vellum.bookie.executor import AsyncBookie
+from vellum.config import ServerConfig
+from vellum.errors import CookieError, MetaStoreError
+from vellum.format.cookie import Cookie
+from vellum.http.admin_http import AdminHttpServer
+from vellum.ids import BookieId, bookie_id_for
+from vellum.meta import open_metadata_store
+from vellum.meta.api import MetadataStore, SessionEvent
+from vellum.server.bookie_server import BookieServer, ServerLimits
+
+log = logging.getLogger(__name__)
+
+
+def default_metadata_uri(config: ServerConfig) -> str:
+    """``metadataServiceUri``, or the embedded store next to the first ledger dir's parent."""
+    if config.metadata_service_uri:
+        return config.metadata_service_uri
+    base = Path(config.ledger_directories[0]).resolve().parent
+    return f"sqlite:///{base / 'metadata.db'}"
+
+
+def bookie_id_of(config: ServerConfig, port: int) -> BookieId:
+    return BookieId(config.bookie_id) if config.bookie_id else bookie_id_for(config.advertised_address, port)
+
+
+class BookieService:
+    """One bookie: storage + server + HTTP + registration, on the running event loop."""
+
+    def __init__(self, config: ServerConfig, *, metadata_uri: str | None = None) -> None:
+        self.config = config
+        self.metadata_uri = metadata_uri or default_metadata_uri(config)
+        self.store: MetadataStore | None = None
+        self.opened: OpenedBookie | None = None
+        self.server: BookieServer | None = None
+        self.http: AdminHttpServer | None = None
+        self.bookie_id: BookieId | None = None
+        self._async_bookie: AsyncBookie | None = None
+        self._stopping = False
+        self._registered_read_only: bool | None = None
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        cfg = self.config
+        self.store = await asyncio.to_thread(open_metadata_store, self.metadata_uri)
+        store = self.store
+        if not await asyncio.to_thread(store.is_formatted):
+            raise MetaStoreError(
+                f"the metadata store {self.metadata_uri} is not formatted: run "
+                f"`vellum shell metaformat --uri {self.metadata_uri}` first"
+            )
+        instance_id = await asyncio.to_thread(store.registration.get_instance_id)
+        if cfg.bookie_port == 0 and not cfg.bookie_id:
+            raise CookieError("bookiePort=0 needs an explicit bookieId: the id is bound to the disks by the cookie")
+        self.bookie_id = bookie_id_of(cfg, cfg.bookie_port)
+        self.opened = await asyncio.to_thread(
+            open_bookie, cfg, bookie_id=self.bookie_id, instance_id=instance_id, progress=log.info
+        )
+        await asyncio.to_thread(self._check_store_cookie, self.opened.cookie)
+        bookie = self.opened.bookie
+        self._async_bookie = AsyncBookie(bookie, loop)
+        self.server = BookieServer(
+            self._async_bookie,
+            host=cfg.bookie_bind_address,
+            port=cfg.bookie_port,
+            limits=ServerLimits(
+                max_adds_in_progress=cfg.max_adds_in_progress_limit,
+                max_reads_in_progress=cfg.max_reads_in_progress_limit,
+                max_frame_size=cfg.netty_max_frame_size_bytes,
+            ),
+        )
+        await self.server.start()
+        if cfg.http_server_enabled:
+            admin = BookieAdmin(
+                bookie=bookie,
+                bookie_id=self.bookie_id,
+                store=store,
+                config=cfg,
+                is_shutting_down=lambda: self._stopping,
+            )
+            self.http = AdminHttpServer(admin, host=cfg.http_server_host, port=cfg.http_server_port)
+            await self.http.start()
+        await asyncio.to_thread(self._register)
+        bookie.add_state_listener(lambda _ro: self._call_soon(loop, self._reregister_soon))
+        store.add_session_listener(self._on_session_event)
+        log.info(
+            "bookie %s serving on %s:%d (http %s), metadata %s",
+            self.bookie_id,
+            cfg.bookie_bind_address,
+            self.server.port,
+            self.http.port if self.http else "off",
+            self.metadata_uri,
+        )
+
+    @staticmethod
+    def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[[], None]) -> None:
+        loop.call_soon_threadsafe(fn)
+
+    def _check_store_cookie(self, local: Cookie) -> None:
+        """The store keeps a copy of each bookie's cookie: a wiped disk must not rejoin silently."""
+        assert self.store is not None and self.bookie_id is not None
+        reg = self.store.registration
+        stored = reg.get_cookie(self.bookie_id)
+        if stored is None:
+            reg.put_cookie(self.bookie_id, local.encode(), None)
+            return
+        remote = Cookie.decode(stored.value, where=f"metadata cookie of {self.bookie_id}")
+        try:
+            remote.verify_matches(local, allow_expansion=self.config.allow_storage_expansion)
+        except CookieError as e:
+            raise CookieError(f"cookie on disk differs from the metadata store's copy: {e}") from None
+        if remote != local:
+            reg.put_cookie(self.bookie_id, local.encode(), stored.version)
+
+    def _register(self) -> None:
+        assert self.store is not None and self.opened is not None and self.bookie_id is not None
+        read_only = self.opened.bookie.is_read_only
+        reg = self.store.registration
+        if self._registered_read_only is not None and self._registered_read_only != read_only:
+            reg.unregister_bookie(self.bookie_id)
+        reg.register_bookie(self.bookie_id, read_only=read_only)
+        self._registered_read_only = read_only
+        log.info("registered %s as %s", self.bookie_id, "read-only" if read_only else "writable")
+
+    def _reregister_soon(self) -> None:
+        if not self._stopping:
+            asyncio.get_running_loop().run_in_executor(None, self._register)
+
+    def _on_session_event(self, event: SessionEvent) -> None:
+        # The store re-creates its ephemeral registrations itself after a new session; a bookie
+        # has nothing else to redo, but an operator wants to see it happen.
+        if event is SessionEvent.EXPIRED:
+            log.warning("metadata session of %s expired; waiting for a new one", self.bookie_id)
+        elif event is SessionEvent.RECONNECTED:
+            log.info("metadata session of %s re-established; registration restored", self.bookie_id)
+
+    async def stop(self) -> None:
+        self._stopping = True
+        if self.store is not None and self.bookie_id is not None and self._registered_read_only is not None:
+            try:
+                await asyncio.to_thread(self.store.registration.unregister_bookie, self.bookie_id)
+            except Exception:
+                log.exception("deregistration failed")
+        if self.server is not None:
+            await self.server.stop()
+        if self.http is not None:
+            await self.http.stop()
+        if self._async_bookie is not None:
+            self._async_bookie.close()
+        if self.opened is not None:
+            await asyncio.to_thread(self.opened.close)
+        if self.store is not None:
+            await asyncio.to_thread(self.store.close)
+
+
+def run_bookie(config: ServerConfig, *, metadata_uri: str | None = None) -> int:
+    """Run one bookie until SIGTERM/SIGINT; returns the process exit code."""
+    import uvloop
+
+    async def main() -> int:
+        service = BookieService(config, metadata_uri=metadata_uri)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            await service.start()
+        except BaseException:
+            await service.stop()
+            raise
+        print(f"READY {service.bookie_id} port={service.server.port if service.server else 0} "
+              f"http={service.http.port if service.http else 0}", flush=True)
+        await stop.wait()
+        log.info("shutting down bookie %s", service.bookie_id)
+        await service.stop()
+        return 0
+
+    return uvloop.run(main())
+
+
+# ------------------------------------------------------------------------------------------------
+# Standalone: N bookie processes and the embedded metadata store on one machine
+
+
+@dataclass
+class BookieProcessSpec:
+    index: int
+    port: int
+    http_port: int
+    base: Path
+    conf_file: Path
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def bookie_id(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
+def write_bookie_conf(spec: BookieProcessSpec, metadata_uri: str) -> None:
+    values = {
+        "bookiePort": str(spec.port),
+        "httpServerPort": str(spec.http_port),
+        "journalDirectories": str(spec.base / "journal"),
+        "ledgerDirectories": str(spec.base / "ledgers"),
+        "metadataServiceUri": metadata_uri,
+        **spec.extra,
+    }
+    spec.base.mkdir(parents=True, exist_ok=True)
+    spec.conf_file.write_text("".join(f"{k}={v}\n" for k, v in values.items()))
+
+
+def bookie_command(conf_file: Path) -> list[str]:
+    return [sys.executable, "-m", "vellum.cli.main", "bookie", "--conf", str(conf_file)]
+
+
+def format_if_needed(metadata_uri: str) -> str:
+    with open_metadata_store(metadata_uri) as store:
+        if not store.is_formatted():
+            return store.format()
+        return store.registration.get_instance_id() or ""
+
+
+class Standalone:
+    """Supervises N bookie processes sharing one embedded metadata store."""
+
+    def __init__(self, data_dir: Path, *, bookies: int, port_base: int, http_port_base: int,
+                 metadata_uri: str | None = None) -> None:
+        self.data_dir = data_dir.resolve()
+        self.metadata_uri = metadata_uri or f"sqlite:///{self.data_dir / 'metadata.db'}"
+        self.specs = [
+            BookieProcessSpec(i, port_base + i, http_port_base + i, self.data_dir / f"bookie-{i}",
+                              self.data_dir / f"bookie-{i}" / "bk_server.conf")
+            for i in range(bookies)
+        ]
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        format_if_needed(self.metadata_uri)
+        for spec in self.specs:
+            write_bookie_conf(spec, self.metadata_uri)
+            log_file = open(spec.base / "bookie.log", "ab")  # noqa: SIM115 - owned by the child
+            self.procs[spec.index] = subprocess.Popen(
+                bookie_command(spec.conf_file), stdout=log_file, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.wait_registered(len(self.specs), timeout_s)
+
+    def wait_registered(self, count: int, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        with open_metadata_store(self.metadata_uri) as store:
+            while True:
+                up = store.registration.list_bookies() | store.registration.list_bookies(read_only=True)
+                if len(up) >= count:
+                    return
+                for i, proc in self.procs.items():
+                    if proc.poll() is not None:
+                        log_path = self.specs[i].base / "bookie.log"
+                        tail = log_path.read_text(errors="replace")[-2000:] if log_path.exists() else ""
+                        raise RuntimeError(f"bookie {i} exited with {proc.returncode}:\n{tail}")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"only {len(up)} of {count} bookies registered in {timeout_s}s")
+                time.sleep(0.1)
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for proc in self.procs.values():
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        self.procs.clear()

@@ -1,1 +1,1 @@
-"""admin layer (see docs/architecture.md)."""
+"""admin layer: use-cases shared by HTTP and CLI (see docs/architecture.md)."""

@@ -1,0 +1,534 @@
+"""Bookie semantics over the storage engine: add, read, fence, LAC, explicit LAC, trim.
+
+A ``Bookie`` composes parts that are testable alone: one ``Journal`` per journal dir, one
+``LedgerStorage`` per ledger dir, a ``LedgerDirsManager`` and a ``Checkpointer``. A ledger maps
+to journal ``ledger_id % len(journals)`` and to storage ``ledger_id % len(storages)``.
+
+Invariants (design.md rules 1, 3, 4, 7):
+- an add is acknowledged (its callback called without error) only after the journal fsync that
+  covers it; the entry is put in the write cache before it is journaled, so a checkpoint mark
+  taken after the journal write never skips it;
+- the master key of a ledger is fixed by its first add or fence; a different key is refused;
+- a fence is acknowledged only after the fence record is durable in the journal; once fenced,
+  normal adds are refused (recovery adds are still accepted);
+- a read-only bookie refuses normal adds but serves reads, fences and recovery adds;
+- "no such entry" is answered only by the storage, which knows what it holds.
+
+All methods are synchronous and thread-safe; durability is reported through callbacks that run
+on journal threads. ``bookie/executor.py`` is the only place where results cross to asyncio.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import struct
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from vellum.config import ServerConfig
+from vellum.errors import (
+    IncorrectParameterError,
+    LedgerFencedError,
+    NoSuchEntryError,
+    NoSuchLedgerError,
+    StorageError,
+    UnauthorizedAccessError,
+    WriteOnReadOnlyBookieError,
+)
+from vellum.format.cookie import Cookie
+from vellum.format.journal import JournalRecord, RecordKind
+from vellum.format.lastmark import LogMark
+from vellum.ids import INVALID_ENTRY_ID, LAST_ADD_CONFIRMED
+from vellum.stats import counter, gauge
+from vellum.storage.checkpoint import Checkpointer, read_last_marks
+from vellum.storage.cookies import check_or_stamp_cookies
+from vellum.storage.dirs import LedgerDirsListener, LedgerDirsManager
+from vellum.storage.journal import Journal
+from vellum.storage.ledger_storage import LedgerStorage
+from vellum.storage.markers import DirLock, acquire_dir_locks, mark_clean, mark_dirty
+
+log = logging.getLogger(__name__)
+
+Callback = Callable[[BaseException | None], None]
+_IDS = struct.Struct(">qqq")  # ledgerId, entryId, lac: the first 24 bytes of a stored entry
+
+_adds = counter("bookie_BOOKIE_ADD_ENTRY", "entries added to storage and journal")
+_add_errors = counter("bookie_BOOKIE_ADD_ENTRY_REJECTED", "adds refused", ("reason",))
+_reads = counter("bookie_BOOKIE_READ_ENTRY", "entries read")
+_server_status = gauge("bookie_SERVER_STATUS", "1 = writable, 0 = read-only")
+
+
+@dataclass(frozen=True, slots=True)
+class BookieInfo:
+    total_disk_bytes: int
+    free_disk_bytes: int
+
+
+class _LacWaiters:
+    """Per-ledger LAC as seen by this bookie, and callbacks waiting for it to pass a value."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lac: dict[int, int] = {}
+        self._waiters: dict[int, list[tuple[int, Callable[[int], None]]]] = {}
+
+    def get(self, ledger_id: int) -> int | None:
+        return self._lac.get(ledger_id)
+
+    def advance(self, ledger_id: int, lac: int) -> None:
+        fire: list[Callable[[int], None]] = []
+        with self._lock:
+            if lac <= self._lac.get(ledger_id, INVALID_ENTRY_ID - 1):
+                return
+            self._lac[ledger_id] = lac
+            waiting = self._waiters.get(ledger_id)
+            if waiting:
+                keep = [(previous, fn) for previous, fn in waiting if lac <= previous]
+                fire = [fn for previous, fn in waiting if lac > previous]
+                if keep:
+                    self._waiters[ledger_id] = keep
+                else:
+                    del self._waiters[ledger_id]
+        for fn in fire:
+            fn(lac)
+
+    def watch(self, ledger_id: int, previous: int, fn: Callable[[int], None]) -> Callable[[], None]:
+        """Call ``fn(lac)`` once the LAC passes ``previous`` (at once if it already has).
+        Returns a function that cancels the watch."""
+        with self._lock:
+            current = self._lac.get(ledger_id, INVALID_ENTRY_ID - 1)
+            if current <= previous:
+                entry = (previous, fn)
+                self._waiters.setdefault(ledger_id, []).append(entry)
+
+                def cancel() -> None:
+                    with self._lock:
+                        lst = self._waiters.get(ledger_id)
+                        if lst and entry in lst:
+                            lst.remove(entry)
+                            if not lst:
+                                del self._waiters[ledger_id]
+
+                return cancel
+        fn(current)
+        return lambda: None
+
+    def forget(self, ledger_id: int) -> None:
+        with self._lock:
+            self._lac.pop(ledger_id, None)
+
+
+class Bookie:
+    """One bookie's semantics over journals + ledger storages. See the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        journals: Sequence[Journal],
+        storages: Sequence[LedgerStorage],
+        dirs: LedgerDirsManager,
+        checkpointer: Checkpointer,
+        read_only_mode_enabled: bool = True,
+        force_read_only: bool = False,
+    ) -> None:
+        if not journals or not storages:
+            raise IncorrectParameterError("a bookie needs at least one journal and one ledger storage")
+        self._journals = list(journals)
+        self._storages = list(storages)
+        self._dirs = dirs
+        self._checkpointer = checkpointer
+        self._read_only_mode_enabled = read_only_mode_enabled
+        self._forced_read_only = force_read_only
+        self._disk_read_only = False
+        self._key_lock = threading.Lock()
+        self._lacs = _LacWaiters()
+        self._closed_ledgers: set[int] = set()
+        self._state_listeners: list[Callable[[bool], None]] = []
+        self._update_read_only_gauge()
+
+    # ----------------------------------------------------------------------------------- routing
+    def _storage(self, ledger_id: int) -> LedgerStorage:
+        return self._storages[ledger_id % len(self._storages)]
+
+    def _journal(self, ledger_id: int) -> Journal:
+        return self._journals[ledger_id % len(self._journals)]
+
+    # ------------------------------------------------------------------------------------- state
+    @property
+    def is_read_only(self) -> bool:
+        return self._forced_read_only or self._disk_read_only
+
+    def set_forced_read_only(self, value: bool) -> None:
+        """Admin switch (``/api/v1/bookie/state/readonly``)."""
+        self._forced_read_only = value
+        self._state_changed()
+
+    def on_all_dirs_full(self) -> None:
+        if not self._read_only_mode_enabled:
+            # BookKeeper shuts the bookie down here; we fail stop on the next write instead.
+            log.error("all ledger dirs are full and readOnlyModeEnabled=false")
+        self._disk_read_only = True
+        self._state_changed()
+
+    def on_dir_writable(self) -> None:
+        if self._disk_read_only and self._dirs.writable_dirs():
+            self._disk_read_only = False
+            self._state_changed()
+
+    def add_state_listener(self, fn: Callable[[bool], None]) -> None:
+        """``fn(read_only)`` is called whenever the bookie turns read-only or writable."""
+        self._state_listeners.append(fn)
+
+    def _state_changed(self) -> None:
+        self._update_read_only_gauge()
+        for fn in list(self._state_listeners):
+            try:
+                fn(self.is_read_only)
+            except Exception:  # a listener must not break the storage path
+                log.exception("bookie state listener failed")
+
+    def _update_read_only_gauge(self) -> None:
+        _server_status.set(0 if self.is_read_only else 1)
+
+    # --------------------------------------------------------------------------------------- add
+    def _check_master_key(self, ledger_id: int, master_key: bytes) -> bool:
+        """Verify or record the ledger's master key; True if this call created the ledger."""
+        storage = self._storage(ledger_id)
+        stored = storage.get_master_key(ledger_id)
+        if stored is not None:
+            if stored != master_key:
+                raise UnauthorizedAccessError(f"wrong master key for ledger {ledger_id}")
+            return False
+        with self._key_lock:
+            stored = storage.get_master_key(ledger_id)
+            if stored is None:
+                storage.set_master_key(ledger_id, master_key)
+                return True
+        if stored != master_key:
+            raise UnauthorizedAccessError(f"wrong master key for ledger {ledger_id}")
+        return False
+
+    def add_entry(self, entry: bytes, master_key: bytes, callback: Callback, *, recovery: bool = False) -> None:
+        """Add a stored entry (client entry bytes). Raises at once for refused adds; ``callback``
+        runs after the journal fsync that covers the entry (or with the error that prevented it)."""
+        if len(entry) < 32:
+            raise IncorrectParameterError(f"entry of {len(entry)} bytes is shorter than its 32-byte header")
+        ledger_id, entry_id, lac = _IDS.unpack_from(entry)
+        if ledger_id < 0 or entry_id < 0:
+            raise IncorrectParameterError(f"invalid ids in add: ledger {ledger_id}, entry {entry_id}")
+        if self.is_read_only and not recovery:
+            _add_errors.labels("readonly").inc()
+            raise WriteOnReadOnlyBookieError(f"bookie is read-only; refused entry {ledger_id}:{entry_id}")
+        new_ledger = self._check_master_key(ledger_id, master_key)
+        storage = self._storage(ledger_id)
+        if not recovery and storage.is_fenced(ledger_id):
+            _add_errors.labels("fenced").inc()
+            raise LedgerFencedError(f"ledger {ledger_id} is fenced; refused entry {entry_id}")
+        journal = self._journal(ledger_id)
+        if new_ledger:
+            journal.log_master_key(ledger_id, master_key, _ignore_ok)
+        storage.add_entry(entry)
+        _adds.inc()
+        if lac >= 0:
+            self._lacs.advance(ledger_id, lac)
+        journal.log_entry(ledger_id, entry_id, entry, callback)
+
+    # ------------------------------------------------------------------------------------- fence
+    def fence_ledger(self, ledger_id: int, master_key: bytes, callback: Callback) -> None:
+        """Fence a ledger; ``callback`` runs once the fence record is durable."""
+        if self._check_master_key(ledger_id, master_key):
+            self._journal(ledger_id).log_master_key(ledger_id, master_key, _ignore_ok)
+        self._storage(ledger_id).set_fenced(ledger_id)
+        # Journal the fence even when it was fenced already: the earlier record may still be in
+        # flight, and the answer must not come before a fence is durable.
+        self._journal(ledger_id).log_fence(ledger_id, callback)
+
+    def is_fenced(self, ledger_id: int) -> bool:
+        return self._storage(ledger_id).is_fenced(ledger_id)
+
+    # -------------------------------------------------------------------------------------- read
+    def read_entry(self, ledger_id: int, entry_id: int) -> bytes:
+        """Read one entry; ``entry_id == -1`` reads the last entry this bookie has."""
+        storage = self._storage(ledger_id)
+        _reads.inc()
+        if entry_id == LAST_ADD_CONFIRMED:
+            return storage.get_entry(ledger_id, LAST_ADD_CONFIRMED)
+        return storage.get_entry(ledger_id, entry_id)
+
+    def last_add_confirmed(self, ledger_id: int) -> int:
+        """The LAC this bookie knows: the max of piggy-backed LACs and the explicit LAC."""
+        lac = self._lacs.get(ledger_id)
+        if lac is not None:
+            return lac
+        storage = self._storage(ledger_id)
+        if not storage.ledger_exists(ledger_id):
+            raise NoSuchLedgerError(f"ledger {ledger_id} not on this bookie")
+        try:
+            last = storage.get_entry(ledger_id, LAST_ADD_CONFIRMED)
+            _lid, _eid, lac = _IDS.unpack_from(last)
+        except NoSuchEntryError:
+            lac = INVALID_ENTRY_ID
+        self._lacs.advance(ledger_id, lac)
+        return lac
+
+    def watch_lac(self, ledger_id: int, previous_lac: int, fn: Callable[[int], None]) -> Callable[[], None]:
+        """Long poll: ``fn(lac)`` once this bookie's LAC for the ledger passes ``previous_lac``."""
+        try:
+            self.last_add_confirmed(ledger_id)
+        except NoSuchLedgerError:
+            pass  # the writer may not have reached this bookie yet: wait for it
+        return self._lacs.watch(ledger_id, previous_lac, fn)
+
+    def entry_ids(self, ledger_id: int) -> list[int]:
+        storage = self._storage(ledger_id)
+        if not storage.ledger_exists(ledger_id):
+            raise NoSuchLedgerError(f"ledger {ledger_id} not on this bookie")
+        return list(storage.entry_ids(ledger_id))
+
+    # ------------------------------------------------------------------------------ explicit LAC
+    def write_explicit_lac(
+        self, ledger_id: int, master_key: bytes, lac: int, lac_body: bytes, callback: Callback
+    ) -> None:
+        if self._check_master_key(ledger_id, master_key):
+            self._journal(ledger_id).log_master_key(ledger_id, master_key, _ignore_ok)
+        self._storage(ledger_id).set_explicit_lac(ledger_id, lac_body)
+        if lac >= 0:
+            self._lacs.advance(ledger_id, lac)
+        self._journal(ledger_id).log_explicit_lac(ledger_id, lac_body, callback)
+
+    def read_explicit_lac(self, ledger_id: int) -> bytes | None:
+        storage = self._storage(ledger_id)
+        if not storage.ledger_exists(ledger_id):
+            raise NoSuchLedgerError(f"ledger {ledger_id} not on this bookie")
+        return storage.get_explicit_lac(ledger_id)
+
+    # ------------------------------------------------------------------------------ other ops
+    def trim(self, ledger_id: int, master_key: bytes, end_entry_id: int) -> None:
+        """Drop entries below ``end_entry_id`` from the index (named-ledger shrink with force)."""
+        self._check_master_key(ledger_id, master_key)
+        self._storage(ledger_id).trim(ledger_id, end_entry_id)
+
+    def note_ledger_closed(self, ledger_id: int) -> None:
+        """Advisory "ledger closed" from a client (seed 000: rotate its log at next checkpoint)."""
+        self._closed_ledgers.add(ledger_id)
+
+    def delete_ledger(self, ledger_id: int) -> None:
+        self._storage(ledger_id).delete_ledger(ledger_id)
+        self._lacs.forget(ledger_id)
+
+    def ledgers(self) -> list[int]:
+        out: set[int] = set()
+        for storage in self._storages:
+            out.update(storage.ledgers())
+        return sorted(out)
+
+    def info(self) -> BookieInfo:
+        total = free = 0
+        seen: set[int] = set()
+        for d in self._dirs.dirs:
+            usage = shutil.disk_usage(d)
+            dev = Path(d).stat().st_dev
+            if dev in seen:
+                continue
+            seen.add(dev)
+            total += usage.total
+            free += usage.free
+        return BookieInfo(total, free)
+
+    # ------------------------------------------------------------------------------- lifecycle
+    def checkpoint(self) -> list[LogMark]:
+        return self._checkpointer.checkpoint_now()
+
+    def checkpoint_marks(self) -> list[LogMark]:
+        """The journal marks most recently persisted in the ledger dirs."""
+        return self._checkpointer.persisted_marks
+
+    def shutdown(self) -> None:
+        """Clean shutdown: stop checkpoints, drain journals, final checkpoint, close storages."""
+        self._checkpointer.stop()
+        self._dirs.stop()
+        for journal in self._journals:
+            journal.shutdown()
+        try:
+            self._checkpointer.checkpoint_now()
+        finally:
+            for storage in self._storages:
+                storage.close()
+
+
+def _ignore_ok(exc: BaseException | None) -> None:
+    if exc is not None:
+        log.error("journal write of a ledger master key failed: %s", exc)
+
+
+# ------------------------------------------------------------------------------------------------
+# Building a bookie from its configuration
+
+
+@dataclass
+class OpenedBookie:
+    """A started bookie and what opening it found; ``close()`` is the clean shutdown."""
+
+    bookie: Bookie
+    cookie: Cookie
+    unclean_shutdown: bool
+    replayed_records: int
+    _locks: list[DirLock]
+    _ledger_dirs: list[Path]
+
+    def close(self) -> None:
+        try:
+            self.bookie.shutdown()
+            mark_clean(self._ledger_dirs)
+        finally:
+            for lock in self._locks:
+                lock.release()
+
+
+def open_bookie(
+    config: ServerConfig,
+    *,
+    bookie_id: str,
+    instance_id: str | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> OpenedBookie:
+    """Lock the dirs, check cookies, open storage, replay journals from ``lastMark``, start."""
+    say = progress or (lambda _msg: None)
+    journal_dirs = [Path(d) for d in config.journal_directories]
+    ledger_dirs = [Path(d) for d in config.ledger_directories]
+    index_dirs = [Path(d) for d in config.effective_index_directories]
+    if len(index_dirs) != len(ledger_dirs):
+        raise IncorrectParameterError("indexDirectories must list as many dirs as ledgerDirectories")
+    all_dirs = list(dict.fromkeys(journal_dirs + ledger_dirs + index_dirs))
+    for d in all_dirs:
+        d.mkdir(parents=True, exist_ok=True)
+    locks = acquire_dir_locks(all_dirs)
+    try:
+        cookie = check_or_stamp_cookies(
+            bookie_id,
+            journal_dirs,
+            ledger_dirs,
+            [Path(d) for d in config.index_directories],
+            instance_id,
+            allow_storage_expansion=config.allow_storage_expansion,
+        )
+        unclean = mark_dirty(ledger_dirs)
+        dirs = LedgerDirsManager(
+            ledger_dirs,
+            usage_threshold=config.disk_usage_threshold,
+            warn_threshold=config.disk_usage_warn_threshold,
+            lwm_threshold=config.disk_usage_lwm_threshold,
+        )
+        dirs.check()
+        per_dir_cache = config.db_storage_write_cache_max_size_mb * 1024 * 1024 // len(ledger_dirs)
+        per_dir_read = config.db_storage_read_ahead_cache_max_size_mb * 1024 * 1024 // len(ledger_dirs)
+        storages = [
+            LedgerStorage(
+                ld,
+                idx,
+                log_size_limit=config.log_size_limit_bytes,
+                write_cache_max_bytes=per_dir_cache,
+                read_cache_max_bytes=per_dir_read,
+                read_ahead_batch_size=config.db_storage_read_ahead_cache_batch_size,
+                max_throttle_time_ms=config.db_storage_max_throttle_time_ms,
+                flush_entrylog_bytes=config.flush_entrylog_bytes,
+            )
+            for ld, idx in zip(ledger_dirs, index_dirs)
+        ]
+        journals = [
+            Journal(
+                jd,
+                index=i,
+                max_group_wait_ms=config.journal_max_group_wait_ms,
+                buffered_writes_threshold=config.journal_buffered_writes_threshold_bytes,
+                buffered_entries_threshold=config.journal_buffered_entries_threshold,
+                flush_when_queue_empty=config.journal_flush_when_queue_empty,
+                max_size_mb=config.journal_max_size_mb,
+                max_backups=config.journal_max_backups,
+                prealloc_size_mb=config.journal_pre_alloc_size_mb,
+                alignment=config.journal_alignment_size_bytes,
+                format_version=config.journal_format_version_to_write,
+                sync_data=config.journal_sync_data,
+                queue_size=config.journal_queue_size,
+                write_buffer_size_kb=config.journal_write_buffer_size_kb,
+            )
+            for i, jd in enumerate(journal_dirs)
+        ]
+        marks = read_last_marks(ledger_dirs, len(journals))
+        replayed = 0
+        for journal, mark in zip(journals, marks):
+            say(f"replaying journal {journal.journal_dir} from {mark}")
+            replayed += _replay_into(journal, mark, storages)
+        checkpointer = Checkpointer(journals, storages, dirs, initial_marks=marks)
+        bookie = Bookie(
+            journals=journals,
+            storages=storages,
+            dirs=dirs,
+            checkpointer=checkpointer,
+            read_only_mode_enabled=config.read_only_mode_enabled,
+            force_read_only=config.force_read_only_bookie,
+        )
+        dirs.add_listener(_DirsListener(bookie))
+        for journal in journals:
+            journal.start()
+        if dirs.all_full():
+            bookie.on_all_dirs_full()
+        checkpointer.start(config.flush_interval_ms)
+        dirs.start(config.disk_check_interval_ms)
+        say(f"bookie ready ({replayed} journal records replayed)")
+        return OpenedBookie(bookie, cookie, unclean, replayed, locks, ledger_dirs)
+    except BaseException:
+        for lock in locks:
+            lock.release()
+        raise
+
+
+class _DirsListener(LedgerDirsListener):
+    def __init__(self, bookie: Bookie) -> None:
+        self._bookie = bookie
+
+    def on_dir_full(self, _dir: Path) -> None:
+        pass
+
+    def on_dir_writable(self, _dir: Path) -> None:
+        self._bookie.on_dir_writable()
+
+    def on_all_full(self) -> None:
+        self._bookie.on_all_dirs_full()
+
+    def on_any_writable(self) -> None:
+        self._bookie.on_dir_writable()
+
+
+def _replay_into(journal: Journal, mark: LogMark, storages: Sequence[LedgerStorage]) -> int:
+    """Re-apply journal records after ``mark`` to ledger storage (idempotent)."""
+    count = 0
+
+    def apply(record: JournalRecord) -> None:
+        nonlocal count
+        storage = storages[record.ledger_id % len(storages)]
+        kind = record.kind
+        if kind is RecordKind.ENTRY:
+            if storage.get_master_key(record.ledger_id) is None:
+                # An entry journaled before its key record was checkpointed away: the key record
+                # precedes every entry of a new ledger in the same journal, so this only happens
+                # for ledgers whose key is already in the index.
+                raise StorageError(
+                    f"journal replay: entry {record.ledger_id}:{record.entry_id} of a ledger with no "
+                    "master key"
+                )
+            storage.add_entry(bytes(record.data))
+        elif kind is RecordKind.MASTER_KEY:
+            if storage.get_master_key(record.ledger_id) is None:
+                storage.set_master_key(record.ledger_id, bytes(record.data))
+        elif kind is RecordKind.FENCE:
+            storage.set_fenced(record.ledger_id)
+        elif kind is RecordKind.EXPLICIT_LAC:
+            storage.set_explicit_lac(record.ledger_id, bytes(record.data))
+        count += 1
+
+    journal.replay(mark, apply)
+    return count

@@ -1,0 +1,151 @@
+"""The seam between the storage engine's threads and the asyncio loop.
+
+Storage work runs on threads owned by the engine (journal writer, force-write, flush,
+checkpoint) and on a small read pool; results cross back to the loop only here, through
+``LoopBridge``, which batches completions so that one fsync covering a thousand adds wakes the
+loop once, not a thousand times. ``AsyncBookie`` is the asyncio face of ``Bookie`` used by the
+server.
+
+Invariant: callbacks handed to ``LoopBridge.call`` run on the loop thread, in the order they
+were handed over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from vellum.bookie.bookie import Bookie, BookieInfo
+from vellum.errors import TimeoutError_
+
+_T = TypeVar("_T")
+
+
+class LoopBridge:
+    """Run callables on an asyncio loop from any thread, batched."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._pending: deque[tuple[Callable[..., Any], tuple[Any, ...]]] = deque()
+        self._scheduled = False
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> None:
+        with self._lock:
+            self._pending.append((fn, args))
+            if self._scheduled:
+                return
+            self._scheduled = True
+        try:
+            self._loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:  # loop closed during shutdown: nobody is waiting any more
+            pass
+
+    def _drain(self) -> None:
+        with self._lock:
+            items = self._pending
+            self._pending = deque()
+            self._scheduled = False
+        for fn, args in items:
+            fn(*args)
+
+
+class AsyncBookie:
+    """asyncio face of a ``Bookie``: completions arrive on the loop thread."""
+
+    def __init__(self, bookie: Bookie, loop: asyncio.AbstractEventLoop, *, read_threads: int = 8) -> None:
+        self.bookie = bookie
+        self._loop = loop
+        self.bridge = LoopBridge(loop)
+        self._reads = ThreadPoolExecutor(max_workers=read_threads, thread_name_prefix="bookie-read")
+
+    # Callback style (the server's hot path: no future per request).
+    def add_entry_cb(
+        self,
+        entry: bytes,
+        master_key: bytes,
+        recovery: bool,
+        done: Callable[[BaseException | None], None],
+    ) -> None:
+        """Add; ``done(exc)`` runs on the loop thread once durable or failed."""
+        bridge = self.bridge
+        try:
+            self.bookie.add_entry(
+                entry, master_key, lambda exc: bridge.call(done, exc), recovery=recovery
+            )
+        except Exception as exc:
+            done(exc)
+
+    def fence_cb(self, ledger_id: int, master_key: bytes, done: Callable[[BaseException | None], None]) -> None:
+        bridge = self.bridge
+        try:
+            self.bookie.fence_ledger(ledger_id, master_key, lambda exc: bridge.call(done, exc))
+        except Exception as exc:
+            done(exc)
+
+    # Future style.
+    def _future_cb(self) -> tuple[asyncio.Future[None], Callable[[BaseException | None], None]]:
+        fut: asyncio.Future[None] = self._loop.create_future()
+
+        def done(exc: BaseException | None) -> None:
+            if fut.done():
+                return
+            if exc is None:
+                fut.set_result(None)
+            else:
+                fut.set_exception(exc)
+
+        return fut, done
+
+    async def add_entry(self, entry: bytes, master_key: bytes, *, recovery: bool = False) -> None:
+        fut, done = self._future_cb()
+        self.add_entry_cb(entry, master_key, recovery, done)
+        await fut
+
+    async def fence(self, ledger_id: int, master_key: bytes) -> None:
+        fut, done = self._future_cb()
+        self.fence_cb(ledger_id, master_key, done)
+        await fut
+
+    async def write_explicit_lac(self, ledger_id: int, master_key: bytes, lac: int, body: bytes) -> None:
+        fut, done = self._future_cb()
+        bridge = self.bridge
+        try:
+            self.bookie.write_explicit_lac(ledger_id, master_key, lac, body, lambda e: bridge.call(done, e))
+        except Exception as exc:
+            done(exc)
+        await fut
+
+    async def run_in_reader(self, fn: Callable[..., _T], *args: Any) -> _T:
+        return await self._loop.run_in_executor(self._reads, fn, *args)
+
+    async def read_entry(self, ledger_id: int, entry_id: int) -> bytes:
+        return await self.run_in_reader(self.bookie.read_entry, ledger_id, entry_id)
+
+    async def wait_for_lac(self, ledger_id: int, previous_lac: int, timeout_s: float) -> int:
+        """Long poll: the LAC once it passes ``previous_lac``; TimeoutError_ after ``timeout_s``."""
+        fut: asyncio.Future[int] = self._loop.create_future()
+
+        def fire(lac: int) -> None:
+            if not fut.done():
+                fut.set_result(lac)
+
+        cancel = self.bookie.watch_lac(ledger_id, previous_lac, lambda lac: self.bridge.call(fire, lac))
+        try:
+            return await asyncio.wait_for(fut, timeout_s)
+        except TimeoutError:
+            raise TimeoutError_(
+                f"LAC of ledger {ledger_id} did not pass {previous_lac} within {timeout_s:.3f}s"
+            ) from None
+        finally:
+            cancel()
+
+    async def info(self) -> BookieInfo:
+        return await self.run_in_reader(self.bookie.info)
+
+    def close(self) -> None:
+        self._reads.shutdown(wait=True)

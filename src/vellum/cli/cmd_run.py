@@ -1,0 +1,83 @@
+"""``vellum bookie`` and ``vellum standalone``: the long-running processes."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from pathlib import Path
+
+import click
+
+from vellum.config import load_server_config
+
+
+def register(cli: click.Group) -> None:
+    cli.add_command(bookie)
+    cli.add_command(standalone)
+
+
+def _logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+@click.command()
+@click.option("--conf", "conf_file", type=click.Path(dir_okay=False, exists=True), help="bk_server.conf")
+@click.option("--metadata-uri", default=None, help="overrides metadataServiceUri")
+@click.option("-v", "--verbose", is_flag=True)
+def bookie(conf_file: str | None, metadata_uri: str | None, verbose: bool) -> None:
+    """Run one bookie until SIGTERM or Ctrl-C (clean shutdown: flush, checkpoint, deregister)."""
+    from vellum.service import run_bookie
+
+    _logging(verbose)
+    config = load_server_config(conf_file)
+    raise SystemExit(run_bookie(config, metadata_uri=metadata_uri))
+
+
+@click.command()
+@click.option("--bookies", default=3, show_default=True, help="number of bookie processes")
+@click.option("--data-dir", default="data/standalone", show_default=True, type=click.Path(file_okay=False))
+@click.option("--port-base", default=3181, show_default=True, help="bookie i listens on port-base + i")
+@click.option("--http-port-base", default=8080, show_default=True, help="admin HTTP of bookie i on this + i")
+@click.option("--metadata-uri", default=None, help="default: sqlite:///<data-dir>/metadata.db")
+def standalone(bookies: int, data_dir: str, port_base: int, http_port_base: int, metadata_uri: str | None) -> None:
+    """Run N bookies with the embedded metadata store on this machine, until Ctrl-C."""
+    from vellum.service import Standalone
+
+    _logging(False)
+    cluster = Standalone(Path(data_dir), bookies=bookies, port_base=port_base,
+                         http_port_base=http_port_base, metadata_uri=metadata_uri)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    click.echo(f"starting {bookies} bookies in {cluster.data_dir} ...")
+    try:
+        cluster.start()
+        click.echo("")
+        click.echo("Vellum standalone is running.")
+        click.echo(f"  metadata:  {cluster.metadata_uri}")
+        for spec in cluster.specs:
+            click.echo(f"  bookie {spec.index}:  {spec.bookie_id}   admin http://127.0.0.1:{spec.http_port}/api/v1/bookie/info"
+                       f"   log {spec.base / 'bookie.log'}")
+        click.echo("")
+        click.echo("Connect from Python:")
+        click.echo("  import vellum")
+        click.echo(f"  bk = vellum.BookKeeper({cluster.metadata_uri!r})")
+        e = min(3, bookies)
+        click.echo(f"  lh = bk.create_ledger(ensemble_size={e}, write_quorum_size={min(2, e)}, "
+                   f"ack_quorum_size={min(2, e)})")
+        click.echo("  lh.append(b'hello'); lh.close()")
+        click.echo(f"Or try: vellum shell simpletest --uri {cluster.metadata_uri}")
+        click.echo("Press Ctrl-C to stop.")
+        while not stop.wait(1.0):
+            for i, proc in cluster.procs.items():
+                if proc.poll() is not None:
+                    click.echo(f"bookie {i} exited with code {proc.returncode}; see its log", err=True)
+                    stop.set()
+    finally:
+        click.echo("stopping bookies ...")
+        cluster.stop()
+        click.echo("stopped.")

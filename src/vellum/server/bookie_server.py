@@ -1,0 +1,425 @@
+"""The bookie's network server: asyncio (uvloop) connections speaking the wire protocol.
+
+Each connection decodes frames (``proto``), hands the work to ``AsyncBookie`` and writes the
+answers back. Invariants:
+- an ADD is answered only when the bookie reports the journal fsync covering it (the bookie's
+  callback), a fencing READ only once the fence is durable;
+- adds and reads in progress are bounded (``maxAddsInProgressLimit``,
+  ``maxReadsInProgressLimit``, per bookie): past the bound a request is answered
+  ETOOMANYREQUESTS at once, so memory stays bounded under overload;
+- a frame with intact framing but bad contents gets an error answer and the connection keeps
+  serving; broken framing (bad length) closes that connection only;
+- responses are coalesced: everything ready in one loop iteration leaves in one write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, cast
+
+from vellum.bookie.executor import AsyncBookie
+from vellum.errors import (
+    EBADREQ,
+    ENOENTRY,
+    ENOLEDGER,
+    EOK,
+    ETOOMANYREQUESTS,
+    FramingError,
+    NoSuchEntryError,
+    NoSuchLedgerError,
+    VellumError,
+    wire_status_for,
+)
+from vellum.proto import codec
+from vellum.proto import messages as m
+from vellum.stats import counter, gauge
+
+log = logging.getLogger(__name__)
+
+_requests = counter("bookkeeper_server_REQUESTS", "requests received by opcode", ("op",))
+_rejected = counter("bookkeeper_server_REJECTED", "requests rejected for overload", ("op",))
+_adds_in_progress = gauge("bookkeeper_server_ADD_ENTRY_IN_PROGRESS", "adds in progress")
+_reads_in_progress = gauge("bookkeeper_server_READ_ENTRY_IN_PROGRESS", "reads in progress")
+_connections = gauge("bookkeeper_server_CONNECTIONS", "open client connections")
+
+_LAC_OF_ENTRY = struct.Struct(">q")
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    max_adds_in_progress: int = 10000  # 0 = unlimited (BookKeeper's meaning)
+    max_reads_in_progress: int = 10000
+    max_frame_size: int = m.DEFAULT_MAX_FRAME_SIZE
+
+
+class _Counters:
+    """Per-bookie in-progress counts shared by all connections (the loop thread only)."""
+
+    def __init__(self, limits: ServerLimits) -> None:
+        self.limits = limits
+        self.adds = 0
+        self.reads = 0
+
+    def try_add(self) -> bool:
+        limit = self.limits.max_adds_in_progress
+        if limit and self.adds >= limit:
+            return False
+        self.adds += 1
+        return True
+
+    def try_read(self) -> bool:
+        limit = self.limits.max_reads_in_progress
+        if limit and self.reads >= limit:
+            return False
+        self.reads += 1
+        return True
+
+
+class BookieConnection(asyncio.Protocol):
+    """One client connection."""
+
+    def __init__(self, bookie: AsyncBookie, counters: _Counters, on_close: Callable[[BookieConnection], None]) -> None:
+        self._bookie = bookie
+        self._counters = counters
+        self._on_close = on_close
+        self._decoder = codec.FrameDecoder(counters.limits.max_frame_size, side="server")
+        self._transport: asyncio.Transport | None = None
+        self._out: list[bytes | bytearray | memoryview] = []
+        self._flush_scheduled = False
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._loop = asyncio.get_running_loop()
+        # FORCE_LEDGER: adds issued / completed per ledger on this connection.
+        self._issued: dict[int, int] = {}
+        self._completed: dict[int, int] = {}
+        self._force_waiters: list[tuple[int, int, Callable[[], None]]] = []
+        self._handlers: dict[type, Callable[[Any], None]] = {
+            m.AddRequest: self._on_add,
+            m.ReadRequest: self._on_read,
+            m.BatchReadRequest: self._on_batch_read,
+            m.LongPollReadLacRequest: self._on_long_poll,
+            m.ReadLacRequest: self._on_read_lac,
+            m.WriteLacRequest: self._on_write_lac,
+            m.ForceLedgerRequest: self._on_force,
+            m.ListEntriesRequest: self._on_list_entries,
+            m.GetBookieInfoRequest: self._on_bookie_info,
+            m.LedgerClosedNote: self._on_ledger_closed,
+            m.TrimRequest: self._on_trim,
+            m.BadFrame: self._on_bad_frame,
+        }
+
+    # ---------------------------------------------------------------------------- transport
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport subclasses but have the same interface.
+        self._transport = cast(asyncio.Transport, transport)
+        _connections.inc()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        _connections.dec()
+        self._transport = None
+        for task in list(self._tasks):
+            task.cancel()
+        self._on_close(self)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            messages = self._decoder.feed(data)
+        except FramingError as e:
+            log.warning("closing connection %s: %s", self._peer(), e)
+            self._flush()
+            if self._transport is not None:
+                self._transport.close()
+            return
+        handlers = self._handlers
+        for msg in messages:
+            handler = handlers.get(type(msg))
+            if handler is None:
+                self._send(m.ErrorResponse(EBADREQ))
+                continue
+            try:
+                handler(msg)
+            except Exception:  # a bug in one request must not take the connection down
+                log.exception("request %r failed", type(msg).__name__)
+
+    def _peer(self) -> str:
+        if self._transport is None:
+            return "?"
+        return str(self._transport.get_extra_info("peername"))
+
+    def _send(self, msg: Any) -> None:
+        if self._transport is None:
+            return
+        self._out.extend(codec.encode_parts(msg))
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self._out and self._transport is not None:
+            out, self._out = self._out, []
+            self._transport.writelines(out)
+
+    def _spawn(self, coro: Any) -> None:
+        task = self._loop.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+
+    # ------------------------------------------------------------------------------- ADD
+    def _on_add(self, req: m.AddRequest) -> None:
+        _requests.labels("ADD").inc()
+        entry = req.entry
+        ledger_id, entry_id = req.ledger_id, req.entry_id
+        counters = self._counters
+        if not counters.try_add():
+            _rejected.labels("ADD").inc()
+            self._send(m.AddResponse(ETOOMANYREQUESTS, ledger_id, entry_id))
+            return
+        _adds_in_progress.set(counters.adds)
+        self._issued[ledger_id] = self._issued.get(ledger_id, 0) + 1
+
+        def done(exc: BaseException | None) -> None:
+            counters.adds -= 1
+            self._completed[ledger_id] = self._completed.get(ledger_id, 0) + 1
+            status = EOK if exc is None else wire_status_for(exc)
+            if exc is not None and not isinstance(exc, VellumError):
+                log.error("add %d:%d failed: %r", ledger_id, entry_id, exc)
+            self._send(m.AddResponse(status, ledger_id, entry_id))
+            if self._force_waiters:
+                self._check_force_waiters()
+
+        self._bookie.add_entry_cb(bytes(entry), bytes(req.master_key), req.is_recovery, done)
+
+    # ------------------------------------------------------------------------------ READ
+    def _on_read(self, req: m.ReadRequest) -> None:
+        _requests.labels("READ_FENCE" if req.is_fencing else "READ").inc()
+        if not self._counters.try_read():
+            _rejected.labels("READ").inc()
+            self._send(m.ReadResponse(ETOOMANYREQUESTS, req.ledger_id, req.entry_id))
+            return
+        _reads_in_progress.set(self._counters.reads)
+        self._spawn(self._read(req))
+
+    async def _read(self, req: m.ReadRequest) -> None:
+        try:
+            if req.is_fencing:
+                assert req.master_key is not None
+                await self._bookie.fence(req.ledger_id, bytes(req.master_key))
+            entry = await self._bookie.read_entry(req.ledger_id, req.entry_id)
+            self._send(m.ReadResponse(EOK, req.ledger_id, req.entry_id, entry))
+        except Exception as e:
+            # Includes ENOENTRY/ENOLEDGER after a fence of a ledger this bookie holds nothing of:
+            # the fence itself is durable, the reader learns there is no entry.
+            self._send(m.ReadResponse(wire_status_for(e), req.ledger_id, req.entry_id))
+        finally:
+            self._counters.reads -= 1
+
+    def _on_batch_read(self, req: m.BatchReadRequest) -> None:
+        _requests.labels("BATCH_READ").inc()
+        if not self._counters.try_read():
+            _rejected.labels("BATCH_READ").inc()
+            self._send(m.BatchReadResponse(ETOOMANYREQUESTS, req.ledger_id, req.start_entry_id, req.request_id))
+            return
+        self._spawn(self._batch_read(req))
+
+    async def _batch_read(self, req: m.BatchReadRequest) -> None:
+        try:
+            if req.is_fencing:
+                assert req.master_key is not None
+                await self._bookie.fence(req.ledger_id, bytes(req.master_key))
+            entries = await self._bookie.run_in_reader(
+                _read_batch, self._bookie, req.ledger_id, req.start_entry_id, req.max_count, req.max_size
+            )
+            status = EOK if entries else ENOENTRY
+            self._send(m.BatchReadResponse(status, req.ledger_id, req.start_entry_id, req.request_id, tuple(entries)))
+        except Exception as e:
+            self._send(m.BatchReadResponse(wire_status_for(e), req.ledger_id, req.start_entry_id, req.request_id))
+        finally:
+            self._counters.reads -= 1
+
+    # ------------------------------------------------------------------------------- LAC
+    async def _lac_answer(self, ledger_id: int) -> tuple[bytes, bytes]:
+        bookie = self._bookie.bookie
+        lac_body = await self._bookie.run_in_reader(bookie.read_explicit_lac, ledger_id)
+        try:
+            last = await self._bookie.read_entry(ledger_id, -1)
+        except NoSuchEntryError:
+            last = b""
+        return lac_body or b"", last
+
+    def _on_read_lac(self, req: m.ReadLacRequest) -> None:
+        _requests.labels("READ_LAC").inc()
+        self._spawn(self._read_lac(req))
+
+    async def _read_lac(self, req: m.ReadLacRequest) -> None:
+        try:
+            body, last = await self._lac_answer(req.ledger_id)
+            self._send(m.ReadLacResponse(req.request_id, EOK, req.ledger_id, body, last))
+        except Exception as e:
+            self._send(m.ReadLacResponse(req.request_id, wire_status_for(e), req.ledger_id))
+
+    def _on_long_poll(self, req: m.LongPollReadLacRequest) -> None:
+        _requests.labels("LONG_POLL_READ_LAC").inc()
+        self._spawn(self._long_poll(req))
+
+    async def _long_poll(self, req: m.LongPollReadLacRequest) -> None:
+        try:
+            await self._bookie.wait_for_lac(req.ledger_id, req.previous_lac, req.timeout_ms / 1000.0)
+        except VellumError:
+            pass  # timed out: answer with what the bookie has now
+        try:
+            body, last = await self._lac_answer(req.ledger_id)
+            self._send(m.LongPollReadLacResponse(req.request_id, EOK, req.ledger_id, body, last))
+        except NoSuchLedgerError:
+            self._send(m.LongPollReadLacResponse(req.request_id, ENOLEDGER, req.ledger_id))
+        except Exception as e:
+            self._send(m.LongPollReadLacResponse(req.request_id, wire_status_for(e), req.ledger_id))
+
+    def _on_write_lac(self, req: m.WriteLacRequest) -> None:
+        _requests.labels("WRITE_LAC").inc()
+        self._spawn(self._write_lac(req))
+
+    async def _write_lac(self, req: m.WriteLacRequest) -> None:
+        try:
+            await self._bookie.write_explicit_lac(req.ledger_id, bytes(req.master_key), req.lac, bytes(req.lac_body))
+            self._send(m.WriteLacResponse(req.request_id, EOK, req.ledger_id))
+        except Exception as e:
+            self._send(m.WriteLacResponse(req.request_id, wire_status_for(e), req.ledger_id))
+
+    # ----------------------------------------------------------------------------- FORCE
+    def _on_force(self, req: m.ForceLedgerRequest) -> None:
+        _requests.labels("FORCE_LEDGER").inc()
+        target = self._issued.get(req.ledger_id, 0)
+
+        def answer() -> None:
+            self._send(m.ForceLedgerResponse(req.request_id, EOK, req.ledger_id))
+
+        # Adds are acknowledged only after fsync, so "durable" = every add issued so far on this
+        # connection has been answered.
+        if self._completed.get(req.ledger_id, 0) >= target:
+            answer()
+        else:
+            self._force_waiters.append((req.ledger_id, target, answer))
+
+    def _check_force_waiters(self) -> None:
+        keep = []
+        for ledger_id, target, answer in self._force_waiters:
+            if self._completed.get(ledger_id, 0) >= target:
+                answer()
+            else:
+                keep.append((ledger_id, target, answer))
+        self._force_waiters = keep
+
+    # ------------------------------------------------------------------------------ misc
+    def _on_list_entries(self, req: m.ListEntriesRequest) -> None:
+        _requests.labels("LIST_ENTRIES").inc()
+        self._spawn(self._list_entries(req))
+
+    async def _list_entries(self, req: m.ListEntriesRequest) -> None:
+        try:
+            ids = await self._bookie.run_in_reader(self._bookie.bookie.entry_ids, req.ledger_id)
+            self._send(m.ListEntriesResponse(req.request_id, EOK, req.ledger_id, m.entry_ranges(ids)))
+        except Exception as e:
+            self._send(m.ListEntriesResponse(req.request_id, wire_status_for(e), req.ledger_id))
+
+    def _on_bookie_info(self, req: m.GetBookieInfoRequest) -> None:
+        _requests.labels("GET_BOOKIE_INFO").inc()
+        self._spawn(self._bookie_info(req))
+
+    async def _bookie_info(self, req: m.GetBookieInfoRequest) -> None:
+        try:
+            info = await self._bookie.info()
+            self._send(m.GetBookieInfoResponse(req.request_id, EOK, info.total_disk_bytes, info.free_disk_bytes))
+        except Exception as e:
+            self._send(m.GetBookieInfoResponse(req.request_id, wire_status_for(e), 0, 0))
+
+    def _on_ledger_closed(self, note: m.LedgerClosedNote) -> None:
+        _requests.labels("LEDGER_CLOSED").inc()
+        self._bookie.bookie.note_ledger_closed(note.ledger_id)
+
+    def _on_trim(self, req: m.TrimRequest) -> None:
+        _requests.labels("TRIM").inc()
+        self._spawn(self._trim(req))
+
+    async def _trim(self, req: m.TrimRequest) -> None:
+        try:
+            await self._bookie.run_in_reader(
+                self._bookie.bookie.trim, req.ledger_id, bytes(req.master_key), req.end_entry_id
+            )
+            self._send(m.TrimResponse(req.request_id, EOK, req.ledger_id))
+        except Exception as e:
+            self._send(m.TrimResponse(req.request_id, wire_status_for(e), req.ledger_id))
+
+    def _on_bad_frame(self, bad: m.BadFrame) -> None:
+        _requests.labels("BAD_FRAME").inc()
+        log.warning("bad frame from %s: %s", self._peer(), bad.reason)
+        answer = bad.error_response()
+        if answer is not None:
+            self._send(answer)
+
+
+def _read_batch(bookie: AsyncBookie, ledger_id: int, start: int, max_count: int, max_size: int) -> list[bytes]:
+    """Consecutive entries from ``start`` until a gap, ``max_count`` or ``max_size`` (runs on a
+    reader thread)."""
+    out: list[bytes] = []
+    size = 0
+    entry_id = start
+    limit = max_count if max_count > 0 else 1 << 62
+    while len(out) < limit:
+        try:
+            entry = bookie.bookie.read_entry(ledger_id, entry_id)
+        except NoSuchEntryError:
+            break
+        except NoSuchLedgerError:
+            if out:
+                break
+            raise
+        if out and max_size > 0 and size + len(entry) > max_size:
+            break
+        out.append(entry)
+        size += len(entry)
+        entry_id += 1
+    return out
+
+
+class BookieServer:
+    """Listens on (host, port) and serves the bookie protocol."""
+
+    def __init__(self, bookie: AsyncBookie, *, host: str, port: int, limits: ServerLimits) -> None:
+        self._bookie = bookie
+        self._host = host
+        self._port = port
+        self._counters = _Counters(limits)
+        self._server: asyncio.base_events.Server | None = None
+        self._connections: set[BookieConnection] = set()
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+
+        def factory() -> BookieConnection:
+            conn = BookieConnection(self._bookie, self._counters, self._connections.discard)
+            self._connections.add(conn)  # tracked so that stop() can close it
+            return conn
+
+        self._server = await loop.create_server(factory, self._host, self._port, reuse_address=True)
+        self._port = self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        if self._server is None:
+            return
+        self._server.close()
+        for conn in list(self._connections):
+            conn.close()
+        await self._server.wait_closed()
+        self._server = None
