@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -75,3 +76,4 @@ def wait_until(pred: Callable[[], bool], timeout_s: float = 30.0, what: str = "c
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout_s}s waiting for {what}")
         time.sleep(0.05)
+sys.modules.setdefault("meta_testkit", sys.modules[__name__])  # see tests/client/conftest.py

@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable
 
 import pytest
-from conftest import wait_until  # type: ignore[import-not-found]
+from meta_testkit import wait_until  # type: ignore[import-not-found]
 
 from vellum.errors import (
     LedgerExistsError,

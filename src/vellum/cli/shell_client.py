@@ -1,0 +1,124 @@
+"""Shell commands that go through the client: simpletest, readledger, recover."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import click
+from rich.progress import Progress
+
+from vellum.cli.output import emit_json, emit_kv, emit_table
+from vellum.config import DEFAULT_METADATA_URI
+
+
+def _uri_option(fn):  # type: ignore[no-untyped-def]
+    return click.option(
+        "--uri",
+        default=lambda: os.environ.get("VELLUM_METADATA_URI", DEFAULT_METADATA_URI),
+        show_default="$VELLUM_METADATA_URI or " + DEFAULT_METADATA_URI,
+        help="metadata service URI",
+    )(fn)
+
+
+def register(shell: click.Group) -> None:
+    shell.add_command(simpletest)
+    shell.add_command(readledger)
+    shell.add_command(recover)
+
+
+@click.command()
+@_uri_option
+@click.option("-e", "--ensemble", default=3, show_default=True)
+@click.option("-w", "--write-quorum", default=2, show_default=True)
+@click.option("-a", "--ack-quorum", default=2, show_default=True)
+@click.option("-n", "--entries", default=100, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def simpletest(uri: str, ensemble: int, write_quorum: int, ack_quorum: int, entries: int, as_json: bool) -> None:
+    """Create a ledger, write N entries, read them back, verify, close."""
+    from vellum.client.blocking import BookKeeper
+
+    t0 = time.perf_counter()
+    with BookKeeper(uri) as bk:
+        lh = bk.create_ledger(ensemble_size=ensemble, write_quorum_size=write_quorum, ack_quorum_size=ack_quorum)
+        payloads = [f"simpletest entry {i} ".encode() * 4 for i in range(entries)]
+        futures = [lh.append_async(p) for p in payloads]
+        for i, f in enumerate(futures):
+            got = f.result()
+            if got != i:
+                raise click.ClickException(f"entry {i} was given id {got}")
+        written = time.perf_counter() - t0
+        back = lh.read(0, entries - 1) if entries else []
+        bad = [e.entry_id for e, p in zip(back, payloads) if e.payload != p]
+        lh.close()
+        md = bk.ledger_metadata(lh.ledger_id)
+    result = {
+        "ledgerId": lh.ledger_id,
+        "entriesWritten": entries,
+        "entriesVerified": len(back) - len(bad),
+        "mismatched": bad,
+        "ensemble": list(md.last_ensemble),
+        "state": md.state.name,
+        "writeSeconds": round(written, 3),
+    }
+    if as_json:
+        emit_json(result)
+    else:
+        emit_kv(result, title="simpletest")
+    if bad or len(back) != entries:
+        raise click.ClickException(f"{len(bad)} entries read back differ")
+
+
+@click.command()
+@_uri_option
+@click.argument("ledger_id", type=int)
+@click.argument("first", type=int, required=False, default=0)
+@click.argument("last", type=int, required=False, default=-1)
+@click.option("--password", default="", help="ledger password")
+@click.option("--show-payload", is_flag=True, help="print payloads (hex beyond printable text)")
+@click.option("--json", "as_json", is_flag=True)
+def readledger(uri: str, ledger_id: int, first: int, last: int, password: str, show_payload: bool,
+               as_json: bool) -> None:
+    """Read entries FIRST..LAST (default: all up to the LAC) without recovering the ledger."""
+    from vellum.client.blocking import BookKeeper
+
+    with BookKeeper(uri) as bk:
+        lh = bk.open_ledger(ledger_id, password=password.encode(), recovery=False)
+        lac = lh.last_add_confirmed
+        end = lac if last < 0 else min(last, lac)
+        rows = []
+        with Progress(transient=True, disable=as_json) as progress:
+            task = progress.add_task("reading", total=max(0, end - first + 1))
+            step = 500
+            for start in range(first, end + 1, step):
+                for e in lh.read(start, min(end, start + step - 1)):
+                    payload = e.payload
+                    shown = payload.decode("utf-8", "backslashreplace") if show_payload else ""
+                    rows.append((e.entry_id, len(payload), shown[:200]))
+                progress.advance(task, min(step, end - start + 1))
+    if as_json:
+        emit_json([{"entryId": r[0], "size": r[1], **({"payload": r[2]} if show_payload else {})} for r in rows])
+        return
+    cols = ["entry", "size"] + (["payload"] if show_payload else [])
+    emit_table(cols, [r if show_payload else r[:2] for r in rows],
+               title=f"ledger {ledger_id}: entries {first}..{end} (LAC {lac})")
+
+
+@click.command()
+@_uri_option
+@click.argument("ledger_id", type=int)
+@click.option("--password", default="", help="ledger password")
+@click.option("--json", "as_json", is_flag=True)
+def recover(uri: str, ledger_id: int, password: str, as_json: bool) -> None:
+    """Open a ledger with recovery: fence its last ensemble, recover the tail, close it."""
+    from vellum.client.blocking import BookKeeper
+
+    with BookKeeper(uri) as bk:
+        lh = bk.open_ledger(ledger_id, password=password.encode(), recovery=True)
+        md = bk.ledger_metadata(ledger_id)
+    result = {"ledgerId": ledger_id, "state": md.state.name, "lastEntryId": md.last_entry_id, "length": md.length,
+              "lastAddConfirmed": lh.last_add_confirmed}
+    if as_json:
+        emit_json(result)
+    else:
+        emit_kv(result, title=f"ledger {ledger_id} recovered")

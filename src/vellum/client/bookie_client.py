@@ -1,0 +1,793 @@
+"""Talking to bookies: one pooled, pipelined connection per bookie, shared by every ledger.
+
+Responsibility: turn client operations (add, read, fencing read, batch read, LAC reads, explicit
+LAC, force, list entries, bookie info, advisory ledger close, trim) into wire frames
+(``vellum.proto``) on a connection to the right bookie, and turn the bookie's answers back into
+results or :mod:`vellum.errors` exceptions. Everything runs on one asyncio loop; nothing here
+blocks or spawns threads.
+
+Connections (``_Connection``, an ``asyncio.Protocol`` feeding a ``FrameDecoder``):
+
+* one per bookie id (``"host:port"``), opened lazily by the first request; requests made while
+  it is still connecting are queued and leave as soon as it is up;
+* pipelined: any number of requests in flight; frames queued in one loop iteration leave in one
+  ``transport.writelines`` call, entry payloads are never copied (``codec.encode_parts``);
+* a lost connection, a failed connect or a malformed answer fails every request pending on it at
+  once with :class:`BookieHandleNotAvailableError` naming the bookie; the next request reconnects.
+  After a failed *connect* the bookie is not retried for a short, growing backoff (requests in
+  that window fail at once) so a dead bookie is not hammered; a connection lost after it was up
+  is retried immediately (the bookie may just have restarted).
+
+Matching answers to requests:
+
+* ADD and READ are BookKeeper v2 frames without a request id: answers are matched by
+  (op, ledger id, entry id), first-in first-out per key (a singly linked chain of pending
+  requests per key, usually of length one);
+* BATCH_READ and Vellum's own operations carry a per-connection request id and are matched by it.
+
+Timeouts: no timer and no ``wait_for`` per request. Each connection keeps its requests in
+issue order in one deque per timeout value (deadlines in such a deque increase, since the loop
+clock is monotonic); one periodic sweep per client (every ``_SWEEP_INTERVAL_S``, armed only
+while requests are pending) pops answered requests off the fronts and expires overdue ones with
+:class:`TimeoutError_`. A timed-out request-id op is forgotten, so its late answer is dropped;
+a timed-out v2 op stays in its key chain as a spent placeholder that absorbs its late answer, so
+that answer is never mistaken for a later request with the same (op, ledger, entry).
+
+Invariants: every request completes exactly once (answer, error, timeout, connection failure or
+client close), on the loop thread; a callback that raises is logged and never breaks the
+connection; this module never imports ``vellum.server``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Final, cast
+
+from vellum.errors import (
+    EOK,
+    BookieHandleNotAvailableError,
+    ClientClosedError,
+    FramingError,
+    IncorrectParameterError,
+    TimeoutError_,
+    VellumError,
+    error_for_wire_status,
+)
+from vellum.proto import codec
+from vellum.proto import messages as m
+
+log = logging.getLogger(__name__)
+
+#: resolution of request timeouts: how often overdue requests are looked for
+_SWEEP_INTERVAL_S: Final = 0.05
+#: a long poll's network timeout is its server-side wait plus this (the bookie answers at the end
+#: of the wait with what it has, so the answer is due shortly after ``timeout_ms``)
+LONG_POLL_MARGIN_S: Final = 5.0
+DEFAULT_TIMEOUT_S: Final = 5.0
+
+_ENTRY_IDS = struct.Struct(">qq")  # first 16 bytes of a stored entry: ledgerId, entryId
+
+_CONNECTING, _CONNECTED, _CLOSED = 0, 1, 2
+
+#: callback of the add fast path: ``None`` on success, the exception otherwise
+AddCallback = Callable[[BaseException | None], None]
+
+
+class _Pending:
+    """One request awaiting its answer. Completed exactly once: ``done`` guards that."""
+
+    __slots__ = (
+        "cb",
+        "conn",
+        "deadline",
+        "done",
+        "entry_id",
+        "fut",
+        "ledger_id",
+        "next",
+        "op",
+        "request_id",
+        "timeout_s",
+    )
+
+    def __init__(
+        self,
+        conn: _Connection,
+        op: int,
+        ledger_id: int,
+        entry_id: int,
+        request_id: int,
+        cb: AddCallback | None,
+        fut: asyncio.Future[Any] | None,
+        deadline: float,
+        timeout_s: float,
+    ) -> None:
+        self.conn = conn
+        self.op = op
+        self.ledger_id = ledger_id
+        self.entry_id = entry_id
+        self.request_id = request_id  # 0 for v2 ADD/READ (matched by key)
+        self.cb = cb
+        self.fut = fut
+        self.deadline = deadline
+        self.timeout_s = timeout_s
+        self.done = False
+        # next request with the same (op, ledger, entry) key on this connection (v2 FIFO chain)
+        self.next: _Pending | None = None
+
+    def describe(self) -> str:
+        """``"<op> <ledger>:<entry> on <bookie>"`` (the context of every error message)."""
+        name = m.OPCODE_NAMES.get(self.op, str(self.op))
+        if self.op in (m.OP_ADD, m.OP_READ, m.OP_BATCH_READ):
+            return f"{name} {self.ledger_id}:{self.entry_id} on {self.conn.bookie_id}"
+        if self.op == m.OP_GET_BOOKIE_INFO:
+            return f"{name} on {self.conn.bookie_id}"
+        return f"{name} {self.ledger_id} on {self.conn.bookie_id}"
+
+    def finish(self, exc: BaseException | None, value: Any = None) -> None:
+        """Deliver the outcome (the caller has set ``done``)."""
+        cb = self.cb
+        if cb is not None:
+            self.cb = None
+            try:
+                cb(exc)
+            except Exception:
+                log.exception("callback of %s raised", self.describe())
+            return
+        fut = self.fut
+        if fut is None:
+            return
+        self.fut = None  # the deque may keep this object a while: do not keep the result too
+        if fut.done():  # the awaiting caller was cancelled
+            return
+        if exc is None:
+            fut.set_result(value)
+        else:
+            fut.set_exception(exc)
+
+
+def _parse_bookie_id(bookie_id: str) -> tuple[str, int]:
+    host, sep, port = bookie_id.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise IncorrectParameterError(f"bookie id {bookie_id!r} is not host:port")
+    if host.startswith("[") and host.endswith("]"):  # [ipv6]:port
+        host = host[1:-1]
+    return host, int(port)
+
+
+class _Connection(asyncio.Protocol):
+    """The connection to one bookie (see the module docstring)."""
+
+    def __init__(self, client: BookieClient, bookie_id: str, loop: asyncio.AbstractEventLoop) -> None:
+        self.client = client
+        self.bookie_id = bookie_id
+        self.host, self.port = _parse_bookie_id(bookie_id)  # a bad id fails the request at once
+        self.loop = loop
+        self.state = _CONNECTING
+        self.transport: asyncio.Transport | None = None
+        self.decoder = codec.FrameDecoder(client._max_frame_size, side="client")
+        self.out: list[m.BytesLike] = []
+        self.flush_scheduled = False
+        self.next_request_id = 0
+        # v2 ops, keyed by (ledger id, entry id): head of the FIFO chain of pending requests
+        self.adds: dict[tuple[int, int], _Pending] = {}
+        self.reads: dict[tuple[int, int], _Pending] = {}
+        # BATCH_READ and Vellum's ops, by request id
+        self.by_id: dict[int, _Pending] = {}
+        # every request of this connection in issue order, one deque per timeout value (so
+        # deadlines in a deque increase); answered ones are dropped lazily by the sweep
+        self.timeouts: dict[float, deque[_Pending]] = {}
+        self.connect_task: asyncio.Task[None] | None = None
+        # done once the socket is gone (or was never opened); close() waits on it
+        self.closed: asyncio.Future[None] = loop.create_future()
+        self.closed.add_done_callback(lambda _f: client._all_conns.discard(self))
+
+    # ------------------------------------------------------------------------- lifecycle
+    def start(self) -> None:
+        self.connect_task = self.loop.create_task(self._connect())
+
+    async def _connect(self) -> None:
+        try:
+            await asyncio.wait_for(
+                self.loop.create_connection(lambda: self, self.host, self.port),
+                self.client._connect_timeout_s,
+            )
+        except asyncio.CancelledError:
+            # Cancelled by shutdown(), which has already failed the pending requests.
+            if self.transport is not None:
+                self.transport.close()  # connection_lost will mark the connection closed
+            elif not self.closed.done():
+                self.closed.set_result(None)
+            raise
+        except Exception as exc:  # OSError (refused, unreachable), TimeoutError
+            reason = "timed out" if isinstance(exc, TimeoutError) else str(exc) or type(exc).__name__
+            self.client._connect_failed(self.bookie_id, reason)
+            self.shutdown(
+                BookieHandleNotAvailableError(f"cannot connect to bookie {self.bookie_id}: {reason}")
+            )
+            if not self.closed.done():
+                self.closed.set_result(None)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # A cast, not an isinstance check: uvloop's TCPTransport does not subclass asyncio.Transport.
+        self.transport = transport = cast(asyncio.Transport, transport)
+        if self.state == _CLOSED:  # shut down while connecting
+            transport.close()
+            return
+        self.state = _CONNECTED
+        self.client._connect_succeeded(self.bookie_id)
+        if self.out:
+            self._flush()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        why = f": {exc}" if exc else " (closed by the bookie)"
+        self.shutdown(BookieHandleNotAvailableError(f"connection to bookie {self.bookie_id} lost{why}"))
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    def shutdown(self, exc: VellumError) -> None:
+        """Close the connection and fail everything pending on it with ``exc`` (idempotent)."""
+        if self.state == _CLOSED:
+            return
+        self.state = _CLOSED
+        self.client._forget(self)
+        self.out = []
+        if self.transport is not None:
+            self.transport.close()
+        elif self.connect_task is not None and asyncio.current_task() is not self.connect_task:
+            self.connect_task.cancel()
+        pending: list[_Pending] = list(self.by_id.values())
+        for table in (self.adds, self.reads):
+            for head in table.values():
+                p: _Pending | None = head
+                while p is not None:
+                    pending.append(p)
+                    p = p.next
+        self.adds, self.reads, self.by_id, self.timeouts = {}, {}, {}, {}
+        for p in pending:
+            if not p.done:
+                p.done = True
+                p.finish(exc)
+
+    # ---------------------------------------------------------------------------- sending
+    def send(self, parts: list[m.BytesLike]) -> None:
+        self.out += parts
+        if not self.flush_scheduled and self.state == _CONNECTED:
+            self.flush_scheduled = True
+            self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        # Everything queued during this loop iteration leaves in one writelines (one syscall).
+        self.flush_scheduled = False
+        out = self.out
+        if out and self.transport is not None and self.state == _CONNECTED:
+            self.out = []
+            self.transport.writelines(out)
+
+    def new_request_id(self) -> int:
+        self.next_request_id += 1
+        return self.next_request_id
+
+    # -------------------------------------------------------------------------- receiving
+    def data_received(self, data: bytes) -> None:
+        try:
+            messages = cast("list[Any]", self.decoder.feed(data))
+        except FramingError as exc:
+            self._bad_answer(str(exc))
+            return
+        for msg in messages:
+            kind = type(msg)
+            if kind is m.AddResponse:
+                self._answer_v2(self.adds, msg.ledger_id, msg.entry_id, msg.status, None)
+            elif kind is m.ReadResponse:
+                self._answer_v2(self.reads, msg.ledger_id, msg.entry_id, msg.status, msg.entry)
+            elif kind is m.BadFrame:
+                self._bad_answer(msg.reason)
+            elif kind is m.ErrorResponse:
+                self._answer_error(msg)
+            else:
+                self._answer_by_id(msg)
+            if self.state == _CLOSED:
+                return
+
+    def eof_received(self) -> bool | None:
+        return None  # let the transport close; connection_lost fails what is pending
+
+    def _bad_answer(self, reason: str) -> None:
+        # The bookie broke the protocol: no later answer on this connection can be trusted.
+        log.warning("bookie %s sent a malformed answer (%s): closing the connection", self.bookie_id, reason)
+        self.shutdown(
+            BookieHandleNotAvailableError(
+                f"bookie {self.bookie_id} sent a malformed answer ({reason}); connection closed"
+            )
+        )
+
+    def _answer_v2(
+        self, table: dict[tuple[int, int], _Pending], ledger_id: int, entry_id: int, status: int, value: Any
+    ) -> None:
+        key = (ledger_id, entry_id)
+        p = table.get(key)
+        if p is None:
+            log.debug("unexpected answer %d:%d from bookie %s: dropped", ledger_id, entry_id, self.bookie_id)
+            return
+        nxt = p.next
+        if nxt is None:
+            del table[key]
+        else:
+            table[key] = nxt
+        if p.done:  # a timed-out request's placeholder absorbs its late answer
+            return
+        p.done = True
+        if status == EOK:
+            p.finish(None, value)
+        else:
+            p.finish(error_for_wire_status(status, p.describe()))
+
+    def _answer_by_id(self, msg: Any) -> None:
+        p = self.by_id.pop(msg.request_id, None)
+        if p is None or p.done:
+            return  # late answer to a timed-out request
+        p.done = True
+        status = msg.status
+        if status != EOK:
+            p.finish(error_for_wire_status(status, p.describe()))
+            return
+        kind = type(msg)
+        value: Any
+        if kind is m.BatchReadResponse:
+            value = list(msg.entries)
+        elif kind is m.ReadLacResponse or kind is m.LongPollReadLacResponse:
+            value = (bytes(msg.lac_body), bytes(msg.last_entry))
+        elif kind is m.ListEntriesResponse:
+            value = msg.ranges
+        elif kind is m.GetBookieInfoResponse:
+            value = (msg.total_disk_capacity, msg.free_disk_space)
+        else:
+            value = None
+        if p.op != _RESPONSE_OPS.get(kind):
+            p.finish(
+                BookieHandleNotAvailableError(
+                    f"bookie {self.bookie_id} answered {p.describe()} with a {kind.__name__}"
+                )
+            )
+            return
+        p.finish(None, value)
+
+    def _answer_error(self, msg: m.ErrorResponse) -> None:
+        p: _Pending | None = None
+        if msg.request_id is not None and msg.request_id in self.by_id:
+            p = self.by_id.pop(msg.request_id)
+        elif msg.ledger_id is not None and msg.entry_id is not None and msg.opcode in (m.OP_ADD, m.OP_READ):
+            table = self.adds if msg.opcode == m.OP_ADD else self.reads
+            key = (msg.ledger_id, msg.entry_id)
+            p = table.get(key)
+            if p is not None:
+                if p.next is None:
+                    del table[key]
+                else:
+                    table[key] = p.next
+        if p is None:
+            log.warning("bookie %s sent an error answer matching no request: %r", self.bookie_id, msg)
+            return
+        if p.done:
+            return
+        p.done = True
+        status = msg.status if msg.status != EOK else m.EBADREQ
+        p.finish(error_for_wire_status(status, p.describe()))
+
+    # --------------------------------------------------------------------------- timeouts
+    def sweep(self, now: float) -> bool:
+        """Expire overdue requests; True if requests are still pending."""
+        expired: list[_Pending] = []
+        timeouts = self.timeouts
+        for timeout_s, dq in list(timeouts.items()):
+            while dq:
+                p = dq[0]
+                if p.done:
+                    dq.popleft()
+                elif p.deadline <= now:
+                    dq.popleft()
+                    expired.append(p)
+                else:
+                    break
+            if not dq:
+                del timeouts[timeout_s]
+        for p in expired:
+            if not p.done:
+                self.expire(p)
+        return bool(self.timeouts)
+
+    def expire(self, p: _Pending) -> None:
+        p.done = True
+        if p.request_id:
+            self.by_id.pop(p.request_id, None)
+        # v2 ops stay in their chain: the spent placeholder absorbs a late answer.
+        p.finish(TimeoutError_(f"{p.describe()} timed out after {p.timeout_s:g}s"))
+
+
+_RESPONSE_OPS: dict[type, int] = {
+    m.BatchReadResponse: m.OP_BATCH_READ,
+    m.LongPollReadLacResponse: m.OP_LONG_POLL_READ_LAC,
+    m.ReadLacResponse: m.OP_READ_LAC,
+    m.WriteLacResponse: m.OP_WRITE_LAC,
+    m.ForceLedgerResponse: m.OP_FORCE_LEDGER,
+    m.ListEntriesResponse: m.OP_LIST_ENTRIES,
+    m.GetBookieInfoResponse: m.OP_GET_BOOKIE_INFO,
+    m.TrimResponse: m.OP_TRIM,
+}
+
+
+class BookieClient:
+    """Pooled, pipelined connections to bookies (see the module docstring).
+
+    All methods must be called on the loop thread of the loop the client is first used on.
+    """
+
+    def __init__(
+        self,
+        *,
+        connect_timeout_s: float = 5.0,
+        max_frame_size: int = m.DEFAULT_MAX_FRAME_SIZE,
+        reconnect_backoff_s: float = 0.1,
+        max_reconnect_backoff_s: float = 2.0,
+    ) -> None:
+        if connect_timeout_s <= 0:
+            raise IncorrectParameterError(f"connect_timeout_s must be > 0, got {connect_timeout_s}")
+        self._connect_timeout_s = connect_timeout_s
+        self._max_frame_size = max_frame_size
+        self._backoff_initial_s = reconnect_backoff_s
+        self._backoff_max_s = max_reconnect_backoff_s
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._conns: dict[str, _Connection] = {}
+        self._all_conns: set[_Connection] = set()  # including closing ones, for close()
+        # bookie id -> (retry not before this loop time, current backoff, last failure reason)
+        self._backoff: dict[str, tuple[float, float, str]] = {}
+        self._sweep_handle: asyncio.TimerHandle | None = None
+        self._closed = False
+
+    # ------------------------------------------------------------------------ connections
+    def _get_loop(self) -> asyncio.AbstractEventLoop:
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
+
+    def _connection(self, bookie_id: str) -> _Connection:
+        """The connection to ``bookie_id``, opening one if needed; raises if none can be had now."""
+        conn = self._conns.get(bookie_id)
+        if conn is not None:
+            return conn
+        if self._closed:
+            raise ClientClosedError("bookie client is closed")
+        loop = self._get_loop()
+        backoff = self._backoff.get(bookie_id)
+        if backoff is not None and loop.time() < backoff[0]:
+            raise BookieHandleNotAvailableError(
+                f"bookie {bookie_id} unavailable (last connect failed: {backoff[2]}); "
+                f"retrying in {backoff[0] - loop.time():.2f}s"
+            )
+        conn = _Connection(self, bookie_id, loop)
+        self._conns[bookie_id] = conn
+        self._all_conns.add(conn)
+        conn.start()
+        return conn
+
+    def _forget(self, conn: _Connection) -> None:
+        if self._conns.get(conn.bookie_id) is conn:
+            del self._conns[conn.bookie_id]
+
+    def _connect_failed(self, bookie_id: str, reason: str) -> None:
+        previous = self._backoff.get(bookie_id)
+        delay = self._backoff_initial_s if previous is None else min(previous[1] * 2, self._backoff_max_s)
+        self._backoff[bookie_id] = (self._get_loop().time() + delay, delay, reason)
+
+    def _connect_succeeded(self, bookie_id: str) -> None:
+        self._backoff.pop(bookie_id, None)
+
+    def is_connected(self, bookie_id: str) -> bool:
+        """True if a connection to ``bookie_id`` is up (not merely being opened)."""
+        conn = self._conns.get(bookie_id)
+        return conn is not None and conn.state == _CONNECTED
+
+    # --------------------------------------------------------------------------- requests
+    def _register(self, conn: _Connection, p: _Pending) -> None:
+        dq = conn.timeouts.get(p.timeout_s)
+        if dq is None:
+            dq = conn.timeouts[p.timeout_s] = deque()
+        dq.append(p)
+        if self._sweep_handle is None:
+            self._sweep_handle = conn.loop.call_later(_SWEEP_INTERVAL_S, self._sweep)
+
+    def _submit_v2(
+        self,
+        bookie_id: str,
+        op: int,
+        ledger_id: int,
+        entry_id: int,
+        parts: list[m.BytesLike],
+        cb: AddCallback | None,
+        fut: asyncio.Future[Any] | None,
+        timeout_s: float,
+    ) -> None:
+        conn = self._connection(bookie_id)
+        p = _Pending(conn, op, ledger_id, entry_id, 0, cb, fut, conn.loop.time() + timeout_s, timeout_s)
+        table = conn.adds if op == m.OP_ADD else conn.reads
+        key = (ledger_id, entry_id)
+        head = table.get(key)
+        if head is None:
+            table[key] = p
+        else:  # same key already in flight: answers come back in order, append to the chain
+            while head.next is not None:
+                head = head.next
+            head.next = p
+        self._register(conn, p)
+        conn.send(parts)
+
+    def _submit_by_id(
+        self,
+        bookie_id: str,
+        op: int,
+        ledger_id: int,
+        entry_id: int,
+        build: Callable[[int], m.Request],
+        timeout_s: float,
+    ) -> asyncio.Future[Any]:
+        conn = self._connection(bookie_id)
+        request_id = conn.new_request_id()
+        parts = codec.encode_parts(build(request_id))
+        loop = conn.loop
+        fut: asyncio.Future[Any] = loop.create_future()
+        p = _Pending(conn, op, ledger_id, entry_id, request_id, None, fut, loop.time() + timeout_s, timeout_s)
+        conn.by_id[request_id] = p
+        self._register(conn, p)
+        conn.send(parts)
+        return fut
+
+    def _sweep(self) -> None:
+        """The periodic timeout sweep over every connection (armed while requests are pending).
+
+        Per connection, so a request stuck on one bookie never holds back the lazy cleanup of
+        answered requests to the others."""
+        self._sweep_handle = None
+        if self._closed:
+            return
+        loop = self._get_loop()
+        now = loop.time()
+        pending = False
+        for conn in list(self._conns.values()):
+            pending = conn.sweep(now) or pending
+        if pending:
+            self._sweep_handle = loop.call_later(_SWEEP_INTERVAL_S, self._sweep)
+
+    # -------------------------------------------------------------------------- v2 ops
+    def add_cb(
+        self,
+        bookie_id: str,
+        master_key: bytes,
+        entry: m.BytesLike,
+        recovery: bool,
+        callback: AddCallback,
+        timeout_s: float,
+    ) -> None:
+        """Send an ADD of the stored ``entry``; ``callback(None | exc)`` runs once on the loop thread.
+
+        The fast path of the ledger write path: no future, no task. Failures known at once
+        (closed client, bookie in reconnect backoff, bad arguments) are delivered through
+        ``call_soon``, never from inside this call.
+        """
+        try:
+            ledger_id, entry_id = _ENTRY_IDS.unpack_from(entry)
+            parts = codec.encode_parts(
+                m.AddRequest(master_key, entry, m.FLAG_RECOVERY_ADD if recovery else 0)
+            )
+            self._submit_v2(bookie_id, m.OP_ADD, ledger_id, entry_id, parts, callback, None, timeout_s)
+        except (VellumError, struct.error) as exc:
+            err: BaseException = exc
+            if isinstance(exc, struct.error):
+                err = IncorrectParameterError(
+                    f"ADD on {bookie_id}: entry of {len(entry)} bytes has no header"
+                )
+            self._get_loop().call_soon(callback, err)
+
+    async def add(
+        self,
+        bookie_id: str,
+        master_key: bytes,
+        entry: m.BytesLike,
+        *,
+        recovery: bool = False,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        """ADD the stored ``entry`` (ledger and entry ids are read from it) under ``master_key``.
+
+        ``recovery`` sends a recovery add (accepted on a fenced ledger).
+        """
+        if len(entry) < m.MIN_ENTRY_SIZE:
+            raise IncorrectParameterError(f"ADD on {bookie_id}: entry of {len(entry)} bytes has no header")
+        ledger_id, entry_id = _ENTRY_IDS.unpack_from(entry)
+        parts = codec.encode_parts(m.AddRequest(master_key, entry, m.FLAG_RECOVERY_ADD if recovery else 0))
+        fut: asyncio.Future[None] = self._get_loop().create_future()
+        self._submit_v2(bookie_id, m.OP_ADD, ledger_id, entry_id, parts, None, fut, timeout_s)
+        await fut
+
+    async def read(
+        self,
+        bookie_id: str,
+        ledger_id: int,
+        entry_id: int,
+        *,
+        fence_master_key: bytes | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> bytes:
+        """READ one stored entry (``entry_id == -1``: the last entry the bookie has).
+
+        With ``fence_master_key`` this is a fencing read: the bookie fences the ledger (durably)
+        before answering, so later normal adds fail with LedgerFencedError.
+        """
+        flags = m.FLAG_DO_FENCING if fence_master_key is not None else 0
+        parts = codec.encode_parts(m.ReadRequest(ledger_id, entry_id, flags, fence_master_key))
+        fut: asyncio.Future[bytes] = self._get_loop().create_future()
+        self._submit_v2(bookie_id, m.OP_READ, ledger_id, entry_id, parts, None, fut, timeout_s)
+        return await fut
+
+    async def batch_read(
+        self,
+        bookie_id: str,
+        ledger_id: int,
+        start_entry_id: int,
+        max_count: int,
+        max_size: int,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> list[bytes]:
+        """BATCH_READ: consecutive stored entries from ``start_entry_id`` (at least one, or
+        NoSuchEntryError), at most ``max_count`` entries / ``max_size`` bytes."""
+        fut = self._submit_by_id(
+            bookie_id,
+            m.OP_BATCH_READ,
+            ledger_id,
+            start_entry_id,
+            lambda rid: m.BatchReadRequest(ledger_id, start_entry_id, rid, max_count, max_size),
+            timeout_s,
+        )
+        result: list[bytes] = await fut
+        return result
+
+    # -------------------------------------------------------------------- Vellum's own ops
+    async def read_lac(
+        self, bookie_id: str, ledger_id: int, *, timeout_s: float = DEFAULT_TIMEOUT_S
+    ) -> tuple[bytes, bytes]:
+        """``(explicit LAC body, last stored entry)`` of the ledger on the bookie; either may be b""."""
+        fut = self._submit_by_id(
+            bookie_id, m.OP_READ_LAC, ledger_id, -1, lambda rid: m.ReadLacRequest(rid, ledger_id), timeout_s
+        )
+        result: tuple[bytes, bytes] = await fut
+        return result
+
+    async def long_poll_lac(
+        self, bookie_id: str, ledger_id: int, previous_lac: int, timeout_ms: int
+    ) -> tuple[bytes, bytes]:
+        """Like :meth:`read_lac`, but the bookie holds the answer until its LAC for the ledger
+        passes ``previous_lac`` or ``timeout_ms`` elapse (then it answers with what it has)."""
+        fut = self._submit_by_id(
+            bookie_id,
+            m.OP_LONG_POLL_READ_LAC,
+            ledger_id,
+            -1,
+            lambda rid: m.LongPollReadLacRequest(rid, ledger_id, previous_lac, timeout_ms),
+            timeout_ms / 1000.0 + LONG_POLL_MARGIN_S,
+        )
+        result: tuple[bytes, bytes] = await fut
+        return result
+
+    async def write_lac(
+        self,
+        bookie_id: str,
+        ledger_id: int,
+        master_key: bytes,
+        lac: int,
+        lac_body: bytes,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        """Store an explicit LAC (``lac_body`` from ``DigestManager.compute_lac``)."""
+        fut = self._submit_by_id(
+            bookie_id,
+            m.OP_WRITE_LAC,
+            ledger_id,
+            lac,
+            lambda rid: m.WriteLacRequest(rid, ledger_id, lac, master_key, lac_body),
+            timeout_s,
+        )
+        await fut
+
+    async def force(self, bookie_id: str, ledger_id: int, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        """FORCE_LEDGER: answers once every add sent on this connection for the ledger is durable."""
+        fut = self._submit_by_id(
+            bookie_id,
+            m.OP_FORCE_LEDGER,
+            ledger_id,
+            -1,
+            lambda rid: m.ForceLedgerRequest(rid, ledger_id),
+            timeout_s,
+        )
+        await fut
+
+    async def list_entries(
+        self, bookie_id: str, ledger_id: int, *, timeout_s: float = DEFAULT_TIMEOUT_S
+    ) -> tuple[tuple[int, int], ...]:
+        """The entry ids the bookie holds for the ledger, as sorted disjoint inclusive ranges."""
+        fut = self._submit_by_id(
+            bookie_id,
+            m.OP_LIST_ENTRIES,
+            ledger_id,
+            -1,
+            lambda rid: m.ListEntriesRequest(rid, ledger_id),
+            timeout_s,
+        )
+        result: tuple[tuple[int, int], ...] = await fut
+        return result
+
+    async def bookie_info(self, bookie_id: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> tuple[int, int]:
+        """``(total disk capacity, free disk space)`` of the bookie's ledger dirs, in bytes."""
+        fut = self._submit_by_id(
+            bookie_id, m.OP_GET_BOOKIE_INFO, -1, -1, lambda rid: m.GetBookieInfoRequest(rid), timeout_s
+        )
+        result: tuple[int, int] = await fut
+        return result
+
+    def ledger_closed(self, bookie_id: str, ledger_id: int) -> None:
+        """Advisory LEDGER_CLOSED note: fire and forget (never raises, never waits; the bookie
+        never answers it). Dropped if the bookie cannot be reached right now."""
+        try:
+            conn = self._connection(bookie_id)
+            conn.send(codec.encode_parts(m.LedgerClosedNote(conn.new_request_id(), ledger_id)))
+        except Exception as exc:
+            log.debug("LEDGER_CLOSED %d to bookie %s dropped: %s", ledger_id, bookie_id, exc)
+
+    async def trim(
+        self,
+        bookie_id: str,
+        ledger_id: int,
+        end_entry_id: int,
+        master_key: bytes,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        """Ask the bookie to drop the ledger's entries below ``end_entry_id``."""
+        fut = self._submit_by_id(
+            bookie_id,
+            m.OP_TRIM,
+            ledger_id,
+            end_entry_id,
+            lambda rid: m.TrimRequest(rid, ledger_id, end_entry_id, master_key),
+            timeout_s,
+        )
+        await fut
+
+    # ------------------------------------------------------------------------------ close
+    async def close(self) -> None:
+        """Close every connection; pending requests fail with ClientClosedError. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        conns = list(self._all_conns)
+        self._all_conns.clear()
+        for conn in conns:
+            conn.shutdown(
+                ClientClosedError(f"bookie client closed; request to bookie {conn.bookie_id} abandoned")
+            )
+        if self._sweep_handle is not None:
+            self._sweep_handle.cancel()
+            self._sweep_handle = None
+        # Let the transports finish closing so no socket outlives the client.
+        tasks = [c.connect_task for c in conns if c.connect_task is not None and not c.connect_task.done()]
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        waiters = [c.closed for c in conns if c.transport is not None and not c.closed.done()]
+        if waiters:
+            await asyncio.wait(waiters, timeout=2.0)

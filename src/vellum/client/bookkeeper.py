@@ -1,0 +1,293 @@
+"""The asyncio client (``vellum.aio.BookKeeper``): create, open (with recovery), delete and list ledgers.
+
+Responsibility: own the client's shared parts (metadata store session, bookie connections,
+placement policy, the live lists of writable and read-only bookies) and hand out
+:class:`~vellum.client.ledger.LedgerHandle` objects. BookKeeper's ``BookKeeper`` class.
+
+Invariants:
+- metadata-store calls block: they always run in a worker thread (``asyncio.to_thread``), never
+  on the loop;
+- the bookie lists follow the store's registrations (watches), so placement never picks a bookie
+  that is gone or read-only as far as the store knows;
+- a ledger is created OPEN with an ensemble chosen by the placement policy and
+  ``E >= WQ >= AQ >= 1``; opening checks the password against the metadata before touching any
+  bookie (a wrong one is ``UnauthorizedAccessError``) and takes the digest type from the metadata;
+- open with recovery returns a read handle on the CLOSED ledger (``recovery.py``); open without
+  recovery never fences and learns the LAC from the bookies (best effort).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from vellum.client.bookie_client import BookieClient
+from vellum.client.ledger import READER, WRITER, ClientContext, LedgerHandle
+from vellum.client.placement import PlacementPolicy, placement_policy_for
+from vellum.client.recovery import recover_ledger
+from vellum.config import ClientConfig
+from vellum.errors import (
+    ClientClosedError,
+    IncorrectParameterError,
+    NotEnoughBookiesError,
+    UnauthorizedAccessError,
+    VellumError,
+)
+from vellum.format.entry import DigestType
+from vellum.ids import BookieId, LedgerId
+from vellum.meta import open_metadata_store
+from vellum.meta.api import MetadataStore, Versioned, Watch
+from vellum.meta.model import DigestType as MetaDigestType
+from vellum.meta.model import LedgerMetadata, LedgerState
+
+log = logging.getLogger(__name__)
+
+#: where the embedded store lives when no metadataServiceUri is configured (config.py)
+DEFAULT_SQLITE_PATH = Path("data") / "metadata.db"
+
+
+class BookKeeper:
+    """Asyncio BookKeeper client. ``async with BookKeeper(uri) as bk: ...`` or ``start()``/``close()``.
+
+    ``store`` (an open metadata store) and ``placement`` may be injected; an injected store is
+    not closed by :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        metadata_uri: str | None = None,
+        *,
+        config: ClientConfig | None = None,
+        store: MetadataStore | None = None,
+        placement: PlacementPolicy | None = None,
+    ) -> None:
+        self.config = config or ClientConfig()
+        self._uri = metadata_uri if metadata_uri is not None else self.config.metadata_service_uri
+        self._store = store
+        self._owns_store = store is None
+        self._placement = placement
+        self._ctx: ClientContext | None = None
+        self._bookie_client: BookieClient | None = None
+        self._watches: list[Watch] = []
+        self._writers: weakref.WeakSet[LedgerHandle] = weakref.WeakSet()
+        self._started = False
+        self._closed = False
+
+    # -------------------------------------------------------------------------- lifecycle
+    async def start(self) -> BookKeeper:
+        if self._started:
+            return self
+        if self._closed:
+            raise ClientClosedError("this BookKeeper client was closed")
+        loop = asyncio.get_running_loop()
+        if self._store is None:
+            self._store = await asyncio.to_thread(
+                open_metadata_store,
+                self._uri,
+                default_sqlite_path=DEFAULT_SQLITE_PATH,
+                session_timeout_s=self.config.zk_timeout_ms / 1000.0,
+            )
+        store = self._store
+        placement = self._placement
+        if placement is None:
+            placement = await asyncio.to_thread(_placement_from_config, self.config)
+        self._bookie_client = BookieClient()
+        ctx = self._ctx = ClientContext(store, self._bookie_client, placement, self.config)
+        writable, read_only = await asyncio.to_thread(_list_bookies, store)
+        ctx.writable_bookies, ctx.read_only_bookies = writable, read_only
+
+        def on_change(read_only_kind: bool) -> Callable[[frozenset[BookieId]], None]:
+            def apply(bookies: frozenset[BookieId]) -> None:
+                # Watch callbacks run on a driver thread: hand the new set to the loop.
+                value = frozenset(str(b) for b in bookies)
+
+                def set_value() -> None:
+                    if read_only_kind:
+                        ctx.read_only_bookies = value
+                    else:
+                        ctx.writable_bookies = value
+
+                if not loop.is_closed():
+                    loop.call_soon_threadsafe(set_value)
+
+            return apply
+
+        self._watches = await asyncio.to_thread(
+            lambda: [
+                store.registration.watch_bookies(on_change(False), read_only=False),
+                store.registration.watch_bookies(on_change(True), read_only=True),
+            ]
+        )
+        self._started = True
+        return self
+
+    async def close(self) -> None:
+        """Stop watches, drop bookie connections (pending adds fail), close an owned store.
+
+        Open ledgers are not closed (like BookKeeper): close them first.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        for h in list(self._writers):
+            h._stop_timers()
+        for w in self._watches:
+            w.cancel()
+        self._watches = []
+        if self._bookie_client is not None:
+            await self._bookie_client.close()
+        if self._owns_store and self._store is not None:
+            await asyncio.to_thread(self._store.close)
+
+    async def __aenter__(self) -> BookKeeper:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def store(self) -> MetadataStore:
+        if self._store is None:
+            raise ClientClosedError("BookKeeper client not started")
+        return self._store
+
+    @property
+    def bookie_client(self) -> BookieClient:
+        return self._context().bookie_client
+
+    @property
+    def writable_bookies(self) -> frozenset[str]:
+        return self._context().writable_bookies
+
+    @property
+    def read_only_bookies(self) -> frozenset[str]:
+        return self._context().read_only_bookies
+
+    def _context(self) -> ClientContext:
+        if self._closed:
+            raise ClientClosedError("this BookKeeper client is closed")
+        if self._ctx is None:
+            raise ClientClosedError("BookKeeper client not started: call start() or use 'async with'")
+        return self._ctx
+
+    # ---------------------------------------------------------------------------- ledgers
+    async def create_ledger(
+        self,
+        *,
+        ensemble_size: int | None = None,
+        write_quorum_size: int | None = None,
+        ack_quorum_size: int | None = None,
+        digest_type: str | DigestType | None = None,
+        password: bytes = b"",
+        custom_metadata: dict[str, bytes] | None = None,
+    ) -> LedgerHandle:
+        """Create an OPEN ledger on an ensemble chosen by the placement policy; returns its writer."""
+        ctx = self._context()
+        cfg = self.config
+        e = cfg.ensemble_size if ensemble_size is None else ensemble_size
+        wq = cfg.write_quorum_size if write_quorum_size is None else write_quorum_size
+        aq = cfg.ack_quorum_size if ack_quorum_size is None else ack_quorum_size
+        if not e >= wq >= aq >= 1:
+            raise IncorrectParameterError(
+                f"need ensembleSize >= writeQuorumSize >= ackQuorumSize >= 1, got {e} >= {wq} >= {aq}"
+            )
+        if wq > 63:
+            raise IncorrectParameterError(f"writeQuorumSize {wq} is too large")
+        dt = _digest_type(digest_type if digest_type is not None else cfg.digest_type)
+        if not isinstance(password, (bytes, bytearray)):
+            raise IncorrectParameterError("password must be bytes")
+        try:
+            ensemble = self._new_ensemble(ctx, e, wq, aq)
+        except NotEnoughBookiesError:
+            # The watch may lag behind a registration that just happened: look again once.
+            ctx.writable_bookies, ctx.read_only_bookies = await asyncio.to_thread(_list_bookies, ctx.store)
+            ensemble = self._new_ensemble(ctx, e, wq, aq)
+        md = LedgerMetadata(
+            ensemble_size=e,
+            write_quorum_size=wq,
+            ack_quorum_size=aq,
+            ensembles={0: tuple(BookieId(b) for b in ensemble)},
+            digest_type=MetaDigestType(int(dt)),
+            password=bytes(password),
+            state=LedgerState.OPEN,
+            custom_metadata=dict(custom_metadata or {}),
+            ctime_ms=int(time.time() * 1000),
+            creator_token=int.from_bytes(os.urandom(7), "big"),
+        )
+        ledger_id, version = await ctx.meta(ctx.store.ledgers.create_ledger, md)
+        handle = LedgerHandle(ctx, int(ledger_id), Versioned(md, version), bytes(password), mode=WRITER)
+        self._writers.add(handle)
+        return handle
+
+    @staticmethod
+    def _new_ensemble(ctx: ClientContext, e: int, wq: int, aq: int) -> list[str]:
+        return list(ctx.placement.new_ensemble(
+            e, wq, aq, writable=ctx.writable_bookies, read_only=ctx.read_only_bookies
+        ))
+
+    async def open_ledger(self, ledger_id: int, *, password: bytes = b"", recovery: bool = True) -> LedgerHandle:
+        """Open for reading. ``recovery=True`` fences the ledger and closes it at its recovered end
+        (the writer's later adds fail); ``recovery=False`` is a read-only look without fencing."""
+        ctx = self._context()
+        current = await ctx.read_metadata(ledger_id)
+        if current.value.password != bytes(password):
+            raise UnauthorizedAccessError(f"ledger {ledger_id}: wrong password")
+        if recovery and not current.value.is_closed:
+            current = await recover_ledger(ctx, ledger_id, bytes(password))
+        handle = LedgerHandle(ctx, ledger_id, current, bytes(password), mode=READER)
+        if not current.value.is_closed:
+            try:
+                await handle.read_last_add_confirmed()
+            except VellumError as exc:  # best effort, like openLedgerNoRecovery
+                log.info("ledger %d: LAC read on open failed (%s); LAC stays %d", ledger_id, exc,
+                         handle.last_add_confirmed)
+        return handle
+
+    async def delete_ledger(self, ledger_id: int) -> None:
+        """Delete the ledger's metadata (idempotent); bookies reclaim its entries later by GC."""
+        ctx = self._context()
+        await ctx.meta(ctx.store.ledgers.delete_ledger, LedgerId(ledger_id))
+
+    async def list_ledgers(self) -> list[int]:
+        """Every ledger id in the metadata store, ascending."""
+        ctx = self._context()
+        return await ctx.meta(lambda: [int(i) for i in ctx.store.ledgers.iter_ledger_ids()])
+
+    async def ledger_metadata(self, ledger_id: int) -> LedgerMetadata:
+        ctx = self._context()
+        return (await ctx.read_metadata(ledger_id)).value
+
+    async def ledger_exists(self, ledger_id: int) -> bool:
+        ctx = self._context()
+        return await ctx.meta(ctx.store.ledgers.ledger_exists, LedgerId(ledger_id))
+
+
+# ------------------------------------------------------------------------------------ helpers
+
+
+def _list_bookies(store: MetadataStore) -> tuple[frozenset[str], frozenset[str]]:
+    reg = store.registration
+    return (
+        frozenset(str(b) for b in reg.list_bookies(read_only=False)),
+        frozenset(str(b) for b in reg.list_bookies(read_only=True)),
+    )
+
+
+def _digest_type(value: Any) -> DigestType:
+    if isinstance(value, str):
+        return DigestType.parse(value)
+    try:
+        return DigestType(int(value))
+    except ValueError:
+        raise IncorrectParameterError(f"unknown digest type {value!r}") from None
+
+
+def _placement_from_config(config: ClientConfig) -> PlacementPolicy:
+    # may read the rack mapping file: runs in a worker thread
+    return placement_policy_for(config)

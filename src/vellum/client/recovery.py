@@ -1,0 +1,251 @@
+"""Ledger recovery: fence the ledger, recover its tail, close it (BookKeeper's ``LedgerRecoveryOp``).
+
+Responsibility: what "open with recovery" does to a ledger that is not CLOSED
+(reference/bookkeeper.md §1.4, the TLA+ model of §5.2):
+
+1. CAS the metadata state OPEN -> IN_RECOVERY (already IN_RECOVERY: continue; a recoverer may
+   have died half way). From then on the writer's ensemble changes and close fail.
+2. Fence: a fencing LAC read (READ entry -1 with the fence flag and the master key) to every
+   bookie of the last ensemble. A bookie answers only once its fence is durable, and then refuses
+   the writer's normal adds. Fencing is complete at ensemble coverage ``(E - AQ) + 1`` answers
+   (positive, or explicitly "no such entry/ledger"): fewer than ``AQ`` bookies of the ensemble are
+   left unfenced, so the old writer can no longer get any entry acknowledged.
+3. ``LAC = max(max piggy-backed LAC answered, first entry of the last ensemble - 1)`` (TLA+
+   defect 2: never start below the last segment).
+4. Recovery reads from LAC + 1 upward, with the fence flag too (TLA+ defect 1), to every replica
+   of the entry's write set in the last ensemble: an entry is recovered on one positive,
+   digest-verified answer; it is absent when explicit negatives reach quorum coverage
+   ``(WQ - AQ) + 1`` (then it cannot have been acknowledged); anything else aborts with the
+   retryable ``LedgerRecoveryError`` (never guess: design.md rule 3).
+5. Each recovered entry is written back, byte for byte, to its write set with the RECOVERY_ADD
+   flag (accepted by fenced bookies), so it reaches ``AQ`` copies; an ensemble change is allowed
+   and is CAS-ed against the IN_RECOVERY metadata.
+6. Close by CAS: CLOSED, last entry = the last recovered entry (or the LAC), length from that
+   entry's header. A concurrent recoverer that closed first wins: its result is accepted.
+
+Invariants: never closes below an acknowledged entry (every acknowledged entry is on ``AQ``
+bookies of its write set; fencing plus quorum-coverage negatives guarantee it is found); never
+overwrites a CLOSED ledger.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from vellum.client.ledger import (
+    RECOVERY,
+    ClientContext,
+    LedgerHandle,
+    ensemble_coverage,
+    read_entry_from,
+    write_set,
+)
+from vellum.errors import (
+    DigestMismatchError,
+    LedgerRecoveryError,
+    MetadataVersionError,
+    NoSuchEntryError,
+    NoSuchLedgerError,
+    UnauthorizedAccessError,
+    VellumError,
+)
+from vellum.format.entry import DigestManager, Entry, master_key
+from vellum.meta.api import Versioned
+from vellum.meta.model import LedgerMetadata, LedgerState
+
+log = logging.getLogger(__name__)
+
+_NEGATIVE = (NoSuchEntryError, NoSuchLedgerError)
+
+
+async def recover_ledger(ctx: ClientContext, ledger_id: int, password: bytes) -> Versioned[LedgerMetadata]:
+    """Recover ``ledger_id`` (steps 1-6 of the module docstring); returns its CLOSED metadata."""
+    current = await ctx.read_metadata(ledger_id)
+    while True:
+        md = current.value
+        if md.is_closed:
+            return current
+        if md.state is LedgerState.IN_RECOVERY:
+            break
+        try:
+            version = await ctx.write_metadata(ledger_id, md.in_recovery(), current.version)
+        except MetadataVersionError:
+            current = await ctx.read_metadata(ledger_id)
+            continue
+        current = Versioned(md.in_recovery(), version)
+        break
+
+    handle = LedgerHandle(ctx, ledger_id, current, password, mode=RECOVERY)
+    md = current.value
+    digest = handle.digest_manager
+    # Recovery reads go to the ensemble the entries were written to, even if write-backs change
+    # the handle's ensemble meanwhile.
+    ensemble: list[str] = [str(b) for b in md.last_ensemble]
+    segment_first = max(md.ensembles)
+    fenced_lac, known = await _fence(ctx, ledger_id, ensemble, md, digest, master_key(password))
+    lac = max(fenced_lac, segment_first - 1)
+    log.info("ledger %d: fenced; recovering from entry %d", ledger_id, lac + 1)
+
+    length = await _length_at(ctx, handle, lac, known)
+    handle._start_recovery(lac, length)
+
+    writes: list[asyncio.Future[int]] = []
+    entry_id = lac + 1
+    batch = max(1, ctx.config.recovery_read_batch_size)
+    absent = False
+    try:
+        while not absent:
+            results = await asyncio.gather(
+                *(_recovery_read(ctx, digest, ledger_id, e, ensemble, md, master_key(password))
+                  for e in range(entry_id, entry_id + batch)),
+                return_exceptions=True,
+            )
+            for found in results:
+                if isinstance(found, BaseException):
+                    raise found  # only if every earlier entry of the batch was recovered
+                if found is None:
+                    absent = True
+                    break
+                raw, parsed = found
+                writes.append(handle._recovery_add(raw, parsed))
+                length = parsed.length
+                entry_id += 1
+        if writes:
+            await asyncio.gather(*writes)
+    except VellumError as e:
+        if isinstance(e, (LedgerRecoveryError, UnauthorizedAccessError)):
+            raise
+        raise LedgerRecoveryError(f"ledger {ledger_id}: recovery failed at entry {entry_id}: {e}") from e
+    finally:
+        for w in writes:
+            if w.done() and not w.cancelled():
+                w.exception()  # retrieved: the first failure was raised above
+    last = entry_id - 1
+    log.info("ledger %d: recovered up to entry %d; closing", ledger_id, last)
+    return await handle._close_metadata(last, length)
+
+
+async def _fence(
+    ctx: ClientContext,
+    ledger_id: int,
+    ensemble: list[str],
+    md: LedgerMetadata,
+    digest: DigestManager,
+    key: bytes,
+) -> tuple[int, dict[int, int]]:
+    """Fencing LAC reads to the whole ensemble; returns (max LAC answered, entry id -> length seen)."""
+    bc = ctx.bookie_client
+    timeout = float(ctx.config.read_entry_timeout_s)
+    need = ensemble_coverage(md.ensemble_size, md.ack_quorum_size)
+    tasks = [
+        asyncio.ensure_future(bc.read(b, ledger_id, -1, fence_master_key=key, timeout_s=timeout)) for b in ensemble
+    ]
+    for t in tasks:
+        # The fences that are still in flight when coverage is reached keep going (they fence
+        # their bookie too); their outcome is not needed.
+        t.add_done_callback(_retrieve)
+    lac = -1
+    known: dict[int, int] = {}
+    answered = 0
+    errors: list[BaseException] = []
+    pending = set(tasks)
+    while pending:
+        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        for t in done:
+            exc = t.exception()
+            if exc is None:
+                try:
+                    entry = digest.verify(t.result())
+                except DigestMismatchError as e:
+                    errors.append(e)
+                    continue
+                lac = max(lac, entry.lac)
+                known[entry.entry_id] = entry.length
+                answered += 1
+            elif isinstance(exc, _NEGATIVE):
+                answered += 1
+            elif isinstance(exc, UnauthorizedAccessError):
+                raise UnauthorizedAccessError(f"ledger {ledger_id}: fencing refused: {exc}")
+            else:
+                errors.append(exc)
+        if answered >= need:
+            return lac, known
+    raise LedgerRecoveryError(
+        f"ledger {ledger_id}: fencing reached {answered} of the {need} bookies needed "
+        f"(ensemble {ensemble}); errors: {errors}"
+    )
+
+
+def _retrieve(t: asyncio.Future[bytes]) -> None:
+    if not t.cancelled():
+        t.exception()
+
+
+async def _length_at(ctx: ClientContext, handle: LedgerHandle, lac: int, known: dict[int, int]) -> int:
+    """Cumulative ledger length at entry ``lac`` (0 for an empty ledger)."""
+    if lac < 0:
+        return 0
+    if lac in known:
+        return known[lac]
+    md = handle.metadata
+    ensemble = md.ensemble_for(lac)
+    replicas = [ensemble[i] for i in write_set(lac, md.ensemble_size, md.write_quorum_size)]
+    try:
+        entry = await read_entry_from(
+            ctx.bookie_client, handle.digest_manager, handle.ledger_id, lac, replicas,
+            timeout_s=float(ctx.config.read_entry_timeout_s),
+            speculative_s=ctx.config.speculative_read_timeout_ms / 1000.0,
+        )
+    except VellumError as e:
+        raise LedgerRecoveryError(f"ledger {handle.ledger_id}: cannot read entry {lac} (the LAC): {e}") from e
+    return entry.length
+
+
+async def _recovery_read(
+    ctx: ClientContext,
+    digest: DigestManager,
+    ledger_id: int,
+    entry_id: int,
+    ensemble: list[str],
+    md: LedgerMetadata,
+    key: bytes,
+) -> tuple[bytes, Entry] | None:
+    """Fencing read of ``entry_id`` from its whole write set: the entry, None if absent at quorum
+    coverage, LedgerRecoveryError if neither can be decided."""
+    bc = ctx.bookie_client
+    timeout = float(ctx.config.read_entry_timeout_s)
+    replicas = [ensemble[i] for i in write_set(entry_id, md.ensemble_size, md.write_quorum_size)]
+    need_negative = md.write_quorum_size - md.ack_quorum_size + 1
+    tasks = [
+        asyncio.ensure_future(bc.read(b, ledger_id, entry_id, fence_master_key=key, timeout_s=timeout))
+        for b in replicas
+    ]
+    negatives = 0
+    errors: list[BaseException] = []
+    try:
+        pending = set(tasks)
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for t in done:
+                exc = t.exception()
+                if exc is None:
+                    raw = t.result()
+                    try:
+                        return raw, digest.verify(raw, entry_id)
+                    except DigestMismatchError as e:
+                        errors.append(e)
+                elif isinstance(exc, _NEGATIVE):
+                    negatives += 1
+                else:
+                    errors.append(exc)
+            if negatives >= need_negative:
+                return None
+    finally:
+        for t in tasks:
+            if not t.done():
+                t.cancel()
+    raise LedgerRecoveryError(
+        f"ledger {ledger_id}: entry {entry_id} is neither readable nor absent on a quorum "
+        f"({negatives} negative answers of {need_negative} needed, errors: {errors})"
+    )

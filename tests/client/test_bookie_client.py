@@ -1,0 +1,436 @@
+"""BookieClient against real in-process bookies and against fake servers that misbehave.
+
+Every test is bounded (``run`` has a 60 s cap; most finish in well under a second) and none
+asserts on elapsed time: timeouts are observed as exceptions, not measured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+from client_testkit import MASTER_KEY, InProcessBookie, inprocess_bookies, make_entry, run
+
+from vellum.client.bookie_client import BookieClient
+from vellum.errors import (
+    EOK,
+    BookieHandleNotAvailableError,
+    ClientClosedError,
+    IncorrectParameterError,
+    LedgerFencedError,
+    NoSuchEntryError,
+    NoSuchLedgerError,
+    TimeoutError_,
+    UnauthorizedAccessError,
+)
+from vellum.format.entry import DigestManager, DigestType, master_key
+from vellum.proto import codec
+from vellum.proto import messages as m
+
+LEDGER = 7
+
+
+async def _with_bookie(
+    tmp_path: Path, body: Callable[[BookieClient, InProcessBookie], Awaitable[None]], **client_kw: float
+) -> None:
+    async with inprocess_bookies(tmp_path, 1) as bookies:
+        client = BookieClient(**client_kw)  # type: ignore[arg-type]
+        try:
+            await body(client, bookies[0])
+        finally:
+            await client.close()
+
+
+def test_add_and_read_back(tmp_path: Path) -> None:
+    async def body(client: BookieClient, bookie: InProcessBookie) -> None:
+        bid = bookie.bookie_id
+        entries = [make_entry(LEDGER, i, f"payload {i}".encode(), lac=i - 1) for i in range(3)]
+        for entry in entries:
+            await client.add(bid, MASTER_KEY, entry, timeout_s=5)
+        for i, entry in enumerate(entries):
+            assert await client.read(bid, LEDGER, i, timeout_s=5) == entry
+        # entry id -1: the last entry the bookie has
+        assert await client.read(bid, LEDGER, -1, timeout_s=5) == entries[-1]
+        assert client.is_connected(bid)
+
+    run(_with_bookie(tmp_path, body))
+
+
+def test_pipelined_adds_all_answered(tmp_path: Path) -> None:
+    async def body(client: BookieClient, bookie: InProcessBookie) -> None:
+        bid = bookie.bookie_id
+        n = 1000
+        results: dict[int, BaseException | None] = {}
+        all_done = asyncio.get_running_loop().create_future()
+
+        def callback_for(entry_id: int) -> Callable[[BaseException | None], None]:
+            def done(exc: BaseException | None) -> None:
+                assert entry_id not in results, "callback ran twice"
+                results[entry_id] = exc
+                if len(results) == n and not all_done.done():
+                    all_done.set_result(None)
+
+            return done
+
+        # callback fast path: 1,000 adds in flight on one connection
+        for i in range(n):
+            client.add_cb(bid, MASTER_KEY, make_entry(LEDGER, i, b"x" * 100), False, callback_for(i), 30)
+        await all_done
+        assert results == dict.fromkeys(range(n))
+
+        # coroutine path, concurrently, on a second ledger
+        await asyncio.gather(
+            *(client.add(bid, MASTER_KEY, make_entry(LEDGER + 1, i, b"y"), timeout_s=30) for i in range(n))
+        )
+        assert await client.list_entries(bid, LEDGER, timeout_s=5) == ((0, n - 1),)
+        assert await client.list_entries(bid, LEDGER + 1, timeout_s=5) == ((0, n - 1),)
+        # concurrent reads, including several of the same entry (same v2 key in flight)
+        reads = await asyncio.gather(*(client.read(bid, LEDGER, i % 10, timeout_s=5) for i in range(200)))
+        assert reads == [make_entry(LEDGER, i % 10, b"x" * 100) for i in range(200)]
+
+    run(_with_bookie(tmp_path, body))
+
+
+def test_read_errors(tmp_path: Path) -> None:
+    async def body(client: BookieClient, bookie: InProcessBookie) -> None:
+        bid = bookie.bookie_id
+        await client.add(bid, MASTER_KEY, make_entry(LEDGER, 0, b"a"), timeout_s=5)
+        with pytest.raises(NoSuchEntryError) as info:
+            await client.read(bid, LEDGER, 5, timeout_s=5)
+        assert f"READ {LEDGER}:5 on {bid}" in str(info.value)
+        with pytest.raises((NoSuchLedgerError, NoSuchEntryError)):
+            await client.read(bid, 999, 0, timeout_s=5)
+        # the connection survives error answers
+        assert await client.read(bid, LEDGER, 0, timeout_s=5) == make_entry(LEDGER, 0, b"a")
+
+    run(_with_bookie(tmp_path, body))
+
+
+def test_wrong_master_key_is_unauthorized(tmp_path: Path) -> None:
+    async def body(client: BookieClient, bookie: InProcessBookie) -> None:
+        bid = bookie.bookie_id
+        await client.add(bid, MASTER_KEY, make_entry(LEDGER, 0, b"a"), timeout_s=5)
+        with pytest.raises(UnauthorizedAccessError) as info:
+            await client.add(bid, master_key(b"wrong"), make_entry(LEDGER, 1, b"b"), timeout_s=5)
+        assert bid in str(info.value)
+        with pytest.raises(UnauthorizedAccessError):
+            await client.read(bid, LEDGER, 0, fence_master_key=master_key(b"wrong"), timeout_s=5)
+
+    run(_with_bookie(tmp_path, body))
+
+
+def test_fencing_read_then_add_is_fenced_but_recovery_add_accepted(tmp_path: Path) -> None:
+    async def body(client: BookieClient, bookie: InProcessBookie) -> None:
+        bid = bookie.bookie_id
+        e0 = make_entry(LEDGER, 0, b"first")
+        await client.add(bid, MASTER_KEY, e0, timeout_s=5)
+        assert await client.read(bid, LEDGER, -1, fence_master_key=MASTER_KEY, timeout_s=5) == e0
+        with pytest.raises(LedgerFencedError):
+            await client.add(bid, MASTER_KEY, make_entry(LEDGER, 1, b"late"), timeout_s=5)
+        # the same entry as a recovery add is accepted (the recovery writer re-replicates)
+        e1 = make_entry(LEDGER, 1, b"recovered", lac=0)
+        await client.add(bid, MASTER_KEY, e1, recovery=True, timeout_s=5)
+        assert await client.read(bid, LEDGER, 1, timeout_s=5) == e1
+
+        # the callback path reports the fence too
+        got: asyncio.Future[BaseException | None] = asyncio.get_running_loop().create_future()
+        client.add_cb(bid, MASTER_KEY, make_entry(LEDGER, 2, b"x"), False, got.set_result, 5)
+        assert isinstance(await got, LedgerFencedError)
+
+    run(_with_bookie(tmp_path, body))
+
+
+def test_batch_read(tmp_path: Path) -> None:
+    async def body(client: BookieClient, bookie: InProcessBookie) -> None:
+        bid = bookie.bookie_id
+        entries = [make_entry(LEDGER, i, bytes([i]) * 50) for i in range(10)]
+        await asyncio.gather(*(client.add(bid, MASTER_KEY, e, timeout_s=5) for e in entries))
+        assert await client.batch_read(bid, LEDGER, 0, 100, 1 << 20, timeout_s=5) == entries
+        assert await client.batch_read(bid, LEDGER, 3, 4, 1 << 20, timeout_s=5) == entries[3:7]
+        # max_size bounds the answer but at least one entry comes back
+        small = await client.batch_read(bid, LEDGER, 0, 100, len(entries[0]) * 2, timeout_s=5)
+        assert 1 <= len(small) <= 2 and small == entries[: len(small)]
+        with pytest.raises(NoSuchEntryError):
+            await client.batch_read(bid, LEDGER, 50, 10, 1 << 20, timeout_s=5)
+
+    run(_with_bookie(tmp_path, body))
+
+
+def test_read_lac_write_lac_and_long_poll(tmp_path: Path) -> None:
+    async def body(client: BookieClient, bookie: InProcessBookie) -> None:
+        bid = bookie.bookie_id
+        digest = DigestManager(LEDGER, DigestType.CRC32C, b"secret")
+        e0 = make_entry(LEDGER, 0, b"zero")
+        await client.add(bid, MASTER_KEY, e0, timeout_s=5)
+        lac_body, last = await client.read_lac(bid, LEDGER, timeout_s=5)
+        assert lac_body == b"" and last == e0
+
+        # explicit LAC
+        await client.write_lac(bid, LEDGER, MASTER_KEY, 0, digest.compute_lac(0), timeout_s=5)
+        lac_body, last = await client.read_lac(bid, LEDGER, timeout_s=5)
+        assert digest.verify_lac(lac_body) == 0 and last == e0
+
+        # long poll: held until a later add carries a LAC past 0
+        poll = asyncio.ensure_future(client.long_poll_lac(bid, LEDGER, 0, 20_000))
+        await asyncio.sleep(0.05)
+        assert not poll.done()
+        e1 = make_entry(LEDGER, 1, b"one", lac=0)
+        e2 = make_entry(LEDGER, 2, b"two", lac=1)
+        await client.add(bid, MASTER_KEY, e1, timeout_s=5)
+        await client.add(bid, MASTER_KEY, e2, timeout_s=5)
+        _, last = await poll
+        assert last in (e1, e2)
+
+        # long poll whose wait expires: answered with what the bookie has
+        _, last = await client.long_poll_lac(bid, LEDGER, 5, 100)
+        assert last == e2
+
+    run(_with_bookie(tmp_path, body))
+
+
+def test_list_entries_force_info_trim_and_ledger_closed(tmp_path: Path) -> None:
+    async def body(client: BookieClient, bookie: InProcessBookie) -> None:
+        bid = bookie.bookie_id
+        for i in (0, 1, 2, 5, 6):
+            await client.add(bid, MASTER_KEY, make_entry(LEDGER, i, b"p"), timeout_s=5)
+        assert await client.list_entries(bid, LEDGER, timeout_s=5) == ((0, 2), (5, 6))
+        with pytest.raises(NoSuchLedgerError):
+            await client.list_entries(bid, 4242, timeout_s=5)
+        await client.force(bid, LEDGER, timeout_s=5)
+        total, free = await client.bookie_info(bid, timeout_s=5)
+        assert total > 0 and 0 <= free <= total
+
+        client.ledger_closed(bid, LEDGER)  # fire and forget
+        client.ledger_closed("127.0.0.1:1", LEDGER)  # unreachable bookie: silently dropped
+        # the connection still works after the note (the bookie never answers it)
+        assert await client.read(bid, LEDGER, 6, timeout_s=5) == make_entry(LEDGER, 6, b"p")
+
+        await client.trim(bid, LEDGER, 2, MASTER_KEY, timeout_s=5)
+        remaining = await client.list_entries(bid, LEDGER, timeout_s=5)
+        assert remaining and remaining[0][0] >= 2 and remaining[-1] == (5, 6)
+
+    run(_with_bookie(tmp_path, body))
+
+
+def test_killed_bookie_fails_pending_and_restarted_one_is_reconnected(tmp_path: Path) -> None:
+    async def body(client: BookieClient, bookie: InProcessBookie) -> None:
+        bid = bookie.bookie_id
+        await client.add(bid, MASTER_KEY, make_entry(LEDGER, 0, b"a"), timeout_s=5)
+        # requests pending when the bookie goes away: a long poll and a few reads
+        poll = asyncio.ensure_future(client.long_poll_lac(bid, LEDGER, 10, 30_000))
+        await asyncio.sleep(0.05)
+        await bookie.stop()
+        with pytest.raises(BookieHandleNotAvailableError) as info:
+            await poll
+        assert bid in str(info.value)
+        assert not client.is_connected(bid)
+
+        # while it is down, requests fail fast (connect refused, then backoff)
+        for _ in range(3):
+            with pytest.raises(BookieHandleNotAvailableError):
+                await client.read(bid, LEDGER, 0, timeout_s=5)
+
+        await bookie.start()  # same port
+        for _ in range(200):  # reconnect is lazy and waits out the backoff: retry, bounded
+            try:
+                entry = await client.read(bid, LEDGER, 0, timeout_s=5)
+                break
+            except BookieHandleNotAvailableError:
+                await asyncio.sleep(0.05)
+        else:
+            pytest.fail("the restarted bookie was never reconnected to")
+        assert entry == make_entry(LEDGER, 0, b"a")
+        await client.add(bid, MASTER_KEY, make_entry(LEDGER, 1, b"b"), timeout_s=5)
+
+        # a full restart (storage reopened, journal replayed) is also reconnected to
+        await bookie.restart()
+        for _ in range(200):
+            try:
+                assert await client.read(bid, LEDGER, 1, timeout_s=5) == make_entry(LEDGER, 1, b"b")
+                break
+            except BookieHandleNotAvailableError:
+                await asyncio.sleep(0.05)
+        else:
+            pytest.fail("the restarted bookie was never reconnected to")
+
+    run(_with_bookie(tmp_path, body))
+
+
+def test_close_fails_pending_with_client_closed(tmp_path: Path) -> None:
+    async def body(client: BookieClient, bookie: InProcessBookie) -> None:
+        bid = bookie.bookie_id
+        await client.add(bid, MASTER_KEY, make_entry(LEDGER, 0, b"a"), timeout_s=5)
+        poll = asyncio.ensure_future(client.long_poll_lac(bid, LEDGER, 10, 30_000))
+        await asyncio.sleep(0.05)
+        await client.close()
+        with pytest.raises(ClientClosedError):
+            await poll
+        with pytest.raises(ClientClosedError):
+            await client.read(bid, LEDGER, 0, timeout_s=5)
+        got: asyncio.Future[BaseException | None] = asyncio.get_running_loop().create_future()
+        client.add_cb(bid, MASTER_KEY, make_entry(LEDGER, 1, b"b"), False, got.set_result, 5)
+        assert isinstance(await got, ClientClosedError)
+        client.ledger_closed(bid, LEDGER)  # never raises
+        await client.close()  # idempotent
+
+    run(_with_bookie(tmp_path, body))
+
+
+# ---------------------------------------------------------------------------------------------
+# Fake servers
+
+
+class _FakeBookie:
+    """A raw asyncio server on 127.0.0.1; ``on_data(data, writer)`` decides what to answer."""
+
+    def __init__(self, on_data: Callable[[bytes, asyncio.StreamWriter], None]) -> None:
+        self.on_data = on_data
+        self.server: asyncio.AbstractServer | None = None
+        self.writers: list[asyncio.StreamWriter] = []
+        self.received = bytearray()
+
+    async def __aenter__(self) -> str:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            self.writers.append(writer)
+            try:
+                while data := await reader.read(65536):
+                    self.received += data
+                    self.on_data(data, writer)
+            except ConnectionError:
+                pass
+            finally:
+                writer.close()
+
+        self.server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        return f"127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+        for w in self.writers:
+            w.close()
+        await self.server.wait_closed()
+
+
+def test_silent_bookie_times_out_and_late_answers_are_dropped() -> None:
+    held: list[bytes] = []
+
+    def never_answer(data: bytes, writer: asyncio.StreamWriter) -> None:
+        held.append(data)
+
+    async def main() -> None:
+        fake = _FakeBookie(never_answer)
+        async with fake as bid:
+            client = BookieClient()
+            try:
+                with pytest.raises(TimeoutError_) as info:
+                    await client.add(bid, MASTER_KEY, make_entry(LEDGER, 0, b"a"), timeout_s=0.2)
+                assert f"ADD {LEDGER}:0 on {bid}" in str(info.value)
+                with pytest.raises(TimeoutError_):
+                    await client.read(bid, LEDGER, 0, timeout_s=0.2)
+                with pytest.raises(TimeoutError_):
+                    await client.bookie_info(bid, timeout_s=0.2)
+                got: asyncio.Future[BaseException | None] = asyncio.get_running_loop().create_future()
+                client.add_cb(bid, MASTER_KEY, make_entry(LEDGER, 1, b"b"), False, got.set_result, 0.2)
+                assert isinstance(await got, TimeoutError_)
+
+                # Late answers now arrive; then the same (op, ledger, entry) is asked again and
+                # must get its own answer, not the stale one.
+                writer = fake.writers[0]
+                fake.on_data = lambda data, w: w.write(
+                    codec.encode(m.ReadResponse(EOK, LEDGER, 0, make_entry(LEDGER, 0, b"fresh")))
+                )
+                writer.write(codec.encode(m.AddResponse(EOK, LEDGER, 0)))
+                writer.write(codec.encode(m.ReadResponse(EOK, LEDGER, 0, make_entry(LEDGER, 0, b"stale"))))
+                writer.write(codec.encode(m.GetBookieInfoResponse(3, EOK, 1, 1)))
+                assert await client.read(bid, LEDGER, 0, timeout_s=5) == make_entry(LEDGER, 0, b"fresh")
+                assert client.is_connected(bid)
+            finally:
+                await client.close()
+
+    run(main(), use_uvloop=True)
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        struct.pack(">i", -5) + b"junk",  # broken framing
+        struct.pack(">i", 8) + b"\x07\x01\x00\x00abcd",  # framed, unknown version
+        struct.pack(">i", 6) + struct.pack(">I", m.header_int(m.OP_ADD)) + b"xy",  # framed, truncated body
+    ],
+    ids=["bad-length", "bad-version", "truncated"],
+)
+def test_garbage_answer_closes_connection_with_clear_error(garbage: bytes) -> None:
+    async def main() -> None:
+        async with _FakeBookie(lambda data, w: w.write(garbage)) as bid:
+            client = BookieClient()
+            try:
+                with pytest.raises(BookieHandleNotAvailableError) as info:
+                    await client.add(bid, MASTER_KEY, make_entry(LEDGER, 0, b"a"), timeout_s=5)
+                assert "malformed answer" in str(info.value) and bid in str(info.value)
+                assert not client.is_connected(bid)
+            finally:
+                await client.close()
+
+    run(main(), use_uvloop=True)
+
+
+def test_error_response_fails_the_matching_request() -> None:
+    def answer(data: bytes, writer: asyncio.StreamWriter) -> None:
+        for msg in codec.FrameDecoder(1 << 20, side="server").feed(data):
+            if isinstance(msg, m.GetBookieInfoRequest):
+                writer.write(codec.encode(m.ErrorResponse(m.EBADREQ, msg.request_id, m.OP_GET_BOOKIE_INFO)))
+
+    async def main() -> None:
+        async with _FakeBookie(answer) as bid:
+            client = BookieClient()
+            try:
+                with pytest.raises(Exception) as info:
+                    await client.bookie_info(bid, timeout_s=5)
+                assert "EBADREQ" in str(info.value)
+            finally:
+                await client.close()
+
+    run(main(), use_uvloop=True)
+
+
+def test_unreachable_bookie_and_backoff() -> None:
+    async def main() -> None:
+        # a port nobody listens on
+        probe = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+        port = probe.sockets[0].getsockname()[1]
+        probe.close()
+        await probe.wait_closed()
+        bid = f"127.0.0.1:{port}"
+        client = BookieClient(connect_timeout_s=2.0, reconnect_backoff_s=30.0)
+        try:
+            with pytest.raises(BookieHandleNotAvailableError) as info:
+                await client.read(bid, LEDGER, 0, timeout_s=5)
+            assert "cannot connect" in str(info.value) and bid in str(info.value)
+            # inside the backoff window: refused at once, without a new connect
+            with pytest.raises(BookieHandleNotAvailableError) as info:
+                await client.read(bid, LEDGER, 0, timeout_s=5)
+            assert "retrying in" in str(info.value)
+            with pytest.raises(IncorrectParameterError):
+                await client.read("no-port", LEDGER, 0, timeout_s=5)
+        finally:
+            await client.close()
+
+    run(main(), use_uvloop=True)
+
+
+def test_requests_made_while_connecting_are_sent_once_connected(tmp_path: Path) -> None:
+    async def body(client: BookieClient, bookie: InProcessBookie) -> None:
+        bid = bookie.bookie_id
+        assert not client.is_connected(bid)
+        # all issued in the same loop iteration, before the connection is up
+        await asyncio.gather(
+            *(client.add(bid, MASTER_KEY, make_entry(LEDGER, i, b"q"), timeout_s=5) for i in range(50)),
+            client.bookie_info(bid, timeout_s=5),
+        )
+        assert await client.list_entries(bid, LEDGER, timeout_s=5) == ((0, 49),)
+
+    run(_with_bookie(tmp_path, body))
