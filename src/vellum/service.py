@@ -17,20 +17,22 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from vellum.admin.bookie_admin import BookieAdmin
+from vellum.admin.gc_admin import GcAdmin
 from vellum.bookie.bookie import OpenedBookie, open_bookie
 from vellum.bookie.executor import AsyncBookie
 from vellum.config import ServerConfig
 from vellum.errors import CookieError, MetaStoreError
 from vellum.format.cookie import Cookie
 from vellum.http.admin_http import AdminHttpServer
-from vellum.ids import BookieId, bookie_id_for
+from vellum.http.gc_routes import gc_routes
+from vellum.ids import BookieId, LedgerId, bookie_id_for
 from vellum.meta import open_metadata_store
-from vellum.meta.api import MetadataStore, SessionEvent
+from vellum.meta.api import LedgerManager, MetadataStore, SessionEvent
 from vellum.server.bookie_server import BookieServer, ServerLimits
 
 log = logging.getLogger(__name__)
@@ -78,7 +80,8 @@ class BookieService:
             raise CookieError("bookiePort=0 needs an explicit bookieId: the id is bound to the disks by the cookie")
         self.bookie_id = bookie_id_of(cfg, cfg.bookie_port)
         self.opened = await asyncio.to_thread(
-            open_bookie, cfg, bookie_id=self.bookie_id, instance_id=instance_id, progress=log.info
+            open_bookie, cfg, bookie_id=self.bookie_id, instance_id=instance_id, progress=log.info,
+            ledger_lister=MetadataLedgerLister(store.ledgers),
         )
         await asyncio.to_thread(self._check_store_cookie, self.opened.cookie)
         bookie = self.opened.bookie
@@ -102,7 +105,10 @@ class BookieService:
                 config=cfg,
                 is_shutting_down=lambda: self._stopping,
             )
-            self.http = AdminHttpServer(admin, host=cfg.http_server_host, port=cfg.http_server_port)
+            self.http = AdminHttpServer(
+                admin, host=cfg.http_server_host, port=cfg.http_server_port,
+                extra_routes=gc_routes(GcAdmin(bookie=bookie, bookie_id=self.bookie_id)),
+            )
             await self.http.start()
         await asyncio.to_thread(self._register)
         bookie.add_state_listener(lambda _ro: self._call_soon(loop, self._reregister_soon))
@@ -175,6 +181,21 @@ class BookieService:
             await asyncio.to_thread(self.opened.close)
         if self.store is not None:
             await asyncio.to_thread(self.store.close)
+
+
+class MetadataLedgerLister:
+    """GC's view of the metadata store (``storage.gc.LedgerLister``): ledger ids range by range
+    (hierarchical: one leaf partition at a time) and a fresh existence check."""
+
+    def __init__(self, ledgers: LedgerManager) -> None:
+        self._ledgers = ledgers
+
+    def ledger_ranges(self) -> Iterator[list[int]]:
+        for r in self._ledgers.ledger_ranges():
+            yield [int(i) for i in r.ledger_ids]
+
+    def ledger_exists(self, ledger_id: int) -> bool:
+        return self._ledgers.ledger_exists(LedgerId(ledger_id))
 
 
 def run_bookie(config: ServerConfig, *, metadata_uri: str | None = None) -> int:

@@ -33,7 +33,7 @@ def test_shell_commands_and_bench(tmp_path: Path) -> None:
                                     "--show-payload", "--json"])
             assert r.exit_code == 0, r.output
             rows = json.loads(r.output)
-            assert [row["payload"] for row in rows][:9] == ["entry %d" % i for i in range(9)]
+            assert [row["payload"] for row in rows][:9] == [f"entry {i}" for i in range(9)]
             lh.append(b"still writable: readledger did not fence")
             r = runner.invoke(cli, ["shell", "recover", "--uri", uri, "--password", "pw", str(ledger_id), "--json"])
             assert r.exit_code == 0, r.output

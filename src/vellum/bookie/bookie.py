@@ -42,10 +42,11 @@ from vellum.format.cookie import Cookie
 from vellum.format.journal import JournalRecord, RecordKind
 from vellum.format.lastmark import LogMark
 from vellum.ids import INVALID_ENTRY_ID, LAST_ADD_CONFIRMED
-from vellum.stats import counter, gauge
+from vellum.stats import callback_metric, gauge
 from vellum.storage.checkpoint import Checkpointer, read_last_marks
 from vellum.storage.cookies import check_or_stamp_cookies
 from vellum.storage.dirs import LedgerDirsListener, LedgerDirsManager
+from vellum.storage.gc import DiskState, GarbageCollectorThread, GcSettings, LedgerLister
 from vellum.storage.journal import Journal
 from vellum.storage.ledger_storage import LedgerStorage
 from vellum.storage.markers import DirLock, acquire_dir_locks, mark_clean, mark_dirty
@@ -55,10 +56,18 @@ log = logging.getLogger(__name__)
 Callback = Callable[[BaseException | None], None]
 _IDS = struct.Struct(">qqq")  # ledgerId, entryId, lac: the first 24 bytes of a stored entry
 
-_adds = counter("bookie_BOOKIE_ADD_ENTRY", "entries added to storage and journal")
-_add_errors = counter("bookie_BOOKIE_ADD_ENTRY_REJECTED", "adds refused", ("reason",))
-_reads = counter("bookie_BOOKIE_READ_ENTRY", "entries read")
 _server_status = gauge("bookie_SERVER_STATUS", "1 = writable, 0 = read-only")
+
+
+class _LedgerState:
+    """What every add checks, cached so the hot path does one dict lookup: the master key and
+    the fenced flag (both also persisted by ledger storage and the journal)."""
+
+    __slots__ = ("fenced", "master_key")
+
+    def __init__(self, master_key: bytes, fenced: bool) -> None:
+        self.master_key = master_key
+        self.fenced = fenced
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +88,9 @@ class _LacWaiters:
         return self._lac.get(ledger_id)
 
     def advance(self, ledger_id: int, lac: int) -> None:
+        known = self._lac.get(ledger_id)
+        if known is not None and lac <= known:
+            return  # the common case (LAC unchanged or behind), without taking the lock
         fire: list[Callable[[int], None]] = []
         with self._lock:
             if lac <= self._lac.get(ledger_id, INVALID_ENTRY_ID - 1):
@@ -133,6 +145,7 @@ class Bookie:
         checkpointer: Checkpointer,
         read_only_mode_enabled: bool = True,
         force_read_only: bool = False,
+        gc_threads: Sequence[GarbageCollectorThread] = (),
     ) -> None:
         if not journals or not storages:
             raise IncorrectParameterError("a bookie needs at least one journal and one ledger storage")
@@ -144,9 +157,26 @@ class Bookie:
         self._forced_read_only = force_read_only
         self._disk_read_only = False
         self._key_lock = threading.Lock()
+        self._ledger_state: dict[int, _LedgerState] = {}
         self._lacs = _LacWaiters()
+        # Plain counters on the hot path, exported at scrape time.
+        self.adds_total = 0
+        self.reads_total = 0
+        self.adds_rejected: dict[str, int] = {"readonly": 0, "fenced": 0}
+        callback_metric("bookie_BOOKIE_ADD_ENTRY", "entries added to storage and journal",
+                        lambda: {(): float(self.adds_total)})
+        callback_metric("bookie_BOOKIE_READ_ENTRY", "entries read", lambda: {(): float(self.reads_total)})
+        callback_metric("bookie_journal_JOURNAL_SYNC", "journal fsyncs",
+                        lambda: {(str(j.index),): float(j.fsyncs_total) for j in self._journals},
+                        labels=("journal",))
+        callback_metric("bookie_journal_JOURNAL_SYNCED_RECORDS", "journal records covered by an fsync",
+                        lambda: {(str(j.index),): float(j.records_synced_total) for j in self._journals},
+                        labels=("journal",))
+        callback_metric("bookie_BOOKIE_ADD_ENTRY_REJECTED", "adds refused",
+                        lambda: {(k,): float(v) for k, v in self.adds_rejected.items()}, labels=("reason",))
         self._closed_ledgers: set[int] = set()
         self._state_listeners: list[Callable[[bool], None]] = []
+        self._gc_threads = list(gc_threads)  # one per ledger storage (issue 7)
         self._update_read_only_gauge()
 
     # ----------------------------------------------------------------------------------- routing
@@ -194,22 +224,31 @@ class Bookie:
         _server_status.set(0 if self.is_read_only else 1)
 
     # --------------------------------------------------------------------------------------- add
-    def _check_master_key(self, ledger_id: int, master_key: bytes) -> bool:
-        """Verify or record the ledger's master key; True if this call created the ledger."""
-        storage = self._storage(ledger_id)
-        stored = storage.get_master_key(ledger_id)
-        if stored is not None:
-            if stored != master_key:
-                raise UnauthorizedAccessError(f"wrong master key for ledger {ledger_id}")
-            return False
-        with self._key_lock:
-            stored = storage.get_master_key(ledger_id)
-            if stored is None:
-                storage.set_master_key(ledger_id, master_key)
-                return True
-        if stored != master_key:
+    def _ledger(self, ledger_id: int, master_key: bytes) -> tuple[_LedgerState, bool]:
+        """The ledger's cached state after checking (or, for a new ledger, recording) its master
+        key; the flag is True when this call created the ledger."""
+        state = self._ledger_state.get(ledger_id)
+        if state is None:
+            with self._key_lock:
+                state = self._ledger_state.get(ledger_id)
+                if state is None:
+                    storage = self._storage(ledger_id)
+                    stored = storage.get_master_key(ledger_id)
+                    created = stored is None
+                    if created:
+                        storage.set_master_key(ledger_id, master_key)
+                        stored = master_key
+                    assert stored is not None
+                    state = _LedgerState(stored, storage.is_fenced(ledger_id))
+                    self._ledger_state[ledger_id] = state
+                    if created:
+                        return state, True
+        if state.master_key != master_key:
             raise UnauthorizedAccessError(f"wrong master key for ledger {ledger_id}")
-        return False
+        return state, False
+
+    def _check_master_key(self, ledger_id: int, master_key: bytes) -> bool:
+        return self._ledger(ledger_id, master_key)[1]
 
     def add_entry(self, entry: bytes, master_key: bytes, callback: Callback, *, recovery: bool = False) -> None:
         """Add a stored entry (client entry bytes). Raises at once for refused adds; ``callback``
@@ -219,19 +258,18 @@ class Bookie:
         ledger_id, entry_id, lac = _IDS.unpack_from(entry)
         if ledger_id < 0 or entry_id < 0:
             raise IncorrectParameterError(f"invalid ids in add: ledger {ledger_id}, entry {entry_id}")
-        if self.is_read_only and not recovery:
-            _add_errors.labels("readonly").inc()
+        if (self._forced_read_only or self._disk_read_only) and not recovery:
+            self.adds_rejected["readonly"] += 1
             raise WriteOnReadOnlyBookieError(f"bookie is read-only; refused entry {ledger_id}:{entry_id}")
-        new_ledger = self._check_master_key(ledger_id, master_key)
-        storage = self._storage(ledger_id)
-        if not recovery and storage.is_fenced(ledger_id):
-            _add_errors.labels("fenced").inc()
+        state, new_ledger = self._ledger(ledger_id, master_key)
+        if state.fenced and not recovery:
+            self.adds_rejected["fenced"] += 1
             raise LedgerFencedError(f"ledger {ledger_id} is fenced; refused entry {entry_id}")
-        journal = self._journal(ledger_id)
+        journal = self._journals[ledger_id % len(self._journals)]
         if new_ledger:
             journal.log_master_key(ledger_id, master_key, _ignore_ok)
-        storage.add_entry(entry)
-        _adds.inc()
+        self._storages[ledger_id % len(self._storages)].add_entry(entry)
+        self.adds_total += 1
         if lac >= 0:
             self._lacs.advance(ledger_id, lac)
         journal.log_entry(ledger_id, entry_id, entry, callback)
@@ -239,21 +277,24 @@ class Bookie:
     # ------------------------------------------------------------------------------------- fence
     def fence_ledger(self, ledger_id: int, master_key: bytes, callback: Callback) -> None:
         """Fence a ledger; ``callback`` runs once the fence record is durable."""
-        if self._check_master_key(ledger_id, master_key):
+        state, created = self._ledger(ledger_id, master_key)
+        if created:
             self._journal(ledger_id).log_master_key(ledger_id, master_key, _ignore_ok)
         self._storage(ledger_id).set_fenced(ledger_id)
+        state.fenced = True
         # Journal the fence even when it was fenced already: the earlier record may still be in
         # flight, and the answer must not come before a fence is durable.
         self._journal(ledger_id).log_fence(ledger_id, callback)
 
     def is_fenced(self, ledger_id: int) -> bool:
-        return self._storage(ledger_id).is_fenced(ledger_id)
+        state = self._ledger_state.get(ledger_id)
+        return state.fenced if state is not None else self._storage(ledger_id).is_fenced(ledger_id)
 
     # -------------------------------------------------------------------------------------- read
     def read_entry(self, ledger_id: int, entry_id: int) -> bytes:
         """Read one entry; ``entry_id == -1`` reads the last entry this bookie has."""
         storage = self._storage(ledger_id)
-        _reads.inc()
+        self.reads_total += 1
         if entry_id == LAST_ADD_CONFIRMED:
             return storage.get_entry(ledger_id, LAST_ADD_CONFIRMED)
         return storage.get_entry(ledger_id, entry_id)
@@ -314,9 +355,18 @@ class Bookie:
     def note_ledger_closed(self, ledger_id: int) -> None:
         """Advisory "ledger closed" from a client (seed 000: rotate its log at next checkpoint)."""
         self._closed_ledgers.add(ledger_id)
+        self._storage(ledger_id).note_ledger_closed(ledger_id)
+
+    @property
+    def gc_threads(self) -> list[GarbageCollectorThread]:
+        """The GC threads, one per ledger dir (admin: force GC, status, suspend/resume)."""
+        return list(self._gc_threads)
 
     def delete_ledger(self, ledger_id: int) -> None:
-        self._storage(ledger_id).delete_ledger(ledger_id)
+        """Remove a ledger's entries and state (GC: the ledger is gone from metadata)."""
+        with self._key_lock:
+            self._ledger_state.pop(ledger_id, None)
+            self._storage(ledger_id).delete_ledger(ledger_id)
         self._lacs.forget(ledger_id)
 
     def ledgers(self) -> list[int]:
@@ -348,6 +398,8 @@ class Bookie:
 
     def shutdown(self) -> None:
         """Clean shutdown: stop checkpoints, drain journals, final checkpoint, close storages."""
+        for gc in self._gc_threads:  # GC first: it writes entry logs and the index
+            gc.stop()
         self._checkpointer.stop()
         self._dirs.stop()
         for journal in self._journals:
@@ -394,8 +446,14 @@ def open_bookie(
     bookie_id: str,
     instance_id: str | None = None,
     progress: Callable[[str], None] | None = None,
+    ledger_lister: LedgerLister | None = None,
+    gc_step_hook: Callable[[str], None] | None = None,
 ) -> OpenedBookie:
-    """Lock the dirs, check cookies, open storage, replay journals from ``lastMark``, start."""
+    """Lock the dirs, check cookies, open storage, replay journals from ``lastMark``, start.
+
+    ``ledger_lister`` gives GC its view of the metadata store (the composition root adapts
+    ``meta``); without it GC never deletes ledgers but still collects entry logs of ledgers
+    deleted locally. ``gc_step_hook`` is called at each compaction step (crash tests)."""
     say = progress or (lambda _msg: None)
     journal_dirs = [Path(d) for d in config.journal_directories]
     ledger_dirs = [Path(d) for d in config.ledger_directories]
@@ -435,6 +493,10 @@ def open_bookie(
                 read_ahead_batch_size=config.db_storage_read_ahead_cache_batch_size,
                 max_throttle_time_ms=config.db_storage_max_throttle_time_ms,
                 flush_entrylog_bytes=config.flush_entrylog_bytes,
+                preallocate=config.entry_log_file_preallocation_enabled,
+                entry_log_per_ledger=config.entry_log_per_ledger_enabled,
+                max_active_entry_logs=config.maximum_number_of_active_entry_logs,
+                entry_log_map_expiry_s=config.entrylog_map_access_expiry_time_s,
             )
             for ld, idx in zip(ledger_dirs, index_dirs)
         ]
@@ -463,6 +525,7 @@ def open_bookie(
             say(f"replaying journal {journal.journal_dir} from {mark}")
             replayed += _replay_into(journal, mark, storages)
         checkpointer = Checkpointer(journals, storages, dirs, initial_marks=marks)
+        gc_threads = _make_gc_threads(config, storages, dirs, ledger_lister, gc_step_hook)
         bookie = Bookie(
             journals=journals,
             storages=storages,
@@ -470,14 +533,18 @@ def open_bookie(
             checkpointer=checkpointer,
             read_only_mode_enabled=config.read_only_mode_enabled,
             force_read_only=config.force_read_only_bookie,
+            gc_threads=gc_threads,
         )
         dirs.add_listener(_DirsListener(bookie))
+        dirs.add_listener(_EntryLogRotationOnFullDir(storages))
         for journal in journals:
             journal.start()
         if dirs.all_full():
             bookie.on_all_dirs_full()
         checkpointer.start(config.flush_interval_ms)
         dirs.start(config.disk_check_interval_ms)
+        for gc in gc_threads:
+            gc.start()
         say(f"bookie ready ({replayed} journal records replayed)")
         return OpenedBookie(bookie, cookie, unclean, replayed, locks, ledger_dirs)
     except BaseException:
@@ -501,6 +568,69 @@ class _DirsListener(LedgerDirsListener):
 
     def on_any_writable(self) -> None:
         self._bookie.on_dir_writable()
+
+
+# ------------------------------------------------------------------------------------------------
+# GC wiring (issue 7): one GC thread per ledger storage, plain config values
+
+
+def _make_gc_threads(
+    config: ServerConfig,
+    storages: Sequence[LedgerStorage],
+    dirs: LedgerDirsManager,
+    lister: LedgerLister | None,
+    step_hook: Callable[[str], None] | None,
+) -> list[GarbageCollectorThread]:
+    settings = GcSettings(
+        gc_wait_time_ms=config.gc_wait_time_ms,
+        minor_compaction_interval_s=config.minor_compaction_interval_s,
+        minor_compaction_threshold=config.minor_compaction_threshold,
+        major_compaction_interval_s=config.major_compaction_interval_s,
+        major_compaction_threshold=config.major_compaction_threshold,
+        minor_compaction_max_time_ms=config.minor_compaction_max_time_ms,
+        major_compaction_max_time_ms=config.major_compaction_max_time_ms,
+        compaction_rate_by_entries=config.compaction_rate_by_entries,
+        compaction_rate_by_bytes=config.compaction_rate_by_bytes,
+        is_throttle_by_bytes=config.is_throttle_by_bytes,
+        is_force_gc_allow_when_no_space=config.is_force_gc_allow_when_no_space,
+    )
+    warn = config.disk_usage_warn_threshold
+
+    def disk_state_of(ledger_dir: Path) -> Callable[[], DiskState]:
+        def state() -> DiskState:
+            if not dirs.is_writable(ledger_dir):
+                return DiskState.FULL
+            return DiskState.WARN if dirs.usage(ledger_dir) > warn else DiskState.OK
+
+        return state
+
+    return [
+        GarbageCollectorThread(
+            storage,
+            settings,
+            lister=lister,
+            disk_state=disk_state_of(storage.ledger_dir),
+            index=i,
+            dir_count=len(storages),
+            step_hook=step_hook,
+        )
+        for i, storage in enumerate(storages)
+    ]
+
+
+class _EntryLogRotationOnFullDir(LedgerDirsListener):
+    """Seed 000: when a ledger dir fills, seal every active entry log in it."""
+
+    def __init__(self, storages: Sequence[LedgerStorage]) -> None:
+        self._storages = {s.ledger_dir: s for s in storages}
+
+    def on_dir_full(self, dir: Path) -> None:
+        storage = self._storages.get(Path(dir))
+        if storage is not None and storage.entry_logger.entry_log_per_ledger:
+            try:
+                storage.rotate_entry_logs()
+            except Exception:
+                log.exception("sealing the entry logs of full ledger dir %s failed", dir)
 
 
 def _replay_into(journal: Journal, mark: LogMark, storages: Sequence[LedgerStorage]) -> int:

@@ -155,8 +155,10 @@ def build_app(admin: BookieAdmin, extra_routes: list[web.RouteDef] | None = None
 class AdminHttpServer:
     """Runs ``build_app`` on (host, port) on the current event loop."""
 
-    def __init__(self, admin: BookieAdmin, *, host: str, port: int) -> None:
-        self._app = build_app(admin)
+    def __init__(
+        self, admin: BookieAdmin, *, host: str, port: int, extra_routes: list[web.RouteDef] | None = None
+    ) -> None:
+        self._app = build_app(admin, extra_routes)
         self._host = host
         self._port = port
         self._runner: web.AppRunner | None = None

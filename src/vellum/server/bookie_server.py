@@ -15,6 +15,7 @@ answers back. Invariants:
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import struct
 from collections.abc import Callable
@@ -36,14 +37,17 @@ from vellum.errors import (
 )
 from vellum.proto import codec
 from vellum.proto import messages as m
-from vellum.stats import counter, gauge
+from vellum.stats import callback_metric, gauge
 
 log = logging.getLogger(__name__)
 
-_requests = counter("bookkeeper_server_REQUESTS", "requests received by opcode", ("op",))
-_rejected = counter("bookkeeper_server_REJECTED", "requests rejected for overload", ("op",))
-_adds_in_progress = gauge("bookkeeper_server_ADD_ENTRY_IN_PROGRESS", "adds in progress")
-_reads_in_progress = gauge("bookkeeper_server_READ_ENTRY_IN_PROGRESS", "reads in progress")
+# Counted with plain ints on the loop thread and read at scrape time (see stats.callback_metric).
+_requests: collections.Counter[str] = collections.Counter()
+_rejected: collections.Counter[str] = collections.Counter()
+callback_metric("bookkeeper_server_REQUESTS", "requests received by opcode",
+                lambda: {(op,): float(n) for op, n in _requests.items()}, labels=("op",))
+callback_metric("bookkeeper_server_REJECTED", "requests rejected for overload (TOOMANYREQUESTS)",
+                lambda: {(op,): float(n) for op, n in _rejected.items()}, labels=("op",))
 _connections = gauge("bookkeeper_server_CONNECTIONS", "open client connections")
 
 _LAC_OF_ENTRY = struct.Struct(">q")
@@ -174,15 +178,14 @@ class BookieConnection(asyncio.Protocol):
 
     # ------------------------------------------------------------------------------- ADD
     def _on_add(self, req: m.AddRequest) -> None:
-        _requests.labels("ADD").inc()
+        _requests["ADD"] += 1
         entry = req.entry
         ledger_id, entry_id = req.ledger_id, req.entry_id
         counters = self._counters
         if not counters.try_add():
-            _rejected.labels("ADD").inc()
+            _rejected["ADD"] += 1
             self._send(m.AddResponse(ETOOMANYREQUESTS, ledger_id, entry_id))
             return
-        _adds_in_progress.set(counters.adds)
         self._issued[ledger_id] = self._issued.get(ledger_id, 0) + 1
 
         def done(exc: BaseException | None) -> None:
@@ -199,12 +202,11 @@ class BookieConnection(asyncio.Protocol):
 
     # ------------------------------------------------------------------------------ READ
     def _on_read(self, req: m.ReadRequest) -> None:
-        _requests.labels("READ_FENCE" if req.is_fencing else "READ").inc()
+        _requests["READ_FENCE" if req.is_fencing else "READ"] += 1
         if not self._counters.try_read():
-            _rejected.labels("READ").inc()
+            _rejected["READ"] += 1
             self._send(m.ReadResponse(ETOOMANYREQUESTS, req.ledger_id, req.entry_id))
             return
-        _reads_in_progress.set(self._counters.reads)
         self._spawn(self._read(req))
 
     async def _read(self, req: m.ReadRequest) -> None:
@@ -222,9 +224,9 @@ class BookieConnection(asyncio.Protocol):
             self._counters.reads -= 1
 
     def _on_batch_read(self, req: m.BatchReadRequest) -> None:
-        _requests.labels("BATCH_READ").inc()
+        _requests["BATCH_READ"] += 1
         if not self._counters.try_read():
-            _rejected.labels("BATCH_READ").inc()
+            _rejected["BATCH_READ"] += 1
             self._send(m.BatchReadResponse(ETOOMANYREQUESTS, req.ledger_id, req.start_entry_id, req.request_id))
             return
         self._spawn(self._batch_read(req))
@@ -255,7 +257,7 @@ class BookieConnection(asyncio.Protocol):
         return lac_body or b"", last
 
     def _on_read_lac(self, req: m.ReadLacRequest) -> None:
-        _requests.labels("READ_LAC").inc()
+        _requests["READ_LAC"] += 1
         self._spawn(self._read_lac(req))
 
     async def _read_lac(self, req: m.ReadLacRequest) -> None:
@@ -266,7 +268,7 @@ class BookieConnection(asyncio.Protocol):
             self._send(m.ReadLacResponse(req.request_id, wire_status_for(e), req.ledger_id))
 
     def _on_long_poll(self, req: m.LongPollReadLacRequest) -> None:
-        _requests.labels("LONG_POLL_READ_LAC").inc()
+        _requests["LONG_POLL_READ_LAC"] += 1
         self._spawn(self._long_poll(req))
 
     async def _long_poll(self, req: m.LongPollReadLacRequest) -> None:
@@ -283,7 +285,7 @@ class BookieConnection(asyncio.Protocol):
             self._send(m.LongPollReadLacResponse(req.request_id, wire_status_for(e), req.ledger_id))
 
     def _on_write_lac(self, req: m.WriteLacRequest) -> None:
-        _requests.labels("WRITE_LAC").inc()
+        _requests["WRITE_LAC"] += 1
         self._spawn(self._write_lac(req))
 
     async def _write_lac(self, req: m.WriteLacRequest) -> None:
@@ -295,7 +297,7 @@ class BookieConnection(asyncio.Protocol):
 
     # ----------------------------------------------------------------------------- FORCE
     def _on_force(self, req: m.ForceLedgerRequest) -> None:
-        _requests.labels("FORCE_LEDGER").inc()
+        _requests["FORCE_LEDGER"] += 1
         target = self._issued.get(req.ledger_id, 0)
 
         def answer() -> None:
@@ -319,7 +321,7 @@ class BookieConnection(asyncio.Protocol):
 
     # ------------------------------------------------------------------------------ misc
     def _on_list_entries(self, req: m.ListEntriesRequest) -> None:
-        _requests.labels("LIST_ENTRIES").inc()
+        _requests["LIST_ENTRIES"] += 1
         self._spawn(self._list_entries(req))
 
     async def _list_entries(self, req: m.ListEntriesRequest) -> None:
@@ -330,7 +332,7 @@ class BookieConnection(asyncio.Protocol):
             self._send(m.ListEntriesResponse(req.request_id, wire_status_for(e), req.ledger_id))
 
     def _on_bookie_info(self, req: m.GetBookieInfoRequest) -> None:
-        _requests.labels("GET_BOOKIE_INFO").inc()
+        _requests["GET_BOOKIE_INFO"] += 1
         self._spawn(self._bookie_info(req))
 
     async def _bookie_info(self, req: m.GetBookieInfoRequest) -> None:
@@ -341,11 +343,11 @@ class BookieConnection(asyncio.Protocol):
             self._send(m.GetBookieInfoResponse(req.request_id, wire_status_for(e), 0, 0))
 
     def _on_ledger_closed(self, note: m.LedgerClosedNote) -> None:
-        _requests.labels("LEDGER_CLOSED").inc()
+        _requests["LEDGER_CLOSED"] += 1
         self._bookie.bookie.note_ledger_closed(note.ledger_id)
 
     def _on_trim(self, req: m.TrimRequest) -> None:
-        _requests.labels("TRIM").inc()
+        _requests["TRIM"] += 1
         self._spawn(self._trim(req))
 
     async def _trim(self, req: m.TrimRequest) -> None:
@@ -358,7 +360,7 @@ class BookieConnection(asyncio.Protocol):
             self._send(m.TrimResponse(req.request_id, wire_status_for(e), req.ledger_id))
 
     def _on_bad_frame(self, bad: m.BadFrame) -> None:
-        _requests.labels("BAD_FRAME").inc()
+        _requests["BAD_FRAME"] += 1
         log.warning("bad frame from %s: %s", self._peer(), bad.reason)
         answer = bad.error_response()
         if answer is not None:
@@ -396,7 +398,11 @@ class BookieServer:
         self._bookie = bookie
         self._host = host
         self._port = port
-        self._counters = _Counters(limits)
+        self._counters = counters = _Counters(limits)
+        callback_metric("bookkeeper_server_ADD_ENTRY_IN_PROGRESS", "adds in progress",
+                        lambda: {(): float(counters.adds)}, kind="gauge")
+        callback_metric("bookkeeper_server_READ_ENTRY_IN_PROGRESS", "reads in progress",
+                        lambda: {(): float(counters.reads)}, kind="gauge")
         self._server: asyncio.base_events.Server | None = None
         self._connections: set[BookieConnection] = set()
 

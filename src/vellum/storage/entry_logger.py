@@ -17,8 +17,25 @@ Invariants:
   its round (adds + flush) and indexes nothing if it changed, so locations whose bytes were lost
   are never indexed, even if another caller's add hit the failure.
 - "Which log is active for this ledger" is decided in exactly one place,
-  ``_active_log_for(ledger_id)``: one shared active log here; one per ledger in the
-  entry-log-per-ledger mode (seed 000).
+  ``_active_log_for(ledger_id)``: one shared active log, or one per ledger in the
+  entry-log-per-ledger mode (seed 000, ``entryLogPerLedgerEnabled``).
+- Entry log per ledger: a ledger without an active log gets a freshly allocated one; at most
+  ``max_active_logs`` (``maximumNumberOfActiveEntryLogs``) are open, the least recently used is
+  sealed to make room; ``rotate_idle`` seals logs idle for ``access_expiry_s``
+  (``entrylogMapAccessExpiryTimeInSeconds``); ``rotate_ledger`` seals one ledger's log (the
+  advisory "ledger closed"); ``rotate`` seals all of them (checkpoint flushes all, dir full
+  seals all). Sealing writes the ledgers map, so a sealed log is immediately usable by GC. The
+  file format is the same in both modes, so the flag can change between restarts: a restart
+  always starts new logs, and logs written in either mode are read, scanned and collected alike.
+- GC / compaction touch only *flushed* logs (``flushed_log_ids``): existing ``.log`` files that
+  are neither active, nor reserved by preallocation, nor being written by compaction. In the
+  shared mode that is exactly "id < leastUnflushedLogId"; in the per-ledger mode it is
+  BookKeeper's later rule (``getFlushedLogIds``), since one long-lived ledger would otherwise
+  pin every newer log (BookKeeper issue #2728).
+- Compaction output (``CompactionLog``) is written as ``<hex new>.log.compacting``, sealed and
+  fsynced, renamed to ``<hex new>.log.<hex old>.compacted`` and hard-linked as
+  ``<hex new>.log`` (dir fsynced) before any index entry points to it; the ``.compacted`` name
+  is the durable marker of an unfinished compaction (see ``storage/compaction.py``).
 
 Threads: add/flush/rotation run under ``_lock`` (the storage's flush thread, compaction);
 reads use ``os.pread`` on reference-counted read-only descriptors and run concurrently.
@@ -29,7 +46,10 @@ from __future__ import annotations
 import errno
 import os
 import threading
+import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,6 +58,8 @@ from vellum.format import entrylog as fmt
 from vellum.ids import MAX_LOG_ID, location_log_id, location_offset, make_location
 
 LOG_SUFFIX = ".log"
+COMPACTING_SUFFIX = ".log.compacting"
+COMPACTED_SUFFIX = ".compacted"
 LAST_ID_FILE = "lastId"
 WRITE_BUFFER_SIZE = 65536  # BookKeeper's writeBufferSizeBytes
 
@@ -131,7 +153,13 @@ class EntryLogger:
         flush_entrylog_bytes: int = 0,
         write_buffer_size: int = WRITE_BUFFER_SIZE,
         file_ops: FileOps | None = None,
+        entry_log_per_ledger: bool = False,
+        max_active_logs: int = 500,
+        access_expiry_s: float = 300.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        if max_active_logs < 1:
+            raise ValueError(f"max_active_logs {max_active_logs} must be at least 1")
         if log_size_limit <= fmt.HEADER_SIZE:
             raise ValueError(f"log_size_limit {log_size_limit} must exceed the {fmt.HEADER_SIZE}-byte header")
         if log_size_limit >= 1 << 32:
@@ -148,6 +176,17 @@ class EntryLogger:
         self._readers_lock = threading.Lock()
         self._readers: dict[int, _Reader] = {}
         self._current: _ActiveLog | None = None
+        self.entry_log_per_ledger = entry_log_per_ledger
+        self.max_active_logs = max_active_logs
+        self.access_expiry_s = access_expiry_s
+        self._clock = clock
+        # Entry log per ledger: ledger -> its active log, least recently used first.
+        self._per_ledger: OrderedDict[int, _ActiveLog] = OrderedDict()
+        self._last_access: dict[int, float] = {}
+        self._reserved_ids: set[int] = set()  # ids of compaction outputs still being written
+        self._prealloc_id: int | None = None  # id reserved by the preallocation thread
+        self.rotations = 0  # logs sealed (observability and tests)
+        self._pool: ThreadPoolExecutor | None = None  # concurrent fsyncs of many active logs
         self._preallocated: _ActiveLog | None = None
         self._prealloc_thread: threading.Thread | None = None
         self._prealloc_error: BaseException | None = None
@@ -155,6 +194,8 @@ class EntryLogger:
         self._closed = False
         existing = self.log_ids()
         self._last_id = max([self._read_last_id(), *existing], default=-1)
+        self._last_id_lock = threading.Lock()
+        self._written_last_id = -1
 
     # ------------------------------------------------------------------ allocation
 
@@ -173,6 +214,15 @@ class EntryLogger:
             return -1
 
     def _write_last_id(self, log_id: int) -> None:
+        # The preallocation thread and compaction both allocate: serialise the writes (one
+        # temp file name) and never let lastId move backwards.
+        with self._last_id_lock:
+            if log_id <= self._written_last_id:
+                return
+            self._write_last_id_locked(log_id)
+            self._written_last_id = log_id
+
+    def _write_last_id_locked(self, log_id: int) -> None:
         path = self.current_dir / LAST_ID_FILE
         tmp = path.with_name(LAST_ID_FILE + ".tmp")
         try:
@@ -230,6 +280,7 @@ class EntryLogger:
             self._prealloc_thread = None
             log, self._preallocated = self._preallocated, None
             self._prealloc_error = None  # a failed preallocation is retried synchronously below
+            self._prealloc_id = None
         if log is None:
             log_id = self._next_log_id()
             self._last_id = log_id
@@ -243,6 +294,7 @@ class EntryLogger:
         # joined before the next allocation, so lastId writes never race.
         log_id = self._next_log_id()
         self._last_id = log_id
+        self._prealloc_id = log_id
 
         def run() -> None:
             try:
@@ -256,21 +308,39 @@ class EntryLogger:
         self._prealloc_thread.start()
 
     def _active_log_for(self, ledger_id: int) -> _ActiveLog:
-        """THE decision "which log receives this ledger's next entry": one shared active log.
+        """THE decision "which log receives this ledger's next entry".
 
-        The entry-log-per-ledger mode (seed 000) replaces only this method (plus rotation of the
-        logs it keeps): everything else works on whatever ``_ActiveLog`` it returns.
+        Shared mode: the one active log. Entry log per ledger (seed 000): the ledger's own log,
+        allocated on first use; when ``max_active_logs`` are open the least recently used one is
+        sealed first. Caller holds ``_lock``.
         """
-        if self._current is None:
-            self._current = self._allocate()
-        return self._current
+        if not self.entry_log_per_ledger:
+            if self._current is None:
+                self._current = self._allocate()
+            return self._current
+        log = self._per_ledger.get(ledger_id)
+        if log is None:
+            while len(self._per_ledger) >= self.max_active_logs:
+                _lid, victim = next(iter(self._per_ledger.items()))
+                self._seal(victim)  # drops its mapping through _forget_active
+            log = self._allocate()
+            self._per_ledger[ledger_id] = log
+        else:
+            self._per_ledger.move_to_end(ledger_id)
+        self._last_access[ledger_id] = self._clock()
+        return log
 
     def _active_logs(self) -> list[_ActiveLog]:
-        return [self._current] if self._current is not None else []
+        if not self.entry_log_per_ledger:
+            return [self._current] if self._current is not None else []
+        return list(self._per_ledger.values())
 
     def _forget_active(self, log: _ActiveLog) -> None:
         if self._current is log:
             self._current = None
+        for lid in [lid for lid, active in self._per_ledger.items() if active is log]:
+            del self._per_ledger[lid]
+            self._last_access.pop(lid, None)
 
     # ------------------------------------------------------------------ writes
 
@@ -383,15 +453,46 @@ class EntryLogger:
         self._sync(log)
         self._forget_active(log)
         os.close(log.fd)
+        self.rotations += 1
 
     def flush(self) -> None:
         """Make every location handed out so far durable: write buffers, fsync the active log(s)."""
         with self._lock:
             self._check_open()
-            for log in self._active_logs():
+            logs = self._active_logs()
+            for log in logs:
                 self._write_out(log)
-                if log.synced_pos < log.file_pos:
+            pending = [log for log in logs if log.synced_pos < log.file_pos]
+            if len(pending) <= 1:
+                for log in pending:
                     self._sync(log)
+                return
+            # Entry log per ledger: a checkpoint fsyncs every active log. Issued concurrently
+            # (fsync releases the GIL) so the filesystem can batch them in one journal commit;
+            # the outcomes are then applied one by one, exactly as _sync would.
+            outcomes = list(self._fsync_pool().map(self._fsync_quietly, pending))
+            first_error: StorageError | None = None
+            for log, error in zip(pending, outcomes):
+                if error is None:
+                    log.synced_pos = log.file_pos
+                    continue
+                self.failure_count += 1
+                self._abandon(log)
+                first_error = first_error or _io_error(error, f"{log.path}: fsync")
+            if first_error is not None:
+                raise first_error
+
+    def _fsync_quietly(self, log: _ActiveLog) -> OSError | None:
+        try:
+            self._ops.fsync(log.fd)
+        except OSError as e:
+            return e
+        return None
+
+    def _fsync_pool(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="entrylog-fsync")
+        return self._pool
 
     def rotate(self) -> None:
         """Seal the active log(s) now (e.g. before compaction of the current log, or in tests)."""
@@ -400,15 +501,118 @@ class EntryLogger:
             for log in self._active_logs():
                 self._seal(log)
 
+    def rotate_ledger(self, ledger_id: int) -> bool:
+        """Entry log per ledger: seal this ledger's active log (advisory "ledger closed").
+        Returns whether a log was sealed; a no-op in the shared mode."""
+        with self._lock:
+            self._check_open()
+            log = self._per_ledger.get(ledger_id)
+            if log is None:
+                return False
+            self._seal(log)
+            return True
+
+    def rotate_idle(self) -> int:
+        """Entry log per ledger: seal the logs of mappings not accessed for ``access_expiry_s``
+        (BookKeeper's access-expiry eviction); returns how many logs were sealed."""
+        with self._lock:
+            self._check_open()
+            if not self.entry_log_per_ledger:
+                return 0
+            cutoff = self._clock() - self.access_expiry_s
+            idle = {id(log): log for lid, log in self._per_ledger.items() if self._last_access.get(lid, 0.0) <= cutoff}
+            for log in idle.values():
+                self._seal(log)
+            return len(idle)
+
+    def active_ledgers(self) -> dict[int, int]:
+        """Entry log per ledger: ``{ledger_id: active log id}``."""
+        with self._lock:
+            return {lid: log.log_id for lid, log in self._per_ledger.items()}
+
     def least_unflushed_log_id(self) -> int:
         """Logs below this id are sealed and safe for GC/compaction (BookKeeper's name)."""
         with self._lock:
             active = [log.log_id for log in self._active_logs()]
-            return min(active) if active else self._last_id + 1
+            reserved = [*self._reserved_ids, *active]
+            if self._prealloc_id is not None:
+                reserved.append(self._prealloc_id)
+            return min(reserved) if reserved else self._last_id + 1
+
+    def flushed_log_ids(self) -> list[int]:
+        """Logs GC and compaction may read and delete: ``.log`` files that are not active, not
+        reserved by preallocation and not being written by compaction (module docstring)."""
+        with self._lock:
+            busy = {log.log_id for log in self._active_logs()} | self._reserved_ids
+            if self._prealloc_id is not None:
+                busy.add(self._prealloc_id)
+            ids = [i for i in self.log_ids() if i not in busy]
+            if not self.entry_log_per_ledger:
+                # Shared mode: BookKeeper's rule, identical to the set above but stated as such.
+                least = min([*busy], default=self._last_id + 1)
+                ids = [i for i in ids if i < least]
+            return ids
 
     def active_log_ids(self) -> list[int]:
         with self._lock:
             return [log.log_id for log in self._active_logs()]
+
+    def record_size(self, location: int) -> int | None:
+        """Bytes the record at ``location`` occupies (size field included), or None if unreadable."""
+        log_id, offset = location_log_id(location), location_offset(location)
+        try:
+            self._make_readable(log_id, offset)
+            reader = self._acquire_reader(log_id)
+        except (CorruptionError, StorageError):
+            return None
+        try:
+            head = self._pread(reader, fmt.SIZE_FIELD, offset - fmt.SIZE_FIELD, log_id)
+        except StorageError:
+            return None
+        finally:
+            self._release_reader(reader)
+        return fmt.SIZE_FIELD + fmt.decode_size(head) if len(head) == fmt.SIZE_FIELD else None
+
+    # ------------------------------------------------------------------ compaction output
+
+    def new_compaction_log(self, source_log_id: int) -> CompactionLog:
+        """A new log for the live entries of ``source_log_id`` (see ``CompactionLog``)."""
+        with self._lock:
+            self._check_open()
+            log_id = self._next_log_id()
+            self._last_id = log_id
+            self._reserved_ids.add(log_id)
+            try:
+                self._write_last_id(log_id)
+                return CompactionLog(self, log_id, source_log_id)
+            except BaseException:
+                self._reserved_ids.discard(log_id)
+                raise
+
+    def _release_reserved(self, log_id: int) -> None:
+        with self._lock:
+            self._reserved_ids.discard(log_id)
+
+    def compaction_files(self) -> tuple[list[Path], list[tuple[int, int, Path]]]:
+        """Leftovers of interrupted compactions: ``*.log.compacting`` files, and
+        ``(new_id, old_id, path)`` for every ``<new>.log.<old>.compacted`` marker."""
+        compacting: list[Path] = []
+        compacted: list[tuple[int, int, Path]] = []
+        with self._lock:
+            busy = set(self._reserved_ids)
+        for name in sorted(os.listdir(self.current_dir)):
+            if name.endswith(COMPACTING_SUFFIX):
+                new_id = parse_log_file_name(name[: -len(".compacting")])
+                if new_id is not None and new_id not in busy:
+                    compacting.append(self.current_dir / name)
+            elif name.endswith(COMPACTED_SUFFIX):
+                parts = name[: -len(COMPACTED_SUFFIX)].split(".")
+                if len(parts) == 3 and parts[1] == "log":
+                    new_id = parse_log_file_name(parts[0] + LOG_SUFFIX)
+                    old_id = parse_log_file_name(parts[2] + LOG_SUFFIX)
+                    if new_id is not None and old_id is not None and new_id not in busy:
+                        compacted.append((new_id, old_id, self.current_dir / name))
+        return compacting, compacted
 
     # ------------------------------------------------------------------ reads
 
@@ -623,9 +827,11 @@ class EntryLogger:
     def delete_log(self, log_id: int) -> None:
         """Remove a sealed log (GC/compaction). The active log cannot be deleted."""
         with self._lock:
+            if log_id in self._reserved_ids:
+                raise StorageError(f"{self.log_path(log_id)}: cannot delete a log being written")
             if log_id in [log.log_id for log in self._active_logs()]:
                 raise StorageError(f"{self.log_path(log_id)}: cannot delete the active entry log")
-            if self._preallocated is not None and self._preallocated.log_id == log_id:
+            if self._prealloc_id == log_id:
                 raise StorageError(f"{self.log_path(log_id)}: cannot delete the preallocated entry log")
             path = self.log_path(log_id)
             with self._readers_lock:
@@ -675,6 +881,8 @@ class EntryLogger:
                     spare.path.unlink()
                 except OSError:
                     pass
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
         with self._readers_lock:
             for reader in self._readers.values():
                 reader.closing = True
@@ -687,6 +895,104 @@ class EntryLogger:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class CompactionLog:
+    """A new entry log receiving the live entries of one compacted log.
+
+    Written as ``<hex id>.log.compacting``; ``finish()`` seals it (ledgers map, header), fsyncs
+    it, renames it to ``<hex id>.log.<hex source>.compacted``, hard-links it as ``<hex id>.log``
+    and fsyncs the directory: after ``finish()`` returns, the copies are durable and readable and
+    the ``.compacted`` marker says which compaction still has to finish (index update, delete of
+    the source, then ``done()`` removes the marker). ``abort()`` removes the unfinished file.
+    Used by the GC thread only; writes bypass the logger's lock (the file is private until
+    ``finish``).
+    """
+
+    def __init__(self, logger: EntryLogger, log_id: int, source_log_id: int) -> None:
+        self._logger = logger
+        self.log_id = log_id
+        self.source_log_id = source_log_id
+        self.path = logger.current_dir / (f"{log_id:x}" + COMPACTING_SUFFIX)
+        self.marker = logger.current_dir / f"{log_id:x}.log.{source_log_id:x}{COMPACTED_SUFFIX}"
+        self._ops = logger._ops
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        self._buf = bytearray(fmt.encode_header())
+        self._pos = fmt.HEADER_SIZE
+        self.sizes: dict[int, int] = {}
+        self.bytes_written = 0
+        self._done = False
+
+    @property
+    def room(self) -> int:
+        return self._logger.log_size_limit - self._pos
+
+    def add_entry(self, ledger_id: int, entry: bytes) -> int:
+        record = fmt.encode_record(entry)
+        location = make_location(self.log_id, self._pos + fmt.SIZE_FIELD)
+        self._buf += record
+        self._pos += len(record)
+        self.sizes[ledger_id] = self.sizes.get(ledger_id, 0) + len(record)
+        self.bytes_written += len(record)
+        if len(self._buf) >= self._logger.write_buffer_size:
+            self._write_out()
+        return location
+
+    def _write_out(self) -> None:
+        view = memoryview(bytes(self._buf))
+        try:
+            while view:
+                n = self._ops.write(self._fd, view)
+                if n <= 0:
+                    raise OSError(errno.EIO, "write returned 0")
+                view = view[n:]
+        except OSError as e:
+            raise _io_error(e, f"{self.path}") from None
+        self._buf.clear()
+
+    def finish(self) -> None:
+        """Seal + fsync the file, then make it ``<id>.log`` durably (module docstring order)."""
+        map_offset = self._pos
+        if self.sizes:
+            self._buf += fmt.encode_ledgers_map(self.sizes)
+        self._write_out()
+        try:
+            self._ops.pwrite(
+                self._fd,
+                fmt.encode_header_map_fields(map_offset if self.sizes else 0, len(self.sizes)),
+                fmt.HEADER_MAP_FIELDS_OFFSET,
+            )
+            self._ops.fsync(self._fd)
+            os.close(self._fd)
+            self._fd = -1
+            os.rename(self.path, self.marker)
+            os.link(self.marker, self._logger.log_path(self.log_id))
+            fsync_dir(self._logger.current_dir)
+        except OSError as e:
+            raise _io_error(e, f"{self.path}: finishing compaction output") from None
+        finally:
+            self._logger._release_reserved(self.log_id)
+
+    def done(self) -> None:
+        """The compaction is complete (index updated, source deleted): drop the marker."""
+        try:
+            self.marker.unlink()
+            fsync_dir(self._logger.current_dir)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise _io_error(e, f"{self.marker}: delete") from None
+
+    def abort(self) -> None:
+        """Nothing points into an unfinished file: close and remove it."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+            try:
+                self.path.unlink()
+            except OSError:
+                pass
+        self._logger._release_reserved(self.log_id)
 
 
 class _OwningScanner(fmt.EntryLogScanner):

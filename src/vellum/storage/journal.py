@@ -252,6 +252,10 @@ class Journal:
         if alignment < 16:
             raise ValueError(f"journal alignment {alignment} must be at least 16 bytes")
         self.journal_dir = Path(journal_dir)
+        # Group-commit efficiency (records per fsync), read by the bookie's metrics at scrape
+        # time; only the force-write thread writes them.
+        self.fsyncs_total = 0
+        self.records_synced_total = 0
         self.current_dir = self.journal_dir / "current"
         self.index = index
         self._max_wait = max(0.0, max_group_wait_ms) / 1000.0
@@ -652,11 +656,13 @@ class Journal:
                 if self._error is None and self._sync_data and last.fd >= 0:
                     try:
                         self._fsync(last.fd)
+                        self.fsyncs_total += 1
                     except OSError as e:
                         self._fail(f"fsync of journal {last.path} failed up to offset {last.end}", e)
                 error = self._error
                 if error is None:
                     self._mark = LogMark(last.journal_id, last.end)
+                    self.records_synced_total += sum(len(r.callbacks) for r in group)
                 for request in group:
                     for callback in request.callbacks:
                         try:

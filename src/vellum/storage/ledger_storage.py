@@ -22,8 +22,15 @@ Invariants:
   misses an added entry.
 - ``NoSuchEntryError`` is raised only for a known ledger whose entry is neither cached nor
   indexed; an unknown ledger raises ``NoSuchLedgerError``; anything doubtful is a storage error.
-- Flushes, deletes and trims are serialised by ``_flush_lock``, so a flush never re-adds the
-  locations of a ledger deleted while it ran. Lock order: ``_flush_lock`` then ``_cond``.
+- Flushes, deletes, trims and compaction's index updates are serialised by ``_flush_lock``, so
+  a flush never re-adds the locations of a ledger deleted while it ran, and compaction moves an
+  index entry only if it still points where compaction read it (``update_locations_if_unchanged``:
+  a trimmed, deleted or rewritten entry is never resurrected). Lock order: ``_flush_lock`` then
+  ``_cond``.
+
+Entry log per ledger (seed 000): ``note_ledger_closed`` remembers the advisory "ledger closed";
+the first ``flush()`` (checkpoint) that finds none of that ledger's entries left in the write
+caches seals its log. Every ``flush()`` also seals logs idle past the access expiry.
 """
 
 from __future__ import annotations
@@ -108,6 +115,9 @@ class LedgerStorage:
         preallocate: bool = True,
         file_ops: FileOps | None = None,
         flush_hook: Callable[[], None] | None = None,
+        entry_log_per_ledger: bool = False,
+        max_active_entry_logs: int = 500,
+        entry_log_map_expiry_s: float = 300.0,
     ) -> None:
         if write_cache_max_bytes < 2:
             raise ValueError(f"write_cache_max_bytes {write_cache_max_bytes} is too small")
@@ -124,6 +134,9 @@ class LedgerStorage:
             preallocate=preallocate,
             flush_entrylog_bytes=flush_entrylog_bytes,
             file_ops=file_ops,
+            entry_log_per_ledger=entry_log_per_ledger,
+            max_active_logs=max_active_entry_logs,
+            access_expiry_s=entry_log_map_expiry_s,
         )
         try:
             self.locations = EntryLocationIndex(self.index_dir)
@@ -150,6 +163,11 @@ class LedgerStorage:
         self._read_cache_size = 0
         self._read_cache_lock = threading.Lock()
         self._epoch = 0  # bumped by delete/trim: read-ahead results older than it are dropped
+        self._closed_ledgers: set[int] = set()  # advisory "ledger closed", not yet rotated
+        # Bytes of records dropped from the index by trim(), per entry log: GC counts them as
+        # dead. In memory only: after a restart they are found again by compaction's
+        # entry-level liveness check when the log is compacted for other reasons.
+        self._trimmed_bytes: dict[int, int] = {}
         self._last_flush_error: BaseException | None = None
         self._retry_at = 0.0
         self._closed = False
@@ -264,6 +282,74 @@ class LedgerStorage:
             self.entry_logger.flush()
             self.locations.sync()
             self.ledgers_index.sync()
+            if self.entry_logger.entry_log_per_ledger:
+                self._rotate_after_flush()
+
+    def _rotate_after_flush(self) -> None:
+        """Entry log per ledger: seal the logs of closed ledgers whose entries are all flushed,
+        and of idle mappings. Caller holds ``_flush_lock`` (so no flush runs concurrently)."""
+        with self._cond:
+            done = [
+                lid
+                for lid in self._closed_ledgers
+                if lid not in self._active.last
+                and (self._flushing is None or lid not in self._flushing.last)
+            ]
+            self._closed_ledgers.difference_update(done)
+        for lid in done:
+            self.entry_logger.rotate_ledger(lid)
+        self.entry_logger.rotate_idle()
+
+    def note_ledger_closed(self, ledger_id: int) -> None:
+        """Advisory "ledger closed" (seed 000): its log is sealed at the next checkpoint after
+        its entries are flushed. Only meaningful with entry log per ledger."""
+        if self.entry_logger.entry_log_per_ledger:
+            with self._cond:
+                self._closed_ledgers.add(ledger_id)
+
+    def rotate_entry_logs(self) -> None:
+        """Seal every active entry log (the ledger dir became full: seed 000)."""
+        with self._flush_lock:
+            self.entry_logger.rotate()
+
+    # ------------------------------------------------------------------ GC / compaction support
+
+    def location_of(self, ledger_id: int, entry_id: int) -> int | None:
+        """The indexed location of an entry (None if not indexed)."""
+        return self.locations.get_location(ledger_id, entry_id)
+
+    def update_locations_if_unchanged(self, moves: list[tuple[int, int, int, int]]) -> int:
+        """Compaction's index update: ``(ledger, entry, old, new)`` moves whose index entry still
+        equals ``old`` are written in one batch and synced; others (trimmed, deleted, rewritten
+        since compaction read them) are skipped. Returns how many moved."""
+        with self._flush_lock:
+            self._check_open()
+            batch = [
+                (lid, eid, new)
+                for lid, eid, old, new in moves
+                if self.locations.get_location(lid, eid) == old
+            ]
+            if batch:
+                self.locations.put_locations(batch)
+            self.locations.sync()
+            return len(batch)
+
+    def sync_index(self) -> None:
+        """Make index changes (ledger deletes) durable before GC deletes entry logs."""
+        with self._flush_lock:
+            self._check_open()
+            self.locations.sync()
+            self.ledgers_index.sync()
+
+    def trimmed_bytes(self) -> dict[int, int]:
+        """Per entry log, bytes of records trimmed away (dead for GC); see ``trim``."""
+        with self._cond:
+            return dict(self._trimmed_bytes)
+
+    def forget_log(self, log_id: int) -> None:
+        """GC deleted (or compacted away) a log: drop its trim bookkeeping."""
+        with self._cond:
+            self._trimmed_bytes.pop(log_id, None)
 
     # ------------------------------------------------------------------ reads
 
@@ -452,7 +538,18 @@ class LedgerStorage:
                 if self._flushing is not None:
                     self._flushing.drop_ledger(ledger_id, below=end_entry_id)
                 self._bump_epoch_and_evict(ledger_id, end_entry_id)
+            dead: dict[int, int] = {}
+            for eid, location in self.locations.iter_ledger(ledger_id):
+                if eid >= end_entry_id:
+                    break
+                size = self.entry_logger.record_size(location)
+                if size is not None:
+                    log_id = location >> 32
+                    dead[log_id] = dead.get(log_id, 0) + size
             self.locations.delete_range(ledger_id, 0, end_entry_id)
+            with self._cond:
+                for log_id, size in dead.items():
+                    self._trimmed_bytes[log_id] = self._trimmed_bytes.get(log_id, 0) + size
 
     def _bump_epoch_and_evict(self, ledger_id: int, below: int | None) -> None:
         with self._read_cache_lock:

@@ -1,0 +1,105 @@
+"""Admin HTTP routes for GC (issue 7), added to ``build_app`` through ``extra_routes``.
+
+BookKeeper's paths and JSON:
+- ``PUT /api/v1/bookie/gc``: force GC; optional body ``{"forceMajor": bool, "forceMinor": bool}``
+  (each defaults to "not suspended"); answers ``"Triggered GC on BookieServer: <id>"``;
+- ``GET /api/v1/bookie/gc``: ``{"is_in_force_gc": "true|false"}``;
+- ``GET /api/v1/bookie/gc_details``: a JSON array, one object per GC thread (ledger dir);
+- ``PUT /api/v1/bookie/gc/suspend_compaction`` body ``{"suspendMajor": bool, "suspendMinor": bool}``,
+  ``GET`` answers ``{isMajorGcSuspended, isMinorGcSuspended}``;
+- ``PUT /api/v1/bookie/gc/resume_compaction`` body ``{"resumeMajor": bool, "resumeMinor": bool}``.
+Vellum's own: ``GET /api/v1/bookie/entrylogs`` (per-log size, live bytes, usage, ledgers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from aiohttp import web
+
+from vellum.admin.gc_admin import GcAdmin
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.Response(text=json.dumps(data, indent=2), status=status, content_type="application/json")
+
+
+async def _body(request: web.Request) -> dict[str, Any] | web.Response:
+    text = await request.text()
+    if not text.strip():
+        return {}
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        return _json({"error": f"request body is not JSON: {e}"}, 400)
+    if not isinstance(data, dict):
+        return _json({"error": "request body must be a JSON object"}, 400)
+    return data
+
+
+def _flag(body: dict[str, Any], name: str, default: bool | None) -> bool | None:
+    value = body.get(name, default)
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    raise ValueError(f"{name} must be a boolean, got {value!r}")
+
+
+def gc_routes(admin: GcAdmin) -> list[web.RouteDef]:
+    async def gc_put(r: web.Request) -> web.Response:
+        body = await _body(r)
+        if isinstance(body, web.Response):
+            return body
+        try:
+            major = _flag(body, "forceMajor", None)
+            minor = _flag(body, "forceMinor", None)
+        except ValueError as e:
+            return _json({"error": str(e)}, 400)
+        return _json(admin.trigger_gc(major, minor))
+
+    async def gc_get(_r: web.Request) -> web.Response:
+        return _json(admin.is_in_force_gc())
+
+    async def gc_details(_r: web.Request) -> web.Response:
+        return _json(admin.gc_details())
+
+    async def suspend_get(_r: web.Request) -> web.Response:
+        return _json(admin.suspension())
+
+    async def suspend_put(r: web.Request) -> web.Response:
+        body = await _body(r)
+        if isinstance(body, web.Response):
+            return body
+        try:
+            major = bool(_flag(body, "suspendMajor", False))
+            minor = bool(_flag(body, "suspendMinor", False))
+        except ValueError as e:
+            return _json({"error": str(e)}, 400)
+        return _json(admin.suspend_compaction(major, minor))
+
+    async def resume_put(r: web.Request) -> web.Response:
+        body = await _body(r)
+        if isinstance(body, web.Response):
+            return body
+        try:
+            major = bool(_flag(body, "resumeMajor", False))
+            minor = bool(_flag(body, "resumeMinor", False))
+        except ValueError as e:
+            return _json({"error": str(e)}, 400)
+        return _json(admin.resume_compaction(major, minor))
+
+    async def entrylogs(_r: web.Request) -> web.Response:
+        return _json(await asyncio.to_thread(admin.entry_log_usage))
+
+    return [
+        web.put("/api/v1/bookie/gc", gc_put),
+        web.get("/api/v1/bookie/gc", gc_get),
+        web.get("/api/v1/bookie/gc_details", gc_details),
+        web.get("/api/v1/bookie/gc/suspend_compaction", suspend_get),
+        web.put("/api/v1/bookie/gc/suspend_compaction", suspend_put),
+        web.put("/api/v1/bookie/gc/resume_compaction", resume_put),
+        web.get("/api/v1/bookie/entrylogs", entrylogs),
+    ]

@@ -1,0 +1,66 @@
+"""Helpers shared by the GC tests (imported by path: tests/ has no packages)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+from vellum.format.entry import DigestManager, DigestType
+from vellum.storage.ledger_storage import LedgerStorage
+
+KEY = b"master-key"
+
+
+def entry(ledger_id: int, entry_id: int) -> bytes:
+    size = 100 + (ledger_id * 131 + entry_id * 17) % 400
+    seed = f"{ledger_id}:{entry_id}:".encode()
+    payload = (seed * (size // len(seed) + 1))[:size]
+    return DigestManager(ledger_id, DigestType.CRC32C, b"pw").compute(entry_id, entry_id - 1, 0, payload)
+
+
+def open_storage(path: Path, **kw: object) -> LedgerStorage:
+    args: dict[str, object] = dict(
+        log_size_limit=64 * 1024,
+        write_cache_max_bytes=256 * 1024,
+        read_cache_max_bytes=1 << 20,
+        read_ahead_batch_size=10,
+        max_throttle_time_ms=5000,
+        preallocate=True,
+    )
+    args.update(kw)
+    return LedgerStorage(path, **args)  # type: ignore[arg-type]
+
+
+def write_ledgers(st: LedgerStorage, ledgers: Iterable[int], entries: int, start: int = 0) -> None:
+    ids = list(ledgers)
+    for lid in ids:
+        st.set_master_key(lid, KEY)
+    for eid in range(start, start + entries):
+        for lid in ids:  # interleaved, like many writers sharing one bookie
+            st.add_entry(entry(lid, eid))
+    st.flush()
+
+
+def log_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in (path / "current").glob("*.log"))
+
+
+class FakeLister:
+    """A metadata store view: ``live`` ids, optional failure after ``fail_after`` ranges."""
+
+    def __init__(self, live: Iterable[int], *, range_size: int = 3) -> None:
+        self.live = set(live)
+        self.range_size = range_size
+        self.fail_after: int | None = None
+        self.exists_calls = 0
+
+    def ledger_ranges(self) -> Iterable[list[int]]:
+        ids = sorted(self.live)
+        for n, i in enumerate(range(0, len(ids), self.range_size)):
+            if self.fail_after is not None and n >= self.fail_after:
+                raise ConnectionError("metadata store connection lost")
+            yield ids[i : i + self.range_size]
+
+    def ledger_exists(self, ledger_id: int) -> bool:
+        self.exists_calls += 1
+        return ledger_id in self.live
