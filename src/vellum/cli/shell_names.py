@@ -1,0 +1,149 @@
+"""Shell commands for named ledgers (seed 002): names, name, readname, shrink.
+
+Each command opens the blocking client on ``--uri`` (default ``$VELLUM_METADATA_URI`` or
+``vellum.config.DEFAULT_METADATA_URI``), prints a table (or JSON with ``--json``) and closes it.
+Only ``shrink`` changes state; ``name`` and ``readname`` never fence a writer.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import click
+
+from vellum.cli.output import emit_json, emit_kv, emit_table
+from vellum.config import DEFAULT_METADATA_URI
+
+
+def _uri_option(fn):  # type: ignore[no-untyped-def]
+    return click.option(
+        "--uri",
+        default=lambda: os.environ.get("VELLUM_METADATA_URI", DEFAULT_METADATA_URI),
+        show_default="$VELLUM_METADATA_URI or " + DEFAULT_METADATA_URI,
+        help="metadata service URI",
+    )(fn)
+
+
+def _password_option(fn):  # type: ignore[no-untyped-def]
+    return click.option("--password", default="", help="the named ledger's password")(fn)
+
+
+def register(shell: click.Group) -> None:
+    shell.add_command(names_cmd)
+    shell.add_command(name_cmd)
+    shell.add_command(readname)
+    shell.add_command(shrink_cmd)
+
+
+@click.command("names")
+@_uri_option
+@click.argument("prefix", required=False, default="")
+@click.option("--json", "as_json", is_flag=True)
+def names_cmd(uri: str, prefix: str, as_json: bool) -> None:
+    """List named ledgers whose name starts with PREFIX."""
+    from vellum.client.blocking import BookKeeper
+    from vellum.client.named_blocking import NamedLedgers
+
+    with BookKeeper(uri) as bk:
+        found = NamedLedgers(bk).list(prefix)
+    if as_json:
+        emit_json(found)
+        return
+    emit_table(["name"], [(n,) for n in found], title=f"named ledgers ({prefix or 'all'}): {len(found)}")
+
+
+@click.command("name")
+@_uri_option
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True)
+def name_cmd(uri: str, name: str, as_json: bool) -> None:
+    """Show a named ledger: state, writer session, start, last entry, size, segments, cursors."""
+    from vellum.client.blocking import BookKeeper
+    from vellum.client.named_blocking import NamedLedgers
+
+    with BookKeeper(uri) as bk:
+        info = NamedLedgers(bk).info(name)
+    rec = info.record
+    segments: list[dict[str, Any]] = [
+        {"ledgerId": s.ledger_id, "state": "OPEN" if s.is_open else "CLOSED", "firstEntryId": s.first_entry_id,
+         "lastEntryId": s.last_entry_id, "length": s.length if not s.is_open else None, "writerEpoch": s.epoch}
+        for s in rec.segments
+    ]
+    summary: dict[str, Any] = {
+        "name": rec.name,
+        "state": rec.state,
+        "writerEpoch": rec.writer_epoch,
+        "writer": rec.writer,
+        "startEntryId": rec.start_entry_id,
+        "lastEntryId": info.last_entry_id,
+        "entries": max(0, info.last_entry_id - rec.start_entry_id + 1),
+        "sizeBytes": info.size,
+        "trimmedTo": rec.trimmed_to,
+        "digestType": rec.digest_type.name,
+        "quorum": f"{rec.ensemble_size}/{rec.write_quorum_size}/{rec.ack_quorum_size}",
+        "segments": len(rec.segments),
+        "cursors": ", ".join(sorted(rec.cursors)),
+        "version": info.version,
+    }
+    if as_json:
+        emit_json({**summary, "segments": segments,
+                   "cursors": {k: v.decode("utf-8", "backslashreplace") for k, v in rec.cursors.items()}})
+        return
+    emit_kv(summary, title=f"named ledger {name}")
+    emit_table(["ledger", "state", "first", "last", "bytes", "epoch"],
+               [tuple(s.values()) for s in segments], title="segments")
+
+
+@click.command("readname")
+@_uri_option
+@_password_option
+@click.argument("name")
+@click.argument("first", type=int, required=False, default=None)
+@click.argument("last", type=int, required=False, default=-1)
+@click.option("--show-payload", is_flag=True, help="print payloads (escaped beyond printable text)")
+@click.option("--json", "as_json", is_flag=True)
+def readname(uri: str, password: str, name: str, first: int | None, last: int, show_payload: bool,
+             as_json: bool) -> None:
+    """Read entries FIRST..LAST (global ids; default: start..last confirmed) without fencing."""
+    from vellum.client.blocking import BookKeeper
+    from vellum.client.named_blocking import NamedLedgers, OpenMode
+
+    with BookKeeper(uri) as bk:
+        h = NamedLedgers(bk).open(name, OpenMode.READ_ONLY, password=password.encode())
+        lac = h.read_last_add_confirmed()
+        lo = h.start_entry_id if first is None else first
+        hi = lac if last < 0 else min(last, lac)
+        entries = h.read(lo, hi) if hi >= lo else []
+    rows = [(e.entry_id, e.ledger_id, e.ledger_entry_id, len(e.payload),
+             e.payload.decode("utf-8", "backslashreplace")[:200] if show_payload else "") for e in entries]
+    if as_json:
+        emit_json([{"entryId": r[0], "ledgerId": r[1], "ledgerEntryId": r[2], "size": r[3],
+                    **({"payload": r[4]} if show_payload else {})} for r in rows])
+        return
+    cols = ["entry", "ledger", "ledger entry", "size"] + (["payload"] if show_payload else [])
+    emit_table(cols, [r if show_payload else r[:4] for r in rows],
+               title=f"{name}: entries {lo}..{hi} (last confirmed {lac})")
+
+
+@click.command("shrink")
+@_uri_option
+@click.argument("name")
+@click.argument("entry", type=int)
+@click.option("--force", is_flag=True, help="also delete whole segments below ENTRY and TRIM the bookies")
+@click.option("--json", "as_json", is_flag=True)
+def shrink_cmd(uri: str, name: str, entry: int, force: bool, as_json: bool) -> None:
+    """Move NAME's start to ENTRY: entries below it become invisible (with --force, reclaimed)."""
+    from vellum.client.blocking import BookKeeper
+    from vellum.client.named_blocking import NamedLedgers
+
+    with BookKeeper(uri) as bk:
+        named = NamedLedgers(bk)
+        start = named.shrink(name, entry, force=force)
+        rec = named.record(name).value
+    result = {"name": name, "startEntryId": start, "force": force, "segments": len(rec.segments),
+              "trimmedTo": rec.trimmed_to}
+    if as_json:
+        emit_json(result)
+    else:
+        emit_kv(result, title=f"{name} shrunk")
