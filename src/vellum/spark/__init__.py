@@ -1,1 +1,19 @@
-"""spark layer (see docs/architecture.md)."""
+"""Spark layer (L6): the ``vellum`` PySpark data source and offline bookie jobs.
+
+``vellum.spark.register(spark)`` registers ``format("vellum")`` with a SparkSession (see
+docs/spark.md). Importing this package does not import pyspark: the data-source modules are
+loaded on first use, so ``vellum`` commands that never touch Spark stay light.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["register"]
+
+
+def register(spark: Any) -> None:
+    """Register the ``vellum`` data source with ``spark`` (a SparkSession)."""
+    from vellum.spark.datasource import register as _register
+
+    _register(spark)

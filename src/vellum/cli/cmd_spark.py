@@ -1,0 +1,143 @@
+"""``vellum spark ...``: offline analyses of bookie storage run as Spark jobs.
+
+Commands: ``gc-report`` (per entry log: total / live bytes, usage, age, pinning ledgers),
+``replica-check`` (ledgers whose bookies miss entries or hold diverging copies) and
+``staging-gc`` (staging ledgers of Spark writes whose driver died before commit).
+Output: a readable table, ``--json``, or ``--parquet PATH`` for further Spark work.
+
+pyspark is imported only when a command runs, so ``vellum`` itself starts fast and works
+without the ``[spark]`` extra.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any
+
+import click
+
+from vellum.cli.output import emit_json, emit_table
+
+
+def _session(master: str) -> Any:
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError:
+        raise click.ClickException("pyspark is not installed: pip install 'vellum[spark]'") from None
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    spark = (SparkSession.builder.master(master).appName("vellum-spark-job")
+             .config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.shuffle.partitions", "4")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def _emit(spark: Any, rows: list[dict[str, Any]], columns: list[str], *, title: str, as_json: bool,
+          parquet: str | None) -> None:
+    if parquet:
+        if rows:
+            spark.createDataFrame([{c: r[c] for c in columns} for r in rows]).write.mode("overwrite").parquet(parquet)
+        click.echo(f"{len(rows)} rows written to {parquet}", err=True)
+    if as_json:
+        emit_json(rows)
+    elif not parquet:
+        emit_table(columns, ([_cell(r[c]) for c in columns] for r in rows), title=title)
+
+
+def _cell(v: Any) -> Any:
+    if isinstance(v, list):
+        shown = ",".join(map(str, v[:8]))
+        return shown + (f",... ({len(v)})" if len(v) > 8 else "")
+    return v
+
+
+def register(cli: click.Group) -> None:
+    @cli.group()
+    def spark() -> None:
+        """Offline analyses of bookie storage, run on Spark."""
+
+    common = [
+        click.option("--metadata-uri", required=True, help="metadata service URI of the cluster"),
+        click.option("--master", default="local[2]", show_default=True, help="Spark master"),
+        click.option("--json", "as_json", is_flag=True, help="machine-readable output"),
+        click.option("--parquet", type=click.Path(), help="write the result rows as Parquet here"),
+    ]
+
+    def with_common(fn: Any) -> Any:
+        for opt in reversed(common):
+            fn = opt(fn)
+        return fn
+
+    @spark.command("gc-report")
+    @with_common
+    @click.option("--dir", "dirs", multiple=True, type=click.Path(exists=True, file_okay=False),
+                  help="a directory of (copied) bookie data: every ledger dir below is scanned, read-only")
+    @click.option("--http", "http_urls", multiple=True,
+                  help="admin HTTP base URL of a running bookie (e.g. http://127.0.0.1:8000); repeatable")
+    @click.option("--min-age", default=0.0, show_default=True, help="only logs at least this many seconds old")
+    def gc_report(metadata_uri: str, master: str, as_json: bool, parquet: str | None, dirs: tuple[str, ...],
+                  http_urls: tuple[str, ...], min_age: float) -> None:
+        """Per entry log: total and live bytes, usage, age, and the ledgers that pin it."""
+        if not dirs and not http_urls:
+            raise click.UsageError("give --dir (copied bookie data) and/or --http (running bookies)")
+        from vellum.spark.jobs import gc_report as run
+
+        s = _session(master)
+        rows = run(s, metadata_uri=metadata_uri, dirs=list(dirs), http_urls=list(http_urls))
+        rows = [r for r in rows if r["ageSeconds"] is None or r["ageSeconds"] >= min_age]
+        cols = ["bookie", "logId", "totalBytes", "liveBytes", "usage", "ageSeconds", "ledgers", "deadLedgers",
+                "pinnedBy", "partlyShrunk", "source"]
+        _emit(s, rows, cols if not (as_json or parquet) else [*cols, "file"], title="entry logs (oldest first)",
+              as_json=as_json, parquet=parquet)
+
+    @spark.command("replica-check")
+    @with_common
+    @click.option("--ledger", "ledgers", multiple=True, type=int, help="check only these ledgers (repeatable)")
+    @click.option("--digests", is_flag=True, help="also compare the stored bytes of every entry across replicas")
+    @click.option("--all-rows", is_flag=True, help="show every (ledger, segment, bookie), not only problems")
+    def replica_check(metadata_uri: str, master: str, as_json: bool, parquet: str | None, ledgers: tuple[int, ...],
+                      digests: bool, all_rows: bool) -> None:
+        """Ledgers whose bookies do not hold the entries the ensemble striping gives them."""
+        from vellum.spark.jobs import replica_check as run
+        from vellum.spark.jobs import summarize_replicas
+
+        s = _session(master)
+        rows = run(s, metadata_uri=metadata_uri, ledger_ids=list(ledgers) or None, digests=digests)
+        if all_rows or parquet:
+            cols = ["ledgerId", "segmentFirst", "segmentLast", "bookie", "expected", "present", "missing",
+                    "extra", "digestMismatches", "firstMissing", "error"]
+            _emit(s, rows, cols, title="replicas", as_json=as_json, parquet=parquet)
+            return
+        problems = summarize_replicas(rows)
+        checked = len({r["ledgerId"] for r in rows})
+        if as_json:
+            emit_json({"ledgersChecked": checked, "problems": problems})
+            return
+        emit_table(["ledgerId", "status", "missingCopies", "digestMismatches", "bookies"],
+                   ([_cell(p[c]) for c in ("ledgerId", "status", "missingCopies", "digestMismatches", "bookies")]
+                    for p in problems),
+                   title=f"{checked} ledgers checked, {len(problems)} with problems")
+
+    @spark.command("staging-gc")
+    @click.option("--metadata-uri", required=True, help="metadata service URI of the cluster")
+    @click.option("--older-than", default=3600.0, show_default=True,
+                  help="only jobs whose staging ledgers are at least this many seconds old")
+    @click.option("--dry-run", is_flag=True, help="list, delete nothing")
+    def staging_gc(metadata_uri: str, older_than: float, dry_run: bool) -> None:
+        """Delete staging ledgers of Spark writes that never committed (driver crashed)."""
+        from vellum.client.blocking import BookKeeper
+        from vellum.spark.writer import cleanup_staging, list_staging_jobs
+
+        now_ms = time.time() * 1000
+        rows = []
+        with BookKeeper(metadata_uri) as bk:
+            for job, items in sorted(list_staging_jobs(bk).items()):
+                newest = max(c for _k, _l, c in items)
+                old = now_ms - newest >= older_than * 1000
+                deleted = cleanup_staging(bk, job, set()) if old and not dry_run else 0
+                rows.append((job, len(items), round((now_ms - newest) / 1000, 1), deleted))
+        emit_table(["job", "stagingLedgers", "ageSeconds", "deleted"], rows, title="Spark staging ledgers")

@@ -1,0 +1,189 @@
+"""The Spark side of named ledgers: readable views of name records, and atomic publishing.
+
+Responsibility: adapt :mod:`vellum.client.named` (asyncio) to the blocking code of the data
+source: ``NameReader`` gives the readable range and segments of a name without opening it for
+writing; ``NameWriter`` publishes a job's staging ledgers (and a sink cursor) by one CAS.
+
+Invariants:
+- reading never changes the record and never fences: the open segment's readable end is its
+  LAC, read with a ``recovery=False`` handle (kept per ledger so refreshes are cheap);
+- a publish is one compare-and-set of the record; the cursor check (replay detection) uses the
+  same record version as the CAS, so "check then publish" cannot interleave with another commit;
+- staging ledgers are written with the name's digest type and password (the record's), which
+  the named-ledger client requires of published segments.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from vellum.client.blocking import BookKeeper, LedgerHandle
+from vellum.client.named import NamedLedgerRecord, NamedLedgers, OpenMode
+from vellum.errors import MetadataVersionError, NoSuchLedgerError
+from vellum.meta.api import Versioned
+from vellum.spark.options import WriteOptions
+
+_T = TypeVar("_T")
+_TIMEOUT_S = 120.0
+
+
+def _call(bk: BookKeeper, coro: Coroutine[Any, Any, _T]) -> _T:
+    """Run a coroutine of the async client on the blocking client's loop (bounded wait)."""
+    return asyncio.run_coroutine_threadsafe(coro, bk.loop).result(_TIMEOUT_S)
+
+
+@dataclass(frozen=True)
+class SegmentView:
+    ledger_id: int
+    first_entry_id: int
+    last_readable: int  # global id of the last readable entry (first - 1 if none)
+
+
+@dataclass(frozen=True)
+class NameView:
+    start_entry_id: int
+    end: int  # global id after the last readable entry
+    segments: tuple[SegmentView, ...]
+    password: bytes
+    custom_metadata: dict[str, bytes]
+    avg_entry_bytes: int
+
+
+class NameReader:
+    """Read-only views of named ledgers (driver side)."""
+
+    def __init__(self, bk: BookKeeper) -> None:
+        self._bk = bk
+        self._named = NamedLedgers(bk.aio)
+        self._readers: dict[int, LedgerHandle] = {}
+
+    def list_names(self) -> list[str]:
+        return _call(self._bk, self._named.list(""))
+
+    def record(self, name: str) -> Versioned[NamedLedgerRecord] | None:
+        try:
+            return _call(self._bk, self._named.record(name))
+        except NoSuchLedgerError:
+            return None
+
+    def view(self, name: str) -> NameView | None:
+        got = self.record(name)
+        if got is None:
+            return None
+        rec = got.value
+        segs: list[SegmentView] = []
+        length = entries = 0
+        for seg in rec.segments:
+            if seg.last_entry_id is not None:
+                last = seg.last_entry_id
+                length += seg.length
+                entries += seg.last_entry_id - seg.first_entry_id + 1
+            else:
+                h = self._readers.get(seg.ledger_id)
+                try:
+                    if h is None:
+                        h = self._bk.open_ledger(seg.ledger_id, password=rec.password, recovery=False)
+                        self._readers = {seg.ledger_id: h}  # only the current open segment is kept
+                    else:
+                        h.read_last_add_confirmed()
+                except NoSuchLedgerError:
+                    return None  # deleted under us: the record changed, the caller sees data loss
+                last = seg.first_entry_id + h.last_add_confirmed
+                length += h.length
+                entries += h.last_add_confirmed + 1
+            if last >= rec.start_entry_id:
+                segs.append(SegmentView(seg.ledger_id, seg.first_entry_id, last))
+        end = max(rec.start_entry_id, segs[-1].last_readable + 1 if segs else rec.start_entry_id)
+        avg = max(1, length // entries) if entries > 0 and length > 0 else 1024
+        return NameView(rec.start_entry_id, end, tuple(segs), rec.password, dict(rec.custom_metadata), avg)
+
+
+class NameWriter:
+    """Publishes staging ledgers into one named ledger (driver-side commit)."""
+
+    def __init__(self, bk: BookKeeper, opts: WriteOptions) -> None:
+        self._bk = bk
+        self._opts = opts
+        self._named = NamedLedgers(bk.aio)
+
+    def publish(self, ledger_ids: list[int], *, overwrite: bool, cursor: tuple[str, int] | None) -> bool:
+        """One CAS publishing ``ledger_ids`` (and the cursor). False: a replay, nothing changed.
+
+        ``MetadataVersionError`` when another commit won the race: the caller re-reads and retries.
+        """
+        name = self._opts.name
+        got = None
+        try:
+            got = _call(self._bk, self._named.record(name))
+        except NoSuchLedgerError:
+            pass
+        updates: dict[str, bytes | None] = {}
+        if cursor is not None:
+            key, batch_id = cursor
+            if got is not None:
+                stored = got.value.cursors.get(key)
+                if stored is not None and int(stored) >= batch_id:
+                    return False
+            updates[key] = str(batch_id).encode()
+        if got is None and not ledger_ids:
+            # Nothing to publish, but the name should exist afterwards (and carry the cursor).
+            self._create_empty()
+            got = _call(self._bk, self._named.record(name))
+        if got is None:
+            fn = self._named.overwrite if overwrite else self._named.publish_segments
+            _call(self._bk, fn(name, ledger_ids, expected_version=None, cursor_updates=updates))
+            return True
+        if not ledger_ids and not overwrite:
+            if updates:
+                key, value = next(iter(updates.items()))
+                _call(self._bk, self._named.set_cursor(name, key, value, got.version))
+            return True
+        fn = self._named.overwrite if overwrite else self._named.publish_segments
+        _call(self._bk, fn(name, ledger_ids, expected_version=got.version, cursor_updates=updates))
+        return True
+
+    def _create_empty(self) -> None:
+        o = self._opts
+        try:
+            h = _call(self._bk, self._named.open(
+                o.name, OpenMode.CREATE, digest_type=o.digest_type, password=o.password,
+                ensemble_size=o.ensemble_size, write_quorum_size=o.write_quorum_size,
+                ack_quorum_size=o.ack_quorum_size,
+            ))
+        except MetadataVersionError:
+            return
+        except Exception as exc:
+            if type(exc).__name__ == "LedgerExistsError":
+                return
+            raise
+        _call(self._bk, h.close())
+
+
+def resolve_write_settings(bk: BookKeeper, opts: WriteOptions) -> WriteOptions:
+    """Options completed from an existing name's record: its digest type and quorum defaults.
+
+    Published segments must have the record's digest and password, so a mismatching password
+    option is an error here, at ``save()`` time, rather than at commit after all the writing.
+    """
+    import dataclasses
+
+    try:
+        rec = _call(bk, NamedLedgers(bk.aio).record(opts.name)).value
+    except NoSuchLedgerError:
+        return opts
+    if rec.password != opts.password:
+        raise ValueError(f"[VELLUM_OPTION] named ledger {opts.name!r} exists with another password: "
+                         "give its password in the option password")
+    if opts.digest_type is not None and opts.digest_type != rec.digest_type.name:
+        raise ValueError(f"[VELLUM_OPTION] named ledger {opts.name!r} uses digest {rec.digest_type.name}, "
+                         f"not {opts.digest_type}")
+    return dataclasses.replace(
+        opts,
+        digest_type=rec.digest_type.name,
+        ensemble_size=opts.ensemble_size or rec.ensemble_size,
+        write_quorum_size=opts.write_quorum_size or rec.write_quorum_size,
+        ack_quorum_size=opts.ack_quorum_size or rec.ack_quorum_size,
+    )

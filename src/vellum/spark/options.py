@@ -1,0 +1,315 @@
+"""Options of the ``vellum`` Spark data source: parsing and validation into frozen, picklable values.
+
+Responsibility: turn Spark's option map (string values, case-insensitive keys) into
+:class:`ReadOptions` / :class:`WriteOptions`, rejecting anything wrong with a message that names
+the option, so that users get the error at ``load()`` / ``save()`` time (planning), not as an
+executor traceback.
+
+Invariants:
+- the results hold only plain values (str, int, bool, tuples): they are pickled to planner,
+  executor and committer processes, which share no other state;
+- exactly one selector is given: ``ledgers`` (ids), ``name``, ``names`` or ``namePattern``;
+- offsets are JSON objects with string keys (a ledger id or a name) and int values, the next
+  entry id to read; ``-2`` means earliest and ``-1`` latest (Kafka's convention);
+- unknown options are errors (with a "did you mean"), except ``bookkeeper.*`` pass-throughs.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from vellum.errors import IncorrectParameterError
+
+EARLIEST = -2
+LATEST = -1
+
+#: Column names of the read schema (stable, documented in docs/spark.md).
+COL_NAME = "name"
+COL_LEDGER = "ledgerId"
+COL_ENTRY = "entryId"
+COL_PAYLOAD = "payload"
+COL_METADATA = "customMetadata"
+
+
+class OptionError(IncorrectParameterError):
+    """A bad option of the vellum data source (the message starts with ``[VELLUM_OPTION]``)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"[VELLUM_OPTION] {message}")
+
+
+_READ_KEYS = {
+    "metadataserviceuri": "metadataServiceUri",
+    "ledgers": "ledgers",
+    "name": "name",
+    "names": "names",
+    "namepattern": "namePattern",
+    "startingoffsets": "startingOffsets",
+    "endingoffsets": "endingOffsets",
+    "maxentriesperpartition": "maxEntriesPerPartition",
+    "minpartitions": "minPartitions",
+    "includepayload": "includePayload",
+    "includemetadata": "includeMetadata",
+    "maxentriespertrigger": "maxEntriesPerTrigger",
+    "maxbytespertrigger": "maxBytesPerTrigger",
+    "failondataloss": "failOnDataLoss",
+    "lacpollintervalms": "lacPollIntervalMs",
+    "arrowbatchentries": "arrowBatchEntries",
+    "password": "password",
+    "path": "path",  # Spark passes load(path) as an option: accepted as `name`
+}
+
+_WRITE_KEYS = {
+    "metadataserviceuri": "metadataServiceUri",
+    "name": "name",
+    "path": "path",
+    "ensemblesize": "ensembleSize",
+    "writequorumsize": "writeQuorumSize",
+    "ackquorumsize": "ackQuorumSize",
+    "digesttype": "digestType",
+    "password": "password",
+    "maxinflight": "maxInFlight",
+}
+
+
+#: options Spark itself adds to a source's or sink's map (not the user's to misspell)
+_SPARK_KEYS = frozenset({"checkpointlocation", "queryname", "path", "paths"})
+
+
+def _check_keys(options: Mapping[str, str], known: Mapping[str, str], what: str) -> None:
+    for key in options:
+        low = key.lower()
+        if low in known or low.startswith("bookkeeper.") or low in _SPARK_KEYS:
+            continue
+        close = difflib.get_close_matches(low, list(known), n=1)
+        hint = f"; did you mean {known[close[0]]!r}?" if close else ""
+        raise OptionError(f"unknown {what} option {key!r}{hint} (known: {', '.join(sorted(known.values()))})")
+
+
+def _get(options: Mapping[str, str], key: str) -> str | None:
+    low = key.lower()
+    for k, v in options.items():
+        if k.lower() == low:
+            return None if v is None else str(v)
+    return None
+
+
+def _int(options: Mapping[str, str], key: str, default: int | None, *, minimum: int = 1) -> int | None:
+    raw = _get(options, key)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise OptionError(f"option {key} must be an integer, got {raw!r}") from None
+    if value < minimum:
+        raise OptionError(f"option {key} must be >= {minimum}, got {value}")
+    return value
+
+
+def _bool(options: Mapping[str, str], key: str, default: bool) -> bool:
+    raw = _get(options, key)
+    if raw is None or raw == "":
+        return default
+    low = raw.strip().lower()
+    if low in ("true", "1", "yes"):
+        return True
+    if low in ("false", "0", "no"):
+        return False
+    raise OptionError(f"option {key} must be true or false, got {raw!r}")
+
+
+def _uri(options: Mapping[str, str]) -> str:
+    uri = _get(options, "metadataServiceUri")
+    if not uri:
+        raise OptionError("option metadataServiceUri is required (e.g. sqlite:///path/metadata.db or zk://host:2181/ledgers)")
+    return uri
+
+
+def _bk_passthrough(options: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((k[len("bookkeeper."):], str(v)) for k, v in options.items()
+                        if k.lower().startswith("bookkeeper.")))
+
+
+def parse_offsets(raw: str | None, option: str, *, default: str, allow_latest: bool = True) -> str | dict[str, int]:
+    """``earliest`` / ``latest`` or a JSON object ``{"<ledger id or name>": nextEntryId}``."""
+    text = (raw or default).strip()
+    if text.lower() in ("earliest", "latest"):
+        if text.lower() == "latest" and not allow_latest:
+            raise OptionError(f"option {option} cannot be 'latest' here")
+        return text.lower()
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise OptionError(f"option {option} must be earliest, latest or a JSON object, got {text!r}: {e}") from None
+    if not isinstance(value, dict):
+        raise OptionError(f"option {option} JSON must be an object {{\"<ledger or name>\": nextEntryId}}, got {text!r}")
+    out: dict[str, int] = {}
+    for k, v in value.items():
+        if not isinstance(v, int) or isinstance(v, bool) or v < EARLIEST:
+            raise OptionError(f"option {option}: offset of {k!r} must be an entry id >= 0, -2 (earliest) or "
+                              f"-1 (latest), got {v!r}")
+        out[str(k)] = v
+    return out
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """Validated read options (batch and streaming)."""
+
+    metadata_uri: str
+    ledger_ids: tuple[int, ...] | None
+    names: tuple[str, ...] | None
+    name_pattern: str | None
+    starting: str | tuple[tuple[str, int], ...]
+    ending: str | tuple[tuple[str, int], ...]
+    max_entries_per_partition: int
+    min_partitions: int | None
+    include_payload: bool
+    include_metadata: bool
+    max_entries_per_trigger: int | None
+    max_bytes_per_trigger: int | None
+    fail_on_data_loss: bool
+    lac_poll_interval_ms: int
+    arrow_batch_entries: int
+    password: bytes
+    client_properties: tuple[tuple[str, str], ...]
+
+    @property
+    def named(self) -> bool:
+        return self.ledger_ids is None
+
+    def starting_map(self) -> str | dict[str, int]:
+        return self.starting if isinstance(self.starting, str) else dict(self.starting)
+
+    def ending_map(self) -> str | dict[str, int]:
+        return self.ending if isinstance(self.ending, str) else dict(self.ending)
+
+
+def _frozen(offsets: str | dict[str, int]) -> str | tuple[tuple[str, int], ...]:
+    return offsets if isinstance(offsets, str) else tuple(sorted(offsets.items()))
+
+
+def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOptions:
+    _check_keys(options, _READ_KEYS, "read")
+    uri = _uri(options)
+    ledgers_raw = _get(options, "ledgers")
+    name = _get(options, "name") or _get(options, "path")
+    names_raw = _get(options, "names")
+    pattern = _get(options, "namePattern")
+    given = [k for k, v in (("ledgers", ledgers_raw), ("name", name), ("names", names_raw),
+                            ("namePattern", pattern)) if v]
+    if len(given) != 1:
+        raise OptionError("give exactly one of the options ledgers (comma-separated ids), name, names "
+                          f"(comma-separated) or namePattern (a regular expression); got {given or 'none'}")
+    ledger_ids: tuple[int, ...] | None = None
+    names: tuple[str, ...] | None = None
+    if ledgers_raw:
+        try:
+            ids = [int(x) for x in ledgers_raw.split(",") if x.strip()]
+        except ValueError:
+            raise OptionError(f"option ledgers must be comma-separated ledger ids, got {ledgers_raw!r}") from None
+        if not ids or any(i < 0 for i in ids):
+            raise OptionError(f"option ledgers must name at least one ledger id >= 0, got {ledgers_raw!r}")
+        ledger_ids = tuple(dict.fromkeys(ids))
+    elif name:
+        names = (name,)
+    elif names_raw:
+        names = tuple(dict.fromkeys(n.strip() for n in names_raw.split(",") if n.strip()))
+        if not names:
+            raise OptionError("option names must list at least one name")
+    else:
+        assert pattern is not None
+        try:
+            re.compile(pattern)
+        except re.error as e:
+            raise OptionError(f"option namePattern is not a valid regular expression: {e}") from None
+    starting = parse_offsets(_get(options, "startingOffsets"), "startingOffsets",
+                             default="latest" if streaming else "earliest")
+    ending_raw = _get(options, "endingOffsets")
+    if streaming and ending_raw:
+        raise OptionError("option endingOffsets is for batch reads only (a stream has no end)")
+    ending = parse_offsets(ending_raw, "endingOffsets", default="latest")
+    if ending == "earliest":
+        raise OptionError("option endingOffsets cannot be 'earliest'")
+    if isinstance(ending, dict) and any(v == EARLIEST for v in ending.values()):
+        raise OptionError("option endingOffsets cannot use -2 (earliest)")
+    if not streaming:
+        for key in ("maxEntriesPerTrigger", "maxBytesPerTrigger", "lacPollIntervalMs"):
+            if _get(options, key):
+                raise OptionError(f"option {key} is for streaming reads only")
+    keys = ledger_ids is not None
+    for opt, offsets in (("startingOffsets", starting), ("endingOffsets", ending)):
+        if isinstance(offsets, dict) and keys:
+            bad = [k for k in offsets if not k.isdigit()]
+            if bad:
+                raise OptionError(f"option {opt}: keys must be ledger ids in ledger mode, got {bad}")
+    password = (_get(options, "password") or "").encode()
+    return ReadOptions(
+        metadata_uri=uri,
+        ledger_ids=ledger_ids,
+        names=names,
+        name_pattern=pattern or None,
+        starting=_frozen(starting),
+        ending=_frozen(ending),
+        max_entries_per_partition=_int(options, "maxEntriesPerPartition", 100_000) or 100_000,
+        min_partitions=_int(options, "minPartitions", None),
+        include_payload=_bool(options, "includePayload", True),
+        include_metadata=_bool(options, "includeMetadata", False),
+        max_entries_per_trigger=_int(options, "maxEntriesPerTrigger", None),
+        max_bytes_per_trigger=_int(options, "maxBytesPerTrigger", None),
+        fail_on_data_loss=_bool(options, "failOnDataLoss", True),
+        lac_poll_interval_ms=_int(options, "lacPollIntervalMs", 500, minimum=0) or 0,
+        arrow_batch_entries=_int(options, "arrowBatchEntries", 4096) or 4096,
+        password=password,
+        client_properties=_bk_passthrough(options),
+    )
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    """Validated write options (batch and streaming)."""
+
+    metadata_uri: str
+    name: str
+    ensemble_size: int | None
+    write_quorum_size: int | None
+    ack_quorum_size: int | None
+    digest_type: str | None
+    password: bytes
+    max_in_flight: int
+    client_properties: tuple[tuple[str, str], ...]
+
+
+_DIGESTS = ("CRC32", "CRC32C", "HMAC", "DUMMY")
+
+
+def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
+    _check_keys(options, _WRITE_KEYS, "write")
+    uri = _uri(options)
+    name = _get(options, "name") or _get(options, "path")
+    if not name:
+        raise OptionError("option name is required: the named ledger to write into (or save(name))")
+    digest = _get(options, "digestType")
+    if digest is not None and digest.upper() not in _DIGESTS:
+        raise OptionError(f"option digestType must be one of {', '.join(_DIGESTS)}, got {digest!r}")
+    e = _int(options, "ensembleSize", None)
+    w = _int(options, "writeQuorumSize", None)
+    a = _int(options, "ackQuorumSize", None)
+    if e is not None and w is not None and a is not None and not e >= w >= a:
+        raise OptionError(f"need ensembleSize >= writeQuorumSize >= ackQuorumSize, got {e} >= {w} >= {a}")
+    return WriteOptions(
+        metadata_uri=uri,
+        name=name,
+        ensemble_size=e,
+        write_quorum_size=w,
+        ack_quorum_size=a,
+        digest_type=digest.upper() if digest else None,
+        password=(_get(options, "password") or "").encode(),
+        max_in_flight=_int(options, "maxInFlight", 1000) or 1000,
+        client_properties=_bk_passthrough(options),
+    )

@@ -1,0 +1,384 @@
+"""Batch and streaming readers of the ``vellum`` data source.
+
+Responsibility: plan partitions (entry ranges of one ledger each) on the driver and read them
+on executors as Arrow record batches; for streams, compute offsets (``{"<ledger id or name>":
+next entry id}``) under read limits, with throttled LAC refreshes and ``availableNow`` support.
+
+Invariants:
+- planning is deterministic given the offsets: ``partitions(start, end)`` only looks at the
+  offsets and the (immutable) placement of already confirmed entries, so a micro-batch replanned
+  after a restart reads exactly the same entries (exactly-once source with Spark's offset log);
+- an executor reads only entries that were confirmed at planning time (<= LAC, or <= last
+  entry of a closed ledger), so ``read_unconfirmed`` on that range never returns data a
+  recovery could drop; ledgers are never opened with recovery (no fencing of live writers);
+- offsets are JSON dicts with string keys and int values; a key absent from ``start`` means
+  "from the key's first readable entry" (a newly discovered name or ledger);
+- the reader objects hold only picklable option values; clients are created lazily in the
+  process that uses them and never pickled.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxBytes,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from vellum.client.blocking import BookKeeper, LedgerEntry, LedgerHandle
+from vellum.errors import NoSuchEntryError, NoSuchLedgerError, VellumError
+from vellum.spark.catalog import Bounds, Catalog, DataLossError, Span, catalog_for, resolve_offset
+from vellum.spark.connection import client, drop_client, shared_client
+from vellum.spark.options import ReadOptions
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EntryRange(InputPartition):  # type: ignore[misc]
+    """Global entries ``[first, last]`` of ``key`` stored in ``ledger_id`` at ``global - base``."""
+
+    key: str
+    ledger_id: int
+    base: int
+    first: int
+    last: int
+    password: bytes
+
+
+def _split(key: str, spans: Sequence[Span], per_partition: int) -> list[EntryRange]:
+    out: list[EntryRange] = []
+    for s in spans:
+        for lo in range(s.first, s.last + 1, per_partition):
+            out.append(EntryRange(key, s.ledger_id, s.base, lo, min(s.last, lo + per_partition - 1), s.password))
+    return out
+
+
+def plan_partitions(
+    opts: ReadOptions, catalog: Catalog, ranges: dict[str, tuple[int, int]]
+) -> list[EntryRange]:
+    """Partitions for ``{key: (first, end)}`` honouring maxEntriesPerPartition and minPartitions."""
+    spans = {k: catalog.spans(k, a, b) for k, (a, b) in sorted(ranges.items()) if b > a}
+    per = opts.max_entries_per_partition
+    total = sum(b - a for a, b in ranges.values() if b > a)
+    if opts.min_partitions and total > 0:
+        # Enough tasks for the requested parallelism, but never more than maxEntriesPerPartition each.
+        per = max(1, min(per, math.ceil(total / opts.min_partitions)))
+    parts: list[EntryRange] = []
+    for key, ss in spans.items():
+        parts.extend(_split(key, ss, per))
+    return parts
+
+
+def _data_loss(opts: ReadOptions, message: str) -> None:
+    if opts.fail_on_data_loss:
+        raise DataLossError(message)
+    log.warning("[LEDGER_DATA_LOSS] %s (skipped: failOnDataLoss=false)", message)
+
+
+def read_range(opts: ReadOptions, schema: StructType, part: EntryRange) -> Iterator[pa.RecordBatch]:
+    """Read one partition as Arrow batches of at most ``arrowBatchEntries`` rows (executor side)."""
+    arrow_schema = to_arrow_schema(schema)
+    named = not opts.ledger_ids
+    name_value = part.key if named else None
+    with_md = opts.include_metadata
+    if not opts.include_payload and not with_md:
+        # Metadata-only scan: ids come from the plan; no bookie is asked for payloads.
+        for lo in range(part.first, part.last + 1, opts.arrow_batch_entries):
+            hi = min(part.last, lo + opts.arrow_batch_entries - 1)
+            yield _batch(arrow_schema, name_value, part.ledger_id, list(range(lo, hi + 1)), None, None)
+        return
+    try:
+        bk = shared_client(opts.metadata_uri, opts.client_properties)
+        handle = bk.open_ledger(part.ledger_id, password=part.password, recovery=False)
+    except NoSuchLedgerError:
+        _data_loss(opts, f"ledger {part.ledger_id} (of {part.key!r}) was deleted before entries "
+                         f"{part.first}..{part.last} were read")
+        return
+    except VellumError:
+        drop_client(opts.metadata_uri, opts.client_properties)
+        raise
+    custom = dict(handle.metadata.custom_metadata) if with_md else None
+    step = opts.arrow_batch_entries
+    for lo in range(part.first, part.last + 1, step):
+        hi = min(part.last, lo + step - 1)
+        try:
+            entries = _read(handle, lo - part.base, hi - part.base)
+        except (NoSuchEntryError, NoSuchLedgerError) as exc:
+            _data_loss(opts, f"ledger {part.ledger_id} (of {part.key!r}): entries {lo}..{hi} are gone ({exc})")
+            return
+        ids = [e.entry_id + part.base for e in entries]
+        payloads = [e.payload for e in entries] if opts.include_payload else None
+        yield _batch(arrow_schema, name_value, part.ledger_id, ids, payloads, custom)
+
+
+def _read(handle: LedgerHandle, first: int, last: int) -> list[LedgerEntry]:
+    """Entries ``first..last`` (all confirmed at planning time), as few round trips as possible.
+
+    BATCH_READ (one request per replica for many entries) works below the handle's LAC and on
+    unstriped segments; beyond the LAC this handle knows (its open-time LAC read may lag the
+    planner's) entries are read one by one, which is safe for entries the plan saw confirmed.
+    """
+    out: list[LedgerEntry] = []
+    pos = first
+    while pos <= last:
+        if pos <= handle.last_add_confirmed:
+            got = handle.batch_read(pos, last - pos + 1)
+        else:
+            got = handle.read_unconfirmed(pos, last)
+        if not got:
+            raise NoSuchEntryError(f"ledger {handle.ledger_id}: entry {pos} not returned")
+        out.extend(got)
+        pos = got[-1].entry_id + 1
+    return out
+
+
+def _batch(
+    schema: pa.Schema,
+    name: str | None,
+    ledger_id: int,
+    ids: list[int],
+    payloads: list[bytes] | None,
+    custom: dict[str, bytes] | None,
+) -> pa.RecordBatch:
+    n = len(ids)
+    cols: list[pa.Array] = [
+        pa.nulls(n, pa.string()) if name is None else pa.array([name] * n, pa.string()),
+        pa.array([ledger_id] * n, pa.int64()),
+        pa.array(ids, pa.int64()),
+        pa.nulls(n, pa.binary()) if payloads is None else pa.array(payloads, pa.binary()),
+    ]
+    if len(schema) > 4:
+        items = list((custom or {}).items())
+        cols.append(pa.array([items] * n, schema.field(4).type))
+    return pa.RecordBatch.from_arrays(cols, schema=schema)
+
+
+class VellumBatchReader(DataSourceReader):  # type: ignore[misc]
+    """``spark.read.format("vellum")``: a bounded scan of ledgers or named ledgers."""
+
+    def __init__(self, opts: ReadOptions, schema: StructType) -> None:
+        self.opts = opts
+        self.schema = schema
+
+    def partitions(self) -> Sequence[InputPartition]:
+        opts = self.opts
+        with client(opts.metadata_uri, opts.client_properties) as bk:
+            catalog = catalog_for(opts, bk)
+            keys = catalog.list_keys()
+            starting, ending = opts.starting_map(), opts.ending_map()
+            for what, offsets in (("startingOffsets", starting), ("endingOffsets", ending)):
+                if isinstance(offsets, dict):
+                    unknown = sorted(set(offsets) - set(keys))
+                    if unknown:
+                        raise ValueError(f"[VELLUM_OPTION] {what} names {unknown}, which the read does not select")
+            ranges: dict[str, tuple[int, int]] = {}
+            for key in keys:
+                b = catalog.bounds(key)
+                if b is None:
+                    _data_loss(opts, f"{_what(opts)} {key} does not exist")
+                    continue
+                first = resolve_offset(starting.get(key, -2) if isinstance(starting, dict) else starting, b)
+                end = resolve_offset(ending.get(key, -1) if isinstance(ending, dict) else ending, b)
+                if first < b.first:
+                    _data_loss(opts, f"{_what(opts)} {key}: startingOffsets asks for entry {first} but the "
+                                     f"first readable entry is {b.first}")
+                    first = b.first
+                if end > b.end:
+                    raise ValueError(f"[VELLUM_OPTION] endingOffsets of {key} is {end}, beyond the "
+                                     f"{b.end} readable entries")
+                ranges[key] = (first, max(first, end))
+            return plan_partitions(opts, catalog, ranges)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, EntryRange):
+            # Spark hands one placeholder partition when partitions() planned none.
+            return iter(())
+        return read_range(self.opts, self.schema, partition)
+
+
+def _what(opts: ReadOptions) -> str:
+    return "ledger" if opts.ledger_ids is not None else "named ledger"
+
+
+class VellumStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type: ignore[misc]
+    """``spark.readStream.format("vellum")``: offsets are the next entry id per ledger or name.
+
+    Runs in one long-lived driver-side process per query run: the client, the reader handles and
+    the LAC cache live for the run, never across restarts (the checkpoint carries the offsets).
+    """
+
+    def __init__(self, opts: ReadOptions, schema: StructType) -> None:
+        self.opts = opts
+        self.schema = schema
+        self._bk: BookKeeper | None = None
+        self._catalog: Catalog | None = None
+        self._initial: dict[str, int] | None = None
+        self._latest: dict[str, Bounds] = {}
+        self._latest_at = -math.inf
+        self._target: dict[str, int] | None = None  # availableNow: frozen end
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.update(_bk=None, _catalog=None, _latest={}, _latest_at=-math.inf)
+        return state
+
+    # --------------------------------------------------------------------------- helpers
+    def _cat(self) -> Catalog:
+        if self._catalog is None:
+            self._bk = shared_client(self.opts.metadata_uri, self.opts.client_properties)
+            self._catalog = catalog_for(self.opts, self._bk)
+        return self._catalog
+
+    def _refresh(self, *, force: bool = False) -> dict[str, Bounds]:
+        """Bounds of every selected key; at most one refresh per ``lacPollIntervalMs``.
+
+        Spark calls ``latestOffset`` ~40x/s with no trigger interval: each refresh is a quorum LAC
+        read per open ledger (and a name-record read per name), so it is throttled.
+        """
+        now = time.monotonic()
+        if not force and (now - self._latest_at) * 1000 < self.opts.lac_poll_interval_ms:
+            return self._latest
+        cat = self._cat()
+        fresh: dict[str, Bounds] = {}
+        for key in cat.list_keys():
+            b = cat.bounds(key)
+            if b is not None:
+                fresh[key] = b
+        self._latest, self._latest_at = fresh, now
+        return fresh
+
+    # --------------------------------------------------------------------------- Spark API
+    def initialOffset(self) -> dict[str, int]:
+        # Called twice at start: compute once so both calls agree.
+        if self._initial is None:
+            latest = self._refresh(force=True)
+            starting = self.opts.starting_map()
+            missing = [k for k in self._cat().list_keys() if k not in latest]
+            if missing:
+                _data_loss(self.opts, f"{_what(self.opts)}(s) {missing} do not exist")
+            out: dict[str, int] = {}
+            for key, b in latest.items():
+                spec = starting.get(key, -2) if isinstance(starting, dict) else starting
+                out[key] = resolve_offset(spec, b)
+            self._initial = out
+        return dict(self._initial)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.opts.max_entries_per_trigger:
+            return ReadMaxRows(self.opts.max_entries_per_trigger)
+        if self.opts.max_bytes_per_trigger:
+            return ReadMaxBytes(self.opts.max_bytes_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = {k: b.end for k, b in self._refresh(force=True).items()}
+
+    def reportLatestOffset(self) -> dict[str, int]:
+        return {k: b.end for k, b in self._latest.items()}
+
+    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
+        latest = self._refresh()
+        target = dict(self._target) if self._target is not None else {k: b.end for k, b in latest.items()}
+        end: dict[str, int] = {}
+        avail: dict[str, int] = {}
+        for key, pos in start.items():
+            b = latest.get(key)
+            if b is None:
+                _data_loss(self.opts, f"{_what(self.opts)} {key} was deleted while the query was reading "
+                                      f"it (next entry {pos})")
+                continue  # dropped from the offsets: nothing more can be read from it
+            if pos < b.first:
+                _data_loss(self.opts, f"{_what(self.opts)} {key} was shrunk: the query's next entry is {pos} "
+                                      f"but the first readable entry is now {b.first}")
+                pos = b.first
+            if pos > b.end:
+                _data_loss(self.opts, f"{_what(self.opts)} {key} has only {b.end} entries but the query "
+                                      f"already read up to {pos} (ledger replaced or truncated)")
+                pos = b.end
+            end[key] = pos
+        for key, pos in end.items():
+            avail[key] = max(0, min(target.get(key, pos), latest[key].end) - pos)
+        for key, b in latest.items():
+            if key not in end and key not in start:
+                # Newly discovered: enter the offsets at its first readable entry, read from the
+                # next trigger on, so every planned range has an explicit start (deterministic replay).
+                end[key] = b.first
+        rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        max_bytes = limit.max_bytes if isinstance(limit, ReadMaxBytes) else None
+        if not isinstance(limit, ReadAllAvailable):
+            # Both options apply whatever the default limit Spark passes back.
+            rows = rows or self.opts.max_entries_per_trigger
+            max_bytes = max_bytes or self.opts.max_bytes_per_trigger
+        take = _allocate(avail, {k: latest[k].avg_entry_bytes for k in avail}, rows, max_bytes)
+        return {k: end[k] + take.get(k, 0) for k in end}
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
+        cat = self._cat()
+        ranges: dict[str, tuple[int, int]] = {}
+        for key, stop in end.items():
+            first = start.get(key, stop)  # a key new in `end` enters at its start (see latestOffset)
+            if stop > first:
+                ranges[key] = (first, stop)
+        try:
+            return plan_partitions(self.opts, cat, ranges)
+        except DataLossError as exc:
+            if self.opts.fail_on_data_loss:
+                raise
+            log.warning("%s (skipped: failOnDataLoss=false)", exc)
+            return []
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, EntryRange):
+            # Spark hands one placeholder partition when partitions() planned none.
+            return iter(())
+        return read_range(self.opts, self.schema, partition)
+
+    def commit(self, end: dict[str, int]) -> None:
+        # Nothing to do: positions live in Spark's checkpoint (a commit of the last availableNow
+        # batch only happens at the next run, so no correctness may depend on it).
+        return None
+
+
+def _allocate(
+    avail: dict[str, int], avg_bytes: dict[str, int], max_rows: int | None, max_bytes: int | None
+) -> dict[str, int]:
+    """Entries to take per key: all available, or a share proportional to what each key has.
+
+    Like Kafka's maxOffsetsPerTrigger: each key gets ``budget * avail / total`` (rounded down),
+    then leftovers go in key order. A byte budget is turned into entries per key through the
+    key's average entry size; at least one entry moves per trigger so a huge entry never stalls.
+    """
+    total = sum(avail.values())
+    if total == 0:
+        return {}
+    budget = total
+    if max_rows is not None:
+        budget = min(budget, max_rows)
+    if max_bytes is not None:
+        weighted = sum(avail[k] * avg_bytes[k] for k in avail) / total
+        budget = min(budget, max(1, int(max_bytes // max(1, weighted))))
+    if budget >= total:
+        return dict(avail)
+    take = {k: (budget * a) // total for k, a in avail.items()}
+    left = budget - sum(take.values())
+    for k in sorted(avail):
+        if left <= 0:
+            break
+        extra = min(left, avail[k] - take[k])
+        take[k] += extra
+        left -= extra
+    return take

@@ -1,0 +1,284 @@
+"""Batch and streaming writers of the ``vellum`` data source: exactly-once into a named ledger.
+
+Responsibility: each task attempt writes its rows into a *staging ledger* of its own (a ledger
+has one writer, so tasks cannot share one) and returns a commit message naming it; the driver's
+commit publishes all staging ledgers of the job as new segments of the named ledger in **one
+compare-and-set** of the name record; abort deletes them.
+
+Protocol and invariants:
+- before appending, a task registers its staging ledger under
+  ``spark/staging/<job tag>/<partition>.<attempt>.<ledger id>`` in the metadata key-value store;
+  commit and abort delete every registered ledger of the job that was not published (failed or
+  speculative attempts, replays) and then the registrations, so nothing is orphaned once the job
+  ends; a driver that dies before commit leaves registrations ``vellum spark staging-gc`` sweeps;
+- data becomes visible only through the CAS: before it readers see nothing of the job, after it
+  everything (the staging ledgers are closed before their task reports success);
+- streams: the same CAS also stores cursor ``spark.sink.<queryId>`` = the batch id, and a batch
+  whose id is not above the stored one is a replay: its staging ledgers are deleted, the named
+  ledger is untouched (exactly once per micro-batch across restarts and replays);
+- ``mode("overwrite")`` replaces the name's segments by the job's in the same CAS; the old
+  segments' ledgers are deleted after it;
+- writers hold only options and a job tag (picklable); commit relies only on the messages and
+  the metadata store, since Spark runs it on a separate copy of the writer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import logging
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+from pyspark import TaskContext
+from pyspark.sql.datasource import (
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+
+from vellum.client.blocking import BookKeeper
+from vellum.client.ledger import LedgerHandle as AsyncLedgerHandle
+from vellum.errors import MetadataVersionError
+from vellum.spark.connection import client, shared_client
+from vellum.spark.options import WriteOptions
+
+log = logging.getLogger(__name__)
+
+STAGING_PREFIX = "spark/staging/"
+TAG_JOB = "vellum.spark.job"
+
+
+@dataclass(frozen=True)
+class VellumCommit(WriterCommitMessage):  # type: ignore[misc]
+    """What one successful task attempt wrote: a closed staging ledger (or ``ledger_id=-1`` if empty)."""
+
+    job: str
+    partition_id: int
+    attempt: int
+    ledger_id: int
+    rows: int
+    bytes: int
+    query_id: str | None = None
+    batch_id: int | None = None
+
+
+def _payload_index(batch: pa.RecordBatch) -> int:
+    idx = batch.schema.get_field_index("payload")
+    if idx < 0:
+        raise ValueError("[VELLUM_WRITE] the DataFrame needs a 'payload' column (binary or string)")
+    return idx
+
+
+def write_task(opts: WriteOptions, job: str, batches: Iterator[pa.RecordBatch],
+               query_id: str | None = None, batch_id: int | None = None) -> VellumCommit:
+    """Write one task attempt's rows into a new staging ledger (executor side)."""
+    ctx = TaskContext.get()
+    partition = ctx.partitionId() if ctx is not None else 0
+    attempt = ctx.attemptNumber() if ctx is not None else 0
+    bk = shared_client(opts.metadata_uri, opts.client_properties)
+    handle = None
+    rows = nbytes = 0
+    try:
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            if handle is None:
+                handle = bk.create_ledger(
+                    ensemble_size=opts.ensemble_size, write_quorum_size=opts.write_quorum_size,
+                    ack_quorum_size=opts.ack_quorum_size, digest_type=opts.digest_type,
+                    password=opts.password,
+                    custom_metadata={TAG_JOB: job.encode(), "vellum.spark.name": opts.name.encode(),
+                                     "vellum.spark.partition": str(partition).encode(),
+                                     "vellum.spark.attempt": str(attempt).encode()},
+                )
+                _register_staging(bk, job, partition, attempt, handle.ledger_id)
+            column = batch.column(_payload_index(batch))
+            if column.null_count:
+                raise ValueError("[VELLUM_WRITE] payload is null: every row needs a payload")
+            values = column.to_pylist()
+            if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+                values = [v.encode() for v in values]
+            # The whole Arrow batch is appended by one coroutine on the client's loop: one thread
+            # hop per batch instead of one per entry.
+            asyncio.run_coroutine_threadsafe(
+                _append_all(handle.aio, values, opts.max_in_flight), bk.loop).result()
+            rows += len(values)
+            nbytes += sum(len(v) for v in values)
+        if handle is None:
+            return VellumCommit(job, partition, attempt, -1, 0, 0, query_id, batch_id)
+        handle.close()
+        return VellumCommit(job, partition, attempt, handle.ledger_id, rows, nbytes, query_id, batch_id)
+    except BaseException:
+        if handle is not None:
+            # Best effort now; commit/abort sweeps the registration anyway.
+            try:
+                bk.delete_ledger(handle.ledger_id)
+            except Exception as exc:
+                log.warning("staging ledger %d of failed task: delete failed (%s); left for cleanup",
+                            handle.ledger_id, exc)
+        raise
+
+
+async def _append_all(handle: AsyncLedgerHandle, values: list[bytes], window: int) -> None:
+    """Append in order with at most ``window`` adds in flight.
+
+    Bounded pipelining: enough adds in flight to keep the bookies busy, not so many that they
+    push back (too-many-requests) or the task holds unbounded memory.
+    """
+    pending: collections.deque[asyncio.Future[int]] = collections.deque()
+    try:
+        for value in values:
+            pending.append(handle.append_async(value))
+            if len(pending) >= window:
+                await pending.popleft()
+        while pending:
+            await pending.popleft()
+    finally:
+        for f in pending:
+            if f.done() and not f.cancelled():
+                f.exception()  # retrieved: a failed handle fails every pending add alike
+
+
+def _register_staging(bk: BookKeeper, job: str, partition: int, attempt: int, ledger_id: int) -> None:
+    key = f"{STAGING_PREFIX}{job}/{partition}.{attempt}.{ledger_id}"
+    bk.aio.store.kv.create(key, json.dumps({"ledgerId": ledger_id, "ctimeMs": int(time.time() * 1000)}).encode())
+
+
+def cleanup_staging(bk: BookKeeper, job: str, keep: set[int]) -> int:
+    """Delete the job's registered staging ledgers not in ``keep``, then every registration.
+
+    Returns how many ledgers were deleted. Idempotent (a retried commit or abort finds less).
+    """
+    kv = bk.aio.store.kv
+    deleted = 0
+    for key in kv.list(f"{STAGING_PREFIX}{job}/"):
+        try:
+            lid = int(key.rsplit(".", 1)[1])
+        except (IndexError, ValueError):
+            lid = -1
+        if lid >= 0 and lid not in keep:
+            bk.delete_ledger(lid)
+            deleted += 1
+        kv.delete(key)
+    return deleted
+
+
+def list_staging_jobs(bk: BookKeeper) -> dict[str, list[tuple[str, int, int]]]:
+    """``{job: [(key, ledger id, ctime ms)]}`` of every registered staging ledger (for staging-gc)."""
+    kv = bk.aio.store.kv
+    out: dict[str, list[tuple[str, int, int]]] = {}
+    for key in kv.list(STAGING_PREFIX):
+        job = key[len(STAGING_PREFIX):].split("/", 1)[0]
+        got = kv.get(key)
+        ctime = 0
+        lid = -1
+        if got is not None:
+            try:
+                info = json.loads(got.value)
+                lid, ctime = int(info["ledgerId"]), int(info["ctimeMs"])
+            except (ValueError, KeyError):
+                pass
+        out.setdefault(job, []).append((key, lid, ctime))
+    return out
+
+
+def _published(messages: Sequence[WriterCommitMessage | None]) -> list[VellumCommit]:
+    msgs = [m for m in messages if isinstance(m, VellumCommit)]
+    return sorted(msgs, key=lambda m: m.partition_id)
+
+
+def commit_job(opts: WriteOptions, job: str, messages: Sequence[WriterCommitMessage | None], *,
+               overwrite: bool, cursor: tuple[str, int] | None = None) -> bool:
+    """Publish the job's staging ledgers by one CAS; False if the cursor says it is a replay."""
+    from vellum.spark.names import NameWriter
+
+    msgs = _published(messages)
+    ids = [m.ledger_id for m in msgs if m.ledger_id >= 0]
+    with client(opts.metadata_uri, opts.client_properties) as bk:
+        writer = NameWriter(bk, opts)
+        for attempt in range(20):
+            try:
+                done = writer.publish(ids, overwrite=overwrite, cursor=cursor)
+                break
+            except MetadataVersionError:
+                # Another writer changed the record between our read and CAS: re-read and retry.
+                time.sleep(min(1.0, 0.02 * 2 ** attempt))
+        else:
+            raise RuntimeError(f"[VELLUM_WRITE] could not publish into {opts.name!r}: the name record kept "
+                               "changing (20 compare-and-set conflicts)")
+        cleanup_staging(bk, job, set(ids) if done else set())
+        return done
+
+
+def abort_job(opts: WriteOptions, job: str, messages: Sequence[WriterCommitMessage | None]) -> None:
+    with client(opts.metadata_uri, opts.client_properties) as bk:
+        cleanup_staging(bk, job, set())
+        for m in _published(messages):
+            if m.ledger_id >= 0:
+                bk.delete_ledger(m.ledger_id)  # idempotent: usually gone with its registration
+
+
+class VellumBatchWriter(DataSourceArrowWriter):  # type: ignore[misc]
+    """``df.write.format("vellum").mode("append"|"overwrite").save(name)``."""
+
+    def __init__(self, opts: WriteOptions, overwrite: bool) -> None:
+        self.opts = opts
+        self.overwrite = overwrite
+        # Created in the planner; every pickled copy (tasks, commit) shares it.
+        self.job = f"b-{uuid.uuid4().hex}"
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> VellumCommit:
+        return write_task(self.opts, self.job, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        commit_job(self.opts, self.job, messages, overwrite=self.overwrite)
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        abort_job(self.opts, self.job, messages)
+
+
+def _stream_ids() -> tuple[str, int]:
+    ctx = TaskContext.get()
+    query_id = ctx.getLocalProperty("sql.streaming.queryId") if ctx is not None else None
+    batch_id = ctx.getLocalProperty("streaming.sql.batchId") if ctx is not None else None
+    if not query_id or batch_id is None:
+        raise RuntimeError("[VELLUM_WRITE] streaming write outside a streaming query (no query/batch id)")
+    return query_id, int(batch_id)
+
+
+def cursor_key(query_id: str) -> str:
+    return f"spark.sink.{query_id}"
+
+
+class VellumStreamWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
+    """``df.writeStream.format("vellum")``: one CAS per micro-batch, replays skipped by batch id."""
+
+    def __init__(self, opts: WriteOptions, overwrite: bool) -> None:
+        self.opts = opts
+        self.overwrite = overwrite
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> VellumCommit:
+        query_id, batch_id = _stream_ids()
+        return write_task(self.opts, f"s-{query_id}.{batch_id}", iterator, query_id, batch_id)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        msgs = _published(messages)
+        if not msgs:
+            return  # no task reported: nothing was staged that a commit could name
+        query_id = msgs[0].query_id
+        assert query_id is not None
+        done = commit_job(self.opts, msgs[0].job, messages, overwrite=self.overwrite,
+                          cursor=(cursor_key(query_id), batchId))
+        if not done:
+            log.info("vellum sink %s: batch %d of query %s was committed before: replay skipped",
+                     self.opts.name, batchId, query_id)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        msgs = _published(messages)
+        if msgs:
+            abort_job(self.opts, msgs[0].job, messages)
