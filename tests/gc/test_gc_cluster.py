@@ -6,7 +6,6 @@ wire, the deleted ledgers are gone, and the entry logs shrink by what was delete
 from __future__ import annotations
 
 import json
-import socket
 import sys
 import time
 import urllib.request
@@ -26,11 +25,11 @@ from vellum.format import entrylog as fmt
 from vellum.format.entry import DigestManager, DigestType, master_key
 from vellum.ids import BookieId, LedgerId
 from vellum.meta import LedgerMetadata, open_metadata_store
-from vellum.proto import codec
 from vellum.proto import messages as m
 from vellum.service import write_bookie_conf
 from vellum.storage.entry_logger import parse_log_file_name
 from vellum.testing.local_cluster import LocalCluster
+from vellum.testing.wire import RawConnection
 
 LEDGERS = list(range(1, 21))
 ENTRIES = 40
@@ -45,26 +44,7 @@ def _entry(lid: int, eid: int) -> bytes:
     return DigestManager(lid, DigestType.CRC32C, b"pw").compute(eid, eid - 1, 0, _payload(lid, eid))
 
 
-class Conn:
-    def __init__(self, bookie_id: str) -> None:
-        host, port = bookie_id.rsplit(":", 1)
-        self.sock = socket.create_connection((host, int(port)), timeout=30)
-        self.decoder = codec.FrameDecoder(m.DEFAULT_MAX_FRAME_SIZE, side="client")
-        self.pending: list[Any] = []
-
-    def send(self, msg: Any) -> None:
-        self.sock.sendall(codec.encode(msg))
-
-    def recv(self) -> Any:
-        while not self.pending:
-            data = self.sock.recv(1 << 16)
-            if not data:
-                raise ConnectionError("bookie closed the connection")
-            self.pending.extend(self.decoder.feed(data))
-        return self.pending.pop(0)
-
-    def close(self) -> None:
-        self.sock.close()
+Conn = RawConnection
 
 
 def _sealed_logs(ledger_dir: Path) -> dict[int, set[int]]:

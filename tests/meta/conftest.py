@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 import uuid
@@ -12,20 +11,12 @@ from pathlib import Path
 import pytest
 
 from vellum.meta import MetadataStore, open_metadata_store
-from vellum.testing.zookeeper import ZooKeeperServer, missing_reason
+from vellum.testing.zookeeper import ZooKeeperServer
 
 DRIVERS = ["sqlite", "zk-flat", "zk-hierarchical"]
 
 
-@pytest.fixture(scope="session")
-def zk_server() -> Iterator[ZooKeeperServer]:
-    reason = missing_reason()
-    if reason is not None:
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(f"CI requires a real ZooKeeper: {reason}")
-        pytest.skip(f"real ZooKeeper unavailable: {reason}")
-    with ZooKeeperServer() as server:
-        yield server
+# zk_server: one ZooKeeper per session, in tests/conftest.py
 
 
 def make_uri(driver: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import os
 import sys
 import uuid
 from collections.abc import Coroutine, Iterator
@@ -20,7 +19,7 @@ import pytest
 
 from vellum.meta.api import MetadataStore
 from vellum.testing.local_cluster import LocalCluster
-from vellum.testing.zookeeper import ZooKeeperServer, missing_reason
+from vellum.testing.zookeeper import ZooKeeperServer
 
 sys.modules.setdefault("names_testkit", sys.modules[__name__])
 
@@ -41,15 +40,7 @@ def unique_name(prefix: str = "t") -> str:
     return f"{prefix}/ns-{uuid.uuid4().hex[:8]}/log"
 
 
-@pytest.fixture(scope="session")
-def zk_server() -> Iterator[ZooKeeperServer]:
-    reason = missing_reason()
-    if reason is not None:
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(f"CI requires a real ZooKeeper: {reason}")
-        pytest.skip(f"real ZooKeeper unavailable: {reason}")
-    with ZooKeeperServer() as server:
-        yield server
+# zk_server: one ZooKeeper per session, in tests/conftest.py
 
 
 def _cluster(driver: str, request: pytest.FixtureRequest, base: Path) -> LocalCluster:

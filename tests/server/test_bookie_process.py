@@ -3,48 +3,14 @@ bad input (malformed frames, wrong master key) without losing the connection of 
 
 from __future__ import annotations
 
-import socket
 import struct
 from pathlib import Path
 
 from vellum import errors as E
 from vellum.format.entry import DigestManager, DigestType, master_key
-from vellum.proto import codec
 from vellum.proto import messages as m
 from vellum.testing.local_cluster import LocalCluster
-
-
-class RawConnection:
-    """A blocking protocol connection, to send exact bytes (good or bad) to a bookie."""
-
-    def __init__(self, bookie_id: str) -> None:
-        host, port = bookie_id.rsplit(":", 1)
-        self.sock = socket.create_connection((host, int(port)), timeout=10)
-        self.decoder = codec.FrameDecoder(m.DEFAULT_MAX_FRAME_SIZE, side="client")
-        self.pending: list[object] = []
-
-    def send(self, msg: object) -> None:
-        self.sock.sendall(codec.encode(msg))  # type: ignore[arg-type]
-
-    def send_raw(self, data: bytes) -> None:
-        self.sock.sendall(data)
-
-    def recv(self) -> object:
-        while not self.pending:
-            data = self.sock.recv(1 << 16)
-            if not data:
-                raise ConnectionError("bookie closed the connection")
-            self.pending.extend(self.decoder.feed(data))
-        return self.pending.pop(0)
-
-    def closed_by_peer(self) -> bool:
-        try:
-            return self.sock.recv(1) == b""
-        except ConnectionResetError:
-            return True
-
-    def close(self) -> None:
-        self.sock.close()
+from vellum.testing.wire import RawConnection
 
 
 def _entry(ledger_id: int, entry_id: int, payload: bytes, password: bytes = b"pw") -> bytes:
