@@ -177,6 +177,8 @@ class Bookie:
         self._closed_ledgers: set[int] = set()
         self._state_listeners: list[Callable[[bool], None]] = []
         self._gc_threads = list(gc_threads)  # one per ledger storage (issue 7)
+        for gc in self._gc_threads:
+            gc.on_ledger_deleted = self.forget_ledger
         self._update_read_only_gauge()
 
     # ----------------------------------------------------------------------------------- routing
@@ -367,6 +369,12 @@ class Bookie:
         with self._key_lock:
             self._ledger_state.pop(ledger_id, None)
             self._storage(ledger_id).delete_ledger(ledger_id)
+        self._lacs.forget(ledger_id)
+
+    def forget_ledger(self, ledger_id: int) -> None:
+        """Drop the cached state of a ledger that GC removed from storage."""
+        with self._key_lock:
+            self._ledger_state.pop(ledger_id, None)
         self._lacs.forget(ledger_id)
 
     def ledgers(self) -> list[int]:

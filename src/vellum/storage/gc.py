@@ -219,6 +219,8 @@ class GarbageCollectorThread:
         self._clock = clock
         self._step_hook = step_hook
         self._label = str(storage.ledger_dir)
+        #: called with each ledger id GC removed, so layers above can drop their caches
+        self.on_ledger_deleted: Callable[[int], None] | None = None
         self._meta: dict[int, EntryLogMetadata] = {}
         self._cond = threading.Condition()
         self._run_lock = threading.Lock()
@@ -462,6 +464,8 @@ class GarbageCollectorThread:
                 log.warning("doGcLedgers on %s: cannot verify ledger %d (%s); kept", self._label, lid, e)
                 continue
             self.storage.delete_ledger(lid)
+            if self.on_ledger_deleted is not None:
+                self.on_ledger_deleted(lid)
             report.deleted_ledgers.append(lid)
             _DELETED_LEDGERS.labels(self._label).inc()
         if report.deleted_ledgers:
