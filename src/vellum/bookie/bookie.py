@@ -252,9 +252,9 @@ class Bookie:
     def _check_master_key(self, ledger_id: int, master_key: bytes) -> bool:
         return self._ledger(ledger_id, master_key)[1]
 
-    def add_entry(self, entry: bytes, master_key: bytes, callback: Callback, *, recovery: bool = False) -> None:
-        """Add a stored entry (client entry bytes). Raises at once for refused adds; ``callback``
-        runs after the journal fsync that covers the entry (or with the error that prevented it)."""
+    def _accept(self, entry: bytes, master_key: bytes, recovery: bool) -> tuple[Journal, int, int]:
+        """Checks of an add and its write-cache put; returns (journal, ledger id, entry id).
+        Raises for a refused add (nothing stored, nothing journaled)."""
         if len(entry) < 32:
             raise IncorrectParameterError(f"entry of {len(entry)} bytes is shorter than its 32-byte header")
         ledger_id, entry_id, lac = _IDS.unpack_from(entry)
@@ -269,12 +269,43 @@ class Bookie:
             raise LedgerFencedError(f"ledger {ledger_id} is fenced; refused entry {entry_id}")
         journal = self._journals[ledger_id % len(self._journals)]
         if new_ledger:
+            # Queued before the ledger's first entry, so replay always sees the key first.
             journal.log_master_key(ledger_id, master_key, _ignore_ok)
+        # The write cache gets the entry before the journal does: a checkpoint mark taken after
+        # the journal write can then never skip it.
         self._storages[ledger_id % len(self._storages)].add_entry(entry)
         self.adds_total += 1
         if lac >= 0:
             self._lacs.advance(ledger_id, lac)
+        return journal, ledger_id, entry_id
+
+    def add_entry(self, entry: bytes, master_key: bytes, callback: Callback, *, recovery: bool = False) -> None:
+        """Add a stored entry (client entry bytes). Raises at once for refused adds; ``callback``
+        runs after the journal fsync that covers the entry (or with the error that prevented it)."""
+        journal, ledger_id, entry_id = self._accept(entry, master_key, recovery)
         journal.log_entry(ledger_id, entry_id, entry, callback)
+
+    def add_entries(self, adds: Sequence[tuple[bytes, bytes, bool, Callback]]) -> list[BaseException | None]:
+        """Add several entries ((entry, master key, recovery, callback) each) with one journal
+        queue operation per journal. Returns, per add, the error that refused it at once (its
+        callback is then not called) or None (its callback runs after the covering fsync)."""
+        refused: list[BaseException | None] = []
+        per_journal: dict[int, list[tuple[bytes, Callback]]] = {}
+        for entry, master_key, recovery, callback in adds:
+            try:
+                journal, _lid, _eid = self._accept(entry, master_key, recovery)
+            except Exception as exc:
+                refused.append(exc)
+                continue
+            refused.append(None)
+            per_journal.setdefault(journal.index, []).append((entry, callback))
+        for index, batch in per_journal.items():
+            try:
+                self._journals[index].log_entries(batch)
+            except Exception as exc:  # the journal took none of them (stopped or failed)
+                for _entry, callback in batch:
+                    callback(exc)
+        return refused
 
     # ------------------------------------------------------------------------------------- fence
     def fence_ledger(self, ledger_id: int, master_key: bytes, callback: Callback) -> None:

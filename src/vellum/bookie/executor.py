@@ -17,6 +17,7 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any, TypeVar
 
 from vellum.bookie.bookie import Bookie, BookieInfo
@@ -79,6 +80,17 @@ class AsyncBookie:
             )
         except Exception as exc:
             done(exc)
+
+    def add_entries_cb(
+        self, adds: list[tuple[bytes, bytes, bool, Callable[[BaseException | None], None]]]
+    ) -> None:
+        """Batch form of ``add_entry_cb`` (one journal queue operation per journal): each
+        ``done(exc)`` runs on the loop thread once its entry is durable or refused."""
+        call = self.bridge.call
+        refused = self.bookie.add_entries([(e, k, r, partial(call, done)) for e, k, r, done in adds])
+        for (*_rest, done), error in zip(adds, refused):
+            if error is not None:
+                done(error)
 
     def fence_cb(self, ledger_id: int, master_key: bytes, done: Callable[[BaseException | None], None]) -> None:
         bridge = self.bridge

@@ -101,7 +101,6 @@ class BookieConnection(asyncio.Protocol):
         self._completed: dict[int, int] = {}
         self._force_waiters: list[tuple[int, int, Callable[[], None]]] = []
         self._handlers: dict[type, Callable[[Any], None]] = {
-            m.AddRequest: self._on_add,
             m.ReadRequest: self._on_read,
             m.BatchReadRequest: self._on_batch_read,
             m.LongPollReadLacRequest: self._on_long_poll,
@@ -138,7 +137,18 @@ class BookieConnection(asyncio.Protocol):
                 self._transport.close()
             return
         handlers = self._handlers
+        adds: list[tuple[bytes, bytes, bool, Callable[[BaseException | None], None]]] = []
         for msg in messages:
+            if type(msg) is m.AddRequest:
+                # Pipelined adds that arrived together go to the bookie as one batch (one
+                # journal queue operation), in arrival order.
+                add = self._prepare_add(msg)
+                if add is not None:
+                    adds.append(add)
+                continue
+            if adds:
+                self._bookie.add_entries_cb(adds)
+                adds = []
             handler = handlers.get(type(msg))
             if handler is None:
                 self._send(m.ErrorResponse(EBADREQ))
@@ -147,6 +157,8 @@ class BookieConnection(asyncio.Protocol):
                 handler(msg)
             except Exception:  # a bug in one request must not take the connection down
                 log.exception("request %r failed", type(msg).__name__)
+        if adds:
+            self._bookie.add_entries_cb(adds)
 
     def _peer(self) -> str:
         if self._transport is None:
@@ -177,15 +189,18 @@ class BookieConnection(asyncio.Protocol):
             self._transport.close()
 
     # ------------------------------------------------------------------------------- ADD
-    def _on_add(self, req: m.AddRequest) -> None:
+    def _prepare_add(
+        self, req: m.AddRequest
+    ) -> tuple[bytes, bytes, bool, Callable[[BaseException | None], None]] | None:
+        """Admission of one ADD: None if refused at once (answered here), else the add for
+        ``AsyncBookie.add_entries_cb`` with the callback that answers it."""
         _requests["ADD"] += 1
-        entry = req.entry
         ledger_id, entry_id = req.ledger_id, req.entry_id
         counters = self._counters
         if not counters.try_add():
             _rejected["ADD"] += 1
             self._send(m.AddResponse(ETOOMANYREQUESTS, ledger_id, entry_id))
-            return
+            return None
         self._issued[ledger_id] = self._issued.get(ledger_id, 0) + 1
 
         def done(exc: BaseException | None) -> None:
@@ -198,7 +213,7 @@ class BookieConnection(asyncio.Protocol):
             if self._force_waiters:
                 self._check_force_waiters()
 
-        self._bookie.add_entry_cb(bytes(entry), bytes(req.master_key), req.is_recovery, done)
+        return bytes(req.entry), bytes(req.master_key), req.is_recovery, done
 
     # ------------------------------------------------------------------------------ READ
     def _on_read(self, req: m.ReadRequest) -> None:

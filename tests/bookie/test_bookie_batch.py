@@ -1,0 +1,58 @@
+"""Bookie.add_entries: a batch of pipelined adds (as a connection delivers them) goes to the
+journal in one queue operation; refused adds are reported at once and never journaled, the
+others are acknowledged after fsync and survive a restart."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from vellum.bookie.bookie import open_bookie
+from vellum.config import ServerConfig
+from vellum.errors import LedgerFencedError, UnauthorizedAccessError
+from vellum.format.entry import DigestManager, DigestType, master_key
+
+
+def test_batch_add_with_refusals(tmp_path: Path) -> None:
+    config = ServerConfig(journal_directories=(str(tmp_path / "j1"), str(tmp_path / "j2")),
+                          ledger_directories=(str(tmp_path / "l"),), http_server_enabled=False)
+    key, other = master_key(b"k"), master_key(b"other")
+    opened = open_bookie(config, bookie_id="b:1")
+    acked: list[tuple[int, int]] = []
+    lock = threading.Lock()
+    done = threading.Semaphore(0)
+
+    def cb(lid: int, eid: int):  # type: ignore[no-untyped-def]
+        def f(exc: BaseException | None) -> None:
+            assert exc is None
+            with lock:
+                acked.append((lid, eid))
+            done.release()
+        return f
+
+    def entry(lid: int, eid: int) -> bytes:
+        return DigestManager(lid, DigestType.CRC32C, b"k").compute(eid, eid - 1, 0, b"%d:%d" % (lid, eid))
+
+    try:
+        fenced = threading.Event()
+        opened.bookie.fence_ledger(3, key, lambda exc: fenced.set())
+        assert fenced.wait(10)
+        batch = [(entry(lid, e), key, False, cb(lid, e)) for lid in (1, 2) for e in range(5)]
+        batch.insert(3, (entry(3, 0), key, False, cb(3, 0)))      # fenced ledger
+        batch.insert(6, (entry(1, 9), other, False, cb(1, 9)))    # wrong master key
+        refused = opened.bookie.add_entries(batch)
+        assert isinstance(refused[3], LedgerFencedError)
+        assert isinstance(refused[6], UnauthorizedAccessError)
+        assert sum(r is None for r in refused) == 10
+        for _ in range(10):
+            assert done.acquire(timeout=10)
+        assert sorted(acked) == [(lid, e) for lid in (1, 2) for e in range(5)]
+    finally:
+        opened.close()
+    reopened = open_bookie(config, bookie_id="b:1")
+    try:
+        for lid in (1, 2):
+            for e in range(5):
+                assert reopened.bookie.read_entry(lid, e) == entry(lid, e)
+    finally:
+        reopened.close()
