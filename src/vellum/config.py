@@ -296,6 +296,9 @@ class ClientConfig:
         "maxNumEnsembleChanges", 1 << 31, "ensemble changes allowed per ledger", lo=0
     )
     recovery_read_batch_size: int = _opt("recoveryReadBatchSize", 1, "recovery read batch", lo=1)
+    max_adds_in_flight: int = _opt(
+        "maxAddsInFlight", 4096, "adds a ledger handle keeps outstanding; later appends queue (Vellum's)", lo=1
+    )
     ensemble_placement_policy: str = _opt(
         "ensemblePlacementPolicy", "default", "bookie placement", choices=("default", "rackaware")
     )

@@ -107,6 +107,13 @@ class NoSuchEntryError(VellumError):
     code = -13
 
 
+class EntriesShrunkError(NoSuchEntryError):
+    """The entry is below the named ledger's start: it was shrunk away.
+
+    Vellum's own (named ledgers); BookKeeper's code for it is that of "no such entry".
+    """
+
+
 class IncorrectParameterError(VellumError, ValueError):
     """Incorrect parameter."""
 

@@ -102,7 +102,13 @@ class InProcessBookie:
     async def start(self) -> None:
         """(Re)start the network server on the same port."""
         assert self.async_bookie is not None and self.server is None
-        server = BookieServer(self.async_bookie, host="127.0.0.1", port=self.port, limits=ServerLimits())
+        cfg = self.config
+        limits = ServerLimits(
+            max_adds_in_progress=cfg.max_adds_in_progress_limit,
+            max_reads_in_progress=cfg.max_reads_in_progress_limit,
+            max_frame_size=cfg.netty_max_frame_size_bytes,
+        )
+        server = BookieServer(self.async_bookie, host="127.0.0.1", port=self.port, limits=limits)
         await server.start()
         self.server = server
 
@@ -149,7 +155,8 @@ async def inprocess_bookies(
 ) -> AsyncIterator[list[InProcessBookie]]:
     """``n`` real bookies serving on 127.0.0.1 (``bookie_id`` = ``127.0.0.1:<port>``).
 
-    ``config_overrides`` are ServerConfig fields applied to every bookie.
+    ``config_overrides`` are ServerConfig fields applied to every bookie (the server limits
+    ``max_adds_in_progress_limit`` / ``max_reads_in_progress_limit`` included).
     """
     bookies: list[InProcessBookie] = []
     try:

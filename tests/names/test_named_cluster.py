@@ -163,7 +163,11 @@ def test_writer_killed_mid_stream_then_reopened(cluster: LocalCluster) -> None:
                 if len(acked) >= 300:
                     break
         proc.send_signal(signal.SIGKILL)
-        rest, _ = proc.communicate(timeout=30)
+        # Read the rest through the same text stream: lines it already buffered would be lost to
+        # communicate(timeout=...), which reads the pipe's fd directly.
+        rest = proc.stdout.read()
+        proc.stdout.close()
+        proc.wait(timeout=30)
         acked += [int(x.split()[1]) for x in rest.splitlines() if x.startswith("ACK ")]
     finally:
         watchdog.cancel()

@@ -69,7 +69,12 @@ class _LoopThread:
         if threading.current_thread() is self.thread:
             coro.close()
             raise IllegalOpError("blocking Vellum call made from the client's own event-loop thread")
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
+        cf = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return cf.result(timeout_s)
+        except concurrent.futures.TimeoutError:
+            cf.cancel()  # do not leave the coroutine running on after the caller gave up
+            raise
 
     def stop(self) -> None:
         if self.stopped:
@@ -105,12 +110,29 @@ class BookKeeper:
 
     @property
     def aio(self) -> AsyncBookKeeper:
-        """The asyncio client underneath (use only from coroutines run on :attr:`loop`)."""
+        """The asyncio client underneath (use only from coroutines given to :meth:`run`)."""
         return self._aio
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
+        """The client's private event loop. Touch it only through ``call_soon_threadsafe``
+        (callbacks that must run there); run coroutines with :meth:`run`."""
         return self._lt.loop
+
+    @property
+    def is_closed(self) -> bool:
+        """True once :meth:`close` was called (the loop thread is stopped or stopping)."""
+        return self._lt.stopped
+
+    def run(self, coro: Coroutine[Any, Any, _T], *, timeout_s: float | None = None) -> _T:
+        """Run ``coro`` (a coroutine of the asyncio client :attr:`aio`, or of anything built on
+        it) on the client's loop thread and wait for its result, like every blocking method.
+
+        Raises ``IllegalOpError`` when called from the loop thread itself (it would deadlock),
+        ``ClientClosedError`` once the client is closed, ``TimeoutError`` after ``timeout_s``
+        (the coroutine is then cancelled). The coroutine is closed unrun when refused.
+        """
+        return self._lt.call(coro, timeout_s)
 
     @property
     def config(self) -> ClientConfig:
@@ -152,7 +174,8 @@ class BookKeeper:
         return self._call(self._aio.ledger_exists(ledger_id))
 
     def close(self) -> None:
-        """Close the client and stop its loop thread (idempotent)."""
+        """Close the client and stop its loop thread (idempotent). The timers of every writing
+        handle made through this client, named writers included, are stopped first."""
         if self._lt.stopped:
             return
         try:

@@ -634,6 +634,22 @@ class BookieClient:
         self._submit_v2(bookie_id, m.OP_READ, ledger_id, entry_id, parts, None, fut, timeout_s)
         return await fut
 
+    def read_future(
+        self, bookie_id: str, ledger_id: int, entry_id: int, *, timeout_s: float = DEFAULT_TIMEOUT_S
+    ) -> asyncio.Future[bytes]:
+        """A plain (non-fencing) READ as a future, without a coroutine or task: the fast path of
+        pipelined range reads. Failures known at once (closed client, bookie in reconnect
+        backoff) come back as an already failed future, never as an exception from this call.
+        Cancelling the future abandons the answer (the request itself still completes).
+        """
+        fut: asyncio.Future[bytes] = self._get_loop().create_future()
+        try:
+            parts = codec.encode_parts(m.ReadRequest(ledger_id, entry_id, 0, None))
+            self._submit_v2(bookie_id, m.OP_READ, ledger_id, entry_id, parts, None, fut, timeout_s)
+        except VellumError as exc:
+            fut.set_exception(exc)
+        return fut
+
     async def batch_read(
         self,
         bookie_id: str,

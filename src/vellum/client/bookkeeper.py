@@ -22,7 +22,6 @@ import asyncio
 import logging
 import os
 import time
-import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -56,7 +55,8 @@ class BookKeeper:
     """Asyncio BookKeeper client. ``async with BookKeeper(uri) as bk: ...`` or ``start()``/``close()``.
 
     ``store`` (an open metadata store) and ``placement`` may be injected; an injected store is
-    not closed by :meth:`close`.
+    not closed by :meth:`close`. ``max_adds_in_flight`` bounds each ledger handle's adds in
+    flight (appends beyond it are queued until earlier ones are acknowledged).
     """
 
     def __init__(
@@ -66,8 +66,14 @@ class BookKeeper:
         config: ClientConfig | None = None,
         store: MetadataStore | None = None,
         placement: PlacementPolicy | None = None,
+        max_adds_in_flight: int | None = None,
     ) -> None:
         self.config = config or ClientConfig()
+        if max_adds_in_flight is None:
+            max_adds_in_flight = self.config.max_adds_in_flight
+        if max_adds_in_flight < 1:
+            raise IncorrectParameterError(f"max_adds_in_flight must be >= 1, got {max_adds_in_flight}")
+        self._max_adds_in_flight = max_adds_in_flight
         self._uri = metadata_uri if metadata_uri is not None else self.config.metadata_service_uri
         self._store = store
         self._owns_store = store is None
@@ -75,7 +81,6 @@ class BookKeeper:
         self._ctx: ClientContext | None = None
         self._bookie_client: BookieClient | None = None
         self._watches: list[Watch] = []
-        self._writers: weakref.WeakSet[LedgerHandle] = weakref.WeakSet()
         self._started = False
         self._closed = False
 
@@ -98,7 +103,8 @@ class BookKeeper:
         if placement is None:
             placement = await asyncio.to_thread(_placement_from_config, self.config)
         self._bookie_client = BookieClient()
-        ctx = self._ctx = ClientContext(store, self._bookie_client, placement, self.config)
+        ctx = self._ctx = ClientContext(store, self._bookie_client, placement, self.config,
+                                        max_adds_in_flight=self._max_adds_in_flight)
         writable, read_only = await asyncio.to_thread(_list_bookies, store)
         ctx.writable_bookies, ctx.read_only_bookies = writable, read_only
 
@@ -130,13 +136,15 @@ class BookKeeper:
     async def close(self) -> None:
         """Stop watches, drop bookie connections (pending adds fail), close an owned store.
 
-        Open ledgers are not closed (like BookKeeper): close them first.
+        Open ledgers are not closed (like BookKeeper): close them first. The timers of every
+        writing handle made on this client (plain and named writers, recoveries) are stopped.
         """
         if self._closed:
             return
         self._closed = True
-        for h in list(self._writers):
-            h._stop_timers()
+        if self._ctx is not None:
+            for h in list(self._ctx.writers):
+                h.stop_timers()
         for w in self._watches:
             w.cancel()
         self._watches = []
@@ -159,15 +167,23 @@ class BookKeeper:
 
     @property
     def bookie_client(self) -> BookieClient:
-        return self._context().bookie_client
+        return self.context.bookie_client
 
     @property
     def writable_bookies(self) -> frozenset[str]:
-        return self._context().writable_bookies
+        return self.context.writable_bookies
 
     @property
     def read_only_bookies(self) -> frozenset[str]:
-        return self._context().read_only_bookies
+        return self.context.read_only_bookies
+
+    @property
+    def context(self) -> ClientContext:
+        """What this client's ledger handles share (metadata store, bookie connections,
+        placement, configuration, live bookie lists): for layers built on the client, such as
+        named ledgers, that make their own handles. ``ClientClosedError`` if the client is not
+        started or is closed."""
+        return self._context()
 
     def _context(self) -> ClientContext:
         if self._closed:
@@ -221,9 +237,7 @@ class BookKeeper:
             creator_token=int.from_bytes(os.urandom(7), "big"),
         )
         ledger_id, version = await ctx.meta(ctx.store.ledgers.create_ledger, md)
-        handle = LedgerHandle(ctx, int(ledger_id), Versioned(md, version), bytes(password), mode=WRITER)
-        self._writers.add(handle)
-        return handle
+        return LedgerHandle(ctx, int(ledger_id), Versioned(md, version), bytes(password), mode=WRITER)
 
     @staticmethod
     def _new_ensemble(ctx: ClientContext, e: int, wq: int, aq: int) -> list[str]:

@@ -12,7 +12,16 @@ Write path (per append: one digest, one future, ``WQ`` ``add_cb`` calls, no task
   *and* every earlier entry was acknowledged: futures complete strictly in entry-id order, and
   the LAC is the last acknowledged entry.
 
-Ensemble change (write failure to bookie ``i``: dead, timeout, read-only, overloaded...):
+Adds in flight are bounded (``max_adds_in_flight``, default 4096): ``append_async`` beyond it
+still returns its future at once (entry id and length are fixed in call order) but the entry is
+queued, built and sent once earlier adds are acknowledged, so one burst cannot flood a bookie.
+
+Back-pressure (a bookie answers TOOMANYREQUESTS) is not a failure: the add is re-sent to the
+same bookie after a short exponential backoff (5 ms doubling to 200 ms, jittered), and the
+handle halves its send window (AIMD, floor 16, growing back ~1 per window of acks). Only an add
+still refused after the add timeout counts as a write failure (then the ensemble changes).
+
+Ensemble change (write failure to bookie ``i``: dead, timeout, read-only...):
 - the placement policy picks a replacement (not in the ensemble, not read-only, not a bookie that
   already failed for this handle); the new segment ``{LAC + 1 -> new ensemble}`` is written to the
   metadata by compare-and-set, and only then are the entries not yet acknowledged re-sent to the
@@ -34,7 +43,11 @@ if its last entry equals this writer's LAC, and never overwrites anyone else's c
 
 Reads: only up to the LAC (``read_unconfirmed`` beyond it); each entry from the first replica of
 its write set, a speculative read to the next replica after ``speculativeReadTimeout``, failover
-on error; every entry is digest-verified, a bad replica is skipped.
+on error (another round after a backoff if every replica pushed back); every entry is
+digest-verified, a bad replica is skipped. Ranges are pipelined: a sliding window of
+``READ_WINDOW`` entry reads (callbacks, no task per entry); unstriped ledgers (E == WQ) read
+BATCH_READ chunks, several in flight spread over the replicas, falling back to entry reads for
+a chunk no replica serves whole. Results always come back in entry-id order.
 """
 
 from __future__ import annotations
@@ -42,6 +55,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import random
+import weakref
 from collections import deque
 from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
@@ -61,6 +76,7 @@ from vellum.errors import (
     NoSuchLedgerError,
     NotEnoughBookiesError,
     ReadError,
+    TooManyRequestsError,
     UnauthorizedAccessError,
     VellumError,
     WriteError,
@@ -82,6 +98,30 @@ _T = TypeVar("_T")
 _NEGATIVE = (NoSuchEntryError, NoSuchLedgerError)
 #: delay before retrying an ensemble change that found no replacement bookie
 _ENSEMBLE_RETRY_S = 1.0
+#: back-pressure (TooManyRequestsError): first delay before re-sending to the same bookie, and
+#: the cap of its exponential growth; the add still fails over after the add timeout
+_BACKOFF_INITIAL_S = 0.005
+_BACKOFF_MAX_S = 0.2
+#: default bound of a handle's adds in flight (sent, not yet acknowledged); later appends queue
+DEFAULT_MAX_ADDS_IN_FLIGHT = 4096
+#: back-pressure shrinks a handle's send window (halved, at most once per this interval) down
+#: to this floor; it grows back by about one per window of acknowledged adds (TCP-like AIMD),
+#: up to ``max_adds_in_flight``
+_MIN_WINDOW = 16
+_WINDOW_CUT_INTERVAL_S = 0.005
+#: entry reads outstanding at once in a range read (striped ledgers)
+READ_WINDOW = 256
+#: unstriped ledgers (E == WQ): entries per BATCH_READ, bytes per answer, chunks in flight
+BATCH_CHUNK_ENTRIES = 256
+BATCH_CHUNK_BYTES = 2 * 1024 * 1024
+BATCH_WINDOW = 4
+
+
+def backoff_delay(attempt: int) -> float:
+    """Delay before retry ``attempt`` (0-based) after back-pressure: exponential from 5 ms,
+    capped at 200 ms, with jitter so that rejected requests do not come back in one burst."""
+    base = min(_BACKOFF_MAX_S, _BACKOFF_INITIAL_S * (1 << min(attempt, 16)))
+    return base * (0.5 + random.random() / 2)
 
 
 # ------------------------------------------------------------------------------ distribution
@@ -127,7 +167,12 @@ def copy_error(exc: BaseException) -> BaseException:
 
 class ClientContext:
     """What handles share with their ``BookKeeper``: metadata store, bookie client, placement,
-    configuration and the live bookie lists (kept current by the client's registration watches)."""
+    configuration and the live bookie lists (kept current by the client's registration watches).
+
+    ``writers``: every writing handle (writer or recovery) made on this context registers itself
+    here, so that closing the client can stop their timers. ``max_adds_in_flight``: the bound of
+    each handle's adds in flight (appends beyond it are queued, not sent).
+    """
 
     def __init__(
         self,
@@ -135,11 +180,17 @@ class ClientContext:
         bookie_client: BookieClient,
         placement: PlacementPolicy,
         config: ClientConfig,
+        *,
+        max_adds_in_flight: int = DEFAULT_MAX_ADDS_IN_FLIGHT,
     ) -> None:
+        if max_adds_in_flight < 1:
+            raise IncorrectParameterError(f"max_adds_in_flight must be >= 1, got {max_adds_in_flight}")
         self.store = store
         self.bookie_client = bookie_client
         self.placement = placement
         self.config = config
+        self.max_adds_in_flight = max_adds_in_flight
+        self.writers: weakref.WeakSet[LedgerHandle] = weakref.WeakSet()
         self.writable_bookies: frozenset[str] = frozenset()
         self.read_only_bookies: frozenset[str] = frozenset()
 
@@ -168,16 +219,23 @@ class LedgerEntry:
 
 
 class _PendingAdd:
-    """An entry sent but not yet acknowledged to the caller."""
+    """An entry appended but not yet acknowledged to the caller (queued or sent)."""
 
-    __slots__ = ("acked", "entry", "entry_id", "future", "length")
+    __slots__ = ("acked", "backoff_deadline", "backoffs", "data", "entry", "entry_id", "future", "length")
 
-    def __init__(self, entry_id: int, entry: bytes, length: int, future: asyncio.Future[int]) -> None:
+    def __init__(
+        self, entry_id: int, entry: bytes | None, length: int, future: asyncio.Future[int], data: bytes | None = None
+    ) -> None:
         self.entry_id = entry_id
-        self.entry = entry  # the stored bytes, kept for re-sending after an ensemble change
+        # the stored bytes, kept for re-sending after an ensemble change; None while queued (the
+        # entry is built when it is sent, so that it carries the LAC of that moment)
+        self.entry = entry
+        self.data = data  # the payload of a queued entry
         self.length = length  # cumulative ledger length including this entry
         self.future = future
         self.acked = 0  # bitmask of ensemble indexes that acknowledged
+        self.backoffs = 0  # re-sends after back-pressure (TooManyRequestsError)
+        self.backoff_deadline = 0.0  # loop time after which back-pressure counts as a failure
 
 
 # ---------------------------------------------------------------------------------- handle
@@ -225,7 +283,11 @@ class LedgerHandle:
             self._lac_length = 0
         self._next_entry_id = self._lac + 1  # == last_add_pushed + 1
         self._pushed_length = self._lac_length
-        self._pending: deque[_PendingAdd] = deque()
+        self._pending: deque[_PendingAdd] = deque()  # sent, in entry-id order
+        self._waiting: deque[_PendingAdd] = deque()  # appended beyond the in-flight bound, not sent
+        self._max_in_flight = ctx.max_adds_in_flight
+        self._window: float = self._max_in_flight  # current bound of adds in flight (<= the maximum)
+        self._window_cut_at = 0.0
         self._recovery_flag = mode == RECOVERY
         self._expected_state = LedgerState.IN_RECOVERY if mode == RECOVERY else LedgerState.OPEN
         self._error: BaseException | None = None  # set once: every later add fails with it
@@ -245,6 +307,8 @@ class LedgerHandle:
         self._last_lac_sent = -1  # max of the piggy-backed LAC in sent entries and explicit LACs
         self._lac_timer: asyncio.TimerHandle | None = None
         self._background: set[asyncio.Task[Any]] = set()
+        if mode != READER:
+            ctx.writers.add(self)
         if mode == WRITER and self._config.explicit_lac_interval_ms > 0:
             self._lac_timer = self._loop.call_later(
                 self._config.explicit_lac_interval_ms / 1000.0, self._explicit_lac_tick
@@ -289,6 +353,23 @@ class LedgerHandle:
         return self._digest
 
     @property
+    def max_adds_in_flight(self) -> int:
+        """Adds this handle keeps in flight at most; appends beyond it wait in a queue."""
+        return self._max_in_flight
+
+    @max_adds_in_flight.setter
+    def max_adds_in_flight(self, value: int) -> None:
+        if value < 1:
+            raise IncorrectParameterError(f"max_adds_in_flight must be >= 1, got {value}")
+        self._max_in_flight = self._window = value
+        self._send_waiting()
+
+    @property
+    def adds_in_flight(self) -> int:
+        """Adds sent and not yet acknowledged (queued appends not included)."""
+        return len(self._pending)
+
+    @property
     def ensemble(self) -> tuple[str, ...]:
         """The current (last) ensemble."""
         return tuple(self._ensemble)
@@ -323,26 +404,58 @@ class LedgerHandle:
         self._next_entry_id = entry_id + 1
         length = self._pushed_length + len(data)
         self._pushed_length = length
-        lac = self._lac
-        self._last_lac_sent = lac if lac > self._last_lac_sent else self._last_lac_sent
-        op = _PendingAdd(entry_id, self._digest.compute(entry_id, lac, length, data), length, fut)
-        self._pending.append(op)
-        self._send(op)
+        if len(self._pending) < self._window and not self._waiting:
+            op = _PendingAdd(entry_id, self._build_entry(entry_id, length, data), length, fut)
+            self._pending.append(op)
+            self._send(op)
+        else:
+            # Bounded adds in flight: one burst must not flood the bookies. The id and length are
+            # fixed now (call order); the entry is built and sent once earlier adds completed.
+            payload = data if isinstance(data, bytes) else bytes(data)
+            self._waiting.append(_PendingAdd(entry_id, None, length, fut, payload))
         return fut
 
     async def append(self, data: bytes | bytearray | memoryview) -> int:
         """Append one entry and wait for its acknowledgement; returns its entry id."""
         return await self.append_async(data)
 
-    def _start_recovery(self, lac: int, length: int) -> None:
-        """Recovery found the LAC (and the length at it): write-backs continue from LAC + 1."""
+    def _build_entry(self, entry_id: int, length: int, data: bytes | bytearray | memoryview) -> bytes:
+        lac = self._lac
+        if lac > self._last_lac_sent:
+            self._last_lac_sent = lac
+        return self._digest.compute(entry_id, lac, length, data)
+
+    def _send_waiting(self) -> None:
+        """Send queued appends while fewer adds than the window are in flight."""
+        waiting, pending = self._waiting, self._pending
+        limit = self._window
+        while waiting and len(pending) < limit and self._error is None:
+            op = waiting.popleft()
+            if op.entry is None:
+                assert op.data is not None
+                op.entry = self._build_entry(op.entry_id, op.length, op.data)
+                op.data = None
+            pending.append(op)
+            self._send(op)
+
+    def start_recovery(self, lac: int, length: int) -> None:
+        """Recovery found the LAC (and the cumulative length at it): the write-backs of
+        :meth:`recovery_add` continue from ``lac + 1``. Recovery handles only."""
+        if self._mode != RECOVERY:
+            raise IllegalOpError(f"ledger {self.ledger_id}: start_recovery on a {self._mode} handle")
         self._lac = lac
         self._next_entry_id = lac + 1
         self._lac_length = self._pushed_length = length
 
-    def _recovery_add(self, entry: bytes, parsed: Entry) -> asyncio.Future[int]:
-        """Write back a recovered entry (its stored bytes, unchanged) with the RECOVERY_ADD flag."""
+    def recovery_add(self, entry: bytes, parsed: Entry) -> asyncio.Future[int]:
+        """Write back a recovered entry (its stored bytes, unchanged, ``parsed`` = its verified
+        header) with the RECOVERY_ADD flag, which fenced bookies accept. Entries must come in
+        entry-id order from ``lac + 1`` (see :meth:`start_recovery`); the future completes with
+        the entry id once ``AQ`` bookies have it. Recovery handles only."""
         fut: asyncio.Future[int] = self._loop.create_future()
+        if self._mode != RECOVERY:
+            fut.set_exception(IllegalOpError(f"ledger {self.ledger_id}: recovery_add on a {self._mode} handle"))
+            return fut
         if self._error is not None:
             fut.set_exception(copy_error(self._error))
             return fut
@@ -355,8 +468,11 @@ class LedgerHandle:
         self._next_entry_id += 1
         self._pushed_length = parsed.length
         op = _PendingAdd(parsed.entry_id, entry, parsed.length, fut)
-        self._pending.append(op)
-        self._send(op)
+        if len(self._pending) < self._window and not self._waiting:
+            self._pending.append(op)
+            self._send(op)
+        else:
+            self._waiting.append(op)
         return fut
 
     def _send(self, op: _PendingAdd) -> None:
@@ -367,12 +483,14 @@ class LedgerHandle:
         add_cb = self._bc.add_cb
         on_done = self._on_add_done
         eid = op.entry_id
+        entry = op.entry
+        assert entry is not None
         for i in range(self._WQ):
             idx = (eid + i) % E
             if failed and idx in failed:
                 continue
             bookie = ens[idx]
-            add_cb(bookie, self._master_key, op.entry, self._recovery_flag,
+            add_cb(bookie, self._master_key, entry, self._recovery_flag,
                    functools.partial(on_done, op, idx, bookie), self._add_timeout_s)
 
     def _on_add_done(self, op: _PendingAdd, idx: int, bookie: str, exc: BaseException | None) -> None:
@@ -392,8 +510,24 @@ class LedgerHandle:
         if isinstance(exc, (UnauthorizedAccessError, ClientClosedError)):
             self._fail(exc)
             return
-        if self._ensemble[idx] != bookie or self._error is not None:
+        if self._ensemble[idx] != bookie or self._error is not None or op.future.done():
             return  # already replaced: the ensemble change re-sent (or will re-send) this entry
+        if isinstance(exc, TooManyRequestsError) and idx not in self._failed:
+            # Back-pressure is not a failure: the bookie is alive and asks us to slow down. Send
+            # the entry to it again after a short, growing delay; only an add that stays refused
+            # for the add timeout counts as a failed write (then the ensemble changes).
+            now = self._loop.time()
+            if now - self._window_cut_at >= _WINDOW_CUT_INTERVAL_S:
+                # Send less: the bookies' limit is below what this handle keeps in flight.
+                self._window_cut_at = now
+                self._window = max(_MIN_WINDOW, min(self._window, len(self._pending)) // 2)
+            if op.backoff_deadline == 0.0:
+                op.backoff_deadline = now + self._add_timeout_s
+            if now < op.backoff_deadline:
+                delay = backoff_delay(op.backoffs)
+                op.backoffs += 1
+                self._loop.call_later(delay, self._resend_add, op, idx, bookie)
+                return
         log.info("ledger %d: write of entry %d to bookie %s failed (%s); changing ensemble",
                  self.ledger_id, op.entry_id, bookie, exc)
         self._failed[idx] = bookie
@@ -401,6 +535,16 @@ class LedgerHandle:
         if not self._changing_ensemble:
             self._changing_ensemble = True
             self._change_task = self._loop.create_task(self._change_ensemble())
+
+    def _resend_add(self, op: _PendingAdd, idx: int, bookie: str) -> None:
+        """Send ``op`` to ``bookie`` again after back-pressure, unless that became pointless."""
+        if (op.future.done() or self._error is not None or self._ensemble[idx] != bookie
+                or idx in self._failed or op.acked & (1 << idx)):
+            return  # completed, failed, or the bookie is being replaced (the change re-sends)
+        entry = op.entry
+        assert entry is not None
+        self._bc.add_cb(bookie, self._master_key, entry, self._recovery_flag,
+                        functools.partial(self._on_add_done, op, idx, bookie), self._add_timeout_s)
 
     def _complete_adds(self) -> None:
         """Acknowledge, in entry-id order, every leading entry that reached its ack quorum."""
@@ -414,13 +558,18 @@ class LedgerHandle:
             if op.acked.bit_count() < aq:
                 break
             pending.popleft()
+            if self._window < self._max_in_flight:
+                self._window += 1.0 / self._window  # about +1 per window of acknowledged adds
             self._lac = op.entry_id
             self._lac_length = op.length
             advanced = True
             if not op.future.done():
                 op.future.set_result(op.entry_id)
-        if advanced and self._lac_event is not None:
-            self._lac_event.set()
+        if advanced:
+            if self._waiting:
+                self._send_waiting()
+            if self._lac_event is not None:
+                self._lac_event.set()
 
     def _fail(self, exc: BaseException) -> None:
         """Fail every pending add and every later one with ``exc`` (the handle is unusable)."""
@@ -428,7 +577,9 @@ class LedgerHandle:
             self._error = exc
         pending = self._pending
         self._pending = deque()
-        for op in pending:
+        waiting = self._waiting
+        self._waiting = deque()
+        for op in (*pending, *waiting):
             if not op.future.done():
                 op.future.set_exception(copy_error(exc))
         if self._lac_event is not None:
@@ -471,11 +622,13 @@ class LedgerHandle:
                 E = self._E
                 for op in list(self._pending):
                     op.acked &= ~clear
+                    entry = op.entry
+                    assert entry is not None
                     for i in range(self._WQ):
                         idx = (op.entry_id + i) % E
                         if idx in failed and idx not in self._failed:
                             bookie = new_ensemble[idx]
-                            self._bc.add_cb(bookie, self._master_key, op.entry, self._recovery_flag,
+                            self._bc.add_cb(bookie, self._master_key, entry, self._recovery_flag,
                                             functools.partial(self._on_add_done, op, idx, bookie),
                                             self._add_timeout_s)
         except NotEnoughBookiesError as e:
@@ -570,13 +723,33 @@ class LedgerHandle:
             if isinstance(r, BaseException):
                 log.debug("ledger %d: explicit LAC %d to bookie %s failed: %s", self.ledger_id, lac, b, r)
 
-    def _stop_timers(self) -> None:
+    def stop_timers(self) -> None:
+        """Cancel this handle's timers (explicit LAC, ensemble-change retry). Idempotent; the
+        handle stays usable otherwise. ``BookKeeper.close()`` calls it on every writing handle."""
         if self._retry_timer is not None:
             self._retry_timer.cancel()
             self._retry_timer = None
         if self._lac_timer is not None:
             self._lac_timer.cancel()
             self._lac_timer = None
+
+    def abandon(self) -> None:
+        """Give the handle up without touching the ledger's metadata (no close).
+
+        For a writer that lost its ledger (fenced, no bookies) or a recovery probe whose result
+        lives elsewhere: stops the timers and background work; adds not yet acknowledged and
+        every later one fail with ``LedgerClosedError``; the ledger itself stays as it is in the
+        metadata (the next opener's recovery decides its end). Idempotent.
+        """
+        self.stop_timers()
+        if self._error is None and (self._pending or self._waiting):
+            self._fail(LedgerClosedError(f"ledger {self.ledger_id}: handle abandoned"))
+        self._closed = True
+        if self._lac_event is not None:
+            self._lac_event.set()
+        for task in list(self._background):
+            task.cancel()
+        self._ctx.writers.discard(self)
 
     def _spawn(self, coro: Any) -> None:
         task = self._loop.create_task(coro)
@@ -586,8 +759,8 @@ class LedgerHandle:
     # ---------------------------------------------------------------------- force / close
     async def _drain(self) -> None:
         """Wait until every add sent so far completed (acknowledged or failed)."""
-        while self._pending:
-            await asyncio.gather(*(op.future for op in list(self._pending)), return_exceptions=True)
+        while self._pending or self._waiting:
+            await asyncio.gather(*(op.future for op in (*self._pending, *self._waiting)), return_exceptions=True)
 
     async def force(self) -> int:
         """Wait for every pending add, then ask the current ensemble to force the ledger to disk.
@@ -617,7 +790,7 @@ class LedgerHandle:
         self._close_future = self._loop.create_future()
         self._closing = True
         try:
-            self._stop_timers()
+            self.stop_timers()
             if self._mode == WRITER and not self._md.is_closed:
                 await self._drain()
                 await self._close_metadata(self._lac, self._lac_length)
@@ -635,6 +808,7 @@ class LedgerHandle:
                 self._lac_event.set()
             for task in list(self._background):
                 task.cancel()
+            self._ctx.writers.discard(self)
 
     async def _close_metadata(self, last_entry_id: int, length: int) -> Versioned[LedgerMetadata]:
         """CAS the metadata to CLOSED(last_entry_id, length) (design.md rule 10).
@@ -700,7 +874,9 @@ class LedgerHandle:
         """Up to ``max_count`` entries (and about ``max_size`` bytes, 0 = no limit) from
         ``start_entry_id``, at or below the LAC; at least one if ``start`` <= LAC.
 
-        Unstriped segments (E == WQ) use one BATCH_READ to a replica; striped ones read entry by entry.
+        Unstriped ledgers (E == WQ) use BATCH_READ: one request to a replica when ``max_size`` is
+        set (the bookie enforces it), else pipelined chunks; striped ones read entry by entry,
+        pipelined. Never crosses an ensemble change (one batch, one write set).
         """
         if start_entry_id < 0 or max_count <= 0:
             raise IncorrectParameterError(f"bad batch read start={start_entry_id} max_count={max_count}")
@@ -714,27 +890,15 @@ class LedgerHandle:
             if start_entry_id < first <= last:
                 last = first - 1
                 break
-        ensemble = self._md.ensemble_for(start_entry_id)
-        if self._E == self._WQ:
-            replicas = [ensemble[i] for i in write_set(start_entry_id, self._E, self._WQ)]
-            count = last - start_entry_id + 1
-            errors: list[BaseException] = []
-            for bookie in replicas:
-                try:
-                    raws = await self._bc.batch_read(bookie, self.ledger_id, start_entry_id, count, max_size,
-                                                     timeout_s=self._read_timeout_s)
-                    out: list[LedgerEntry] = []
-                    for i, raw in enumerate(raws[:count]):
-                        verified = self._digest.verify(raw, start_entry_id + i)
-                        out.append(LedgerEntry(self.ledger_id, verified.entry_id, verified.payload))
-                    if out:
-                        return out
-                    errors.append(NoSuchEntryError("empty batch"))
-                except VellumError as exc:
-                    errors.append(exc)
-            log.debug("ledger %d: batch read from %d failed on every replica (%s); reading entries",
-                      self.ledger_id, start_entry_id, errors)
-        entries = await self._read_range(start_entry_id, last)
+        if self._E == self._WQ and max_size > 0:
+            got = await self._batch_from_replicas(start_entry_id, last, 0, max_size)
+            if got:
+                return self._to_ledger_entries(got)
+            log.debug("ledger %d: batch read from %d failed on every replica; reading entries",
+                      self.ledger_id, start_entry_id)
+            entries = self._to_ledger_entries(await self._read_entries(start_entry_id, last))
+        else:
+            entries = await self._read_range(start_entry_id, last)
         if max_size > 0:
             size = 0
             for i, e in enumerate(entries):
@@ -752,21 +916,178 @@ class LedgerHandle:
                 f"cannot read up to {last}"
             )
 
-    async def _read_range(self, first: int, last: int) -> list[LedgerEntry]:
-        window = 256
-        out: list[LedgerEntry] = []
+    def _to_ledger_entries(self, entries: Sequence[Entry]) -> list[LedgerEntry]:
+        """Payloads of verified entries; a reader of an open ledger learns the LAC they carry."""
         lid = self.ledger_id
-        for lo in range(first, last + 1, window):
-            hi = min(last, lo + window - 1)
-            if lo == hi:
-                parts = [await self._read_entry(lo)]
-            else:
-                parts = await asyncio.gather(*(self._read_entry(e) for e in range(lo, hi + 1)))
-            for e in parts:
-                if self._mode == READER and e.lac > self._lac and not self._md.is_closed:
-                    self._set_lac(e.lac, None)
-                out.append(LedgerEntry(lid, e.entry_id, e.payload))
+        learn = self._mode == READER and not self._md.is_closed
+        out: list[LedgerEntry] = []
+        for e in entries:
+            if learn and e.lac > self._lac:
+                self._set_lac(e.lac, None)
+            out.append(LedgerEntry(lid, e.entry_id, e.payload))
         return out
+
+    async def _read_range(self, first: int, last: int) -> list[LedgerEntry]:
+        """Entries ``first..last`` in order, pipelined: pipelined BATCH_READ chunks on unstriped
+        ledgers (E == WQ), else a sliding window of single-entry reads."""
+        if self._E == self._WQ and last - first >= 8:
+            entries = await self._read_batched(first, last)
+        else:
+            entries = await self._read_entries(first, last)
+        return self._to_ledger_entries(entries)
+
+    async def _read_entries(self, first: int, last: int) -> list[Entry]:
+        """Verified entries ``first..last`` in order, at most ``READ_WINDOW`` reads outstanding;
+        each entry with its own speculative read and failover (``_EntryRead``). The first entry
+        that cannot be read fails the whole range."""
+        if first == last:
+            return [await self._read_entry(first)]
+        n = last - first + 1
+        results: list[Entry | None] = [None] * n
+        done: asyncio.Future[None] = self._loop.create_future()
+        active: set[_EntryRead] = set()
+        nxt = first
+        remaining = n
+        md = self._md
+        E, WQ = self._E, self._WQ
+        bc, digest, lid = self._bc, self._digest, self.ledger_id
+        timeout_s, spec_s = self._read_timeout_s, self._speculative_s
+
+        def start_more() -> None:
+            nonlocal nxt
+            while nxt <= last and len(active) < READ_WINDOW:
+                eid = nxt
+                nxt += 1
+                ensemble = md.ensemble_for(eid)
+                replicas = [ensemble[(eid + i) % E] for i in range(WQ)]
+                r = _EntryRead(bc, digest, lid, eid, replicas, timeout_s, spec_s, on_done)
+                active.add(r)
+                r.start()
+
+        def on_done(r: _EntryRead) -> None:
+            nonlocal remaining
+            active.discard(r)
+            if done.done():
+                return
+            if r.error is not None:
+                done.set_exception(r.error)
+                return
+            results[r.entry_id - first] = r.result
+            remaining -= 1
+            if remaining == 0:
+                done.set_result(None)
+            else:
+                start_more()
+
+        start_more()
+        try:
+            await done
+        finally:
+            for r in list(active):
+                r.cancel()
+        return results  # type: ignore[return-value]  # every slot is filled once done succeeded
+
+    async def _read_batched(self, first: int, last: int) -> list[Entry]:
+        """Unstriped ledgers: ``first..last`` as BATCH_READ chunks (``BATCH_CHUNK_ENTRIES``), at
+        most ``BATCH_WINDOW`` in flight, spread over the replicas; a chunk no replica serves
+        whole falls back to single-entry reads (failover and "no such entry" per entry)."""
+        chunks: list[tuple[int, int]] = []
+        bounds = sorted(self._md.ensembles)
+        lo = first
+        while lo <= last:
+            hi = min(last, lo + BATCH_CHUNK_ENTRIES - 1)
+            for b in bounds:  # a chunk stays in one segment: one write set
+                if lo < b <= hi:
+                    hi = b - 1
+                    break
+            chunks.append((lo, hi))
+            lo = hi + 1
+        if len(chunks) == 1:
+            return await self._read_chunk(first, last, 0)
+        sem = asyncio.Semaphore(BATCH_WINDOW)
+
+        async def one(k: int, lo: int, hi: int) -> list[Entry]:
+            async with sem:
+                return await self._read_chunk(lo, hi, k)
+
+        tasks = [asyncio.ensure_future(one(k, lo, hi)) for k, (lo, hi) in enumerate(chunks)]
+        try:
+            parts = await asyncio.gather(*tasks)
+        finally:
+            for t in tasks:
+                if not t.done():
+                    t.cancel()
+        return [e for part in parts for e in part]
+
+    async def _read_chunk(self, first: int, last: int, rotation: int) -> list[Entry]:
+        out: list[Entry] = []
+        nxt = first
+        while nxt <= last:
+            got = await self._batch_from_replicas(nxt, last, rotation, BATCH_CHUNK_BYTES)
+            if not got:
+                out.extend(await self._read_entries(nxt, last))
+                break
+            out.extend(got)
+            nxt += len(got)  # a short answer (size cap): ask again for the rest
+        return out
+
+    async def _batch_from_replicas(self, first: int, last: int, rotation: int, max_size: int) -> list[Entry]:
+        """One BATCH_READ of ``first..last`` (at most ``max_size`` bytes), verified; replicas of the
+        write set tried from ``rotation``, the next one after ``speculativeReadTimeout`` or at once
+        on an error. ``[]`` if no replica answered with a verified batch."""
+        ensemble = self._md.ensemble_for(first)
+        ws = write_set(first, self._E, self._WQ)
+        replicas = [ensemble[ws[(rotation + i) % len(ws)]] for i in range(len(ws))]
+        count = last - first + 1
+        errors: list[BaseException] = []
+        tasks: dict[asyncio.Task[list[bytes]], str] = {}
+        next_replica = 0
+
+        def launch() -> None:
+            nonlocal next_replica
+            bookie = replicas[next_replica]
+            next_replica += 1
+            task = asyncio.ensure_future(self._bc.batch_read(
+                bookie, self.ledger_id, first, count, max_size, timeout_s=self._read_timeout_s))
+            tasks[task] = bookie
+
+        launch()
+        running = set(tasks)
+        try:
+            while running:
+                spec = self._speculative_s if self._speculative_s > 0 and next_replica < len(replicas) else None
+                done, running = await asyncio.wait(running, timeout=spec, return_when=asyncio.FIRST_COMPLETED)
+                if not done:
+                    launch()
+                    running = {t for t in tasks if not t.done()}
+                    continue
+                for t in done:
+                    exc = t.exception()
+                    if exc is None:
+                        try:
+                            raws = t.result()[:count]
+                            got = [self._digest.verify(raw, first + i) for i, raw in enumerate(raws)]
+                        except DigestMismatchError as e:
+                            log.warning("ledger %d: bad batch from bookie %s at %d: %s", self.ledger_id,
+                                        tasks[t], first, e)
+                            errors.append(e)
+                        else:
+                            if got:
+                                return got
+                            errors.append(NoSuchEntryError("empty batch"))
+                    else:
+                        errors.append(exc)
+                    if next_replica < len(replicas):
+                        launch()
+                running = {t for t in tasks if not t.done()}
+        finally:
+            for t in tasks:
+                if not t.done():
+                    t.cancel()
+                elif not t.cancelled():
+                    t.exception()
+        log.debug("ledger %d: batch read %d..%d failed on every replica: %s", self.ledger_id, first, last, errors)
+        return []
 
     async def _read_entry(self, entry_id: int) -> Entry:
         """One verified entry: first replica of its write set, speculative read to the next after
@@ -953,6 +1274,142 @@ class LedgerHandle:
 
 # ----------------------------------------------------------------------------- replica reads
 
+#: rounds over a write set whose replicas all pushed back (TooManyRequestsError) before giving up
+_READ_BACKOFF_ROUNDS = 8
+
+
+class _EntryRead:
+    """Reads and verifies one entry from its replicas with callbacks only (no task, no coroutine):
+    the first replica; a speculative read to the next one every ``speculative_s`` without an
+    answer; the next one at once on an error or a bad digest. If every replica pushed back
+    (TooManyRequestsError), another round after a short backoff, within the read timeout.
+
+    ``on_done(self)`` runs exactly once (unless cancelled), with ``result`` or ``error`` set.
+    """
+
+    __slots__ = ("bc", "deadline", "digest", "entry_id", "error", "errors", "finished", "futures", "ledger_id",
+                 "loop", "next_replica", "on_done", "outstanding", "replicas", "result", "rounds", "speculative_s",
+                 "timeout_s", "timer")
+
+    def __init__(
+        self,
+        bc: BookieClient,
+        digest: DigestManager,
+        ledger_id: int,
+        entry_id: int,
+        replicas: Sequence[str],
+        timeout_s: float,
+        speculative_s: float,
+        on_done: Callable[[_EntryRead], None],
+    ) -> None:
+        self.bc = bc
+        self.digest = digest
+        self.ledger_id = ledger_id
+        self.entry_id = entry_id
+        self.replicas = replicas
+        self.timeout_s = timeout_s
+        self.speculative_s = speculative_s
+        self.on_done = on_done
+        self.loop = asyncio.get_running_loop()
+        self.deadline = 0.0
+        self.next_replica = 0
+        self.outstanding = 0
+        self.rounds = 0
+        self.errors: list[BaseException] = []
+        self.futures: list[asyncio.Future[bytes]] = []
+        self.timer: asyncio.TimerHandle | None = None
+        self.result: Entry | None = None
+        self.error: BaseException | None = None
+        self.finished = False
+
+    def start(self) -> None:
+        self.deadline = self.loop.time() + self.timeout_s
+        self._launch()
+
+    def cancel(self) -> None:
+        """Stop: no callback, outstanding answers are dropped."""
+        self.finished = True
+        self._stop()
+
+    def _stop(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        for f in self.futures:
+            if not f.done():
+                f.cancel()
+
+    def _launch(self) -> None:
+        bookie = self.replicas[self.next_replica]
+        self.next_replica += 1
+        fut = self.bc.read_future(bookie, self.ledger_id, self.entry_id, timeout_s=self.timeout_s)
+        self.futures.append(fut)
+        self.outstanding += 1
+        fut.add_done_callback(functools.partial(self._answered, bookie))
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if self.speculative_s > 0 and self.next_replica < len(self.replicas):
+            self.timer = self.loop.call_later(self.speculative_s, self._speculate)
+
+    def _speculate(self) -> None:
+        self.timer = None
+        if not self.finished and self.next_replica < len(self.replicas):
+            self._launch()  # the replica is slow: ask the next one too
+
+    def _answered(self, bookie: str, fut: asyncio.Future[bytes]) -> None:
+        if self.finished or fut.cancelled():
+            return
+        self.outstanding -= 1
+        exc = fut.exception()
+        if exc is None:
+            try:
+                entry = self.digest.verify(fut.result(), self.entry_id)
+            except DigestMismatchError as e:
+                log.warning("ledger %d entry %d: bad replica on bookie %s: %s", self.ledger_id, self.entry_id,
+                            bookie, e)
+                self.errors.append(e)
+            else:
+                self._finish(entry, None)
+                return
+        else:
+            self.errors.append(exc)
+        if self.next_replica < len(self.replicas):
+            self._launch()  # failover at once
+        elif self.outstanding == 0:
+            recent = self.errors[-len(self.replicas):]
+            if (all(isinstance(e, TooManyRequestsError) for e in recent) and self.rounds < _READ_BACKOFF_ROUNDS
+                    and self.loop.time() < self.deadline):
+                # Every replica pushed back: back-pressure, not a failure. Another round later.
+                delay = backoff_delay(self.rounds)
+                self.rounds += 1
+                self.next_replica = 0
+                self.timer = self.loop.call_later(delay, self._retry_round)
+                return
+            self._finish(None, read_failure(self.ledger_id, self.entry_id, self.replicas, self.errors))
+
+    def _retry_round(self) -> None:
+        self.timer = None
+        if not self.finished:
+            self._launch()
+
+    def _finish(self, entry: Entry | None, error: BaseException | None) -> None:
+        self.finished = True
+        self.result, self.error = entry, error
+        self._stop()
+        self.on_done(self)
+
+
+def read_failure(ledger_id: int, entry_id: int, replicas: Sequence[str], errors: list[BaseException]) -> VellumError:
+    """The error of a read that no replica served: NoSuchEntryError if every replica said it has
+    no such entry, else the first other error (its class, with the context)."""
+    if errors and all(isinstance(e, _NEGATIVE) for e in errors):
+        return NoSuchEntryError(f"ledger {ledger_id}: no bookie of {list(replicas)} has entry {entry_id}")
+    first = next((e for e in errors if not isinstance(e, _NEGATIVE)), None)
+    if isinstance(first, VellumError):
+        return type(first)(f"ledger {ledger_id} entry {entry_id}: read failed on {list(replicas)}: {first}")
+    return ReadError(f"ledger {ledger_id} entry {entry_id}: read failed on {list(replicas)}: {errors}")
+
 
 async def read_entry_from(
     bc: BookieClient,
@@ -968,47 +1425,21 @@ async def read_entry_from(
 
     Raises NoSuchEntryError if every replica said it has no such entry, else the first other error.
     """
-    errors: list[BaseException] = []
-    tasks: dict[asyncio.Task[bytes], str] = {}
-    next_replica = 0
+    fut: asyncio.Future[Entry] = asyncio.get_running_loop().create_future()
 
-    def launch() -> None:
-        nonlocal next_replica
-        bookie = replicas[next_replica]
-        next_replica += 1
-        tasks[asyncio.ensure_future(bc.read(bookie, ledger_id, entry_id, timeout_s=timeout_s))] = bookie
+    def on_done(r: _EntryRead) -> None:
+        if fut.done():
+            return
+        if r.error is not None:
+            fut.set_exception(r.error)
+        else:
+            assert r.result is not None
+            fut.set_result(r.result)
 
-    launch()
-    running = set(tasks)
+    reader = _EntryRead(bc, digest, ledger_id, entry_id, replicas, timeout_s, speculative_s, on_done)
+    reader.start()
     try:
-        while running:
-            spec = speculative_s if speculative_s > 0 and next_replica < len(replicas) else None
-            done, running = await asyncio.wait(running, timeout=spec, return_when=asyncio.FIRST_COMPLETED)
-            if not done:
-                launch()  # speculative read: the replica is slow
-                running = {t for t in tasks if not t.done()}
-                continue
-            for t in done:
-                exc = t.exception()
-                if exc is None:
-                    try:
-                        return digest.verify(t.result(), entry_id)
-                    except DigestMismatchError as e:
-                        log.warning("ledger %d entry %d: bad replica on bookie %s: %s", ledger_id, entry_id,
-                                    tasks[t], e)
-                        errors.append(e)
-                else:
-                    errors.append(exc)
-                if next_replica < len(replicas):
-                    launch()
-            running = {t for t in tasks if not t.done()}
+        return await fut
     finally:
-        for t in tasks:
-            if not t.done():
-                t.cancel()
-    if errors and all(isinstance(e, _NEGATIVE) for e in errors):
-        raise NoSuchEntryError(f"ledger {ledger_id}: no bookie of {list(replicas)} has entry {entry_id}")
-    first = next((e for e in errors if not isinstance(e, _NEGATIVE)), None)
-    if isinstance(first, VellumError):
-        raise type(first)(f"ledger {ledger_id} entry {entry_id}: read failed on {list(replicas)}: {first}")
-    raise ReadError(f"ledger {ledger_id} entry {entry_id}: read failed on {list(replicas)}: {errors}")
+        if not reader.finished:
+            reader.cancel()

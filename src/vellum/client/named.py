@@ -45,8 +45,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from vellum.client.ledger import RECOVERY, WRITER, ClientContext, LedgerHandle
-from vellum.client.recovery import _fence, _length_at, _recovery_read, recover_ledger
+from vellum.client.recovery import fence_ledger, recover_ledger, recover_tail
 from vellum.errors import (
+    EntriesShrunkError,  # defined in vellum.errors; importable from here too (compatibility)
     IllegalOpError,
     IncorrectParameterError,
     LedgerClosedError,
@@ -83,10 +84,6 @@ CUSTOM_NAME_KEY = "vellum.name"
 CUSTOM_EPOCH_KEY = "vellum.writerEpoch"
 #: bounded retries of a CAS that keeps losing to unrelated record changes (cursors, shrink)
 _CAS_RETRIES = 50
-
-
-class EntriesShrunkError(NoSuchEntryError):
-    """The entry is below the named ledger's start: it was shrunk away."""
 
 
 class OpenMode(enum.Enum):
@@ -342,6 +339,8 @@ class _SegmentWriterContext(ClientContext):
         self.bookie_client = parent.bookie_client
         self.placement = parent.placement
         self.config = parent.config
+        self.max_adds_in_flight = parent.max_adds_in_flight
+        self.writers = parent.writers  # the client's close() stops named writers' timers too
         self._on_ensemble_change = on_ensemble_change
 
     @property  # type: ignore[override]
@@ -406,7 +405,7 @@ class NamedLedgers:
 
     def _ctx(self) -> ClientContext:
         # The client's shared context (store, bookie client, placement, live bookie lists).
-        return self._bk._context()
+        return self._bk.context
 
     async def _meta(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.to_thread(fn, *args)
@@ -738,10 +737,7 @@ class NamedLedgers:
             ensembles={k: tuple(BookieId(b) for b in v) for k, v in seg.ensembles.items()},
             digest_type=rec.digest_type, password=rec.password,
         )
-        ctx = _ProbeContext(self._ctx())
-        probe = LedgerHandle(ctx, seg.ledger_id, Versioned(md, -1), rec.password, mode=RECOVERY)
-        await _fence(ctx, seg.ledger_id, [str(b) for b in md.last_ensemble], md,
-                     probe.digest_manager, master_key(rec.password))
+        await fence_ledger(_ProbeContext(self._ctx()), seg.ledger_id, md, rec.password)
 
     # ------------------------------------------------------------------ shrink
     async def shrink(self, name: str, end_entry_id: int, *, force: bool = False,
@@ -1224,7 +1220,7 @@ class NamedLedgerHandle:
         if self._last_future is not None:
             await asyncio.gather(self._last_future, return_exceptions=True)  # drains: futures complete in order
         if not w.is_writable:
-            w._stop_timers()
+            w.abandon()
             return
         await w.close()
         closed = seg.closed(w.last_add_confirmed, w.length)
@@ -1268,46 +1264,15 @@ class NamedLedgerHandle:
 
 
 async def _fast_recover(ctx: ClientContext, ledger_id: int, md: LedgerMetadata, password: bytes) -> tuple[int, int]:
-    """BookKeeper's recovery steps 2-5 (recovery.py) on the ensembles the name record gives, without
-    touching the ledger's metadata: fence at ensemble coverage, read forward with fencing reads,
-    write back each recovered entry. Returns (last entry id, length)."""
+    """BookKeeper's recovery steps 2-5 (``recovery.recover_tail``) on the ensembles the name
+    record gives, without touching the ledger's metadata (``ctx`` refuses metadata writes):
+    fence at ensemble coverage, read forward with fencing reads, write back each recovered
+    entry. Returns (last entry id, length)."""
     handle = LedgerHandle(ctx, ledger_id, Versioned(md, -1), password, mode=RECOVERY)
-    digest = handle.digest_manager
-    key = master_key(password)
-    ensemble = [str(b) for b in md.last_ensemble]
-    segment_first = max(md.ensembles)
-    fenced_lac, known = await _fence(ctx, ledger_id, ensemble, md, digest, key)
-    lac = max(fenced_lac, segment_first - 1)
-    length = await _length_at(ctx, handle, lac, known)
-    handle._start_recovery(lac, length)
-    writes: list[asyncio.Future[int]] = []
-    entry_id = lac + 1
-    batch = max(1, ctx.config.recovery_read_batch_size)
     try:
-        absent = False
-        while not absent:
-            results = await asyncio.gather(
-                *(_recovery_read(ctx, digest, ledger_id, e, ensemble, md, key) for e in range(entry_id, entry_id + batch)),
-                return_exceptions=True,
-            )
-            for found in results:
-                if isinstance(found, BaseException):
-                    raise found
-                if found is None:
-                    absent = True
-                    break
-                raw, parsed = found
-                writes.append(handle._recovery_add(raw, parsed))
-                length = parsed.length
-                entry_id += 1
-        if writes:
-            await asyncio.gather(*writes)
+        return await recover_tail(ctx, handle, password)
     finally:
-        for w in writes:
-            if w.done() and not w.cancelled():
-                w.exception()
-        handle._stop_timers()
-    return entry_id - 1, length
+        handle.abandon()
 
 
 def _check_password(rec: NamedLedgerRecord, password: bytes) -> None:

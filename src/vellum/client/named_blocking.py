@@ -31,7 +31,7 @@ from vellum.client.named import NamedLedgerHandle as AsyncNamedLedgerHandle
 from vellum.client.named import (
     NamedLedgers as AsyncNamedLedgers,
 )
-from vellum.errors import ClientClosedError, IllegalOpError
+from vellum.errors import ClientClosedError
 from vellum.format.entry import DigestType
 from vellum.meta.api import Versioned
 
@@ -41,27 +41,24 @@ __all__ = ["NamedLedgerHandle", "NamedLedgers", "OpenMode"]
 
 
 class _Runner:
-    """Runs coroutines on the blocking client's loop thread and waits for them."""
+    """Runs coroutines on the blocking client's loop thread (``BookKeeper.run``) and waits."""
 
     def __init__(self, bk: BookKeeper) -> None:
         self.bk = bk
         self.loop = bk.loop
 
     def call(self, coro: Coroutine[Any, Any, _T]) -> _T:
-        if self.loop.is_closed() or not self.loop.is_running():
-            coro.close()
-            raise ClientClosedError("the BookKeeper client is closed")
-        if _on_loop_thread(self.loop):
-            coro.close()
-            raise IllegalOpError("blocking Vellum call made from the client's own event-loop thread")
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+        return self.bk.run(coro)
 
-
-def _on_loop_thread(loop: asyncio.AbstractEventLoop) -> bool:
-    try:
-        return asyncio.get_running_loop() is loop
-    except RuntimeError:
-        return False
+    @property
+    def usable(self) -> bool:
+        """The client is open and this is not its loop thread (a blocking call can be made)."""
+        if self.bk.is_closed:
+            return False
+        try:
+            return asyncio.get_running_loop() is not self.loop
+        except RuntimeError:
+            return True
 
 
 class NamedLedgers:
@@ -221,7 +218,7 @@ class NamedLedgerHandle:
                     return
                 yield item
         finally:
-            if self._r.loop.is_running() and not _on_loop_thread(self._r.loop):
+            if self._r.usable:
                 self._r.call(agen.aclose())
 
     def shrink(self, end_entry_id: int, force: bool = False) -> int:

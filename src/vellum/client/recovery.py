@@ -23,6 +23,9 @@ Responsibility: what "open with recovery" does to a ledger that is not CLOSED
 6. Close by CAS: CLOSED, last entry = the last recovered entry (or the LAC), length from that
    entry's header. A concurrent recoverer that closed first wins: its result is accepted.
 
+Public building blocks (used by named ledgers, whose record names the bookies): ``fence_ledger``
+(step 2 alone) and ``recover_tail`` (steps 2-5 on a recovery handle; no metadata written).
+
 Invariants: never closes below an acknowledged entry (every acknowledged entry is on ``AQ``
 bookies of its write set; fencing plus quorum-coverage negatives guarantee it is found); never
 overwrites a CLOSED ledger.
@@ -32,6 +35,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 from vellum.client.ledger import (
     RECOVERY,
@@ -50,13 +55,22 @@ from vellum.errors import (
     UnauthorizedAccessError,
     VellumError,
 )
-from vellum.format.entry import DigestManager, Entry, master_key
+from vellum.format.entry import DigestManager, DigestType, Entry, master_key
 from vellum.meta.api import Versioned
 from vellum.meta.model import LedgerMetadata, LedgerState
 
 log = logging.getLogger(__name__)
 
 _NEGATIVE = (NoSuchEntryError, NoSuchLedgerError)
+
+
+@dataclass(frozen=True)
+class FenceResult:
+    """What fencing learnt: the highest LAC the answering bookies know (piggy-backed on their
+    last entries; -1 if none) and the cumulative ledger length at each entry id they returned."""
+
+    lac: int
+    lengths: Mapping[int, int]
 
 
 async def recover_ledger(ctx: ClientContext, ledger_id: int, password: bytes) -> Versioned[LedgerMetadata]:
@@ -77,18 +91,50 @@ async def recover_ledger(ctx: ClientContext, ledger_id: int, password: bytes) ->
         break
 
     handle = LedgerHandle(ctx, ledger_id, current, password, mode=RECOVERY)
-    md = current.value
+    try:
+        last, length = await recover_tail(ctx, handle, password)
+        log.info("ledger %d: recovered up to entry %d; closing", ledger_id, last)
+        return await handle._close_metadata(last, length)
+    finally:
+        handle.abandon()  # nothing is left pending after a close; after a failure, give up
+
+
+async def fence_ledger(ctx: ClientContext, ledger_id: int, md: LedgerMetadata, password: bytes) -> FenceResult:
+    """Fence ``ledger_id`` on the last ensemble of ``md`` (step 2): fencing LAC reads to every
+    bookie of it, done at ensemble coverage ``(E - AQ) + 1`` answers; from then on the old
+    writer cannot get an entry acknowledged. Touches no metadata: ``md`` may come from anywhere
+    that names the bookies the writer used (the ledger's metadata, a named-ledger record).
+
+    Raises ``UnauthorizedAccessError`` on a wrong password, ``LedgerRecoveryError`` if too few
+    bookies answered.
+    """
+    digest = DigestManager(ledger_id, DigestType(int(md.digest_type)), password)
+    lac, known = await _fence(ctx, ledger_id, [str(b) for b in md.last_ensemble], md, digest, master_key(password))
+    return FenceResult(lac, known)
+
+
+async def recover_tail(ctx: ClientContext, handle: LedgerHandle, password: bytes) -> tuple[int, int]:
+    """Steps 2-5 on a recovery handle (``LedgerHandle(..., mode=RECOVERY)``) and its metadata:
+    fence the last ensemble, find the LAC, read forward with fencing reads and write every entry
+    found back to ``AQ`` bookies. Returns ``(last entry id, cumulative length)`` of the ledger.
+
+    Writes no metadata itself (closing is the caller's decision); only an ensemble change that a
+    write-back needs goes through the handle's context, which may refuse it.
+    """
+    md = handle.metadata
+    ledger_id = handle.ledger_id
     digest = handle.digest_manager
+    key = master_key(password)
     # Recovery reads go to the ensemble the entries were written to, even if write-backs change
     # the handle's ensemble meanwhile.
     ensemble: list[str] = [str(b) for b in md.last_ensemble]
     segment_first = max(md.ensembles)
-    fenced_lac, known = await _fence(ctx, ledger_id, ensemble, md, digest, master_key(password))
+    fenced_lac, known = await _fence(ctx, ledger_id, ensemble, md, digest, key)
     lac = max(fenced_lac, segment_first - 1)
     log.info("ledger %d: fenced; recovering from entry %d", ledger_id, lac + 1)
 
     length = await _length_at(ctx, handle, lac, known)
-    handle._start_recovery(lac, length)
+    handle.start_recovery(lac, length)
 
     writes: list[asyncio.Future[int]] = []
     entry_id = lac + 1
@@ -97,7 +143,7 @@ async def recover_ledger(ctx: ClientContext, ledger_id: int, password: bytes) ->
     try:
         while not absent:
             results = await asyncio.gather(
-                *(_recovery_read(ctx, digest, ledger_id, e, ensemble, md, master_key(password))
+                *(_recovery_read(ctx, digest, ledger_id, e, ensemble, md, key)
                   for e in range(entry_id, entry_id + batch)),
                 return_exceptions=True,
             )
@@ -108,7 +154,7 @@ async def recover_ledger(ctx: ClientContext, ledger_id: int, password: bytes) ->
                     absent = True
                     break
                 raw, parsed = found
-                writes.append(handle._recovery_add(raw, parsed))
+                writes.append(handle.recovery_add(raw, parsed))
                 length = parsed.length
                 entry_id += 1
         if writes:
@@ -121,9 +167,7 @@ async def recover_ledger(ctx: ClientContext, ledger_id: int, password: bytes) ->
         for w in writes:
             if w.done() and not w.cancelled():
                 w.exception()  # retrieved: the first failure was raised above
-    last = entry_id - 1
-    log.info("ledger %d: recovered up to entry %d; closing", ledger_id, last)
-    return await handle._close_metadata(last, length)
+    return entry_id - 1, length
 
 
 async def _fence(

@@ -24,7 +24,6 @@ Invariants:
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import json
 import os
@@ -257,7 +256,7 @@ def check_ledger(bk: Any, ledger_id: int, *, digests: bool = False) -> list[dict
     e, wq = md.ensemble_size, md.write_quorum_size
 
     def call(coro: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, bk.loop).result(60)
+        return bk.run(coro, timeout_s=60)
 
     rows: list[dict[str, Any]] = []
     held: dict[str, tuple[tuple[int, int], ...] | None] = {}

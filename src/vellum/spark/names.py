@@ -15,7 +15,6 @@ Invariants:
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -32,7 +31,7 @@ _TIMEOUT_S = 120.0
 
 def _call(bk: BookKeeper, coro: Coroutine[Any, Any, _T]) -> _T:
     """Run a coroutine of the async client on the blocking client's loop (bounded wait)."""
-    return asyncio.run_coroutine_threadsafe(coro, bk.loop).result(_TIMEOUT_S)
+    return bk.run(coro, timeout_s=_TIMEOUT_S)
 
 
 @dataclass(frozen=True)

@@ -105,8 +105,7 @@ def write_task(opts: WriteOptions, job: str, batches: Iterator[pa.RecordBatch],
                 values = [v.encode() for v in values]
             # The whole Arrow batch is appended by one coroutine on the client's loop: one thread
             # hop per batch instead of one per entry.
-            asyncio.run_coroutine_threadsafe(
-                _append_all(handle.aio, values, opts.max_in_flight), bk.loop).result()
+            bk.run(_append_all(handle.aio, values, opts.max_in_flight))
             rows += len(values)
             nbytes += sum(len(v) for v in values)
         if handle is None:
@@ -125,10 +124,10 @@ def write_task(opts: WriteOptions, job: str, batches: Iterator[pa.RecordBatch],
 
 
 async def _append_all(handle: AsyncLedgerHandle, values: list[bytes], window: int) -> None:
-    """Append in order with at most ``window`` adds in flight.
+    """Append in order with at most ``window`` appends outstanding (option ``maxInFlight``).
 
-    Bounded pipelining: enough adds in flight to keep the bookies busy, not so many that they
-    push back (too-many-requests) or the task holds unbounded memory.
+    The handle itself bounds its adds in flight and rides out bookie back-pressure; this window
+    bounds what one task keeps pending (memory), and lets the option tune the pipelining.
     """
     pending: collections.deque[asyncio.Future[int]] = collections.deque()
     try:
