@@ -162,6 +162,7 @@ class LedgerStorage:
         self._read_cache: OrderedDict[tuple[int, int], bytes] = OrderedDict()
         self._read_cache_size = 0
         self._read_cache_lock = threading.Lock()
+        self._last_miss: dict[int, int] = {}  # ledger -> entry id of its last read-cache miss
         self._epoch = 0  # bumped by delete/trim: read-ahead results older than it are dropped
         self._closed_ledgers: set[int] = set()  # advisory "ledger closed", not yet rotated
         # Bytes of records dropped from the index by trim(), per entry log: GC counts them as
@@ -394,7 +395,14 @@ class LedgerStorage:
         else:
             raise StorageError(f"ledger {ledger_id} entry {entry_id}: location kept changing")
         if self._read_ahead > 0 and self._read_cache_max > 0:
-            self._read_ahead_after(ledger_id, location, epoch)
+            # Read ahead only for a reader that goes in order (the miss follows its previous
+            # read): for random reads it multiplied the bytes read by the batch size.
+            previous = self._last_miss.get(ledger_id)
+            self._last_miss[ledger_id] = entry_id
+            if previous is None or entry_id - previous in (1, self._read_ahead + 1):
+                self._read_ahead_after(ledger_id, location, epoch)
+            if len(self._last_miss) > 10_000:
+                self._last_miss.clear()
         return entry
 
     def _read_ahead_after(self, ledger_id: int, location: int, epoch: int) -> None:
