@@ -15,6 +15,7 @@ random read throughput.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -85,14 +86,14 @@ class AddPath:
         acked = 0
         errors: list[BaseException] = []
 
-        def done(exc: BaseException | None) -> None:
+        def done_batch(k: int, exc: BaseException | None) -> None:
             nonlocal free, acked
             with cond:
                 if exc is not None:
                     errors.append(exc)
                 else:
-                    acked += 1
-                free += 1
+                    acked += k
+                free += k
                 cond.notify()
 
         t0 = time.perf_counter()
@@ -104,7 +105,8 @@ class AddPath:
                 k, free = free, 0
             first = self.next_entry
             self.next_entry += k
-            refused = bookie.add_entries([(self._entry(e), self.key, False, done) for e in range(first, first + k)])
+            refused = bookie.add_entries([(self._entry(e), self.key, False) for e in range(first, first + k)],
+                                         functools.partial(done_batch, k))
             if any(r is not None for r in refused):
                 raise next(r for r in refused if r is not None)
         with cond:  # drain: every add of the slice is acknowledged

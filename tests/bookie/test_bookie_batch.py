@@ -18,17 +18,12 @@ def test_batch_add_with_refusals(tmp_path: Path) -> None:
                           ledger_directories=(str(tmp_path / "l"),), http_server_enabled=False)
     key, other = master_key(b"k"), master_key(b"other")
     opened = open_bookie(config, bookie_id="b:1")
-    acked: list[tuple[int, int]] = []
-    lock = threading.Lock()
-    done = threading.Semaphore(0)
+    results: list[BaseException | None] = []
+    done = threading.Event()
 
-    def cb(lid: int, eid: int):  # type: ignore[no-untyped-def]
-        def f(exc: BaseException | None) -> None:
-            assert exc is None
-            with lock:
-                acked.append((lid, eid))
-            done.release()
-        return f
+    def cb(exc: BaseException | None) -> None:
+        results.append(exc)
+        done.set()
 
     def entry(lid: int, eid: int) -> bytes:
         return DigestManager(lid, DigestType.CRC32C, b"k").compute(eid, eid - 1, 0, b"%d:%d" % (lid, eid))
@@ -37,16 +32,21 @@ def test_batch_add_with_refusals(tmp_path: Path) -> None:
         fenced = threading.Event()
         opened.bookie.fence_ledger(3, key, lambda exc: fenced.set())
         assert fenced.wait(10)
-        batch = [(entry(lid, e), key, False, cb(lid, e)) for lid in (1, 2) for e in range(5)]
-        batch.insert(3, (entry(3, 0), key, False, cb(3, 0)))      # fenced ledger
-        batch.insert(6, (entry(1, 9), other, False, cb(1, 9)))    # wrong master key
-        refused = opened.bookie.add_entries(batch)
+        batch = [(entry(lid, e), key, False) for lid in (1, 2) for e in range(5)]
+        batch.insert(3, (entry(3, 0), key, False))      # fenced ledger
+        batch.insert(6, (entry(1, 9), other, False))    # wrong master key
+        # Ledgers 1 and 2 map to different journals: one completion after both fsyncs.
+        refused = opened.bookie.add_entries(batch, cb)
         assert isinstance(refused[3], LedgerFencedError)
         assert isinstance(refused[6], UnauthorizedAccessError)
         assert sum(r is None for r in refused) == 10
-        for _ in range(10):
-            assert done.acquire(timeout=10)
-        assert sorted(acked) == [(lid, e) for lid in (1, 2) for e in range(5)]
+        assert done.wait(10)
+        assert results == [None]
+        # A batch refused entirely never calls back.
+        done.clear()
+        again = opened.bookie.add_entries([(entry(3, 1), key, False)], cb)
+        assert isinstance(again[0], LedgerFencedError)
+        assert not done.wait(0.5) and results == [None]
     finally:
         opened.close()
     reopened = open_bookie(config, bookie_id="b:1")

@@ -285,27 +285,52 @@ class Bookie:
         journal, ledger_id, entry_id = self._accept(entry, master_key, recovery)
         journal.log_entry(ledger_id, entry_id, entry, callback)
 
-    def add_entries(self, adds: Sequence[tuple[bytes, bytes, bool, Callback]]) -> list[BaseException | None]:
-        """Add several entries ((entry, master key, recovery, callback) each) with one journal
-        queue operation per journal. Returns, per add, the error that refused it at once (its
-        callback is then not called) or None (its callback runs after the covering fsync)."""
+    def add_entries(self, adds: Sequence[tuple[bytes, bytes, bool]], callback: Callback) -> list[BaseException | None]:
+        """Add several entries ((entry, master key, recovery) each), as a connection delivers
+        pipelined adds. Returns, per add, the error that refused it at once or None. ``callback``
+        runs once, after the fsyncs covering every accepted add (with the first error if a
+        journal failed), and not at all when every add was refused: one queue operation and one
+        completion per batch and journal instead of one per entry."""
         refused: list[BaseException | None] = []
-        per_journal: dict[int, list[tuple[bytes, Callback]]] = {}
-        for entry, master_key, recovery, callback in adds:
+        per_journal: dict[int, list[bytes]] = {}
+        for entry, master_key, recovery in adds:
             try:
                 journal, _lid, _eid = self._accept(entry, master_key, recovery)
             except Exception as exc:
                 refused.append(exc)
                 continue
             refused.append(None)
-            per_journal.setdefault(journal.index, []).append((entry, callback))
-        for index, batch in per_journal.items():
-            try:
-                self._journals[index].log_entries(batch)
-            except Exception as exc:  # the journal took none of them (stopped or failed)
-                for _entry, callback in batch:
-                    callback(exc)
+            per_journal.setdefault(journal.index, []).append(entry)
+        if not per_journal:
+            return refused
+        if len(per_journal) == 1:
+            ((index, entries),) = per_journal.items()
+            self._log_entries(self._journals[index], entries, callback)
+            return refused
+        # Several journals: the batch is durable when every journal's part is.
+        remaining = [len(per_journal)]
+        first_error: list[BaseException | None] = [None]
+        lock = threading.Lock()
+
+        def part_done(exc: BaseException | None) -> None:
+            with lock:
+                if exc is not None and first_error[0] is None:
+                    first_error[0] = exc
+                remaining[0] -= 1
+                last = remaining[0] == 0
+            if last:
+                callback(first_error[0])
+
+        for index, entries in per_journal.items():
+            self._log_entries(self._journals[index], entries, part_done)
         return refused
+
+    @staticmethod
+    def _log_entries(journal: Journal, entries: list[bytes], callback: Callback) -> None:
+        try:
+            journal.log_entries(entries, callback)
+        except Exception as exc:  # the journal took none of them (stopped or failed)
+            callback(exc)
 
     # ------------------------------------------------------------------------------------- fence
     def fence_ledger(self, ledger_id: int, master_key: bytes, callback: Callback) -> None:

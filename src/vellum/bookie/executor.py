@@ -82,15 +82,13 @@ class AsyncBookie:
             done(exc)
 
     def add_entries_cb(
-        self, adds: list[tuple[bytes, bytes, bool, Callable[[BaseException | None], None]]]
-    ) -> None:
-        """Batch form of ``add_entry_cb`` (one journal queue operation per journal): each
-        ``done(exc)`` runs on the loop thread once its entry is durable or refused."""
-        call = self.bridge.call
-        refused = self.bookie.add_entries([(e, k, r, partial(call, done)) for e, k, r, done in adds])
-        for (*_rest, done), error in zip(adds, refused):
-            if error is not None:
-                done(error)
+        self,
+        adds: list[tuple[bytes, bytes, bool]],
+        done: Callable[[BaseException | None], None],
+    ) -> list[BaseException | None]:
+        """Batch add (see ``Bookie.add_entries``): returns the immediate refusals; ``done(exc)``
+        runs once on the loop thread when every accepted add is durable (or failed)."""
+        return self.bookie.add_entries(adds, partial(self.bridge.call, done))
 
     def fence_cb(self, ledger_id: int, master_key: bytes, done: Callable[[BaseException | None], None]) -> None:
         bridge = self.bridge

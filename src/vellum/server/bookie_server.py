@@ -137,17 +137,15 @@ class BookieConnection(asyncio.Protocol):
                 self._transport.close()
             return
         handlers = self._handlers
-        adds: list[tuple[bytes, bytes, bool, Callable[[BaseException | None], None]]] = []
+        adds: list[m.AddRequest] = []
         for msg in messages:
             if type(msg) is m.AddRequest:
                 # Pipelined adds that arrived together go to the bookie as one batch (one
-                # journal queue operation), in arrival order.
-                add = self._prepare_add(msg)
-                if add is not None:
-                    adds.append(add)
+                # journal queue operation, one completion), in arrival order.
+                adds.append(msg)
                 continue
             if adds:
-                self._bookie.add_entries_cb(adds)
+                self._add_batch(adds)
                 adds = []
             handler = handlers.get(type(msg))
             if handler is None:
@@ -158,7 +156,7 @@ class BookieConnection(asyncio.Protocol):
             except Exception:  # a bug in one request must not take the connection down
                 log.exception("request %r failed", type(msg).__name__)
         if adds:
-            self._bookie.add_entries_cb(adds)
+            self._add_batch(adds)
 
     def _peer(self) -> str:
         if self._transport is None:
@@ -189,31 +187,48 @@ class BookieConnection(asyncio.Protocol):
             self._transport.close()
 
     # ------------------------------------------------------------------------------- ADD
-    def _prepare_add(
-        self, req: m.AddRequest
-    ) -> tuple[bytes, bytes, bool, Callable[[BaseException | None], None]] | None:
-        """Admission of one ADD: None if refused at once (answered here), else the add for
-        ``AsyncBookie.add_entries_cb`` with the callback that answers it."""
-        _requests["ADD"] += 1
-        ledger_id, entry_id = req.ledger_id, req.entry_id
+    def _add_batch(self, reqs: list[m.AddRequest]) -> None:
+        """Admit a batch of ADDs (past the in-progress bound: TOOMANYREQUESTS at once), hand
+        the rest to the bookie, answer refusals at once and the others when durable."""
+        _requests["ADD"] += len(reqs)
         counters = self._counters
-        if not counters.try_add():
-            _rejected["ADD"] += 1
-            self._send(m.AddResponse(ETOOMANYREQUESTS, ledger_id, entry_id))
-            return None
-        self._issued[ledger_id] = self._issued.get(ledger_id, 0) + 1
+        admitted: list[m.AddRequest] = []
+        for req in reqs:
+            if counters.try_add():
+                admitted.append(req)
+            else:
+                _rejected["ADD"] += 1
+                self._send(m.AddResponse(ETOOMANYREQUESTS, req.ledger_id, req.entry_id))
+        if not admitted:
+            return
+        issued = self._issued
+        for req in admitted:
+            issued[req.ledger_id] = issued.get(req.ledger_id, 0) + 1
+        accepted: list[m.AddRequest] = []
 
         def done(exc: BaseException | None) -> None:
-            counters.adds -= 1
-            self._completed[ledger_id] = self._completed.get(ledger_id, 0) + 1
             status = EOK if exc is None else wire_status_for(exc)
             if exc is not None and not isinstance(exc, VellumError):
-                log.error("add %d:%d failed: %r", ledger_id, entry_id, exc)
-            self._send(m.AddResponse(status, ledger_id, entry_id))
-            if self._force_waiters:
-                self._check_force_waiters()
+                log.error("adds failed: %r", exc)
+            self._answer_adds(accepted, status)
 
-        return bytes(req.entry), bytes(req.master_key), req.is_recovery, done
+        refused = self._bookie.add_entries_cb(
+            [(bytes(r.entry), bytes(r.master_key), r.is_recovery) for r in admitted], done
+        )
+        for req, exc in zip(admitted, refused):
+            if exc is None:
+                accepted.append(req)
+            else:
+                self._answer_adds([req], wire_status_for(exc))
+
+    def _answer_adds(self, reqs: list[m.AddRequest], status: int) -> None:
+        self._counters.adds -= len(reqs)
+        completed = self._completed
+        for req in reqs:
+            completed[req.ledger_id] = completed.get(req.ledger_id, 0) + 1
+            self._send(m.AddResponse(status, req.ledger_id, req.entry_id))
+        if self._force_waiters:
+            self._check_force_waiters()
 
     # ------------------------------------------------------------------------------ READ
     def _on_read(self, req: m.ReadRequest) -> None:

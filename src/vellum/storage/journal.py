@@ -222,7 +222,7 @@ class _ForceRequest:
     path: Path
     journal_id: int
     end: int
-    callbacks: list[Callback]
+    callbacks: list[Callback | None]
     close_fd: bool = False
     done: threading.Event | None = None
     last: bool = False
@@ -230,7 +230,7 @@ class _ForceRequest:
 
 _SHUTDOWN = object()
 #: a queued record: (encoded record, callback, enqueue time)
-_Item = tuple[bytes, Callback, float]
+_Item = tuple[bytes, Callback | None, float]
 
 
 class Journal:
@@ -500,13 +500,18 @@ class Journal:
         del ledger_id, entry_id  # they are the entry's first 16 bytes; kept for BookKeeper's API
         self._enqueue(encode_entry(entry), callback)
 
-    def log_entries(self, entries: Sequence[tuple[bytes, Callback]]) -> None:
-        """Journal several stored entries at once (one queue operation for the batch); each
-        callback runs after the fsync that covers its entry, as for ``log_entry``."""
+    def log_entries(self, entries: Sequence[bytes], callback: Callback) -> None:
+        """Journal several stored entries at once (one queue operation); ``callback`` runs once,
+        after the fsync that covers the last of them (and so all of them: records are written
+        and fsynced in queue order, and a journal that fails fails every later record)."""
         if not self._started or self._stopped:
             raise StorageError(f"journal {self.journal_dir} is not running")
+        if not entries:
+            raise ValueError("log_entries needs at least one entry")
         now = self._clock()
-        self._queue.put_many([(encode_entry(entry), callback, now) for entry, callback in entries])
+        items: list[object] = [(encode_entry(entry), None, now) for entry in entries]
+        items[-1] = (encode_entry(entries[-1]), callback, now)
+        self._queue.put_many(items)
 
     def log_master_key(self, ledger_id: int, key: bytes, callback: Callback) -> None:
         self._enqueue(encode_master_key(ledger_id, key), callback)
@@ -561,7 +566,7 @@ class Journal:
         take = self._queue.take_all
         clock = self._clock
         buf = bytearray()
-        callbacks: list[Callback] = []
+        callbacks: list[Callback | None] = []
         crc = 0
         batch_bytes = 0
         oldest = 0.0
@@ -632,8 +637,9 @@ class Journal:
                 )
                 # records enqueued after the shutdown marker (a race with shutdown()) must not hang
                 for item in take(0):
-                    if item is not _SHUTDOWN:
-                        cast(_Item, item)[1](StorageError(f"journal {self._path} was shut down"))
+                    late = None if item is _SHUTDOWN else cast(_Item, item)[1]
+                    if late is not None:
+                        late(StorageError(f"journal {self._path} was shut down"))
                 self._queue.close()
                 return
 
@@ -685,6 +691,8 @@ class Journal:
                     self.records_synced_total += sum(len(r.callbacks) for r in group)
                 for request in group:
                     for callback in request.callbacks:
+                        if callback is None:  # a record of a batch whose callback rides on its last
+                            continue
                         try:
                             callback(error)
                         except Exception:
