@@ -357,6 +357,15 @@ class Bookie:
             return storage.get_entry(ledger_id, LAST_ADD_CONFIRMED)
         return storage.get_entry(ledger_id, entry_id)
 
+    def read_cached_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
+        """The entry if it is in memory (write or read-ahead cache), without touching the disk."""
+        if entry_id < 0:
+            return None
+        found = self._storages[ledger_id % len(self._storages)].get_cached_entry(ledger_id, entry_id)
+        if found is not None:
+            self.reads_total += 1
+        return found
+
     def last_add_confirmed(self, ledger_id: int) -> int:
         """The LAC this bookie knows: the max of piggy-backed LACs and the explicit LAC."""
         lac = self._lacs.get(ledger_id)

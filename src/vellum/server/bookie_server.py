@@ -233,6 +233,12 @@ class BookieConnection(asyncio.Protocol):
     # ------------------------------------------------------------------------------ READ
     def _on_read(self, req: m.ReadRequest) -> None:
         _requests["READ_FENCE" if req.is_fencing else "READ"] += 1
+        if not req.is_fencing:
+            # Entries in memory are answered on the loop; only disk reads go to a reader thread.
+            cached = self._bookie.bookie.read_cached_entry(req.ledger_id, req.entry_id)
+            if cached is not None:
+                self._send(m.ReadResponse(EOK, req.ledger_id, req.entry_id, cached))
+                return
         if not self._counters.try_read():
             _rejected["READ"] += 1
             self._send(m.ReadResponse(ETOOMANYREQUESTS, req.ledger_id, req.entry_id))

@@ -395,15 +395,32 @@ class LedgerStorage:
         else:
             raise StorageError(f"ledger {ledger_id} entry {entry_id}: location kept changing")
         if self._read_ahead > 0 and self._read_cache_max > 0:
-            # Read ahead only for a reader that goes in order (the miss follows its previous
-            # read): for random reads it multiplied the bytes read by the batch size.
+            # Read ahead only for a reader that moves forward (this miss lies within one
+            # read-ahead window after the previous one; a striped reader skips the entries other
+            # bookies hold): for random reads it multiplied the bytes read by the batch size.
             previous = self._last_miss.get(ledger_id)
             self._last_miss[ledger_id] = entry_id
-            if previous is None or entry_id - previous in (1, self._read_ahead + 1):
+            if previous is None or 0 < entry_id - previous <= self._read_ahead + 1:
                 self._read_ahead_after(ledger_id, location, epoch)
             if len(self._last_miss) > 10_000:
                 self._last_miss.clear()
         return entry
+
+    def get_cached_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
+        """The entry if a write cache or the read-ahead cache holds it, else None. Never touches
+        the disk, so the server can answer it without a thread hop."""
+        key = (ledger_id, entry_id)
+        with self._cond:
+            found = self._active.entries.get(key)
+            if found is None and self._flushing is not None:
+                found = self._flushing.entries.get(key)
+        if found is not None:
+            return found
+        with self._read_cache_lock:
+            found = self._read_cache.get(key)
+            if found is not None:
+                self._read_cache.move_to_end(key)
+        return found
 
     def _read_ahead_after(self, ledger_id: int, location: int, epoch: int) -> None:
         try:
