@@ -143,7 +143,7 @@ class LedgerStorageMachine(RuleBasedStateMachine):
             for eid, entry in ledger.entries.items():
                 assert self.storage.get_entry(lid, eid) == entry
             assert self.storage.is_fenced(lid) is ledger.fenced
-            assert self.storage.get_master_key(lid) == ledger.master_key
+            assert self.storage.get_master_key(lid) == (ledger.master_key or None)  # empty = not set yet
             assert self.storage.get_explicit_lac(lid) == ledger.explicit_lac
 
     def teardown(self) -> None:

@@ -34,7 +34,6 @@ from vellum.errors import (
     LedgerFencedError,
     NoSuchEntryError,
     NoSuchLedgerError,
-    StorageError,
     UnauthorizedAccessError,
     WriteOnReadOnlyBookieError,
 )
@@ -715,14 +714,14 @@ def _replay_into(journal: Journal, mark: LogMark, storages: Sequence[LedgerStora
         storage = storages[record.ledger_id % len(storages)]
         kind = record.kind
         if kind is RecordKind.ENTRY:
+            # A ledger's key record precedes its first entry in the journal; an entry whose
+            # ledger has no key here belongs to a ledger GC deleted after the entry was journaled.
+            # It is restored all the same (never drop a journaled entry): the ledger comes back
+            # without a key (the next add's key is adopted) and GC deletes it again, as
+            # BookKeeper does.
             if storage.get_master_key(record.ledger_id) is None:
-                # An entry journaled before its key record was checkpointed away: the key record
-                # precedes every entry of a new ledger in the same journal, so this only happens
-                # for ledgers whose key is already in the index.
-                raise StorageError(
-                    f"journal replay: entry {record.ledger_id}:{record.entry_id} of a ledger with no "
-                    "master key"
-                )
+                log.info("journal replay: entry %d:%d of a ledger with no master key (deleted by GC?)",
+                         record.ledger_id, record.entry_id)
             storage.add_entry(bytes(record.data))
         elif kind is RecordKind.MASTER_KEY:
             if storage.get_master_key(record.ledger_id) is None:

@@ -508,9 +508,11 @@ class LedgerStorage:
                 raise UnauthorizedAccessError(f"ledger {ledger_id}: master key does not match the stored one")
 
     def get_master_key(self, ledger_id: int) -> bytes | None:
+        """The ledger's master key; None if unknown or not set yet (a ledger made known by an
+        entry alone, e.g. by journal replay or index rebuild, adopts the next key it is given)."""
         with self._cond:
             data = self._ledgers.get(ledger_id)
-            return None if data is None else data.master_key
+            return data.master_key if data is not None and data.master_key else None
 
     def set_fenced(self, ledger_id: int) -> bool:
         """Fence the ledger; True if it was not fenced before. Durable at the next ``flush()``."""
