@@ -223,3 +223,29 @@ def test_rack_mapping_file_and_config(tmp_path: Path) -> None:
     assert rackaware.rack("10.0.0.1:3181") == "/r1"
     from_store = placement_policy_for(config, rack_mapping={"x:1": "/z"})
     assert isinstance(from_store, RackawarePlacementPolicy) and from_store.rack("x:1") == "/z"
+
+
+def test_rack_mapping_from_the_metadata_store(tmp_path: Path) -> None:
+    """`vellum shell racks --set` stores the mapping; a rack-aware client reads it from there."""
+    import json
+
+    from click.testing import CliRunner
+
+    from vellum.cli.main import cli
+    from vellum.client.bookkeeper import _placement_from_config
+    from vellum.config import ClientConfig
+    from vellum.meta import open_metadata_store
+
+    uri = f"sqlite:///{tmp_path}/m.db"
+    with open_metadata_store(uri) as store:
+        store.format()
+    r = CliRunner().invoke(cli, ["shell", "racks", "--uri", uri, "--set", "a:1=/r1", "--set", "b:1=/r2",
+                                 "--set", "c:1=/r1", "--json"])
+    assert r.exit_code == 0, r.output
+    assert {row["bookie"]: row["rack"] for row in json.loads(r.output)} == {"a:1": "/r1", "b:1": "/r2", "c:1": "/r1"}
+    bad = CliRunner().invoke(cli, ["shell", "racks", "--uri", uri, "--set", "a:1=r1"])
+    assert bad.exit_code != 0 and "BOOKIE=/rack" in (bad.output + str(bad.exception))
+    with open_metadata_store(uri) as store:
+        policy = _placement_from_config(ClientConfig(ensemble_placement_policy="rackaware"), store)
+        ensemble = policy.new_ensemble(2, 2, 2, writable=["a:1", "b:1", "c:1"], read_only=[])
+    assert {"/r1", "/r2"} == {"/r1" if b in ("a:1", "c:1") else "/r2" for b in ensemble}

@@ -22,6 +22,7 @@ def _uri_option(fn):  # type: ignore[no-untyped-def]
 
 
 def register(shell: click.Group) -> None:
+    shell.add_command(racks)
     shell.add_command(simpletest)
     shell.add_command(readledger)
     shell.add_command(recover)
@@ -122,3 +123,42 @@ def recover(uri: str, ledger_id: int, password: str, as_json: bool) -> None:
         emit_json(result)
     else:
         emit_kv(result, title=f"ledger {ledger_id} recovered")
+
+
+@click.command()
+@_uri_option
+@click.option("--set", "assignments", multiple=True, metavar="BOOKIE=/RACK", help="assign a bookie to a rack")
+@click.option("--file", "mapping_file", type=click.Path(exists=True, dir_okay=False),
+              help="replace the whole mapping by a file of 'bookie_id /rack' lines")
+@click.option("--json", "as_json", is_flag=True)
+def racks(uri: str, assignments: tuple[str, ...], mapping_file: str | None, as_json: bool) -> None:
+    """Show or change the bookie -> rack mapping kept in the metadata store (used by clients
+    with ensemblePlacementPolicy=rackaware and no networkTopologyScriptFileName)."""
+    from vellum.client.bookkeeper import RACK_MAPPING_KEY
+    from vellum.client.placement import load_rack_mapping, parse_rack_mapping
+    from vellum.errors import ConfigError, MetadataVersionError
+    from vellum.meta import open_metadata_store
+
+    with open_metadata_store(uri) as store:
+        for _attempt in range(10):
+            record = store.kv.get(RACK_MAPPING_KEY)
+            mapping = parse_rack_mapping(record.value.decode(), source=RACK_MAPPING_KEY) if record else {}
+            if not assignments and not mapping_file:
+                break
+            if mapping_file:
+                mapping = load_rack_mapping(mapping_file)
+            for item in assignments:
+                bookie, sep, rack = item.partition("=")
+                if not sep or not rack.startswith("/"):
+                    raise ConfigError(f"--set expects BOOKIE=/rack, got {item!r}")
+                mapping[bookie] = rack
+            text = "".join(f"{b} {r}\n" for b, r in sorted(mapping.items())).encode()
+            try:
+                if record is None:
+                    store.kv.create(RACK_MAPPING_KEY, text)
+                else:
+                    store.kv.cas(RACK_MAPPING_KEY, text, record.version)
+                break
+            except MetadataVersionError:
+                continue  # changed by someone else meanwhile: re-read and apply again
+    emit_table(["bookie", "rack"], sorted(mapping.items()), title="bookie racks", as_json=as_json)

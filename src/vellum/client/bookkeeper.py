@@ -28,9 +28,9 @@ from typing import Any
 
 from vellum.client.bookie_client import BookieClient
 from vellum.client.ledger import READER, WRITER, ClientContext, LedgerHandle
-from vellum.client.placement import PlacementPolicy, placement_policy_for
+from vellum.client.placement import PlacementPolicy, parse_rack_mapping, placement_policy_for
 from vellum.client.recovery import recover_ledger
-from vellum.config import ClientConfig
+from vellum.config import DEFAULT_DATA_DIR, ClientConfig
 from vellum.errors import (
     ClientClosedError,
     IncorrectParameterError,
@@ -48,7 +48,7 @@ from vellum.meta.model import LedgerMetadata, LedgerState
 log = logging.getLogger(__name__)
 
 #: where the embedded store lives when no metadataServiceUri is configured (config.py)
-DEFAULT_SQLITE_PATH = Path("data") / "metadata.db"
+DEFAULT_SQLITE_PATH = Path(DEFAULT_DATA_DIR) / "metadata.db"  # the standalone cluster's store
 
 
 class BookKeeper:
@@ -101,7 +101,7 @@ class BookKeeper:
         store = self._store
         placement = self._placement
         if placement is None:
-            placement = await asyncio.to_thread(_placement_from_config, self.config)
+            placement = await asyncio.to_thread(_placement_from_config, self.config, store)
         self._bookie_client = BookieClient()
         ctx = self._ctx = ClientContext(store, self._bookie_client, placement, self.config,
                                         max_adds_in_flight=self._max_adds_in_flight)
@@ -302,6 +302,16 @@ def _digest_type(value: Any) -> DigestType:
         raise IncorrectParameterError(f"unknown digest type {value!r}") from None
 
 
-def _placement_from_config(config: ClientConfig) -> PlacementPolicy:
-    # may read the rack mapping file: runs in a worker thread
-    return placement_policy_for(config)
+#: Key-value record holding the cluster's bookie -> rack mapping ("bookie_id /rack" lines), the
+#: metadata-store alternative to ``networkTopologyScriptFileName`` (``vellum shell racks``).
+RACK_MAPPING_KEY = "bookies/racks"
+
+
+def _placement_from_config(config: ClientConfig, store: MetadataStore) -> PlacementPolicy:
+    # may read the rack mapping file or the store: runs in a worker thread
+    mapping = None
+    if config.ensemble_placement_policy == "rackaware" and not config.network_topology_script_file_name:
+        record = store.kv.get(RACK_MAPPING_KEY)
+        if record is not None:
+            mapping = parse_rack_mapping(record.value.decode("utf-8"), source=f"metadata {RACK_MAPPING_KEY}")
+    return placement_policy_for(config, rack_mapping=mapping)
