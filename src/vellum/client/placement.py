@@ -123,12 +123,7 @@ class DefaultPlacementPolicy(PlacementPolicy):
         read_only: Collection[str],
         exclude: Collection[str] = (),
     ) -> str:
-        _check_index(ensemble, index)
-        candidates = _candidates(writable, read_only, [*exclude, *ensemble])
-        if not candidates:
-            raise _not_enough(
-                1, 0, f"replace bookie {ensemble[index]}", len(set(read_only)), len(set(exclude))
-            )
+        candidates = _replacement_candidates(ensemble, index, writable, read_only, exclude)
         return self._rng.choice(candidates)
 
 
@@ -259,12 +254,7 @@ class RackawarePlacementPolicy(PlacementPolicy):
         read_only: Collection[str],
         exclude: Collection[str] = (),
     ) -> str:
-        _check_index(ensemble, index)
-        candidates = _candidates(writable, read_only, [*exclude, *ensemble])
-        if not candidates:
-            raise _not_enough(
-                1, 0, f"replace bookie {ensemble[index]}", len(set(read_only)), len(set(exclude))
-            )
+        candidates = _replacement_candidates(ensemble, index, writable, read_only, exclude)
         size = len(ensemble)
         write_quorum = min(write_quorum, size)
         racks = [self.rack(b) for b in ensemble]
@@ -358,6 +348,19 @@ def load_rack_mapping(path: str | Path) -> dict[str, str]:
     """Read a rack mapping file: one ``bookie_id /rack`` per line, ``#`` comments."""
     p = Path(path)
     return parse_rack_mapping(p.read_text(encoding="utf-8"), source=str(p))
+
+
+def _replacement_candidates(
+    ensemble: Sequence[str], index: int, writable: Collection[str], read_only: Collection[str],
+    exclude: Collection[str],
+) -> list[str]:
+    """Writable bookies that may replace ``ensemble[index]`` (not read-only, not excluded, not
+    already in the ensemble); NotEnoughBookiesError when there is none."""
+    _check_index(ensemble, index)
+    candidates = _candidates(writable, read_only, [*exclude, *ensemble])
+    if not candidates:
+        raise _not_enough(1, 0, f"replace bookie {ensemble[index]}", len(set(read_only)), len(set(exclude)))
+    return candidates
 
 
 def placement_policy_for(
