@@ -17,7 +17,6 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 from typing import Any, TypeVar
 
 from vellum.bookie.bookie import Bookie, BookieInfo
@@ -63,6 +62,8 @@ class AsyncBookie:
         self._loop = loop
         self.bridge = LoopBridge(loop)
         self._reads = ThreadPoolExecutor(max_workers=read_threads, thread_name_prefix="bookie-read")
+        # One thread, so batches keep their order (BookKeeper: numAddWorkerThreads=1).
+        self._adds = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bookie-add")
 
     # Callback style (the server's hot path: no future per request).
     def add_entry_cb(
@@ -84,11 +85,44 @@ class AsyncBookie:
     def add_entries_cb(
         self,
         adds: list[tuple[bytes, bytes, bool]],
-        done: Callable[[BaseException | None], None],
-    ) -> list[BaseException | None]:
-        """Batch add (see ``Bookie.add_entries``): returns the immediate refusals; ``done(exc)``
-        runs once on the loop thread when every accepted add is durable (or failed)."""
-        return self.bookie.add_entries(adds, partial(self.bridge.call, done))
+        on_result: Callable[[list[BaseException | None], BaseException | None], None],
+    ) -> None:
+        """Batch add (see ``Bookie.add_entries``) on the bookie's add thread, so that a full
+        write cache's back-pressure stalls the writers, not the event loop. ``on_result(refused,
+        error)`` runs once on the loop thread: ``refused`` per add (an error, or None if
+        accepted) and ``error`` the durability outcome of the accepted ones (None = durable).
+        Batches are processed in submission order (one thread)."""
+        bridge = self.bridge
+        bookie = self.bookie
+
+        def work() -> None:
+            lock = threading.Lock()
+            parts = [2]  # the refusals are known, and the accepted adds are durable
+            outcome: list[BaseException | None] = [None]
+            refused: list[BaseException | None] = []
+
+            def part_done() -> None:
+                with lock:
+                    parts[0] -= 1
+                    last = parts[0] == 0
+                if last:
+                    bridge.call(on_result, refused, outcome[0])
+
+            def durable(exc: BaseException | None) -> None:
+                outcome[0] = exc
+                part_done()
+
+            try:
+                refused.extend(bookie.add_entries(adds, durable))
+            except Exception as exc:  # a bug, not a refusal: fail the whole batch
+                refused[:] = [exc] * len(adds)
+                part_done()
+            else:
+                if all(r is not None for r in refused):
+                    part_done()  # nothing accepted: no durability callback will come
+            part_done()
+
+        self._adds.submit(work)
 
     def fence_cb(self, ledger_id: int, master_key: bytes, done: Callable[[BaseException | None], None]) -> None:
         bridge = self.bridge
@@ -158,4 +192,5 @@ class AsyncBookie:
         return await self.run_in_reader(self.bookie.info)
 
     def close(self) -> None:
+        self._adds.shutdown(wait=True)
         self._reads.shutdown(wait=True)

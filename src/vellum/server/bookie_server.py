@@ -204,22 +204,23 @@ class BookieConnection(asyncio.Protocol):
         issued = self._issued
         for req in admitted:
             issued[req.ledger_id] = issued.get(req.ledger_id, 0) + 1
-        accepted: list[m.AddRequest] = []
 
-        def done(exc: BaseException | None) -> None:
+        def on_result(refused: list[BaseException | None], exc: BaseException | None) -> None:
             status = EOK if exc is None else wire_status_for(exc)
             if exc is not None and not isinstance(exc, VellumError):
                 log.error("adds failed: %r", exc)
-            self._answer_adds(accepted, status)
+            accepted = []
+            for req, why in zip(admitted, refused):
+                if why is None:
+                    accepted.append(req)
+                else:
+                    self._answer_adds([req], wire_status_for(why))
+            if accepted:
+                self._answer_adds(accepted, status)
 
-        refused = self._bookie.add_entries_cb(
-            [(bytes(r.entry), bytes(r.master_key), r.is_recovery) for r in admitted], done
+        self._bookie.add_entries_cb(
+            [(bytes(r.entry), bytes(r.master_key), r.is_recovery) for r in admitted], on_result
         )
-        for req, exc in zip(admitted, refused):
-            if exc is None:
-                accepted.append(req)
-            else:
-                self._answer_adds([req], wire_status_for(exc))
 
     def _answer_adds(self, reqs: list[m.AddRequest], status: int) -> None:
         self._counters.adds -= len(reqs)
