@@ -112,3 +112,21 @@ def test_stream_write_exactly_once_with_forced_replay(
     run()
     assert _read_name(spark, uri, "tests/stream") == first  # the replayed batch was skipped
     assert _staging_keys(bk) == []
+
+
+def test_task_attempt_finishing_after_abort_leaves_nothing(cluster: LocalCluster, bk: Any) -> None:
+    """A task that registers its staging ledger after the driver's abort listed the job's
+    registrations sees the job's finished marker and removes its own ledger."""
+    import pyarrow as pa
+
+    from vellum.spark.options import parse_write_options
+    from vellum.spark.writer import abort_job, write_task
+
+    opts = parse_write_options({"metadataServiceUri": cluster.metadata_uri, "name": "tests/late-task"})
+    before = set(bk.list_ledgers())
+    abort_job(opts, "b-late-task-job", [])          # the driver gave up on the job first
+    batch = pa.RecordBatch.from_pydict({"payload": pa.array([b"x", b"y"], pa.binary())})
+    with pytest.raises(RuntimeError, match="already finished"):
+        write_task(opts, "b-late-task-job", iter([batch]))
+    assert _staging_keys(bk) == []
+    assert set(bk.list_ledgers()) == before, "the late attempt's staging ledger must be deleted"

@@ -130,7 +130,7 @@ def register(cli: click.Group) -> None:
     def staging_gc(metadata_uri: str, older_than: float, dry_run: bool) -> None:
         """Delete staging ledgers of Spark writes that never committed (driver crashed)."""
         from vellum.client.blocking import BookKeeper
-        from vellum.spark.writer import cleanup_staging, list_staging_jobs
+        from vellum.spark.writer import cleanup_staging, list_staging_jobs, sweep_finished_markers
 
         now_ms = time.time() * 1000
         rows = []
@@ -140,4 +140,6 @@ def register(cli: click.Group) -> None:
                 old = now_ms - newest >= older_than * 1000
                 deleted = cleanup_staging(bk, job, set()) if old and not dry_run else 0
                 rows.append((job, len(items), round((now_ms - newest) / 1000, 1), deleted))
+            if not dry_run:
+                sweep_finished_markers(bk, older_than * 1000)
         emit_table(["job", "stagingLedgers", "ageSeconds", "deleted"], rows, title="Spark staging ledgers")

@@ -50,6 +50,10 @@ from vellum.spark.options import WriteOptions
 log = logging.getLogger(__name__)
 
 STAGING_PREFIX = "spark/staging/"
+#: ``spark/finished/<job>``: written by the driver before it cleans a job's staging up (commit
+#: or abort). A task that registers after the driver listed the registrations sees it and
+#: removes its own staging ledger, so a task still running at abort leaves no orphan.
+FINISHED_PREFIX = "spark/finished/"
 TAG_JOB = "vellum.spark.job"
 
 
@@ -97,6 +101,11 @@ def write_task(opts: WriteOptions, job: str, batches: Iterator[pa.RecordBatch],
                                      "vellum.spark.attempt": str(attempt).encode()},
                 )
                 _register_staging(bk, job, partition, attempt, handle.ledger_id)
+                if bk.aio.store.kv.get(f"{FINISHED_PREFIX}{job}") is not None:
+                    # The driver committed or aborted this job already (this attempt is late):
+                    # undo the registration ourselves; the except below deletes the ledger.
+                    bk.aio.store.kv.delete(f"{STAGING_PREFIX}{job}/{partition}.{attempt}.{handle.ledger_id}")
+                    raise RuntimeError(f"[VELLUM_WRITE] job {job} already finished; task attempt dropped")
             column = batch.column(_payload_index(batch))
             if column.null_count:
                 raise ValueError("[VELLUM_WRITE] payload is null: every row needs a payload")
@@ -154,6 +163,12 @@ def cleanup_staging(bk: BookKeeper, job: str, keep: set[int]) -> int:
     Returns how many ledgers were deleted. Idempotent (a retried commit or abort finds less).
     """
     kv = bk.aio.store.kv
+    finished = f"{FINISHED_PREFIX}{job}"
+    if kv.get(finished) is None:
+        try:
+            kv.create(finished, str(int(time.time() * 1000)).encode())
+        except MetadataVersionError:
+            pass  # a concurrent commit/abort of the same job wrote it
     deleted = 0
     for key in kv.list(f"{STAGING_PREFIX}{job}/"):
         try:
@@ -165,6 +180,23 @@ def cleanup_staging(bk: BookKeeper, job: str, keep: set[int]) -> int:
             deleted += 1
         kv.delete(key)
     return deleted
+
+
+def sweep_finished_markers(bk: BookKeeper, older_than_ms: float) -> int:
+    """Delete ``spark/finished/<job>`` markers older than ``older_than_ms`` (late task attempts
+    of such old jobs are long gone). Returns how many were deleted."""
+    kv = bk.aio.store.kv
+    now_ms = time.time() * 1000
+    swept = 0
+    for key in kv.list(FINISHED_PREFIX):
+        got = kv.get(key)
+        try:
+            written = float(got.value) if got is not None else 0.0
+        except ValueError:
+            written = 0.0
+        if now_ms - written >= older_than_ms and kv.delete(key):
+            swept += 1
+    return swept
 
 
 def list_staging_jobs(bk: BookKeeper) -> dict[str, list[tuple[str, int, int]]]:
@@ -260,10 +292,14 @@ class VellumStreamWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
     def __init__(self, opts: WriteOptions, overwrite: bool) -> None:
         self.opts = opts
         self.overwrite = overwrite
+        # One token per run of the query (a restart gets a new writer): a batch replayed after
+        # a restart is a new staging job, not the finished one (see FINISHED_PREFIX).
+        self.run_token = uuid.uuid4().hex[:8]
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> VellumCommit:
         query_id, batch_id = _stream_ids()
-        return write_task(self.opts, f"s-{query_id}.{batch_id}", iterator, query_id, batch_id)
+        job = f"s-{query_id}.{batch_id}.{self.run_token}"
+        return write_task(self.opts, job, iterator, query_id, batch_id)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         msgs = _published(messages)
