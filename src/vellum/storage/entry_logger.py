@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import errno
 import os
+import struct
 import threading
 import time
 from collections import OrderedDict
@@ -57,6 +58,7 @@ from vellum.errors import CorruptionError, DiskFullError, StorageError
 from vellum.format import entrylog as fmt
 from vellum.ids import MAX_LOG_ID, location_log_id, location_offset, make_location
 
+_SIZE_FIELD = struct.Struct(">i")  # an entry-log record's size prefix
 LOG_SUFFIX = ".log"
 COMPACTING_SUFFIX = ".log.compacting"
 COMPACTED_SUFFIX = ".compacted"
@@ -360,7 +362,9 @@ class EntryLogger:
                 log = self._active_log_for(ledger_id)
             offset = log.pos + fmt.SIZE_FIELD
             location = make_location(log.log_id, offset)
-            log.buf += fmt.encode_record(entry)
+            buf = log.buf
+            buf += _SIZE_FIELD.pack(len(entry))  # [int size][entry], without an intermediate copy
+            buf += entry
             log.pos += record_len
             log.buf_sizes[ledger_id] = log.buf_sizes.get(ledger_id, 0) + record_len
             if len(log.buf) >= self.write_buffer_size:
@@ -376,18 +380,22 @@ class EntryLogger:
         """Hand the buffered records to the file; on failure truncate back and drop them."""
         if not log.buf:
             return
-        # An immutable copy: a view of the bytearray would pin it while an error is in flight.
-        data = memoryview(bytes(log.buf))
         start = log.file_pos
         written = 0
-        try:
-            while written < len(data):
-                n = self._ops.write(log.fd, data[written:])
-                if n <= 0:
-                    raise OSError(errno.EIO, "write returned 0")
-                written += n
-        except OSError as e:
-            err = _io_error(e, f"{log.path} offset {start + written}")
+        error: OSError | None = None
+        # Written from a view of the buffer (no copy); the view is released before the buffer
+        # is touched again (a live view would make clearing it fail).
+        with memoryview(log.buf) as data:
+            try:
+                while written < len(data):
+                    n = self._ops.write(log.fd, data[written:])
+                    if n <= 0:
+                        raise OSError(errno.EIO, "write returned 0")
+                    written += n
+            except OSError as e:
+                error = e.with_traceback(None)  # its frames would keep views of the buffer alive
+        if error is not None:
+            err = _io_error(error, f"{log.path} offset {start + written}")
             self._discard_buffer(log)
             raise err from None
         log.file_pos += written
