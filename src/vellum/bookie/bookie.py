@@ -173,7 +173,6 @@ class Bookie:
                         labels=("journal",))
         callback_metric("bookie_BOOKIE_ADD_ENTRY_REJECTED", "adds refused",
                         lambda: {(k,): float(v) for k, v in self.adds_rejected.items()}, labels=("reason",))
-        self._closed_ledgers: set[int] = set()
         self._state_listeners: list[Callable[[bool], None]] = []
         self._gc_threads = list(gc_threads)  # one per ledger storage (issue 7)
         for gc in self._gc_threads:
@@ -225,9 +224,10 @@ class Bookie:
         _server_status.set(0 if self.is_read_only else 1)
 
     # --------------------------------------------------------------------------------------- add
-    def _ledger(self, ledger_id: int, master_key: bytes) -> tuple[_LedgerState, bool]:
-        """The ledger's cached state after checking (or, for a new ledger, recording) its master
-        key; the flag is True when this call created the ledger."""
+    def _ledger(self, ledger_id: int, master_key: bytes) -> _LedgerState:
+        """The ledger's cached state after checking its master key. A ledger this bookie has
+        not seen is created with that key, and the key is journaled, queued before anything
+        else of the ledger so that replay always meets the key first."""
         state = self._ledger_state.get(ledger_id)
         if state is None:
             with self._key_lock:
@@ -235,21 +235,15 @@ class Bookie:
                 if state is None:
                     storage = self._storage(ledger_id)
                     stored = storage.get_master_key(ledger_id)
-                    created = stored is None
-                    if created:
+                    if stored is None:
                         storage.set_master_key(ledger_id, master_key)
+                        self._journal(ledger_id).log_master_key(ledger_id, master_key, _ignore_ok)
                         stored = master_key
-                    assert stored is not None
                     state = _LedgerState(stored, storage.is_fenced(ledger_id))
                     self._ledger_state[ledger_id] = state
-                    if created:
-                        return state, True
         if state.master_key != master_key:
             raise UnauthorizedAccessError(f"wrong master key for ledger {ledger_id}")
-        return state, False
-
-    def _check_master_key(self, ledger_id: int, master_key: bytes) -> bool:
-        return self._ledger(ledger_id, master_key)[1]
+        return state
 
     def _accept(self, entry: bytes, master_key: bytes, recovery: bool) -> tuple[Journal, int, int]:
         """Checks of an add and its write-cache put; returns (journal, ledger id, entry id).
@@ -262,14 +256,10 @@ class Bookie:
         if (self._forced_read_only or self._disk_read_only) and not recovery:
             self.adds_rejected["readonly"] += 1
             raise WriteOnReadOnlyBookieError(f"bookie is read-only; refused entry {ledger_id}:{entry_id}")
-        state, new_ledger = self._ledger(ledger_id, master_key)
-        if state.fenced and not recovery:
+        if self._ledger(ledger_id, master_key).fenced and not recovery:
             self.adds_rejected["fenced"] += 1
             raise LedgerFencedError(f"ledger {ledger_id} is fenced; refused entry {entry_id}")
         journal = self._journals[ledger_id % len(self._journals)]
-        if new_ledger:
-            # Queued before the ledger's first entry, so replay always sees the key first.
-            journal.log_master_key(ledger_id, master_key, _ignore_ok)
         # The write cache gets the entry before the journal does: a checkpoint mark taken after
         # the journal write can then never skip it.
         self._storages[ledger_id % len(self._storages)].add_entry(entry)
@@ -334,9 +324,7 @@ class Bookie:
     # ------------------------------------------------------------------------------------- fence
     def fence_ledger(self, ledger_id: int, master_key: bytes, callback: Callback) -> None:
         """Fence a ledger; ``callback`` runs once the fence record is durable."""
-        state, created = self._ledger(ledger_id, master_key)
-        if created:
-            self._journal(ledger_id).log_master_key(ledger_id, master_key, _ignore_ok)
+        state = self._ledger(ledger_id, master_key)
         self._storage(ledger_id).set_fenced(ledger_id)
         state.fenced = True
         # Journal the fence even when it was fenced already: the earlier record may still be in
@@ -399,8 +387,7 @@ class Bookie:
     def write_explicit_lac(
         self, ledger_id: int, master_key: bytes, lac: int, lac_body: bytes, callback: Callback
     ) -> None:
-        if self._check_master_key(ledger_id, master_key):
-            self._journal(ledger_id).log_master_key(ledger_id, master_key, _ignore_ok)
+        self._ledger(ledger_id, master_key)
         self._storage(ledger_id).set_explicit_lac(ledger_id, lac_body)
         if lac >= 0:
             self._lacs.advance(ledger_id, lac)
@@ -415,12 +402,11 @@ class Bookie:
     # ------------------------------------------------------------------------------ other ops
     def trim(self, ledger_id: int, master_key: bytes, end_entry_id: int) -> None:
         """Drop entries below ``end_entry_id`` from the index (named-ledger shrink with force)."""
-        self._check_master_key(ledger_id, master_key)
+        self._ledger(ledger_id, master_key)
         self._storage(ledger_id).trim(ledger_id, end_entry_id)
 
     def note_ledger_closed(self, ledger_id: int) -> None:
         """Advisory "ledger closed" from a client (seed 000: rotate its log at next checkpoint)."""
-        self._closed_ledgers.add(ledger_id)
         self._storage(ledger_id).note_ledger_closed(ledger_id)
 
     @property

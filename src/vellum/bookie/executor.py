@@ -65,23 +65,6 @@ class AsyncBookie:
         # One thread, so batches keep their order (BookKeeper: numAddWorkerThreads=1).
         self._adds = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bookie-add")
 
-    # Callback style (the server's hot path: no future per request).
-    def add_entry_cb(
-        self,
-        entry: bytes,
-        master_key: bytes,
-        recovery: bool,
-        done: Callable[[BaseException | None], None],
-    ) -> None:
-        """Add; ``done(exc)`` runs on the loop thread once durable or failed."""
-        bridge = self.bridge
-        try:
-            self.bookie.add_entry(
-                entry, master_key, lambda exc: bridge.call(done, exc), recovery=recovery
-            )
-        except Exception as exc:
-            done(exc)
-
     def add_entries_cb(
         self,
         adds: list[tuple[bytes, bytes, bool]],
@@ -144,11 +127,6 @@ class AsyncBookie:
                 fut.set_exception(exc)
 
         return fut, done
-
-    async def add_entry(self, entry: bytes, master_key: bytes, *, recovery: bool = False) -> None:
-        fut, done = self._future_cb()
-        self.add_entry_cb(entry, master_key, recovery, done)
-        await fut
 
     async def fence(self, ledger_id: int, master_key: bytes) -> None:
         fut, done = self._future_cb()

@@ -107,10 +107,7 @@ class DefaultPlacementPolicy(PlacementPolicy):
         read_only: Collection[str],
         exclude: Collection[str] = (),
     ) -> list[str]:
-        _check_quorums(size, write_quorum, ack_quorum)
-        candidates = _candidates(writable, read_only, exclude)
-        if len(candidates) < size:
-            raise _not_enough(size, len(candidates), "new ensemble", len(set(read_only)), len(set(exclude)))
+        candidates = _ensemble_candidates(size, write_quorum, ack_quorum, writable, read_only, exclude)
         return self._rng.sample(candidates, size)
 
     def replace_bookie(
@@ -215,10 +212,7 @@ class RackawarePlacementPolicy(PlacementPolicy):
         read_only: Collection[str],
         exclude: Collection[str] = (),
     ) -> list[str]:
-        _check_quorums(size, write_quorum, ack_quorum)
-        candidates = _candidates(writable, read_only, exclude)
-        if len(candidates) < size:
-            raise _not_enough(size, len(candidates), "new ensemble", len(set(read_only)), len(set(exclude)))
+        candidates = _ensemble_candidates(size, write_quorum, ack_quorum, writable, read_only, exclude)
         by_rack = self._by_rack(candidates)
         target = min(self._min_racks, write_quorum, len(by_rack))
         capacity = {rack: len(bookies) for rack, bookies in by_rack.items()}
@@ -348,6 +342,19 @@ def load_rack_mapping(path: str | Path) -> dict[str, str]:
     """Read a rack mapping file: one ``bookie_id /rack`` per line, ``#`` comments."""
     p = Path(path)
     return parse_rack_mapping(p.read_text(encoding="utf-8"), source=str(p))
+
+
+def _ensemble_candidates(
+    size: int, write_quorum: int, ack_quorum: int, writable: Collection[str], read_only: Collection[str],
+    exclude: Collection[str],
+) -> list[str]:
+    """Writable bookies a new ensemble may use (not read-only, not excluded), after checking the
+    quorums; NotEnoughBookiesError when there are fewer than ``size``."""
+    _check_quorums(size, write_quorum, ack_quorum)
+    candidates = _candidates(writable, read_only, exclude)
+    if len(candidates) < size:
+        raise _not_enough(size, len(candidates), "new ensemble", len(set(read_only)), len(set(exclude)))
+    return candidates
 
 
 def _replacement_candidates(
