@@ -280,3 +280,29 @@ def test_flush_entrylog_bytes_syncs_while_writing(tmp_path: Path) -> None:
         for e in range(1, 40):
             el.add_entry(1, make_entry(1, e, b"q" * 20))
         assert CountingOps.fsyncs >= after_allocation + 3  # synced without any flush() call
+
+
+@pytest.mark.parametrize("per_ledger", [False, True])
+def test_add_entries_matches_add_entry_across_rotations(tmp_path: Path, per_ledger: bool) -> None:
+    """The batch append of a ledger's run writes the same records at the same locations as
+    one add_entry per entry, including when the run crosses a rotation and buffer flushes."""
+    runs = [(lid, [make_entry(lid, e, bytes([e % 251]) * (100 + e)) for e in range(120)]) for lid in (5, 6, 5)]
+    locations: list[list[int]] = []
+    for mode, sub in (("one", "a"), ("batch", "b")):
+        with EntryLogger(tmp_path / sub, log_size_limit=8 << 10, preallocate=False,
+                         entry_log_per_ledger=per_ledger) as el:
+            got: list[int] = []
+            for lid, entries in runs:
+                if mode == "one":
+                    got.extend(el.add_entry(lid, e) for e in entries)
+                else:
+                    got.extend(el.add_entries(lid, entries))
+            el.flush()
+            for (lid, entries), chunk in zip(runs, [got[i * 120:(i + 1) * 120] for i in range(3)], strict=True):
+                assert [el.read_entry(lid, e, loc) for e, loc in zip(range(120), chunk, strict=True)] == entries
+            assert len({location_log_id(x) for x in got}) > 3  # the runs crossed rotations
+            locations.append(got)
+    assert locations[0] == locations[1]
+    with EntryLogger(tmp_path / "c", log_size_limit=1 << 20, preallocate=False) as el, \
+            pytest.raises(ValueError, match="shorter than"):
+        el.add_entries(1, [make_entry(1, 0), b"short"])

@@ -347,3 +347,35 @@ def test_log_after_shutdown_raises(tmp_path: Path) -> None:
     j.shutdown()
     with pytest.raises(StorageError):
         j.log_fence(1, lambda exc: None)
+
+
+def test_zero_filler_stays_ahead_of_the_writer(tmp_path: Path) -> None:
+    """Several preallocation steps of records: the file is zeroed ahead of the last write (by
+    the filler thread), and replay still returns exactly the records, in order."""
+    j = make(tmp_path, prealloc_size_mb=1)
+    j.start()
+    acks = Acks()
+    n = 600  # ~2.5 MB of 4 KiB entries: more than two 1 MB steps
+    for i in range(n):
+        j.log_entry(1, i, entry(1, i, 4096), acks.cb(i))
+    assert all(exc is None for _, exc in acks.wait(n))
+    written = j.current_mark().offset
+    assert os.stat(j.current_path).st_size >= written + (1 << 20)
+    j.shutdown()
+    assert [r.data for r in replay_all(make(tmp_path))] == [entry(1, i, 4096) for i in range(n)]
+
+
+def test_zero_filler_failure_is_raised_to_the_writer(tmp_path: Path) -> None:
+    from vellum.storage.journal import _ZeroFiller
+
+    path = tmp_path / "f"
+    path.write_bytes(b"")
+    fd = os.open(path, os.O_RDONLY)  # pwrite fails with EBADF, as a full disk would with ENOSPC
+    filler = _ZeroFiller("test-zero-fill", 4096, os.fdatasync)
+    try:
+        filler.reset(fd, 0)
+        with pytest.raises(OSError):
+            filler.extend(1)
+    finally:
+        filler.stop()
+        os.close(fd)

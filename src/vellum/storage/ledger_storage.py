@@ -260,8 +260,17 @@ class LedgerStorage:
         items = sorted(cache.entries.items())
         failures = self.entry_logger.failure_count
         batch: list[tuple[int, int, int]] = []
-        for (lid, eid), entry in items:
-            batch.append((lid, eid, self.entry_logger.add_entry(lid, entry)))
+        # One entry-log call per ledger's run of entries (they are adjacent once sorted).
+        i = 0
+        while i < len(items):
+            lid = items[i][0][0]
+            j = i + 1
+            while j < len(items) and items[j][0][0] == lid:
+                j += 1
+            run = items[i:j]
+            locations = self.entry_logger.add_entries(lid, [entry for _key, entry in run])
+            batch.extend((lid, key[1], loc) for (key, _entry), loc in zip(run, locations, strict=True))
+            i = j
         self.entry_logger.flush()
         if self.entry_logger.failure_count != failures:
             # Some of this round's records were dropped by a failed write: index none of them.
