@@ -5,8 +5,11 @@ same rows (``--rows`` of ``--payload-bytes`` each, ``--partitions`` tasks):
 - write: ``df.write.format("vellum")`` into a named ledger vs ``df.write.parquet``;
 - read:  ``spark.read.format("vellum")`` of that name vs ``spark.read.parquet``, into the
   ``noop`` sink (so Spark materialises every row and nothing else is measured).
-Each figure is the best of ``--repeat`` runs after a warm-up (the first query of a session is
-several times slower). Prints a Markdown table; ``--json`` prints the raw figures.
+After a warm-up (the first query of a session is several times slower), Vellum and Parquet
+runs alternate in ABBA order ``--repeat`` times; the ratio reported is the median of the
+per-pair ratios (min..max), the rows/s figures the best run of each. Rows are packed into
+entries as the sink does by default; ``--entry-max-rows 1`` measures one entry per row.
+Prints a Markdown table; ``--json`` prints the raw figures.
 
     .venv/bin/python benchmarks/spark_bench.py --rows 200000
 """
@@ -17,6 +20,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -41,13 +45,24 @@ def _session() -> Any:
     return spark
 
 
-def _best(fn: Any, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
+def _timed(fn: Any) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _abba(vellum: Any, parquet: Any, repeat: int) -> tuple[list[float], list[float]]:
+    """Alternate the two in ABBA order; returns (vellum seconds, parquet seconds) per pair."""
+    tv: list[float] = []
+    tp: list[float] = []
+    for i in range(repeat):
+        if i % 2 == 0:
+            tv.append(_timed(vellum))
+            tp.append(_timed(parquet))
+        else:
+            tp.append(_timed(parquet))
+            tv.append(_timed(vellum))
+    return tv, tp
 
 
 def main() -> None:
@@ -55,8 +70,10 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=200_000)
     ap.add_argument("--payload-bytes", type=int, default=1024)
     ap.add_argument("--partitions", type=int, default=4)
-    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=4)
     ap.add_argument("--ensemble", default="3,2,2", help="ensembleSize,writeQuorumSize,ackQuorumSize of written ledgers")
+    ap.add_argument("--entry-max-rows", type=int, default=None,
+                    help="sink option entryMaxRows (default: the sink's; 1 = one entry per row)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     e, w, a = (int(x) for x in args.ensemble.split(","))
@@ -77,9 +94,11 @@ def main() -> None:
             counter = iter(range(1_000_000))
 
             def write_vellum() -> None:
-                (df.write.format("vellum").option("metadataServiceUri", uri).option("ensembleSize", e)
-                 .option("writeQuorumSize", w).option("ackQuorumSize", a).mode("append")
-                 .save(f"bench/w{next(counter)}"))
+                wr = (df.write.format("vellum").option("metadataServiceUri", uri).option("ensembleSize", e)
+                      .option("writeQuorumSize", w).option("ackQuorumSize", a).mode("append"))
+                if args.entry_max_rows is not None:
+                    wr = wr.option("entryMaxRows", args.entry_max_rows)
+                wr.save(f"bench/w{next(counter)}")
 
             def write_parquet() -> None:
                 df.write.mode("overwrite").parquet(parquet)
@@ -99,12 +118,12 @@ def main() -> None:
                 .write.format("noop").mode("overwrite").save()
             small.write.mode("overwrite").parquet(str(base / "warm.parquet"))
 
-            figures = {
-                "write_vellum": _best(write_vellum, args.repeat),
-                "write_parquet": _best(write_parquet, args.repeat),
-                "read_vellum": _best(read_vellum, args.repeat),
-                "read_parquet": _best(read_parquet, args.repeat),
-            }
+            wv, wp = _abba(write_vellum, write_parquet, args.repeat)
+            rv, rp = _abba(read_vellum, read_parquet, args.repeat)
+            figures = {"write_vellum": min(wv), "write_parquet": min(wp),
+                       "read_vellum": min(rv), "read_parquet": min(rp)}
+            pair_ratios = {"read_vs_parquet": sorted(p / v for v, p in zip(rv, rp, strict=True)),
+                           "write_vs_parquet": sorted(p / v for v, p in zip(wv, wp, strict=True))}
             n = spark.read.format("vellum").option("metadataServiceUri", uri).option("name", "bench/w0").load().count()
             assert n == rows, f"read back {n} rows, wrote {rows}"
             spark.stop()
@@ -114,18 +133,20 @@ def main() -> None:
     mb = rows * size / 2**20
     result = {k: {"seconds": round(v, 3), "rows_per_s": round(rows / v), "mib_per_s": round(mb / v, 1)}
               for k, v in figures.items()}
-    result["ratios"] = {"read_vs_parquet": round(figures["read_parquet"] / figures["read_vellum"], 3),
-                        "write_vs_parquet": round(figures["write_parquet"] / figures["write_vellum"], 3)}
+    result["ratios"] = {k: round(statistics.median(v), 3) for k, v in pair_ratios.items()}
+    result["ratio_range"] = {k: [round(v[0], 3), round(v[-1], 3)] for k, v in pair_ratios.items()}
     if args.json:
         print(json.dumps({"rows": rows, "payload_bytes": size, "ensemble": args.ensemble, **result}, indent=2))
         return
-    print(f"rows={rows} payload={size} B partitions={args.partitions} ensemble={args.ensemble} (best of {args.repeat})")
+    print(f"rows={rows} payload={size} B partitions={args.partitions} ensemble={args.ensemble} "
+          f"entryMaxRows={args.entry_max_rows or 'default'} ({args.repeat} ABBA runs; rows/s: best run)")
     print("| path | seconds | rows/s | MiB/s |\n|---|---|---|---|")
     for k in ("write_vellum", "write_parquet", "read_vellum", "read_parquet"):
         r = result[k]
         print(f"| {k} | {r['seconds']} | {r['rows_per_s']:,} | {r['mib_per_s']} |")
-    print(f"read vellum/parquet = {result['ratios']['read_vs_parquet']}x, "
-          f"write vellum/parquet = {result['ratios']['write_vs_parquet']}x")
+    for k, label in (("read_vs_parquet", "read"), ("write_vs_parquet", "write")):
+        lo, hi = result["ratio_range"][k]
+        print(f"{label} vellum/parquet = {result['ratios'][k]}x (median of {args.repeat} pairs, {lo}..{hi})")
 
 
 if __name__ == "__main__":

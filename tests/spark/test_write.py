@@ -16,8 +16,9 @@ def _staging_keys(bk: Any) -> list[str]:
 
 
 def _read_name(spark: Any, uri: str, name: str) -> list[tuple[int, bytes]]:
+    """``(entryId, payload)`` of every row, in (entryId, batchIndex) order."""
     df = spark.read.format("vellum").option("metadataServiceUri", uri).option("name", name).load()
-    return sorted((r.entryId, bytes(r.payload)) for r in df.collect())
+    return [(r.entryId, bytes(r.payload)) for r in sorted(df.collect(), key=lambda r: (r.entryId, r.batchIndex))]
 
 
 def test_batch_write_then_read_back(spark: Any, cluster: LocalCluster, bk: Any) -> None:
@@ -25,24 +26,65 @@ def test_batch_write_then_read_back(spark: Any, cluster: LocalCluster, bk: Any) 
     df = spark.range(0, 1000, numPartitions=4).selectExpr("cast(concat('row-', cast(id as string)) as binary) as payload")
     df.write.format("vellum").option("metadataServiceUri", uri).mode("append").save("tests/batch")
     got = _read_name(spark, uri, "tests/batch")
-    assert [e for e, _p in got] == list(range(1000))
-    assert sorted(p for _e, p in got) == sorted(b"row-%d" % i for i in range(1000))
+    # packed by default: each task's 250 small rows fit one entry, kept in the task's order
+    assert [p for _e, p in got] == [b"row-%d" % i for i in range(1000)]
+    assert sorted({e for e, _p in got}) == [0, 1, 2, 3]
     # a second append continues the ids; strings are accepted as payloads
     spark.createDataFrame([("x",), ("y",)], "payload string").write.format("vellum") \
         .option("metadataServiceUri", uri).option("name", "tests/batch").mode("append").save()
     got = _read_name(spark, uri, "tests/batch")
-    assert len(got) == 1002 and {p for e, p in got if e >= 1000} == {b"x", b"y"}
+    assert len(got) == 1002 and {p for e, p in got if e >= 4} == {b"x", b"y"}
+    end = _record(bk, "tests/batch").closed_end
     # overwrite: only the new rows are visible, ids keep growing, the old ledgers are deleted
     old = {s.ledger_id for s in _record(bk, "tests/batch").segments}
     spark.createDataFrame([(b"new",)], "payload binary").write.format("vellum") \
         .option("metadataServiceUri", uri).mode("overwrite").save("tests/batch")
-    assert _read_name(spark, uri, "tests/batch") == [(1002, b"new")]
+    assert _read_name(spark, uri, "tests/batch") == [(end, b"new")]
     assert not any(bk.ledger_exists(lid) for lid in old)
     assert _staging_keys(bk) == []
     # streaming read by pattern sees the name too
     df = (spark.read.format("vellum").option("metadataServiceUri", uri).option("namePattern", "tests/b.*")
           .load())
-    assert [(r.name, r.entryId) for r in df.collect()] == [("tests/batch", 1002)]
+    assert [(r.name, r.entryId, r.batchIndex) for r in df.collect()] == [("tests/batch", end, 0)]
+
+
+def test_packed_and_plain_entries(spark: Any, cluster: LocalCluster, bk: Any) -> None:
+    """Rows are packed into entries up to entryMaxRows / entryMaxBytes; entryMaxRows=1 writes
+    plain entries any client reads; a plain client unpacks packed ones with vellum.records."""
+    from vellum.format.records import ENTRY_FORMAT_KEY, ROWS_V1, unpack
+
+    uri = cluster.metadata_uri
+    rows = [(b"%04d" % i) * (1 + i % 50) for i in range(600)]  # 4..200 bytes, distinct
+    df = spark.createDataFrame([(r,) for r in rows], "payload binary").coalesce(1)
+    w = df.write.format("vellum").option("metadataServiceUri", uri).mode("append")
+    w.option("entryMaxRows", 64).option("entryMaxBytes", 4096).save("tests/packed")
+    w.option("entryMaxRows", 1).save("tests/plain")
+
+    packed = _record(bk, "tests/packed")
+    (seg,) = packed.segments
+    h = bk.open_ledger(seg.ledger_id)
+    assert h.metadata.custom_metadata[ENTRY_FORMAT_KEY] == ROWS_V1
+    entries = [unpack(e.payload) for e in h.read(0, h.last_add_confirmed)]
+    assert [r for e in entries for r in e] == rows
+    assert all(len(e) <= 64 and (len(e) == 1 or sum(map(len, e)) <= 4096) for e in entries)
+    assert len(entries) == packed.closed_end
+    got = spark.read.format("vellum").option("metadataServiceUri", uri).option("name", "tests/packed") \
+        .option("arrowBatchEntries", 100).load().collect()
+    assert [bytes(r.payload) for r in sorted(got, key=lambda r: (r.entryId, r.batchIndex))] == rows
+    assert sorted((r.entryId, r.batchIndex) for r in got) == [
+        (eid, i) for eid, e in enumerate(entries) for i in range(len(e))]
+    # metadata-only scans still give one row per packed row
+    n = spark.read.format("vellum").option("metadataServiceUri", uri).option("name", "tests/packed") \
+        .option("includePayload", "false").load().count()
+    assert n == len(rows)
+
+    plain = _record(bk, "tests/plain")
+    (seg,) = plain.segments
+    h = bk.open_ledger(seg.ledger_id)
+    assert ENTRY_FORMAT_KEY not in h.metadata.custom_metadata
+    assert [e.payload for e in h.read(0, h.last_add_confirmed)] == rows
+    got = _read_name(spark, uri, "tests/plain")
+    assert got == list(enumerate(rows))
 
 
 def _record(bk: Any, name: str) -> Any:
@@ -76,6 +118,9 @@ def test_write_options_are_validated(spark: Any, cluster: LocalCluster) -> None:
     with pytest.raises(AnalysisException, match="option name is required"):
         df.select("payload").write.format("vellum").option("metadataServiceUri", cluster.metadata_uri) \
             .mode("append").save()
+    with pytest.raises(AnalysisException, match="entryMaxBytes must be at most"):
+        df.select("payload").write.format("vellum").option("metadataServiceUri", cluster.metadata_uri) \
+            .option("entryMaxBytes", 64 << 20).mode("append").save("tests/x")
     with pytest.raises(AnalysisException, match="bad ledger name"):
         df.select("payload").write.format("vellum").option("metadataServiceUri", cluster.metadata_uri) \
             .mode("append").save("bad//name")

@@ -7,7 +7,7 @@ Invariants:
 - this module has no import-time side effects (Spark workers import it by reference);
 - options are parsed into frozen dataclasses here, in the planner, so a bad option fails the
   ``load()`` / ``save()`` call with ``[VELLUM_OPTION] ...`` in the AnalysisException;
-- the read schema is fixed (``name, ledgerId, entryId, payload`` [+ ``customMetadata``]); a
+- the read schema is fixed (``name, ledgerId, entryId, batchIndex, payload`` [+ ``customMetadata``]); a
   user schema is accepted only if it is that schema.
 """
 
@@ -22,14 +22,14 @@ from pyspark.sql.datasource import (
     DataSourceStreamWriter,
     DataSourceWriter,
 )
-from pyspark.sql.types import BinaryType, LongType, MapType, StringType, StructField, StructType
+from pyspark.sql.types import BinaryType, IntegerType, LongType, MapType, StringType, StructField, StructType
 
 from vellum.spark.options import OptionError, WriteOptions, parse_read_options, parse_write_options
 from vellum.spark.reader import VellumBatchReader, VellumStreamReader
 from vellum.spark.writer import VellumBatchWriter, VellumStreamWriter
 
 FORMAT = "vellum"
-BASE_SCHEMA = "name STRING, ledgerId BIGINT, entryId BIGINT, payload BINARY"
+BASE_SCHEMA = "name STRING, ledgerId BIGINT, entryId BIGINT, batchIndex INT, payload BINARY"
 METADATA_SCHEMA = BASE_SCHEMA + ", customMetadata MAP<STRING, BINARY>"
 
 
@@ -39,6 +39,7 @@ def read_schema(include_metadata: bool) -> StructType:
         StructField("name", StringType(), True),
         StructField("ledgerId", LongType(), True),
         StructField("entryId", LongType(), True),
+        StructField("batchIndex", IntegerType(), True),
         StructField("payload", BinaryType(), True),
     ]
     if include_metadata:

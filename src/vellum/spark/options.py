@@ -73,6 +73,8 @@ _WRITE_KEYS = {
     "digesttype": "digestType",
     "password": "password",
     "maxinflight": "maxInFlight",
+    "entrymaxrows": "entryMaxRows",
+    "entrymaxbytes": "entryMaxBytes",
 }
 
 
@@ -283,7 +285,18 @@ class WriteOptions:
     password: bytes
     max_in_flight: int
     client_properties: tuple[tuple[str, str], ...]
+    #: rows packed into one entry (1 = plain entries, one row each; see vellum.format.records)
+    entry_max_rows: int = 1000
+    #: a packed entry is closed before its rows' bytes pass this (a bigger row gets an entry alone)
+    entry_max_bytes: int = 131072
 
+    @property
+    def packed(self) -> bool:
+        return self.entry_max_rows > 1
+
+
+#: upper bound of option entryMaxBytes (a packed entry is one frame on the wire)
+MAX_PACKED_ENTRY_BYTES = 4 * 1024 * 1024
 
 _DIGESTS = ("CRC32", "CRC32C", "HMAC", "DUMMY")
 
@@ -300,6 +313,10 @@ def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
     e = _int(options, "ensembleSize", None)
     w = _int(options, "writeQuorumSize", None)
     a = _int(options, "ackQuorumSize", None)
+    max_bytes = _int(options, "entryMaxBytes", 131072) or 131072
+    if max_bytes > MAX_PACKED_ENTRY_BYTES:
+        raise OptionError(f"option entryMaxBytes must be at most {MAX_PACKED_ENTRY_BYTES} (entries travel in one "
+                          f"frame; nettyMaxFrameSizeBytes is 5 MB by default), got {max_bytes}")
     if e is not None and w is not None and a is not None and not e >= w >= a:
         raise OptionError(f"need ensembleSize >= writeQuorumSize >= ackQuorumSize, got {e} >= {w} >= {a}")
     return WriteOptions(
@@ -312,4 +329,6 @@ def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
         password=(_get(options, "password") or "").encode(),
         max_in_flight=_int(options, "maxInFlight", 1000) or 1000,
         client_properties=_bk_passthrough(options),
+        entry_max_rows=_int(options, "entryMaxRows", 1000, minimum=1) or 1000,
+        entry_max_bytes=max_bytes,
     )

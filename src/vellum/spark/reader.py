@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -39,12 +40,15 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from vellum.client.blocking import BookKeeper, LedgerEntry, LedgerHandle
-from vellum.errors import NoSuchEntryError, NoSuchLedgerError, VellumError
+from vellum.errors import CorruptionError, NoSuchEntryError, NoSuchLedgerError, VellumError
+from vellum.format.records import decode, is_packed
 from vellum.spark.catalog import Bounds, Catalog, DataLossError, Span, catalog_for, resolve_offset
 from vellum.spark.connection import client, drop_client, shared_client
 from vellum.spark.options import ReadOptions
 
 log = logging.getLogger(__name__)
+#: packed entries store little-endian offsets; Arrow takes them as they are only on such hosts
+_BIG_ENDIAN = sys.byteorder == "big"
 
 
 @dataclass(frozen=True)
@@ -90,19 +94,26 @@ def _data_loss(opts: ReadOptions, message: str) -> None:
 
 
 def read_range(opts: ReadOptions, schema: StructType, part: EntryRange) -> Iterator[pa.RecordBatch]:
-    """Read one partition as Arrow batches of at most ``arrowBatchEntries`` rows (executor side)."""
+    """Read one partition as Arrow batches of about ``arrowBatchEntries`` rows (executor side).
+
+    Plain entries are one row each (``batchIndex`` 0); the entries of a ledger marked packed
+    (``vellum.format.records``) are unpacked into their rows.
+    """
     arrow_schema = to_arrow_schema(schema)
     named = not opts.ledger_ids
     name_value = part.key if named else None
     with_md = opts.include_metadata
-    if not opts.include_payload and not with_md:
-        # Metadata-only scan: ids come from the plan; no bookie is asked for payloads.
-        for lo in range(part.first, part.last + 1, opts.arrow_batch_entries):
-            hi = min(part.last, lo + opts.arrow_batch_entries - 1)
-            yield _batch(arrow_schema, name_value, part.ledger_id, list(range(lo, hi + 1)), None, None)
-        return
     try:
         bk = shared_client(opts.metadata_uri, opts.client_properties)
+        # Metadata-only scan: ids come from the plan, no bookie is asked for payloads; only
+        # packed ledgers must be read to know how many rows each entry holds.
+        metadata_only = not opts.include_payload and not with_md
+        if metadata_only and not is_packed(bk.ledger_metadata(part.ledger_id).custom_metadata):
+            for lo in range(part.first, part.last + 1, opts.arrow_batch_entries):
+                hi = min(part.last, lo + opts.arrow_batch_entries - 1)
+                ids = list(range(lo, hi + 1))
+                yield _batch(arrow_schema, name_value, part.ledger_id, ids, [0] * len(ids), None, None)
+            return
         handle = bk.open_ledger(part.ledger_id, password=part.password, recovery=False)
     except NoSuchLedgerError:
         _data_loss(opts, f"ledger {part.ledger_id} (of {part.key!r}) was deleted before entries "
@@ -111,18 +122,59 @@ def read_range(opts: ReadOptions, schema: StructType, part: EntryRange) -> Itera
     except VellumError:
         drop_client(opts.metadata_uri, opts.client_properties)
         raise
-    custom = dict(handle.metadata.custom_metadata) if with_md else None
-    step = opts.arrow_batch_entries
-    for lo in range(part.first, part.last + 1, step):
+    custom = dict(handle.metadata.custom_metadata)
+    packed = is_packed(custom)
+    rows_wanted = opts.arrow_batch_entries
+    # Entries per read: the rows wanted for plain entries; for packed ones start small and
+    # follow the rows per entry seen so far, so a batch stays near the rows wanted.
+    step = rows_wanted if not packed else max(1, min(rows_wanted, 8))
+    lo = part.first
+    while lo <= part.last:
         hi = min(part.last, lo + step - 1)
         try:
             entries = _read(handle, lo - part.base, hi - part.base)
         except (NoSuchEntryError, NoSuchLedgerError) as exc:
             _data_loss(opts, f"ledger {part.ledger_id} (of {part.key!r}): entries {lo}..{hi} are gone ({exc})")
             return
-        ids = [e.entry_id + part.base for e in entries]
-        payloads = [e.payload for e in entries] if opts.include_payload else None
-        yield _batch(arrow_schema, name_value, part.ledger_id, ids, payloads, custom)
+        if packed:
+            ids, index, payload_array = _unpack(part, entries)
+            step = max(1, rows_wanted * len(entries) // max(1, len(ids)))
+            yield _batch(arrow_schema, name_value, part.ledger_id, ids, index,
+                         payload_array if opts.include_payload else None, custom if with_md else None)
+        else:
+            ids = [e.entry_id + part.base for e in entries]
+            payloads = [e.payload for e in entries] if opts.include_payload else None
+            yield _batch(arrow_schema, name_value, part.ledger_id, ids, [0] * len(ids), payloads,
+                         custom if with_md else None)
+        lo = hi + 1
+
+
+def _unpack(part: EntryRange, entries: list[LedgerEntry]) -> tuple[list[int], list[int], pa.Array]:
+    """Rows of packed entries: their global entry ids, batch indexes and one binary array.
+
+    Each entry's offsets and data become an Arrow array without copying a row (the format is
+    little-endian like Arrow); Arrow's full validation checks every offset in C.
+    """
+    ids: list[int] = []
+    index: list[int] = []
+    arrays: list[pa.Array] = []
+    for e in entries:
+        where = f"ledger {part.ledger_id} entry {e.entry_id}"
+        view = decode(e.payload, where=where, check_offsets=_BIG_ENDIAN)
+        if _BIG_ENDIAN:
+            arrays.append(pa.array(view.rows(), pa.binary()))
+        else:
+            arr = pa.Array.from_buffers(pa.binary(), view.count,
+                                        [None, pa.py_buffer(view.offsets_raw), pa.py_buffer(view.data)])
+            try:
+                arr.validate(full=True)
+            except pa.ArrowInvalid as exc:
+                raise CorruptionError(f"{where}: packed entry offsets are invalid ({exc})") from None
+            arrays.append(arr)
+        ids.extend([e.entry_id + part.base] * view.count)
+        index.extend(range(view.count))
+    payloads = pa.concat_arrays(arrays) if arrays else pa.array([], pa.binary())
+    return ids, index, payloads
 
 
 def _read(handle: LedgerHandle, first: int, last: int) -> list[LedgerEntry]:
@@ -151,19 +203,27 @@ def _batch(
     name: str | None,
     ledger_id: int,
     ids: list[int],
-    payloads: list[bytes] | None,
+    batch_index: list[int],
+    payloads: list[bytes] | pa.Array | None,
     custom: dict[str, bytes] | None,
 ) -> pa.RecordBatch:
     n = len(ids)
+    if payloads is None:
+        payload_col = pa.nulls(n, pa.binary())
+    elif isinstance(payloads, pa.Array):
+        payload_col = payloads
+    else:
+        payload_col = pa.array(payloads, pa.binary())
     cols: list[pa.Array] = [
         pa.nulls(n, pa.string()) if name is None else pa.array([name] * n, pa.string()),
         pa.array([ledger_id] * n, pa.int64()),
         pa.array(ids, pa.int64()),
-        pa.nulls(n, pa.binary()) if payloads is None else pa.array(payloads, pa.binary()),
+        pa.array(batch_index, pa.int32()),
+        payload_col,
     ]
-    if len(schema) > 4:
+    if len(schema) > len(cols):
         items = list((custom or {}).items())
-        cols.append(pa.array([items] * n, schema.field(4).type))
+        cols.append(pa.array([items] * n, schema.field(len(cols)).type))
     return pa.RecordBatch.from_arrays(cols, schema=schema)
 
 

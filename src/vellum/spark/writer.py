@@ -25,6 +25,7 @@ Protocol and invariants:
 from __future__ import annotations
 
 import asyncio
+import bisect
 import collections
 import json
 import logging
@@ -44,6 +45,7 @@ from pyspark.sql.datasource import (
 from vellum.client.blocking import BookKeeper
 from vellum.client.ledger import LedgerHandle as AsyncLedgerHandle
 from vellum.errors import MetadataVersionError
+from vellum.format.records import ENTRY_FORMAT_KEY, ROWS_V1, pack_header
 from vellum.spark.connection import client, shared_client
 from vellum.spark.options import WriteOptions
 
@@ -55,6 +57,8 @@ STAGING_PREFIX = "spark/staging/"
 #: removes its own staging ledger, so a task still running at abort leaves no orphan.
 FINISHED_PREFIX = "spark/finished/"
 TAG_JOB = "vellum.spark.job"
+#: bytes of packed entries one task keeps in flight (bounds the window of big entries)
+_PACKED_IN_FLIGHT_BYTES = 32 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -71,11 +75,49 @@ class VellumCommit(WriterCommitMessage):  # type: ignore[misc]
     batch_id: int | None = None
 
 
-def _payload_index(batch: pa.RecordBatch) -> int:
+def _payload_column(batch: pa.RecordBatch) -> pa.Array:
+    """The batch's payload column as a binary array without nulls (strings become their UTF-8)."""
     idx = batch.schema.get_field_index("payload")
     if idx < 0:
         raise ValueError("[VELLUM_WRITE] the DataFrame needs a 'payload' column (binary or string)")
-    return idx
+    column = batch.column(idx)
+    if column.null_count:
+        raise ValueError("[VELLUM_WRITE] payload is null: every row needs a payload")
+    if not pa.types.is_binary(column.type):
+        column = column.cast(pa.binary())  # string (UTF-8 already) and large types: no re-encoding
+    return column
+
+
+def _offsets(column: pa.Array) -> list[int]:
+    """The ``len + 1`` int32 offsets of a binary array into its data buffer (slices honoured)."""
+    start = column.offset
+    raw = memoryview(column.buffers()[1])[4 * start:4 * (start + len(column) + 1)]
+    return raw.cast("i").tolist()
+
+
+def pack_column(column: pa.Array, max_rows: int, max_bytes: int) -> list[bytes]:
+    """Cut a binary column into packed entries (``vellum.format.records``), rows kept in order.
+
+    An entry takes rows while it has fewer than ``max_rows`` and their bytes stay within
+    ``max_bytes``; a row bigger than ``max_bytes`` gets an entry of its own. The rows' bytes are
+    sliced straight out of the Arrow data buffer: one copy per entry, no Python object per row.
+    """
+    n = len(column)
+    if n == 0:
+        return []
+    offs = _offsets(column)
+    data = column.buffers()[2]
+    mv = memoryview(data) if data is not None else memoryview(b"")
+    out: list[bytes] = []
+    i = 0
+    while i < n:
+        j = bisect.bisect_right(offs, offs[i] + max_bytes, i + 1, min(n, i + max_rows) + 1) - 1
+        if j <= i:
+            j = i + 1
+        base = offs[i]
+        out.append(pack_header(j - i, [o - base for o in offs[i:j + 1]]) + mv[base:offs[j]])
+        i = j
+    return out
 
 
 def write_task(opts: WriteOptions, job: str, batches: Iterator[pa.RecordBatch],
@@ -96,9 +138,7 @@ def write_task(opts: WriteOptions, job: str, batches: Iterator[pa.RecordBatch],
                     ensemble_size=opts.ensemble_size, write_quorum_size=opts.write_quorum_size,
                     ack_quorum_size=opts.ack_quorum_size, digest_type=opts.digest_type,
                     password=opts.password,
-                    custom_metadata={TAG_JOB: job.encode(), "vellum.spark.name": opts.name.encode(),
-                                     "vellum.spark.partition": str(partition).encode(),
-                                     "vellum.spark.attempt": str(attempt).encode()},
+                    custom_metadata=_staging_metadata(opts, job, partition, attempt),
                 )
                 _register_staging(bk, job, partition, attempt, handle.ledger_id)
                 if bk.aio.store.kv.get(f"{FINISHED_PREFIX}{job}") is not None:
@@ -106,17 +146,20 @@ def write_task(opts: WriteOptions, job: str, batches: Iterator[pa.RecordBatch],
                     # undo the registration ourselves; the except below deletes the ledger.
                     bk.aio.store.kv.delete(f"{STAGING_PREFIX}{job}/{partition}.{attempt}.{handle.ledger_id}")
                     raise RuntimeError(f"[VELLUM_WRITE] job {job} already finished; task attempt dropped")
-            column = batch.column(_payload_index(batch))
-            if column.null_count:
-                raise ValueError("[VELLUM_WRITE] payload is null: every row needs a payload")
-            values = column.to_pylist()
-            if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
-                values = [v.encode() for v in values]
+            column = _payload_column(batch)
+            if opts.packed:
+                entries = pack_column(column, opts.entry_max_rows, opts.entry_max_bytes)
+                window = max(1, min(opts.max_in_flight, _PACKED_IN_FLIGHT_BYTES // opts.entry_max_bytes))
+            else:
+                entries = column.to_pylist()
+                window = opts.max_in_flight
             # The whole Arrow batch is appended by one coroutine on the client's loop: one thread
             # hop per batch instead of one per entry.
-            bk.run(_append_all(handle.aio, values, opts.max_in_flight))
-            rows += len(values)
-            nbytes += sum(len(v) for v in values)
+            bk.run(_append_all(handle.aio, entries, window))
+            rows += len(column)
+            if len(column):
+                offs = _offsets(column)
+                nbytes += offs[-1] - offs[0]
         if handle is None:
             return VellumCommit(job, partition, attempt, -1, 0, 0, query_id, batch_id)
         handle.close()
@@ -130,6 +173,14 @@ def write_task(opts: WriteOptions, job: str, batches: Iterator[pa.RecordBatch],
                 log.warning("staging ledger %d of failed task: delete failed (%s); left for cleanup",
                             handle.ledger_id, exc)
         raise
+
+
+def _staging_metadata(opts: WriteOptions, job: str, partition: int, attempt: int) -> dict[str, bytes]:
+    md = {TAG_JOB: job.encode(), "vellum.spark.name": opts.name.encode(),
+          "vellum.spark.partition": str(partition).encode(), "vellum.spark.attempt": str(attempt).encode()}
+    if opts.packed:
+        md[ENTRY_FORMAT_KEY] = ROWS_V1  # readers unpack every entry of this ledger into rows
+    return md
 
 
 async def _append_all(handle: AsyncLedgerHandle, values: list[bytes], window: int) -> None:
