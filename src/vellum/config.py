@@ -131,7 +131,11 @@ class ServerConfig:
         "flushInterval", 10000, "checkpoint period (flush ledger storage, persist lastMark)", lo=1
     )
     flush_entrylog_bytes: int = _opt(
-        "flushEntrylogBytes", 0, "fsync the entry log every N bytes written (0 = at flush only)", lo=0
+        "flushEntrylogBytes",
+        1048576,
+        "fsync the entry log every N bytes written (0 = at flush only; BookKeeper: 0; small steps "
+        "keep a write-cache flush from queueing tens of MB ahead of the journal's fsync on a shared disk)",
+        lo=0,
     )
     db_storage_write_cache_max_size_mb: int = _opt(
         "dbStorage_writeCacheMaxSizeMb",

@@ -110,8 +110,9 @@ class EntryLocationIndex(_Db):
     def put_locations(self, items: Iterable[tuple[int, int, int]]) -> None:
         """One write batch of ``(ledger_id, entry_id, location)``; durable after ``sync()``."""
         batch = rocksdict.WriteBatch(raw_mode=True)
+        put = batch.put
         for lid, eid, loc in items:
-            batch.put(location_key(lid, eid), encode_location(loc))
+            put(location_key(lid, eid), encode_location(loc))
         try:
             self._store().write(batch)
         except StorageError:
