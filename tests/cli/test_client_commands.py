@@ -40,6 +40,19 @@ def test_shell_commands_and_bench(tmp_path: Path) -> None:
             rec = json.loads(r.output)
             assert rec["state"] == "CLOSED" and rec["lastEntryId"] == 10
 
+            # A packed ledger (as the Spark sink writes): rows per entry, rows shown.
+            from vellum.format.records import ENTRY_FORMAT_KEY, ROWS_V1, pack
+
+            packed = bk.create_ledger(ensemble_size=3, write_quorum_size=2, ack_quorum_size=2,
+                                      custom_metadata={ENTRY_FORMAT_KEY: ROWS_V1})
+            packed.append(pack([b"a", b"bc"]))
+            packed.append(pack([b"d"]))
+            packed.close()
+            r = runner.invoke(cli, ["shell", "readledger", "--uri", uri, str(packed.ledger_id), "--show-payload",
+                                    "--json"])
+            assert r.exit_code == 0, r.output
+            assert [(row["rows"], row["payload"]) for row in json.loads(r.output)] == [(2, "a | bc"), (1, "d")]
+
         r = runner.invoke(cli, ["bench", "--uri", uri, "-e", "3", "-w", "2", "-a", "2", "-t", "1.5", "--json"])
         assert r.exit_code == 0, r.output
         out = json.loads(r.output[r.output.index("{"):])

@@ -80,11 +80,16 @@ def simpletest(uri: str, ensemble: int, write_quorum: int, ack_quorum: int, entr
 @click.option("--json", "as_json", is_flag=True)
 def readledger(uri: str, ledger_id: int, first: int, last: int, password: str, show_payload: bool,
                as_json: bool) -> None:
-    """Read entries FIRST..LAST (default: all up to the LAC) without recovering the ledger."""
+    """Read entries FIRST..LAST (default: all up to the LAC) without recovering the ledger.
+
+    Packed entries (Spark sink, ``vellum.entryFormat=rows-v1``) show their row count, and with
+    ``--payload`` their rows separated by `` | ``."""
     from vellum.client.blocking import BookKeeper
+    from vellum.format.records import is_packed, unpack
 
     with BookKeeper(uri) as bk:
         lh = bk.open_ledger(ledger_id, password=password.encode(), recovery=False)
+        packed = is_packed(lh.metadata.custom_metadata)
         lac = lh.last_add_confirmed
         end = lac if last < 0 else min(last, lac)
         rows = []
@@ -94,15 +99,18 @@ def readledger(uri: str, ledger_id: int, first: int, last: int, password: str, s
             for start in range(first, end + 1, step):
                 for e in lh.read(start, min(end, start + step - 1)):
                     payload = e.payload
-                    shown = payload.decode("utf-8", "backslashreplace") if show_payload else ""
-                    rows.append((e.entry_id, len(payload), shown[:200]))
+                    parts = unpack(payload, where=f"ledger {ledger_id} entry {e.entry_id}") if packed else [payload]
+                    shown = " | ".join(p.decode("utf-8", "backslashreplace") for p in parts) if show_payload else ""
+                    rows.append((e.entry_id, len(payload), len(parts), shown[:200]))
                 progress.advance(task, min(step, end - start + 1))
     if as_json:
-        emit_json([{"entryId": r[0], "size": r[1], **({"payload": r[2]} if show_payload else {})} for r in rows])
+        emit_json([{"entryId": r[0], "size": r[1], **({"rows": r[2]} if packed else {}),
+                    **({"payload": r[3]} if show_payload else {})} for r in rows])
         return
-    cols = ["entry", "size"] + (["payload"] if show_payload else [])
-    emit_table(cols, [r if show_payload else r[:2] for r in rows],
-               title=f"ledger {ledger_id}: entries {first}..{end} (LAC {lac})")
+    cols = ["entry", "size"] + (["rows"] if packed else []) + (["payload"] if show_payload else [])
+    table = [(r[0], r[1]) + ((r[2],) if packed else ()) + ((r[3],) if show_payload else ()) for r in rows]
+    emit_table(cols, table, title=f"ledger {ledger_id}: entries {first}..{end} (LAC {lac})"
+               + (", packed rows-v1" if packed else ""))
 
 
 @click.command()

@@ -261,7 +261,9 @@ class LedgerStorage:
             self._flush_hook()
         # The swapped cache is no longer written to, so it is read and sorted without the lock
         # (sorting tens of thousands of entries under it stalled every add for milliseconds).
-        items = sorted(cache.entries.items())
+        # Keys only: sorting (and building) 30k (key, entry) pairs held the GIL for ~4 ms.
+        keys = sorted(cache.entries)
+        entries_of = cache.entries
         failures = self.entry_logger.failure_count
         chunks: list[tuple[int, list[int], list[int]]] = []  # (ledger, entry ids, locations)
         # A ledger's entries are adjacent once sorted: one entry-log call per chunk of its run.
@@ -269,15 +271,15 @@ class LedgerStorage:
         # cache, and without pauses the journal threads and the loop waited up to the GIL
         # switch interval (5 ms) at each hand-off while it ran (add p99 +5..10 ms).
         i = 0
-        while i < len(items):
-            lid = items[i][0][0]
+        while i < len(keys):
+            lid = keys[i][0]
             j = i + 1
-            limit = min(len(items), i + _FLUSH_CHUNK)
-            while j < limit and items[j][0][0] == lid:
+            limit = min(len(keys), i + _FLUSH_CHUNK)
+            while j < limit and keys[j][0] == lid:
                 j += 1
-            run = items[i:j]
-            locations = self.entry_logger.add_entries(lid, [entry for _key, entry in run])
-            chunks.append((lid, [key[1] for key, _entry in run], locations))
+            run = keys[i:j]
+            locations = self.entry_logger.add_entries(lid, [entries_of[key] for key in run])
+            chunks.append((lid, [key[1] for key in run], locations))
             i = j
             time.sleep(_FLUSH_PAUSE_S)
         self.entry_logger.flush()
