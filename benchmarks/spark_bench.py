@@ -45,6 +45,19 @@ def _session() -> Any:
     return spark
 
 
+def _payload_expr(kind: str, size: int) -> str:
+    """SQL for a distinct ``size``-byte payload per row (never one shared buffer).
+
+    ``random``: SHA-256 output (incompressible, like encrypted or already-compressed data: both
+    sides write and read every byte); ``padded``: the id padded with 'x' (Parquet compresses
+    it to almost nothing, so its side moves a few MB while Vellum stores every byte).
+    """
+    if kind == "padded":
+        return f"cast(rpad(cast(id as string), {size}, 'x') as binary)"
+    blocks = [f"unhex(sha2(concat(cast(id as string), '-{k}'), 256))" for k in range((size + 31) // 32)]
+    return f"substring(concat({', '.join(blocks)}), 1, {size})"
+
+
 def _timed(fn: Any) -> float:
     t0 = time.perf_counter()
     fn()
@@ -72,6 +85,8 @@ def main() -> None:
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--repeat", type=int, default=4)
     ap.add_argument("--ensemble", default="3,2,2", help="ensembleSize,writeQuorumSize,ackQuorumSize of written ledgers")
+    ap.add_argument("--payload", choices=("random", "padded"), default="random",
+                    help="random: incompressible bytes; padded: the id padded with 'x' (compressible)")
     ap.add_argument("--entry-max-rows", type=int, default=None,
                     help="sink option entryMaxRows (default: the sink's; 1 = one entry per row)")
     ap.add_argument("--json", action="store_true")
@@ -86,9 +101,7 @@ def main() -> None:
             spark = _session()
             uri = cluster.metadata_uri
             rows, size = args.rows, args.payload_bytes
-            # A distinct payload per row (the id, padded): what a real log holds, not one shared buffer.
-            df = spark.range(0, rows, numPartitions=args.partitions).selectExpr(
-                f"cast(rpad(cast(id as string), {size}, 'x') as binary) as payload")
+            df = spark.range(0, rows, numPartitions=args.partitions).selectExpr(f"{_payload_expr(args.payload, size)} as payload")
             df.cache().count()
             parquet = str(base / "rows.parquet")
             counter = iter(range(1_000_000))
@@ -136,9 +149,10 @@ def main() -> None:
     result["ratios"] = {k: round(statistics.median(v), 3) for k, v in pair_ratios.items()}
     result["ratio_range"] = {k: [round(v[0], 3), round(v[-1], 3)] for k, v in pair_ratios.items()}
     if args.json:
-        print(json.dumps({"rows": rows, "payload_bytes": size, "ensemble": args.ensemble, **result}, indent=2))
+        print(json.dumps({"rows": rows, "payload_bytes": size, "payload": args.payload, "ensemble": args.ensemble,
+                          **result}, indent=2))
         return
-    print(f"rows={rows} payload={size} B partitions={args.partitions} ensemble={args.ensemble} "
+    print(f"rows={rows} payload={size} B {args.payload} partitions={args.partitions} ensemble={args.ensemble} "
           f"entryMaxRows={args.entry_max_rows or 'default'} ({args.repeat} ABBA runs; rows/s: best run)")
     print("| path | seconds | rows/s | MiB/s |\n|---|---|---|---|")
     for k in ("write_vellum", "write_parquet", "read_vellum", "read_parquet"):

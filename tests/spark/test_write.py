@@ -73,6 +73,10 @@ def test_packed_and_plain_entries(spark: Any, cluster: LocalCluster, bk: Any) ->
     assert [bytes(r.payload) for r in sorted(got, key=lambda r: (r.entryId, r.batchIndex))] == rows
     assert sorted((r.entryId, r.batchIndex) for r in got) == [
         (eid, i) for eid, e in enumerate(entries) for i in range(len(e))]
+    # a consumer that stops early (limit) drops the read ahead and gets exactly what it asked
+    few = spark.read.format("vellum").option("metadataServiceUri", uri).option("name", "tests/packed") \
+        .option("arrowBatchEntries", 10).load().limit(3).collect()
+    assert len(few) == 3 and {bytes(r.payload) for r in few} <= set(rows)
     # metadata-only scans still give one row per packed row
     n = spark.read.format("vellum").option("metadataServiceUri", uri).option("name", "tests/packed") \
         .option("includePayload", "false").load().count()

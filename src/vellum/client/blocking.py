@@ -62,14 +62,17 @@ class _LoopThread:
         self.loop.call_soon(self._ready.set)
         self.loop.run_forever()
 
-    def call(self, coro: Coroutine[Any, Any, _T], timeout_s: float | None = None) -> _T:
+    def submit(self, coro: Coroutine[Any, Any, _T]) -> concurrent.futures.Future[_T]:
         if self.stopped:
             coro.close()
             raise ClientClosedError("the BookKeeper client is closed")
         if threading.current_thread() is self.thread:
             coro.close()
             raise IllegalOpError("blocking Vellum call made from the client's own event-loop thread")
-        cf = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def call(self, coro: Coroutine[Any, Any, _T], timeout_s: float | None = None) -> _T:
+        cf = self.submit(coro)
         try:
             return cf.result(timeout_s)
         except concurrent.futures.TimeoutError:
@@ -123,6 +126,12 @@ class BookKeeper:
     def is_closed(self) -> bool:
         """True once :meth:`close` was called (the loop thread is stopped or stopping)."""
         return self._lt.stopped
+
+    def submit(self, coro: Coroutine[Any, Any, _T]) -> concurrent.futures.Future[_T]:
+        """Start ``coro`` on the client's loop thread and return at once with its future (for
+        overlapping work, e.g. reading the next range while the caller processes this one).
+        Same refusals as :meth:`run`, raised here."""
+        return self._lt.submit(coro)
 
     def run(self, coro: Coroutine[Any, Any, _T], *, timeout_s: float | None = None) -> _T:
         """Run ``coro`` (a coroutine of the asyncio client :attr:`aio`, or of anything built on

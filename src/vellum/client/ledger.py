@@ -993,9 +993,15 @@ class LedgerHandle:
         whole falls back to single-entry reads (failover and "no such entry" per entry)."""
         chunks: list[tuple[int, int]] = []
         bounds = sorted(self._md.ensembles)
+        # Chunks of about BATCH_CHUNK_BYTES, so that big entries are read in parallel chunks
+        # too (one chunk of 256 x 128 KiB entries was 16 sequential round trips to one replica).
+        per_chunk = BATCH_CHUNK_ENTRIES
+        if self._lac >= 0 and self._lac_length > 0:
+            avg = max(1, self._lac_length // (self._lac + 1))
+            per_chunk = max(1, min(BATCH_CHUNK_ENTRIES, BATCH_CHUNK_BYTES // avg))
         lo = first
         while lo <= last:
-            hi = min(last, lo + BATCH_CHUNK_ENTRIES - 1)
+            hi = min(last, lo + per_chunk - 1)
             for b in bounds:  # a chunk stays in one segment: one write set
                 if lo < b <= hi:
                     hi = b - 1

@@ -51,6 +51,7 @@ _READ_KEYS = {
     "startingoffsets": "startingOffsets",
     "endingoffsets": "endingOffsets",
     "maxentriesperpartition": "maxEntriesPerPartition",
+    "maxbytesperpartition": "maxBytesPerPartition",
     "minpartitions": "minPartitions",
     "includepayload": "includePayload",
     "includemetadata": "includeMetadata",
@@ -170,6 +171,7 @@ class ReadOptions:
     starting: str | tuple[tuple[str, int], ...]
     ending: str | tuple[tuple[str, int], ...]
     max_entries_per_partition: int
+    max_bytes_per_partition: int
     min_partitions: int | None
     include_payload: bool
     include_metadata: bool
@@ -259,6 +261,7 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
         starting=_frozen(starting),
         ending=_frozen(ending),
         max_entries_per_partition=_int(options, "maxEntriesPerPartition", 100_000) or 100_000,
+        max_bytes_per_partition=_int(options, "maxBytesPerPartition", 128 << 20) or 128 << 20,
         min_partitions=_int(options, "minPartitions", None),
         include_payload=_bool(options, "includePayload", True),
         include_metadata=_bool(options, "includeMetadata", False),

@@ -19,11 +19,12 @@ Invariants:
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import math
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +40,8 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from vellum.client.blocking import BookKeeper, LedgerEntry, LedgerHandle
+from vellum.client.blocking import BookKeeper, LedgerEntry
+from vellum.client.ledger import LedgerHandle as AsyncLedgerHandle
 from vellum.errors import CorruptionError, NoSuchEntryError, NoSuchLedgerError, VellumError
 from vellum.format.records import decode, is_packed
 from vellum.spark.catalog import Bounds, Catalog, DataLossError, Span, catalog_for, resolve_offset
@@ -52,7 +54,7 @@ _BIG_ENDIAN = sys.byteorder == "big"
 
 
 @dataclass(frozen=True)
-class EntryRange(InputPartition):  # type: ignore[misc]
+class EntryRange:
     """Global entries ``[first, last]`` of ``key`` stored in ``ledger_id`` at ``global - base``."""
 
     key: str
@@ -61,6 +63,13 @@ class EntryRange(InputPartition):  # type: ignore[misc]
     first: int
     last: int
     password: bytes
+
+
+@dataclass(frozen=True)
+class ReadPartition(InputPartition):  # type: ignore[misc]
+    """One Spark task: entry ranges read one after the other (small segments share a task)."""
+
+    ranges: tuple[EntryRange, ...]
 
 
 def _split(key: str, spans: Sequence[Span], per_partition: int) -> list[EntryRange]:
@@ -72,19 +81,52 @@ def _split(key: str, spans: Sequence[Span], per_partition: int) -> list[EntryRan
 
 
 def plan_partitions(
-    opts: ReadOptions, catalog: Catalog, ranges: dict[str, tuple[int, int]]
-) -> list[EntryRange]:
-    """Partitions for ``{key: (first, end)}`` honouring maxEntriesPerPartition and minPartitions."""
+    opts: ReadOptions, catalog: Catalog, ranges: dict[str, tuple[int, int]],
+    avg_entry_bytes: Mapping[str, int] | None = None,
+) -> list[ReadPartition]:
+    """Partitions for ``{key: (first, end)}`` honouring maxEntriesPerPartition, minPartitions
+    and maxBytesPerPartition (estimated from each key's average entry size)."""
     spans = {k: catalog.spans(k, a, b) for k, (a, b) in sorted(ranges.items()) if b > a}
     per = opts.max_entries_per_partition
     total = sum(b - a for a, b in ranges.values() if b > a)
     if opts.min_partitions and total > 0:
         # Enough tasks for the requested parallelism, but never more than maxEntriesPerPartition each.
         per = max(1, min(per, math.ceil(total / opts.min_partitions)))
-    parts: list[EntryRange] = []
+    pieces: list[tuple[EntryRange, int]] = []
     for key, ss in spans.items():
-        parts.extend(_split(key, ss, per))
-    return parts
+        avg = max(1, (avg_entry_bytes or {}).get(key, 1024))
+        key_per = max(1, min(per, opts.max_bytes_per_partition // avg))  # big ranges split by bytes too
+        pieces.extend((r, (r.last - r.first + 1) * avg) for r in _split(key, ss, key_per))
+    return _group(pieces, opts.max_bytes_per_partition, per, opts.min_partitions or 1)
+
+
+def _group(pieces: list[tuple[EntryRange, int]], max_bytes: int, max_entries: int,
+           min_parts: int) -> list[ReadPartition]:
+    """Consecutive ranges packed into about equal tasks, like Spark packs small files.
+
+    As many tasks as ``maxBytesPerPartition`` (and ``minPartitions``) ask for, each near the
+    average size, never above ``maxEntriesPerPartition`` entries. Each task costs Spark ~0.1 s
+    on a Python source, so many small segments (one per writing task) should not each be one.
+    """
+    if not pieces:
+        return []
+    total = sum(b for _r, b in pieces)
+    n = max(1, math.ceil(total / max_bytes), min(min_parts, len(pieces)))
+    target = total / n
+    out: list[ReadPartition] = []
+    cur: list[EntryRange] = []
+    cur_bytes = cur_entries = 0
+    for r, nbytes in pieces:
+        entries = r.last - r.first + 1
+        if cur and (cur_entries + entries > max_entries
+                    or (cur_bytes + nbytes > target * 1.001 and len(out) < n - 1)):
+            out.append(ReadPartition(tuple(cur)))
+            cur, cur_bytes, cur_entries = [], 0, 0
+        cur.append(r)
+        cur_bytes += nbytes
+        cur_entries += entries
+    out.append(ReadPartition(tuple(cur)))
+    return out
 
 
 def _data_loss(opts: ReadOptions, message: str) -> None:
@@ -128,25 +170,46 @@ def read_range(opts: ReadOptions, schema: StructType, part: EntryRange) -> Itera
     # Entries per read: the rows wanted for plain entries; for packed ones start small and
     # follow the rows per entry seen so far, so a batch stays near the rows wanted.
     step = rows_wanted if not packed else max(1, min(rows_wanted, 8))
-    lo = part.first
-    while lo <= part.last:
+
+    def fetch(lo: int) -> tuple[int, int, concurrent.futures.Future[list[LedgerEntry]]]:
         hi = min(part.last, lo + step - 1)
-        try:
-            entries = _read(handle, lo - part.base, hi - part.base)
-        except (NoSuchEntryError, NoSuchLedgerError) as exc:
-            _data_loss(opts, f"ledger {part.ledger_id} (of {part.key!r}): entries {lo}..{hi} are gone ({exc})")
-            return
-        if packed:
-            ids, index, payload_array = _unpack(part, entries)
-            step = max(1, rows_wanted * len(entries) // max(1, len(ids)))
-            yield _batch(arrow_schema, name_value, part.ledger_id, ids, index,
-                         payload_array if opts.include_payload else None, custom if with_md else None)
-        else:
-            ids = [e.entry_id + part.base for e in entries]
-            payloads = [e.payload for e in entries] if opts.include_payload else None
-            yield _batch(arrow_schema, name_value, part.ledger_id, ids, [0] * len(ids), payloads,
-                         custom if with_md else None)
-        lo = hi + 1
+        return lo, hi, bk.submit(_read(handle.aio, lo - part.base, hi - part.base))
+
+    # One read is always in flight ahead: the bookies and the client's loop fetch the next
+    # range while this thread unpacks the current one and Spark consumes it.
+    pending = fetch(part.first) if part.first <= part.last else None
+    try:
+        while pending is not None:
+            lo, hi, fut = pending
+            try:
+                entries = fut.result()
+            except (NoSuchEntryError, NoSuchLedgerError) as exc:
+                pending = None
+                _data_loss(opts, f"ledger {part.ledger_id} (of {part.key!r}): entries {lo}..{hi} are gone ({exc})")
+                return
+            if packed:
+                ids, index, payload_array = _unpack(part, entries)
+                step = max(1, rows_wanted * len(entries) // max(1, len(ids)))
+            pending = fetch(hi + 1) if hi < part.last else None
+            if packed:
+                yield _batch(arrow_schema, name_value, part.ledger_id, ids, index,
+                             payload_array if opts.include_payload else None, custom if with_md else None)
+            else:
+                ids = [e.entry_id + part.base for e in entries]
+                payloads = [e.payload for e in entries] if opts.include_payload else None
+                yield _batch(arrow_schema, name_value, part.ledger_id, ids, [0] * len(ids), payloads,
+                             custom if with_md else None)
+    finally:
+        if pending is not None:
+            pending[2].cancel()  # the consumer stopped early: drop the read ahead
+
+
+def read_partition(opts: ReadOptions, schema: StructType, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    """Every range of a planned partition, in order (executor side)."""
+    if not isinstance(partition, ReadPartition):
+        return  # Spark hands one placeholder partition when partitions() planned none
+    for r in partition.ranges:
+        yield from read_range(opts, schema, r)
 
 
 def _unpack(part: EntryRange, entries: list[LedgerEntry]) -> tuple[list[int], list[int], pa.Array]:
@@ -177,7 +240,7 @@ def _unpack(part: EntryRange, entries: list[LedgerEntry]) -> tuple[list[int], li
     return ids, index, payloads
 
 
-def _read(handle: LedgerHandle, first: int, last: int) -> list[LedgerEntry]:
+async def _read(handle: AsyncLedgerHandle, first: int, last: int) -> list[LedgerEntry]:
     """Entries ``first..last`` (all confirmed at planning time), as few round trips as possible.
 
     BATCH_READ (one request per replica for many entries) works below the handle's LAC and on
@@ -188,9 +251,9 @@ def _read(handle: LedgerHandle, first: int, last: int) -> list[LedgerEntry]:
     pos = first
     while pos <= last:
         if pos <= handle.last_add_confirmed:
-            got = handle.batch_read(pos, last - pos + 1)
+            got = await handle.batch_read(pos, last - pos + 1)
         else:
-            got = handle.read_unconfirmed(pos, last)
+            got = await handle.read_unconfirmed(pos, last)
         if not got:
             raise NoSuchEntryError(f"ledger {handle.ledger_id}: entry {pos} not returned")
         out.extend(got)
@@ -246,6 +309,7 @@ class VellumBatchReader(DataSourceReader):  # type: ignore[misc]
                     if unknown:
                         raise ValueError(f"[VELLUM_OPTION] {what} names {unknown}, which the read does not select")
             ranges: dict[str, tuple[int, int]] = {}
+            avg: dict[str, int] = {}
             for key in keys:
                 b = catalog.bounds(key)
                 if b is None:
@@ -261,13 +325,11 @@ class VellumBatchReader(DataSourceReader):  # type: ignore[misc]
                     raise ValueError(f"[VELLUM_OPTION] endingOffsets of {key} is {end}, beyond the "
                                      f"{b.end} readable entries")
                 ranges[key] = (first, max(first, end))
-            return plan_partitions(opts, catalog, ranges)
+                avg[key] = b.avg_entry_bytes
+            return plan_partitions(opts, catalog, ranges, avg)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        if not isinstance(partition, EntryRange):
-            # Spark hands one placeholder partition when partitions() planned none.
-            return iter(())
-        return read_range(self.opts, self.schema, partition)
+        return read_partition(self.opts, self.schema, partition)
 
 
 def _what(opts: ReadOptions) -> str:
@@ -394,7 +456,8 @@ class VellumStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
             if stop > first:
                 ranges[key] = (first, stop)
         try:
-            return plan_partitions(self.opts, cat, ranges)
+            return plan_partitions(self.opts, cat, ranges,
+                                   {k: b.avg_entry_bytes for k, b in self._latest.items()})
         except DataLossError as exc:
             if self.opts.fail_on_data_loss:
                 raise
@@ -402,10 +465,7 @@ class VellumStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
             return []
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        if not isinstance(partition, EntryRange):
-            # Spark hands one placeholder partition when partitions() planned none.
-            return iter(())
-        return read_range(self.opts, self.schema, partition)
+        return read_partition(self.opts, self.schema, partition)
 
     def commit(self, end: dict[str, int]) -> None:
         # Nothing to do: positions live in Spark's checkpoint (a commit of the last availableNow
