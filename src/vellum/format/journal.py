@@ -148,9 +148,15 @@ def decode_header(data: bytes, *, where: str = "journal") -> JournalHeader:
 
 def encode_entry(entry: bytes) -> bytes:
     """A client entry record: ``int32 len`` + the stored entry (which starts ledgerId entryId)."""
+    return entry_prefix(entry) + entry
+
+
+def entry_prefix(entry: bytes) -> bytes:
+    """The ``int32 len`` that starts a client entry's record (so a writer can append the entry
+    itself without building the record first)."""
     if len(entry) < MIN_RECORD_BODY:
         raise ValueError(f"a journal entry needs at least {MIN_RECORD_BODY} bytes, got {len(entry)}")
-    return _I32.pack(len(entry)) + entry
+    return _I32.pack(len(entry))
 
 
 def encode_master_key(ledger_id: int, key: bytes) -> bytes:

@@ -62,6 +62,7 @@ from vellum.format.journal import (
     encode_header,
     encode_master_key,
     encode_padding,
+    entry_prefix,
 )
 from vellum.format.lastmark import ZERO_MARK, LogMark
 
@@ -344,7 +345,9 @@ class _ForceRequest:
 
 _SHUTDOWN = object()
 #: a queued record: (encoded record, callback, enqueue time)
-_Item = tuple[bytes, Callback | None, float]
+#: (record body, callback, enqueue time, prefix written before the body: a client entry's
+#: 4-byte length, so the entry is copied once, into the batch, instead of first into a record)
+_Item = tuple[bytes, Callback | None, float, bytes]
 
 
 class Journal:
@@ -631,8 +634,8 @@ class Journal:
         if not entries:
             raise ValueError("log_entries needs at least one entry")
         now = self._clock()
-        items: list[object] = [(encode_entry(entry), None, now) for entry in entries]
-        items[-1] = (encode_entry(entries[-1]), callback, now)
+        items: list[object] = [(entry, None, now, entry_prefix(entry)) for entry in entries]
+        items[-1] = (entries[-1], callback, now, entry_prefix(entries[-1]))
         self._queue.put_many(items)
 
     def log_master_key(self, ledger_id: int, key: bytes, callback: Callback) -> None:
@@ -650,7 +653,7 @@ class Journal:
     def _enqueue(self, record: bytes, callback: Callback) -> None:
         if not self._started or self._stopped:
             raise StorageError(f"journal {self.journal_dir} is not running")
-        self._queue.put((record, callback, self._clock()))
+        self._queue.put((record, callback, self._clock(), b""))
 
     # ------------------------------------------------------------------ writer thread
 
@@ -737,9 +740,12 @@ class Journal:
                 if item is _SHUTDOWN:
                     shutting_down = True
                     continue
-                record, callback, enqueued = cast(_Item, item)
+                record, callback, enqueued, prefix = cast(_Item, item)
                 if not callbacks:
                     oldest = enqueued
+                if prefix:
+                    buf += prefix
+                    batch_bytes += len(prefix)
                 buf += record
                 batch_bytes += len(record)
                 callbacks.append(callback)
