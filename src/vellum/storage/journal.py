@@ -72,6 +72,7 @@ Callback = Callable[[BaseException | None], None]
 
 _JOURNAL_NAME = re.compile(r"^([0-9a-f]+)\.txn$")
 _ZERO_CHUNK = bytes(1 << 20)
+_ZERO_VIEW = memoryview(_ZERO_CHUNK)  # slices of it are not copies
 _MB = 1 << 20
 
 
@@ -96,7 +97,6 @@ def list_journal_ids(current_dir: Path) -> list[int]:
         if m:
             ids.append(int(m.group(1), 16))
     return sorted(ids)
-
 
 
 class _ZeroFiller:
@@ -178,14 +178,14 @@ class _ZeroFiller:
                 if self._stop:
                     retired.append(self._fd)
                     self._fd = -1
-                fd, start, want = self._fd, self._end, self._want
+                fd, start, want, failed = self._fd, self._end, self._want, self._error is not None
             for old in retired:
                 if old >= 0:
                     os.close(old)
-            if fd < 0:
-                if self._stop:
-                    return
-                continue
+            if fd < 0 and self._stop:
+                return
+            if fd < 0 or failed:
+                continue  # nothing to follow, or failed until the next reset
             # 1 MB at a time, each synced before the next: a 16 MB burst of dirty zeros in the
             # device queue delayed the journal's own fdatasync by tens of ms.
             pos = start
@@ -193,7 +193,7 @@ class _ZeroFiller:
                 end = min(want, pos + len(_ZERO_CHUNK))
                 try:
                     while pos < end:
-                        pos += os.pwrite(fd, _ZERO_CHUNK[: end - pos], pos)
+                        pos += os.pwrite(fd, _ZERO_VIEW[: end - pos], pos)
                     self._fsync(fd)
                 except OSError as e:
                     with cond:
