@@ -14,6 +14,7 @@ import tempfile
 import threading
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, precondition, rule
@@ -182,3 +183,22 @@ BookieMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 TestBookieStateMachine = BookieMachine.TestCase
+
+
+def test_replay_skips_records_of_a_deleted_ledger() -> None:
+    """Found by the machine: a fence journaled after the last checkpoint, then a delete, then a
+    crash. Replaying the fence must not fail the start (nor bring the ledger back)."""
+    m = BookieMachine()
+    try:
+        lid = m.new_ledger()
+        m.add(lid, 3)
+        m.fence(lid)
+        m.checkpoint()
+        m.fence(lid)
+        m.opened.bookie.write_explicit_lac(lid, KEY, 2, b"lac-body", lambda exc: None)
+        m.delete(lid)
+        m.crash_and_reopen()
+        with pytest.raises(NoSuchLedgerError):
+            m.opened.bookie.read_explicit_lac(lid)
+    finally:
+        m.teardown()

@@ -712,10 +712,17 @@ def _replay_into(journal: Journal, mark: LogMark, storages: Sequence[LedgerStora
         elif kind is RecordKind.MASTER_KEY:
             if storage.get_master_key(record.ledger_id) is None:
                 storage.set_master_key(record.ledger_id, bytes(record.data))
-        elif kind is RecordKind.FENCE:
-            storage.set_fenced(record.ledger_id)
-        elif kind is RecordKind.EXPLICIT_LAC:
-            storage.set_explicit_lac(record.ledger_id, bytes(record.data))
+        elif kind in (RecordKind.FENCE, RecordKind.EXPLICIT_LAC):
+            # The ledger's key record comes before these, so a ledger missing here was deleted
+            # after them (the delete is durable in the index, the journal keeps no deletes).
+            # Skipped, as BookKeeper skips deleted ledgers: fencing it again would fail the
+            # start, and bringing it back would undo the delete.
+            if not storage.ledger_exists(record.ledger_id):
+                log.info("journal replay: %s record of deleted ledger %d skipped", kind.name, record.ledger_id)
+            elif kind is RecordKind.FENCE:
+                storage.set_fenced(record.ledger_id)
+            else:
+                storage.set_explicit_lac(record.ledger_id, bytes(record.data))
         count += 1
 
     journal.replay(mark, apply)
