@@ -11,6 +11,7 @@ the server, then the clean storage shutdown (final checkpoint, unclean-shutdown 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -148,9 +149,22 @@ class BookieService:
         reg = self.store.registration
         if self._registered_read_only is not None and self._registered_read_only != read_only:
             reg.unregister_bookie(self.bookie_id)
-        reg.register_bookie(self.bookie_id, read_only=read_only)
+        reg.register_bookie(self.bookie_id, read_only=read_only, data=self._service_info())
         self._registered_read_only = read_only
         log.info("registered %s as %s", self.bookie_id, "read-only" if read_only else "writable")
+
+    def _service_info(self) -> bytes:
+        """Registration data: where the admin HTTP API listens (for tools such as gc-report),
+        like BookKeeper's BookieServiceInfo. A wildcard bind address is published as the
+        bookie id's host."""
+        if self.http is None:
+            return b""
+        host = self.config.http_server_host
+        if host in ("", "0.0.0.0", "::"):
+            host = str(self.bookie_id).rsplit(":", 1)[0]
+        if ":" in host and not host.startswith("["):
+            host = f"[{host}]"  # IPv6 literal
+        return json.dumps({"httpAddress": f"http://{host}:{self.http.port}"}).encode()
 
     def _reregister_soon(self) -> None:
         if not self._stopping:

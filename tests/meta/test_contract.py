@@ -144,15 +144,21 @@ def test_registration_and_bookie_watch(open_store: Callable[..., MetadataStore])
     b = open_store()
     seen: list[frozenset[BookieId]] = []
     w = a.registration.watch_bookies(seen.append)
-    b.registration.register_bookie(BookieId("bk1:3181"))
+    b.registration.register_bookie(BookieId("bk1:3181"), data=b'{"httpAddress": "http://bk1:8000"}')
     b.registration.register_bookie(BookieId("bk2:3181"), read_only=True)
     wait_until(lambda: bool(seen) and seen[-1] == {"bk1:3181"}, what="writable bookie seen")
     assert a.registration.list_bookies(read_only=True) == {"bk2:3181"}
-    b.registration.register_bookie(BookieId("bk1:3181"), read_only=True)  # goes read-only
+    # the registration's data (service info) is readable by everyone while it lives
+    assert a.registration.get_bookie_data(BookieId("bk1:3181")) == b'{"httpAddress": "http://bk1:8000"}'
+    assert a.registration.get_bookie_data(BookieId("bk2:3181")) == b""
+    assert a.registration.get_bookie_data(BookieId("nobody:1")) is None
+    b.registration.register_bookie(BookieId("bk1:3181"), read_only=True, data=b"ro")  # goes read-only
     wait_until(lambda: seen[-1] == frozenset(), what="bookie left the writable list")
     assert a.registration.list_bookies(read_only=True) == {"bk1:3181", "bk2:3181"}
+    assert a.registration.get_bookie_data(BookieId("bk1:3181")) == b"ro"
     b.close()  # session ends: ephemeral registrations vanish
     wait_until(lambda: a.registration.list_bookies(read_only=True) == frozenset(), what="registrations gone")
+    assert a.registration.get_bookie_data(BookieId("bk1:3181")) is None
     w.cancel()
 
 

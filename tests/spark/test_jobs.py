@@ -75,6 +75,25 @@ def test_gc_report_and_replica_check(spark: Any, cluster: LocalCluster, bk: Any,
     res = CliRunner().invoke(cli, ["spark", "gc-report", "--metadata-uri", cluster.metadata_uri,
                                    "--http", cluster.http_url(0), "--json"])
     assert res.exit_code == 0, res.output
+    # Running cluster without URLs: the bookies publish their admin address in their
+    # registration; after a GC pass each one reports its logs with bytes per ledger and mtime.
+    import urllib.request
+
+    for i in range(3):
+        urllib.request.urlopen(urllib.request.Request(cluster.http_url(i) + "/api/v1/bookie/gc", data=b"{}",
+                                                      method="PUT"), timeout=10).close()
+    deadline = time.monotonic() + 60
+    while not all(any(str(keep_a) in log["ledgerBytes"] for log in cluster.http_get(i, "/api/v1/bookie/entrylogs"))
+                  for i in range(3)):  # every bookie holds entries of every ledger (E=3, W=2)
+        assert time.monotonic() < deadline, "no GC pass reported the entry logs"
+        time.sleep(0.5)
+    res = CliRunner().invoke(cli, ["spark", "gc-report", "--metadata-uri", cluster.metadata_uri, "--json"])
+    assert res.exit_code == 0, res.output
+    live_rows = json.loads(res.output)
+    assert {r["bookie"].split(" ")[0] for r in live_rows} == {cluster.http_url(i) for i in range(3)}
+    assert any(keep_a in r["pinnedBy"] for r in live_rows) and all(drop_b not in r["pinnedBy"] for r in live_rows)
+    assert all(r["ageSeconds"] is not None and r["ageSeconds"] >= 0 for r in live_rows)
+    assert all(r["source"] == "http" and 0 <= r["liveBytes"] <= r["totalBytes"] for r in live_rows)
     res = CliRunner().invoke(cli, ["spark", "replica-check", "--metadata-uri", cluster.metadata_uri,
                                    "--ledger", str(keep_a)])
     assert res.exit_code == 0 and "1 ledgers checked, 0 with problems" in res.output, res.output

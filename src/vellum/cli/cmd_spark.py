@@ -77,15 +77,23 @@ def register(cli: click.Group) -> None:
     @click.option("--dir", "dirs", multiple=True, type=click.Path(exists=True, file_okay=False),
                   help="a directory of (copied) bookie data: every ledger dir below is scanned, read-only")
     @click.option("--http", "http_urls", multiple=True,
-                  help="admin HTTP base URL of a running bookie (e.g. http://127.0.0.1:8000); repeatable")
+                  help="admin HTTP base URL of a running bookie (e.g. http://127.0.0.1:8000); repeatable. "
+                       "Without --dir and --http: every registered bookie that publishes its HTTP address")
     @click.option("--min-age", default=0.0, show_default=True, help="only logs at least this many seconds old")
     def gc_report(metadata_uri: str, master: str, as_json: bool, parquet: str | None, dirs: tuple[str, ...],
                   http_urls: tuple[str, ...], min_age: float) -> None:
         """Per entry log: total and live bytes, usage, age, and the ledgers that pin it."""
-        if not dirs and not http_urls:
-            raise click.UsageError("give --dir (copied bookie data) and/or --http (running bookies)")
+        from vellum.spark.jobs import discover_http_urls
         from vellum.spark.jobs import gc_report as run
 
+        if not dirs and not http_urls:
+            found = discover_http_urls(metadata_uri)
+            if not found:
+                raise click.UsageError("no registered bookie publishes an admin HTTP address: give --dir "
+                                       "(copied bookie data) and/or --http (running bookies' admin URLs)")
+            http_urls = tuple(found.values())
+            if not as_json:
+                click.echo(f"running bookies: {', '.join(f'{b} ({u})' for b, u in found.items())}", err=True)
         s = _session(master)
         rows = run(s, metadata_uri=metadata_uri, dirs=list(dirs), http_urls=list(http_urls))
         rows = [r for r in rows if r["ageSeconds"] is None or r["ageSeconds"] >= min_age]

@@ -119,14 +119,16 @@ def gc_status(url: str, as_json: bool) -> None:
 @click.option("--http", "url", required=True, help="bookie admin URL")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 def entrylogs_usage(url: str, as_json: bool) -> None:
-    """Per entry log of a running bookie: size, live bytes, usage, ledgers (last GC pass)."""
+    """Per entry log of a running bookie: size, live bytes, usage, ledgers (last GC pass; the
+    active logs, which GC never examines, show as ``active``)."""
     rows = _call(url, "/api/v1/bookie/entrylogs")
     if as_json:
         emit_json(rows)
         return
     emit_table(
         ["dir", "log", "size", "live bytes", "usage", "ledgers", "source"],
-        [(r["ledgerDir"], r["logId"], r["size"], r["liveBytes"], f"{r['usage']:.2%}",
+        [(r["ledgerDir"], r["logId"], r["size"], "-" if r["liveBytes"] is None else r["liveBytes"],
+          "active" if r["usage"] is None else f"{r['usage']:.2%}",
           ",".join(str(x) for x in r["ledgers"][:20]) + ("..." if len(r["ledgers"]) > 20 else ""), r["source"])
          for r in rows],
         title="entry logs",

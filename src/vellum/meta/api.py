@@ -151,6 +151,12 @@ class RegistrationManager(ABC):
         """
 
     @abstractmethod
+    def get_bookie_data(self, bookie_id: BookieId) -> bytes | None:
+        """The data a live registration of ``bookie_id`` carries (writable or read-only), or
+        None when it is not registered. Bookies put their service info there (admin HTTP
+        address), as BookKeeper's BookieServiceInfo does."""
+
+    @abstractmethod
     def unregister_bookie(self, bookie_id: BookieId) -> None:
         """Remove this store's registration of ``bookie_id`` (idempotent)."""
 

@@ -406,6 +406,15 @@ class SqliteRegistrationManager(RegistrationManager):
     def list_bookies(self, *, read_only: bool = False) -> frozenset[BookieId]:
         return _live_bookies(self._db, read_only)
 
+    def get_bookie_data(self, bookie_id: BookieId) -> bytes | None:
+        rows = self._db.query(
+            f"reading the registration of {bookie_id}",
+            "SELECT r.data FROM registrations r JOIN sessions s USING(session_id)"
+            " WHERE r.bookie_id = ? AND s.expires_at >= ?",
+            (bookie_id, time.time()),
+        )
+        return bytes(rows[0][0] or b"") if rows else None
+
     def watch_bookies(self, callback: BookiesWatcher, *, read_only: bool = False) -> Watch:
         w = self._store._poller.add(
             lambda db: _live_bookies(db, read_only), callback, key=lambda s: s, on_commit_only=False

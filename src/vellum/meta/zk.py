@@ -364,6 +364,18 @@ class ZkRegistrationManager(RegistrationManager):
             _unavailable(e, f"listing {path}")
         return frozenset(BookieId(n) for n in names if read_only or n != P.READONLY)
 
+    def get_bookie_data(self, bookie_id: BookieId) -> bytes | None:
+        for read_only in (False, True):
+            path = self._path(bookie_id, read_only)
+            try:
+                data, _stat = self._client.get(path)
+                return bytes(data)
+            except NoNodeError:
+                continue
+            except _TRANSIENT as e:
+                _unavailable(e, f"reading {path}")
+        return None
+
     def watch_bookies(self, callback: BookiesWatcher, *, read_only: bool = False) -> Watch:
         path = self._readonly if read_only else self._available
         flag = _Flag()

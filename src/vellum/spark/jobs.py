@@ -139,21 +139,44 @@ def _http_get(url: str) -> Any:
 
 
 def _http_rows(http_urls: list[str], live: Liveness) -> list[dict[str, Any]]:
-    """Rows of the running bookies' ``/api/v1/bookie/entrylogs`` (per-ledger bytes are not given
-    there: a log's live bytes are the bookie's own figure from its last GC pass)."""
+    """Rows of the running bookies' ``/api/v1/bookie/entrylogs`` (the logs as of each dir's
+    last GC pass, with bytes per ledger). Liveness comes from the metadata snapshot, as for
+    copied data; a ledger shrunk from the front counts whole (the bookie does not say which of
+    its entries a log holds)."""
     rows: list[dict[str, Any]] = []
     for url in http_urls:
         for log in _http_get(url.rstrip("/") + "/api/v1/bookie/entrylogs"):
-            lid_list = [int(x) for x in log.get("ledgers", [])]
             log_id = int(str(log["logId"]), 16)
             total = int(log.get("size", log.get("totalBytes", 0)))
+            mtime = log.get("mtime")
             base = dict(bookie=f"{url} {log.get('ledgerDir', '')}".strip(), logId=log_id,
                         file=f"{log.get('ledgerDir', '')}/current/{log_id:x}.log", fileBytes=total,
-                        mtime=float("nan"), source="http")
-            live_total = int(log.get("liveBytes", 0))
-            for i, lid in enumerate(lid_list or [-1]):
-                rows.append(dict(base, ledgerId=lid, bytes=0, liveBytes=live_total if i == 0 else 0))
+                        mtime=float("nan") if mtime is None else float(mtime), source="http")
+            per_ledger = {int(k): int(v) for k, v in (log.get("ledgerBytes") or {}).items()}
+            for lid, n in sorted(per_ledger.items()):
+                rows.append(dict(base, ledgerId=lid, bytes=n, liveBytes=n if lid in live.ledgers else 0))
+            if not per_ledger:
+                rows.append(dict(base, ledgerId=-1, bytes=0, liveBytes=0))
     return rows
+
+
+def discover_http_urls(metadata_uri: str) -> dict[str, str]:
+    """``{bookie id: admin HTTP base URL}`` of the registered bookies (writable and read-only)
+    that published one (``httpAddress`` in their registration data)."""
+    from vellum.client.blocking import BookKeeper
+
+    with BookKeeper(metadata_uri) as bk:
+        reg = bk.aio.store.registration
+        out: dict[str, str] = {}
+        for bookie in sorted(reg.list_bookies() | reg.list_bookies(read_only=True)):
+            raw = reg.get_bookie_data(bookie)
+            try:
+                url = json.loads(raw.decode()).get("httpAddress") if raw else None
+            except (ValueError, UnicodeDecodeError, AttributeError):
+                url = None
+            if url:
+                out[bookie] = str(url)
+        return out
 
 
 def gc_report(

@@ -598,6 +598,12 @@ class EntryLogger:
                 reserved.append(self._prealloc_id)
             return min(reserved) if reserved else self._last_id + 1
 
+    def active_log_usage(self) -> list[tuple[int, int, dict[int, int]]]:
+        """``(log id, bytes in the file, {ledger: record bytes})`` of every active log, as far
+        as its records reached the file (buffered records are not on disk yet)."""
+        with self._lock:
+            return [(log.log_id, log.file_pos, dict(log.sizes)) for log in self._active_logs()]
+
     def flushed_log_ids(self) -> list[int]:
         """Logs GC and compaction may read and delete: ``.log`` files that are not active, not
         reserved by preallocation and not being written by compaction (module docstring)."""
