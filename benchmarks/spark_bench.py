@@ -89,6 +89,8 @@ def main() -> None:
                     help="random: incompressible bytes; padded: the id padded with 'x' (compressible)")
     ap.add_argument("--entry-max-rows", type=int, default=None,
                     help="sink option entryMaxRows (default: the sink's; 1 = one entry per row)")
+    ap.add_argument("--entry-max-bytes", type=int, default=None,
+                    help="sink option entryMaxBytes (default: the sink's)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     e, w, a = (int(x) for x in args.ensemble.split(","))
@@ -111,6 +113,8 @@ def main() -> None:
                       .option("writeQuorumSize", w).option("ackQuorumSize", a).mode("append"))
                 if args.entry_max_rows is not None:
                     wr = wr.option("entryMaxRows", args.entry_max_rows)
+                if args.entry_max_bytes is not None:
+                    wr = wr.option("entryMaxBytes", args.entry_max_bytes)
                 wr.save(f"bench/w{next(counter)}")
 
             def write_parquet() -> None:
