@@ -19,6 +19,7 @@ Invariants:
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import logging
 import math
@@ -49,6 +50,8 @@ from vellum.spark.connection import client, drop_client, shared_client
 from vellum.spark.options import ReadOptions
 
 log = logging.getLogger(__name__)
+#: ranges of a partition read ahead of the one being converted (each about arrowBatchEntries rows)
+_READS_AHEAD = 3
 #: packed entries store little-endian offsets; Arrow takes them as they are only on such hosts
 _BIG_ENDIAN = sys.byteorder == "big"
 
@@ -175,22 +178,31 @@ def read_range(opts: ReadOptions, schema: StructType, part: EntryRange) -> Itera
         hi = min(part.last, lo + step - 1)
         return lo, hi, bk.submit(_read(handle.aio, lo - part.base, hi - part.base))
 
-    # One read is always in flight ahead: the bookies and the client's loop fetch the next
-    # range while this thread unpacks the current one and Spark consumes it.
-    pending = fetch(part.first) if part.first <= part.last else None
+    # Reads stay in flight ahead (up to _READS_AHEAD ranges): the bookies and the client's loop
+    # fetch the next ranges while this thread unpacks the current one and Spark consumes it.
+    pending: collections.deque[tuple[int, int, concurrent.futures.Future[list[LedgerEntry]]]] = collections.deque()
+    next_lo = part.first
+
+    def refill(depth: int) -> None:
+        nonlocal next_lo
+        while len(pending) < depth and next_lo <= part.last:
+            got = fetch(next_lo)
+            pending.append(got)
+            next_lo = got[1] + 1
+
+    refill(1)  # the first range alone: for packed entries its rows per entry set the step
     try:
-        while pending is not None:
-            lo, hi, fut = pending
+        while pending:
+            lo, hi, fut = pending.popleft()
             try:
                 entries = fut.result()
             except (NoSuchEntryError, NoSuchLedgerError) as exc:
-                pending = None
                 _data_loss(opts, f"ledger {part.ledger_id} (of {part.key!r}): entries {lo}..{hi} are gone ({exc})")
                 return
             if packed:
                 ids, index, payload_array = _unpack(part, entries)
                 step = max(1, rows_wanted * len(entries) // max(1, len(ids)))
-            pending = fetch(hi + 1) if hi < part.last else None
+            refill(_READS_AHEAD)
             if packed:
                 yield _batch(arrow_schema, name_value, part.ledger_id, ids, index,
                              payload_array if opts.include_payload else None, custom if with_md else None)
@@ -200,8 +212,8 @@ def read_range(opts: ReadOptions, schema: StructType, part: EntryRange) -> Itera
                 yield _batch(arrow_schema, name_value, part.ledger_id, ids, [0] * len(ids), payloads,
                              custom if with_md else None)
     finally:
-        if pending is not None:
-            pending[2].cancel()  # the consumer stopped early: drop the read ahead
+        for _lo, _hi, fut in pending:
+            fut.cancel()  # the consumer stopped early (or a range was lost): drop the reads ahead
 
 
 def read_partition(opts: ReadOptions, schema: StructType, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -278,8 +290,8 @@ def _batch(
     else:
         payload_col = pa.array(payloads, pa.binary())
     cols: list[pa.Array] = [
-        pa.nulls(n, pa.string()) if name is None else pa.array([name] * n, pa.string()),
-        pa.array([ledger_id] * n, pa.int64()),
+        pa.nulls(n, pa.string()) if name is None else pa.repeat(pa.scalar(name, pa.string()), n),
+        pa.repeat(pa.scalar(ledger_id, pa.int64()), n),
         pa.array(ids, pa.int64()),
         pa.array(batch_index, pa.int32()),
         payload_col,
