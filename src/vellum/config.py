@@ -209,6 +209,11 @@ class ServerConfig:
     is_force_gc_allow_when_no_space: bool = _opt(
         "isForceGCAllowWhenNoSpace", False, "keep compacting when disks are (almost) full"
     )
+    force_allow_compaction: bool = _opt(
+        "forceAllowCompaction", False,
+        "a forced GC (admin API, shell gc) compacts even when the compaction intervals disable the "
+        "scheduled runs, with thresholds strictly between 0 and 1",
+    )
     # --- metadata ---
     metadata_service_uri: str = _opt(
         "metadataServiceUri",

@@ -322,3 +322,22 @@ def test_entry_log_per_ledger_flag_switched_between_restarts(tmp_path: Path) -> 
     GarbageCollectorThread(st, GcSettings(), lister=FakeLister([1, 2])).run_once(force=True)
     _check_all(st, [1, 2], 30)
     st.close()
+
+
+@pytest.mark.parametrize("allow", [False, True])
+def test_force_allow_compaction_when_intervals_disable_it(tmp_path: Path, allow: bool) -> None:
+    """BookKeeper's forceAllowCompaction: with both intervals 0 a forced GC compacts only if
+    allowed (thresholds in (0, 1)); the scheduled runs stay off either way."""
+    st = open_storage(tmp_path, log_size_limit=32 * 1024)
+    write_ledgers(st, [1], 6)
+    write_ledgers(st, [2], 54)
+    st.entry_logger.rotate()
+    settings = GcSettings(minor_compaction_interval_s=0, major_compaction_interval_s=0,
+                          force_allow_compaction=allow)
+    gc = GarbageCollectorThread(st, settings, lister=FakeLister([1]))
+    assert gc.run_once().kind == ""  # not forced: nothing scheduled
+    report = gc.run_once(force=True)
+    assert report.kind == ("major" if allow else "")
+    assert bool(report.compactions) == allow
+    _check_all(st, [1], 6)
+    st.close()

@@ -651,6 +651,7 @@ def _make_gc_threads(
         compaction_rate_by_bytes=config.compaction_rate_by_bytes,
         is_throttle_by_bytes=config.is_throttle_by_bytes,
         is_force_gc_allow_when_no_space=config.is_force_gc_allow_when_no_space,
+        force_allow_compaction=config.force_allow_compaction,
     )
     warn = config.disk_usage_warn_threshold
 

@@ -117,6 +117,7 @@ class GcSettings:
     compaction_rate_by_bytes: int = 1000000
     is_throttle_by_bytes: bool = False
     is_force_gc_allow_when_no_space: bool = False
+    force_allow_compaction: bool = False
 
     def __post_init__(self) -> None:
         # BookKeeper's GarbageCollectorThread constructor checks.
@@ -144,6 +145,15 @@ class GcSettings:
     @property
     def major_enabled(self) -> bool:
         return self.major_compaction_interval_s > 0 and self.major_compaction_threshold > 0
+
+    @property
+    def force_minor_allowed(self) -> bool:
+        """forceAllowCompaction: a forced run compacts even if the interval disables minor."""
+        return self.force_allow_compaction and 0 < self.minor_compaction_threshold < 1
+
+    @property
+    def force_major_allowed(self) -> bool:
+        return self.force_allow_compaction and 0 < self.major_compaction_threshold < 1
 
 
 @dataclass
@@ -424,11 +434,13 @@ class GarbageCollectorThread:
         with self._cond:
             last_major = self._status.lastMajorCompactionTime / 1000.0
             last_minor = self._status.lastMinorCompactionTime / 1000.0
-        do_major = not suspend_major and s.major_enabled and (
-            (force and force_major) or now - last_major > s.major_compaction_interval_s
+        do_major = not suspend_major and (
+            (force and force_major and s.force_major_allowed)
+            or (s.major_enabled and ((force and force_major) or now - last_major > s.major_compaction_interval_s))
         )
-        do_minor = not do_major and not suspend_minor and s.minor_enabled and (
-            (force and force_minor) or now - last_minor > s.minor_compaction_interval_s
+        do_minor = not do_major and not suspend_minor and (
+            (force and force_minor and s.force_minor_allowed)
+            or (s.minor_enabled and ((force and force_minor) or now - last_minor > s.minor_compaction_interval_s))
         )
         if do_major:
             report.kind = "major"
