@@ -65,7 +65,7 @@ def test_unknown_key_suggests_the_right_one(tmp_path: Path) -> None:
         ({"bookiePort": "-1"}, "below its minimum"),
         ({"bookiePort": "abc"}, "not a valid int"),
         ({"journalFlushWhenQueueEmpty": "maybe"}, "not a valid bool"),
-        ({"ledgerManagerType": "longhierarchical"}, "not one of"),
+        ({"ledgerManagerType": "legacyhierarchical"}, "not one of"),
         ({"journalAlignmentSize": "1000"}, "power of two"),
     ],
 )

@@ -218,13 +218,13 @@ class ServerConfig:
     metadata_service_uri: str = _opt(
         "metadataServiceUri",
         "",
-        "zk://host:port[,host:port]/ledgers, zk+flat://, zk+hierarchical://, sqlite:///path; "
+        "zk://host:port[,host:port]/ledgers, zk+flat://, zk+hierarchical://, zk+longhierarchical://, sqlite:///path; "
         "empty = the embedded store next to the first ledger dir",
     )
     zk_timeout_ms: int = _opt("zkTimeout", 10000, "ZooKeeper session timeout", lo=100)
     ledger_manager_type: str = _opt(
         "ledgerManagerType", "hierarchical", "ledger layout chosen at format time",
-        choices=("flat", "hierarchical"),
+        choices=("flat", "hierarchical", "longhierarchical"),
     )
     # --- admin HTTP and stats ---
     http_server_enabled: bool = _opt(

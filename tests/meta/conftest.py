@@ -13,7 +13,7 @@ import pytest
 from vellum.meta import MetadataStore, open_metadata_store
 from vellum.testing.zookeeper import ZooKeeperServer
 
-DRIVERS = ["sqlite", "zk-flat", "zk-hierarchical"]
+DRIVERS = ["sqlite", "zk-flat", "zk-hierarchical", "zk-longhierarchical"]
 
 
 # zk_server: one ZooKeeper per session, in tests/conftest.py
@@ -23,7 +23,7 @@ def make_uri(driver: str, request: pytest.FixtureRequest, tmp_path: Path) -> str
     if driver == "sqlite":
         return f"sqlite://{tmp_path / 'metadata.db'}"
     zk: ZooKeeperServer = request.getfixturevalue("zk_server")
-    scheme = "zk+flat" if driver == "zk-flat" else "zk+hierarchical"
+    scheme = "zk+" + driver.removeprefix("zk-")
     return zk.uri(scheme, f"/t-{uuid.uuid4().hex[:12]}/ledgers")
 
 

@@ -37,7 +37,7 @@ def populate_zk(store: ZkMetadataStore, ids: list[int]) -> None:
             r.get(timeout=60)
 
 
-@pytest.mark.parametrize("scheme", ["zk+flat", "zk+hierarchical"])
+@pytest.mark.parametrize("scheme", ["zk+flat", "zk+hierarchical", "zk+longhierarchical"])
 def test_iterate_20000_ledgers(zk_server: ZooKeeperServer, scheme: str) -> None:
     with open_metadata_store(zk_server.uri(scheme, f"/big-{uuid.uuid4().hex[:8]}/ledgers")) as store:
         store.format()
@@ -48,8 +48,11 @@ def test_iterate_20000_ledgers(zk_server: ZooKeeperServer, scheme: str) -> None:
         got = [i for r in ranges for i in r.ledger_ids]
         assert got == ids
         assert all(len(r.ledger_ids) <= 10_000 for r in ranges)
-        if scheme == "zk+hierarchical":
+        if scheme != "zk+flat":
             assert len(ranges) == 4  # one per leaf node: ids 0..9999, 10000..19999, ...
+        if scheme == "zk+longhierarchical":  # BookKeeper's 3/4/4/4/4 split, small ids too
+            assert isinstance(store.ledgers, ZkLedgerManager)
+            assert store.ledgers.ledger_path(42).endswith("/ledgers/000/0000/0000/0000/L0042")
         assert list(store.ledgers.iter_ledger_ids(LedgerId(39_990)))[:2] == [39_992, 39_994]
 
 

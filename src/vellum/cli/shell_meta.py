@@ -44,7 +44,7 @@ def _open(uri: str) -> MetadataStore:
 def register(shell: click.Group) -> None:
     @shell.command("metaformat")
     @_uri_option
-    @click.option("--ledger-manager", type=click.Choice(["hierarchical", "flat"]), default=None,
+    @click.option("--ledger-manager", type=click.Choice(["hierarchical", "longhierarchical", "flat"]), default=None,
                   help="ledger layout (default: the URI's, else hierarchical)")
     @click.option("--force", is_flag=True, help="wipe existing metadata first")
     @_json_option

@@ -238,6 +238,7 @@ LAYOUT_FORMAT_VERSION = 2
 LEDGER_MANAGER_FACTORIES = {
     "flat": "org.apache.bookkeeper.meta.FlatLedgerManagerFactory",
     "hierarchical": "org.apache.bookkeeper.meta.HierarchicalLedgerManagerFactory",
+    "longhierarchical": "org.apache.bookkeeper.meta.LongHierarchicalLedgerManagerFactory",
 }
 _FACTORY_TO_TYPE = {v: k for k, v in LEDGER_MANAGER_FACTORIES.items()}
 
@@ -246,7 +247,7 @@ _FACTORY_TO_TYPE = {v: k for k, v in LEDGER_MANAGER_FACTORIES.items()}
 class LedgerLayout:
     """Which ledger manager a cluster uses; fixed when the cluster is formatted."""
 
-    manager_type: str  # "flat" | "hierarchical"
+    manager_type: str  # "flat" | "hierarchical" | "longhierarchical"
     manager_version: int = 1
 
     def __post_init__(self) -> None:

@@ -41,6 +41,12 @@ def hierarchical_ledger_path(root: str, ledger_id: int) -> str:
     if ledger_id < INT32_MAX:
         s = f"{ledger_id:010d}"
         return f"{root}/{s[0:2]}/{s[2:6]}/L{s[6:10]}"
+    return long_hierarchical_ledger_path(root, ledger_id)
+
+
+def long_hierarchical_ledger_path(root: str, ledger_id: int) -> str:
+    """BookKeeper's LongHierarchical layout, for every id: 19 digits split 3/4/4/4/4."""
+    _check_id(ledger_id)
     s = f"{ledger_id:019d}"
     return f"{root}/{s[0:3]}/{s[3:7]}/{s[7:11]}/{s[11:15]}/L{s[15:19]}"
 

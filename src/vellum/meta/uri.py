@@ -20,8 +20,9 @@ from pathlib import Path
 from vellum.errors import ConfigError
 from vellum.meta.api import MetadataStore
 
-_ZK_SCHEMES = {"zk": None, "zk+hierarchical": "hierarchical", "zk+flat": "flat"}
-_UNSUPPORTED = ("zk+longhierarchical", "zk+null", "etcd")
+_ZK_SCHEMES = {"zk": None, "zk+hierarchical": "hierarchical", "zk+flat": "flat",
+               "zk+longhierarchical": "longhierarchical"}
+_UNSUPPORTED = ("zk+null", "etcd")
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,8 @@ def parse_metadata_uri(uri: str) -> MetadataUri:
     if scheme in _UNSUPPORTED:
         raise ConfigError(f"metadataServiceUri {uri!r}: the {scheme} driver is not supported by Vellum")
     raise ConfigError(
-        f"bad metadataServiceUri {uri!r}: unknown scheme {scheme!r}; expected zk, zk+hierarchical, zk+flat or sqlite"
+        f"bad metadataServiceUri {uri!r}: unknown scheme {scheme!r}; expected zk, zk+hierarchical, "
+        "zk+longhierarchical, zk+flat or sqlite"
     )
 
 

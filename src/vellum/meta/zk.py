@@ -10,7 +10,8 @@ Responsibility: implement every interface of ``meta.api`` on a ZooKeeper ensembl
     {root}/cookies/<bookieId>        persistent, versioned cookie
     {root}/idgen/ID-<seq>            ephemeral-sequential: ledger id = seq, node deleted at once
     {root}/L0000000001               flat ledger manager
-    {root}/00/0000/L0001             hierarchical ledger manager (2/4/4)
+    {root}/00/0000/L0001             hierarchical ledger manager (2/4/4; ids >= 2^31 as below)
+    {root}/000/0000/0000/0000/L0001  long hierarchical ledger manager (3/4/4/4/4 for every id)
     {root}/vellum-kv/<key>           Vellum's key-value area (data = b"v" + value; b"" = directory)
 
 Invariants:
@@ -132,9 +133,12 @@ class ZkLedgerManager(LedgerManager):
         self._root = root
         self.layout = layout
         self._idgen = id_generator
-        self._hier = layout.manager_type == "hierarchical"
+        self._type = layout.manager_type
+        self._hier = self._type in ("hierarchical", "longhierarchical")
 
     def ledger_path(self, ledger_id: int) -> str:
+        if self._type == "longhierarchical":
+            return P.long_hierarchical_ledger_path(self._root, ledger_id)
         if self._hier:
             return P.hierarchical_ledger_path(self._root, ledger_id)
         return P.flat_ledger_path(self._root, ledger_id)
@@ -225,7 +229,8 @@ class ZkLedgerManager(LedgerManager):
     def _walk_hierarchical(self, start_after: int | None) -> Iterator[LedgerRange]:
         # Level-1 names: 2 digits = 2/4/4 layout (10-digit ids), 3 digits = 3/4/4/4/4 (19 digits).
         top = [n for n in self._children(self._root) if n.isdigit() and len(n) in (2, 3)]
-        for width, depth in ((2, 3), (3, 5)):
+        shapes = ((3, 5),) if self._type == "longhierarchical" else ((2, 3), (3, 5))
+        for width, depth in shapes:
             digits = 10 if width == 2 else 19
             start = None if start_after is None else f"{start_after:0{digits}d}"
             for name in (n for n in top if len(n) == width):
