@@ -341,3 +341,33 @@ def test_force_allow_compaction_when_intervals_disable_it(tmp_path: Path, allow:
     assert bool(report.compactions) == allow
     _check_all(st, [1], 6)
     st.close()
+
+
+def test_trimmed_bytes_survive_a_restart(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The per-log trim counts are saved at the flush after a trim, so GC still sees those
+    bytes as dead after a restart; an unreadable file is reported and ignored."""
+    from vellum.storage.ledger_storage import TRIMMED_FILE
+
+    st = open_storage(tmp_path)
+    write_ledgers(st, [1, 2], ENTRIES)
+    st.entry_logger.rotate()
+    st.trim(1, 30)
+    st.flush()
+    before = st.trimmed_bytes()
+    assert before
+    st.close()
+    st = open_storage(tmp_path)
+    assert st.trimmed_bytes() == before
+    # GC of a log drops it from the saved counts too
+    gone = next(iter(before))
+    st.forget_log(gone)
+    st.flush()
+    st.close()
+    st = open_storage(tmp_path)
+    assert gone not in st.trimmed_bytes()
+    st.close()
+    (tmp_path / "current" / TRIMMED_FILE).write_text("{not json")
+    st = open_storage(tmp_path)
+    assert st.trimmed_bytes() == {}
+    assert "not a valid trimmed-bytes file" in caplog.text
+    st.close()

@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
+import logging
 import struct
 import threading
 import time
@@ -55,12 +57,16 @@ from vellum.errors import (
 )
 from vellum.format.ledger_index import LedgerData
 from vellum.ids import INVALID_ENTRY_ID, LAST_ADD_CONFIRMED
+from vellum.storage.dirs import write_file_durably
 from vellum.storage.entry_logger import EntryLogger, FileOps
 from vellum.storage.index import EntryLocationIndex, LedgerMetadataIndex
 
 _IDS = struct.Struct(">qq")
 #: pause of the flush thread after a failed background flush before it tries again
 FLUSH_RETRY_DELAY_S = 1.0
+#: per-log bytes trimmed from the index (JSON, in the index dir's ``current``), see ``trim``
+TRIMMED_FILE = "vellum-trimmed-bytes.json"
+log = logging.getLogger(__name__)
 #: entries per entry-log append / index batch during a flush, and the pause between them
 _FLUSH_CHUNK = 1024
 _FLUSH_PAUSE_S = 0.0001
@@ -170,9 +176,11 @@ class LedgerStorage:
         self._epoch = 0  # bumped by delete/trim: read-ahead results older than it are dropped
         self._closed_ledgers: set[int] = set()  # advisory "ledger closed", not yet rotated
         # Bytes of records dropped from the index by trim(), per entry log: GC counts them as
-        # dead. In memory only: after a restart they are found again by compaction's
-        # entry-level liveness check when the log is compacted for other reasons.
-        self._trimmed_bytes: dict[int, int] = {}
+        # dead. Saved next to the index at every flush that follows a change (TRIMMED_FILE),
+        # so a restart does not forget them; a log GC removed drops out.
+        self._trimmed_path = self.index_dir / "current" / TRIMMED_FILE
+        self._trimmed_bytes: dict[int, int] = self._load_trimmed()
+        self._trimmed_dirty = False
         self._last_flush_error: BaseException | None = None
         self._retry_at = 0.0
         self._closed = False
@@ -306,6 +314,7 @@ class LedgerStorage:
             self.entry_logger.flush()
             self.locations.sync()
             self.ledgers_index.sync()
+            self._save_trimmed()  # after the index sync that made the trims durable
             if self.entry_logger.entry_log_per_ledger:
                 self._rotate_after_flush()
 
@@ -373,7 +382,44 @@ class LedgerStorage:
     def forget_log(self, log_id: int) -> None:
         """GC deleted (or compacted away) a log: drop its trim bookkeeping."""
         with self._cond:
-            self._trimmed_bytes.pop(log_id, None)
+            if self._trimmed_bytes.pop(log_id, None) is not None:
+                self._trimmed_dirty = True
+
+    def _load_trimmed(self) -> dict[int, int]:
+        """The saved trim counts of logs that still exist. The file is advisory (GC's entry-level
+        liveness check stays authoritative), so an unreadable one is reported and ignored."""
+        try:
+            raw = self._trimmed_path.read_bytes()
+        except FileNotFoundError:
+            return {}
+        except OSError as e:
+            log.warning("%s: cannot read (%s); trimmed bytes start from zero", self._trimmed_path, e)
+            return {}
+        try:
+            doc = json.loads(raw)
+            if doc.get("version") != 1:
+                raise ValueError(f"unknown version {doc.get('version')!r}")
+            saved = {int(k, 16): int(v) for k, v in doc["trimmed"].items()}
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            log.warning("%s is not a valid trimmed-bytes file (%s); trimmed bytes start from zero",
+                        self._trimmed_path, e)
+            return {}
+        existing = set(self.entry_logger.log_ids())
+        return {lid: n for lid, n in saved.items() if lid in existing and n > 0}
+
+    def _save_trimmed(self) -> None:
+        """After the index sync of a flush: persist the counts if they changed."""
+        with self._cond:
+            if not self._trimmed_dirty:
+                return
+            doc = {"version": 1, "trimmed": {f"{lid:x}": n for lid, n in sorted(self._trimmed_bytes.items())}}
+            self._trimmed_dirty = False
+        try:
+            write_file_durably(self._trimmed_path, json.dumps(doc).encode())
+        except StorageError:
+            with self._cond:
+                self._trimmed_dirty = True  # try again at the next flush
+            raise
 
     # ------------------------------------------------------------------ reads
 
@@ -600,6 +646,8 @@ class LedgerStorage:
             with self._cond:
                 for log_id, size in dead.items():
                     self._trimmed_bytes[log_id] = self._trimmed_bytes.get(log_id, 0) + size
+                if dead:
+                    self._trimmed_dirty = True
 
     def _bump_epoch_and_evict(self, ledger_id: int, below: int | None) -> None:
         with self._read_cache_lock:
