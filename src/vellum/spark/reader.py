@@ -467,9 +467,11 @@ class VellumStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
             first = start.get(key, stop)  # a key new in `end` enters at its start (see latestOffset)
             if stop > first:
                 ranges[key] = (first, stop)
+        # Entry sizes size the tasks; a restarted query replans its last batch before any
+        # latestOffset, so learn them first (packed entries are ~128 KiB, not the 1 KiB default).
+        latest = self._latest if all(k in self._latest for k in ranges) else self._refresh(force=True)
         try:
-            return plan_partitions(self.opts, cat, ranges,
-                                   {k: b.avg_entry_bytes for k, b in self._latest.items()})
+            return plan_partitions(self.opts, cat, ranges, {k: b.avg_entry_bytes for k, b in latest.items()})
         except DataLossError as exc:
             if self.opts.fail_on_data_loss:
                 raise
