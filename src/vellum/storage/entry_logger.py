@@ -351,35 +351,13 @@ class EntryLogger:
 
         The location is durable only after ``flush()``.
         """
-        if len(entry) < fmt.MIN_SANE_ENTRY_SIZE:
-            raise ValueError(f"entry of {len(entry)} bytes is shorter than {fmt.MIN_SANE_ENTRY_SIZE}")
-        record_len = fmt.SIZE_FIELD + len(entry)
-        with self._lock:
-            self._check_open()
-            log = self._active_log_for(ledger_id)
-            if log.pos + record_len > self.log_size_limit and log.pos > fmt.HEADER_SIZE:
-                self._seal(log)
-                log = self._active_log_for(ledger_id)
-            offset = log.pos + fmt.SIZE_FIELD
-            location = make_location(log.log_id, offset)
-            buf = log.buf
-            buf += _SIZE_FIELD.pack(len(entry))  # [int size][entry], without an intermediate copy
-            buf += entry
-            log.pos += record_len
-            log.buf_sizes[ledger_id] = log.buf_sizes.get(ledger_id, 0) + record_len
-            if len(log.buf) >= self.write_buffer_size:
-                self._write_out(log)
-                if (
-                    self.flush_entrylog_bytes > 0
-                    and log.file_pos - log.synced_pos >= self.flush_entrylog_bytes
-                ):
-                    self._sync(log)
-            return location
+        return self.add_entries(ledger_id, (entry,))[0]
 
     def add_entries(self, ledger_id: int, entries: Sequence[bytes]) -> list[int]:
-        """``add_entry`` for a run of one ledger's entries (a sorted flush hands them so):
-        the same records and locations, one lock and one log decision per run instead of per
-        entry. A write failure raises after dropping the buffered records, like ``add_entry``.
+        """Append a run of one ledger's entries (a sorted flush hands them so) and return their
+        locations: one lock and one log decision per run. A log that would pass ``logSizeLimit``
+        is sealed and the rest of the run goes to the next one. A write failure raises after
+        dropping the buffered records. Durable only after ``flush()``.
         """
         for e in entries:
             if len(e) < fmt.MIN_SANE_ENTRY_SIZE:

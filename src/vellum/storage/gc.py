@@ -315,15 +315,12 @@ class GarbageCollectorThread:
         out: list[dict[str, object]] = []
         for m in sorted(metas, key=lambda m: m.log_id):
             t = trimmed.get(m.log_id, 0)
-            try:
-                mtime: float | None = self.storage.entry_logger.log_path(m.log_id).stat().st_mtime
-            except OSError:
-                mtime = None  # deleted since the pass
             out.append({
                 "logId": f"{m.log_id:x}", "size": m.file_size, "totalBytes": m.total_size,
                 "liveBytes": m.remaining_size(t), "usage": round(m.usage(t), 4),
                 "ledgers": sorted(m.ledgers), "ledgerBytes": {str(lid): n for lid, n in sorted(m.ledgers.items())},
-                "mtime": mtime, "source": "map" if m.from_map else "scan", "corrupt": m.corrupt,
+                "mtime": self._log_mtime(m.log_id), "source": "map" if m.from_map else "scan",
+                "corrupt": m.corrupt,
                 "active": False,
             })
         logger = self.storage.entry_logger
@@ -331,17 +328,19 @@ class GarbageCollectorThread:
         for log_id, size, ledgers in logger.active_log_usage():
             if log_id in known:
                 continue
-            try:
-                mtime = logger.log_path(log_id).stat().st_mtime
-            except OSError:
-                mtime = None
             out.append({
                 "logId": f"{log_id:x}", "size": size, "totalBytes": sum(ledgers.values()), "liveBytes": None,
                 "usage": None, "ledgers": sorted(ledgers),
                 "ledgerBytes": {str(lid): n for lid, n in sorted(ledgers.items())},
-                "mtime": mtime, "source": "active", "corrupt": "", "active": True,
+                "mtime": self._log_mtime(log_id), "source": "active", "corrupt": "", "active": True,
             })
         return out
+
+    def _log_mtime(self, log_id: int) -> float | None:
+        try:
+            return self.storage.entry_logger.log_path(log_id).stat().st_mtime
+        except OSError:
+            return None  # deleted since the pass
 
     # ------------------------------------------------------------------ the thread
 

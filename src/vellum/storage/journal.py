@@ -56,7 +56,6 @@ from vellum.format.journal import (
     RecordKind,
     ScanStop,
     batch_crc,
-    encode_entry,
     encode_explicit_lac,
     encode_fence,
     encode_header,
@@ -71,9 +70,15 @@ log = logging.getLogger(__name__)
 Callback = Callable[[BaseException | None], None]
 
 _JOURNAL_NAME = re.compile(r"^([0-9a-f]+)\.txn$")
-_ZERO_CHUNK = bytes(1 << 20)
-_ZERO_VIEW = memoryview(_ZERO_CHUNK)  # slices of it are not copies
+_ZERO_VIEW = memoryview(bytes(1 << 20))  # slices of it are not copies
 _MB = 1 << 20
+
+
+def _write_zeros(fd: int, start: int, end: int) -> None:
+    """Overwrite ``[start, end)`` of ``fd`` with zeros (raises OSError)."""
+    pos = start
+    while pos < end:
+        pos += os.pwrite(fd, _ZERO_VIEW[: min(len(_ZERO_VIEW), end - pos)], pos)
 
 
 def _no_fsync(fd: int) -> None:
@@ -213,14 +218,12 @@ class _ZeroFiller:
             # device queue delayed the journal's own fdatasync by tens of ms.
             pos = start
             while pos < want:
-                end = min(want, pos + len(_ZERO_CHUNK))
+                end = min(want, pos + len(_ZERO_VIEW))
                 try:
                     if self.rate_bytes_per_s > self.FALLOCATE_ABOVE_BYTES_PER_S:
                         os.posix_fallocate(fd, pos, end - pos)
-                        pos = end
                     else:
-                        while pos < end:
-                            pos += os.pwrite(fd, _ZERO_VIEW[: end - pos], pos)
+                        _write_zeros(fd, pos, end)
                     self._fsync(fd)
                 except OSError as e:
                     with cond:
@@ -228,6 +231,7 @@ class _ZeroFiller:
                             self._error = e
                         cond.notify_all()
                     break
+                pos = end
                 with cond:
                     if fd != self._fd or self._stop:
                         break
@@ -650,7 +654,7 @@ class Journal:
     def log_entry(self, ledger_id: int, entry_id: int, entry: bytes, callback: Callback) -> None:
         """Journal a stored client entry (which starts with ``ledger_id``, ``entry_id``)."""
         del ledger_id, entry_id  # they are the entry's first 16 bytes; kept for BookKeeper's API
-        self._enqueue(encode_entry(entry), callback)
+        self.log_entries((entry,), callback)
 
     def log_entries(self, entries: Sequence[bytes], callback: Callback) -> None:
         """Journal several stored entries at once (one queue operation); ``callback`` runs once,
@@ -717,9 +721,7 @@ class Journal:
         while new_end < upto:
             new_end += self._prealloc_step
         if self._prealloc_zero:
-            pos = max(self._prealloc_end, self._pos)
-            while pos < new_end:
-                pos += os.pwrite(self._fd, _ZERO_CHUNK[: min(len(_ZERO_CHUNK), new_end - pos)], pos)
+            _write_zeros(self._fd, max(self._prealloc_end, self._pos), new_end)
         else:
             os.ftruncate(self._fd, new_end)
         self._prealloc_end = new_end
