@@ -116,6 +116,12 @@ class ServerConfig:
         "group commit: flush as soon as the queue is empty (BookKeeper: false; with a separate "
         "force-write stage batches still form while an fsync runs, without a fixed wait)",
     )
+    journal_remove_from_page_cache: bool = _opt(
+        "journalRemoveFromPageCache",
+        True,
+        "drop journal pages from the OS page cache once fsynced (only replay reads them; freed "
+        "pages are reused at once instead of the cache growing over fresh memory)",
+    )
     journal_alignment_size_bytes: int = _opt(
         "journalAlignmentSize", 512, "journal flushes are padded to this alignment", lo=512, hi=1 << 20
     )

@@ -409,3 +409,49 @@ def test_zero_filler_zeroes_or_allocates_ahead(tmp_path: Path, fast_writer: bool
     finally:
         filler.stop()
         os.close(fd)
+
+
+def _resident_pages(path: Path, start: int, end: int) -> int:
+    """Pages of ``path`` in ``[start, end)`` that the OS page cache holds (mincore)."""
+    import ctypes
+    import mmap
+
+    page = mmap.PAGESIZE
+    libc = ctypes.CDLL(None, use_errno=True)
+    with open(path, "rb") as f:
+        mm = mmap.mmap(f.fileno(), end, access=mmap.ACCESS_COPY)
+        try:
+            addr = ctypes.addressof(ctypes.c_char.from_buffer(mm))
+            pages = (end + page - 1) // page
+            vec = (ctypes.c_ubyte * pages)()
+            if libc.mincore(ctypes.c_void_p(addr), ctypes.c_size_t(end), vec) != 0:
+                pytest.skip(f"mincore failed: errno {ctypes.get_errno()}")
+            return sum(1 for i in range(start // page, pages) if vec[i] & 1)
+        finally:
+            del addr
+            mm.close()
+
+
+@pytest.mark.parametrize("remove", [True, False])
+def test_synced_pages_leave_the_page_cache_only_when_asked(tmp_path: Path, remove: bool) -> None:
+    """journalRemoveFromPageCache: once fsynced, journal pages are dropped from the cache (only
+    replay reads them); the MiB the writer still appends into stays. Off, they stay cached."""
+    j = make(tmp_path, remove_from_page_cache=remove)
+    j.start()
+    acks = Acks()
+    body = 64 * 1024
+    for i in range(96):  # 6 MiB in many group commits
+        j.log_entry(1, i, entry(1, i, body), acks.cb(i))
+        if i % 8 == 7:
+            acks.wait(i + 1)
+    assert all(exc is None for _k, exc in acks.wait(96))
+    path = j.current_path
+    early = 4 << 20  # well below the last synced MiB
+    resident = _resident_pages(path, 0, early)
+    j.shutdown()
+    total = early // 4096
+    if remove:
+        assert resident == 0, f"{resident} of {total} synced pages still cached"
+    else:
+        assert resident > total // 2, f"only {resident} of {total} pages cached without the option"
+    assert [r.entry_id for r in replay_all(make(tmp_path)) if r.kind == RecordKind.ENTRY] == list(range(96))

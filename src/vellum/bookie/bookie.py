@@ -574,6 +574,7 @@ def open_bookie(
                 sync_data=config.journal_sync_data,
                 queue_size=config.journal_queue_size,
                 write_buffer_size_kb=config.journal_write_buffer_size_kb,
+                remove_from_page_cache=config.journal_remove_from_page_cache,
             )
             for i, jd in enumerate(journal_dirs)
         ]
