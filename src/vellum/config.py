@@ -158,6 +158,13 @@ class ServerConfig:
     db_storage_read_ahead_cache_batch_size: int = _opt(
         "dbStorage_readAheadCacheBatchSize", 100, "entries read ahead after a cache miss", lo=0
     )
+    db_storage_read_ahead_cache_batch_bytes_size: int = _opt(
+        "dbStorage_readAheadCacheBatchBytesSize",
+        262144,
+        "bytes read ahead after a cache miss at most, -1 = no bound (BookKeeper: -1; big entries "
+        "gain nothing from read-ahead but the copy, and pipelined readers ask for them anyway)",
+        lo=-1,
+    )
     db_storage_max_throttle_time_ms: int = _opt(
         "dbStorage_maxThrottleTimeMs", 10000, "wait for a full write cache before rejecting", lo=0
     )

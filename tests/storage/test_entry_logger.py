@@ -306,3 +306,20 @@ def test_add_entries_matches_add_entry_across_rotations(tmp_path: Path, per_ledg
     with EntryLogger(tmp_path / "c", log_size_limit=1 << 20, preallocate=False) as el, \
             pytest.raises(ValueError, match="shorter than"):
         el.add_entries(1, [make_entry(1, 0), b"short"])
+
+
+def test_read_run_returns_views_of_one_read_within_its_bounds(tmp_path: Path) -> None:
+    with EntryLogger(tmp_path, log_size_limit=1 << 20, preallocate=False) as el:
+        body = b"p" * 1000
+        locs = [el.add_entry(1, make_entry(1, e, body)) for e in range(6)] + [el.add_entry(2, make_entry(2, 0))]
+        el.flush()
+        got = el.read_run(1, locs[1], max_entries=100, max_bytes=0)
+        assert [e for e, _, _ in got] == [1, 2, 3, 4, 5]  # stops at another ledger's record
+        assert [loc for _, loc, _ in got] == locs[1:6]
+        assert [bytes(v) for _, _, v in got] == [make_entry(1, e, body) for e in range(1, 6)]
+        assert all(isinstance(v, memoryview) for _, _, v in got)
+        size = len(make_entry(1, 0, body))
+        assert len(el.read_run(1, locs[0], max_entries=100, max_bytes=2 * size)) == 2
+        assert len(el.read_run(1, locs[0], max_entries=100, max_bytes=1)) == 1  # the first counts
+        assert len(el.read_run(1, locs[0], max_entries=3, max_bytes=0)) == 3
+        assert el.read_run(2, locs[0], max_entries=3, max_bytes=0) == []  # not that ledger's record

@@ -344,6 +344,13 @@ class Bookie:
             return storage.get_entry(ledger_id, LAST_ADD_CONFIRMED)
         return storage.get_entry(ledger_id, entry_id)
 
+    def read_entries(self, ledger_id: int, first: int, max_count: int, max_bytes: int) -> list[bytes | memoryview]:
+        """Consecutive entries from ``first`` until a gap or a bound (BATCH_READ; see
+        ``LedgerStorage.get_entries``)."""
+        got = self._storage(ledger_id).get_entries(ledger_id, first, max_count, max_bytes)
+        self.reads_total += len(got)
+        return got
+
     def read_cached_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
         """The entry if it is in memory (write or read-ahead cache), without touching the disk."""
         if entry_id < 0:
@@ -549,6 +556,7 @@ def open_bookie(
                 write_cache_max_bytes=per_dir_cache,
                 read_cache_max_bytes=per_dir_read,
                 read_ahead_batch_size=config.db_storage_read_ahead_cache_batch_size,
+                read_ahead_max_bytes=config.db_storage_read_ahead_cache_batch_bytes_size,
                 max_throttle_time_ms=config.db_storage_max_throttle_time_ms,
                 flush_entrylog_bytes=config.flush_entrylog_bytes,
                 preallocate=config.entry_log_file_preallocation_enabled,

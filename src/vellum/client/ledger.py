@@ -81,7 +81,7 @@ from vellum.errors import (
     VellumError,
     WriteError,
 )
-from vellum.format.entry import DigestManager, DigestType, Entry, master_key
+from vellum.format.entry import ENTRY_HEADER_SIZE, DigestManager, DigestType, Entry, master_key
 from vellum.ids import BookieId, LedgerId
 from vellum.meta.api import MetadataStore, Versioned
 from vellum.meta.model import LedgerMetadata, LedgerState
@@ -997,7 +997,8 @@ class LedgerHandle:
         # too (one chunk of 256 x 128 KiB entries was 16 sequential round trips to one replica).
         per_chunk = BATCH_CHUNK_ENTRIES
         if self._lac >= 0 and self._lac_length > 0:
-            avg = max(1, self._lac_length // (self._lac + 1))
+            # Stored entries carry the header and digest too: the bookie's size cap counts them.
+            avg = self._lac_length // (self._lac + 1) + ENTRY_HEADER_SIZE + self._digest.digest_length
             per_chunk = max(1, min(BATCH_CHUNK_ENTRIES, BATCH_CHUNK_BYTES // avg))
         lo = first
         while lo <= last:

@@ -112,7 +112,7 @@ def entry_ids(entry: bytes | memoryview) -> tuple[int, int]:
     return lid, eid
 
 
-def decode_size(data: bytes, offset: int = 0) -> int:
+def decode_size(data: bytes | memoryview, offset: int = 0) -> int:
     return int(_SIZE.unpack_from(data, offset)[0])
 
 

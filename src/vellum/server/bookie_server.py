@@ -404,28 +404,10 @@ class BookieConnection(asyncio.Protocol):
             self._send(answer)
 
 
-def _read_batch(bookie: AsyncBookie, ledger_id: int, start: int, max_count: int, max_size: int) -> list[bytes]:
+def _read_batch(bookie: AsyncBookie, ledger_id: int, start: int, max_count: int, max_size: int) -> list[bytes | memoryview]:
     """Consecutive entries from ``start`` until a gap, ``max_count`` or ``max_size`` (runs on a
-    reader thread)."""
-    out: list[bytes] = []
-    size = 0
-    entry_id = start
-    limit = max_count if max_count > 0 else 1 << 62
-    while len(out) < limit:
-        try:
-            entry = bookie.bookie.read_entry(ledger_id, entry_id)
-        except NoSuchEntryError:
-            break
-        except NoSuchLedgerError:
-            if out:
-                break
-            raise
-        if out and max_size > 0 and size + len(entry) > max_size:
-            break
-        out.append(entry)
-        size += len(entry)
-        entry_id += 1
-    return out
+    reader thread; a run stored on disk is one pread)."""
+    return bookie.bookie.read_entries(ledger_id, start, max_count, max_size)
 
 
 class BookieServer:

@@ -82,6 +82,10 @@ def parse_log_file_name(name: str) -> int | None:
     return value if 0 <= value <= MAX_LOG_ID and stem == f"{value:x}" else None
 
 
+#: largest single pread of ``read_run`` (longer runs take several)
+_RUN_CHUNK_MAX = 16 << 20
+
+
 class FileOps:
     """The system calls the entry logger writes through; tests inject failures by subclassing."""
 
@@ -735,30 +739,68 @@ class EntryLogger:
 
     def read_following(
         self, ledger_id: int, location: int, *, max_entries: int, max_bytes: int = 1 << 20
-    ) -> list[tuple[int, int, bytes]]:
+    ) -> list[tuple[int, int, memoryview]]:
         """Read-ahead: up to ``max_entries`` records after ``location`` while they belong to
-        ``ledger_id`` (a sorted flush keeps a ledger's entries adjacent). Returns
-        ``(entry_id, location, entry)``; stops quietly at anything unexpected."""
+        ``ledger_id`` (a sorted flush keeps a ledger's entries adjacent) and their bytes stay
+        within ``max_bytes`` (``<= 0``: no byte bound). Returns ``(entry_id, location, entry)``
+        with each entry a view into one read buffer; stops quietly at anything unexpected."""
+        return self.read_run(ledger_id, location, max_entries=max_entries, max_bytes=max_bytes,
+                             include_first=False, first_counts=False)
+
+    def read_run(
+        self, ledger_id: int, location: int, *, max_entries: int, max_bytes: int,
+        include_first: bool = True, first_counts: bool = True,
+    ) -> list[tuple[int, int, memoryview]]:
+        """The records of ``ledger_id`` stored one after the other from ``location`` (that
+        record itself with ``include_first``), as ``(entry_id, location, entry)``.
+
+        Reads the run in one pread, sized from its first record (more only if later records are
+        bigger), and returns views into it: no copy per entry. Stops at ``max_entries``, before
+        the record that would take the bytes past ``max_bytes`` (``<= 0``: no bound; with
+        ``first_counts`` the first record is returned whatever its size), at a record of another
+        ledger, at the end of what is readable, or quietly at anything unexpected (the caller
+        reads entries one by one from there, with full checks). Entry ids are as stored: the
+        caller decides whether they are the ones it wants.
+        """
         log_id, offset = location_log_id(location), location_offset(location)
-        out: list[tuple[int, int, bytes]] = []
+        out: list[tuple[int, int, memoryview]] = []
+        if max_entries <= 0 or offset < fmt.HEADER_SIZE + fmt.SIZE_FIELD:
+            return out
         reader = self._acquire_reader(log_id)
         try:
-            head = self._pread(reader, fmt.SIZE_FIELD, offset - fmt.SIZE_FIELD, log_id)
-            if len(head) < fmt.SIZE_FIELD:
-                return out
-            pos = offset + fmt.decode_size(head)  # start of the next record's size field
-            chunk_len = min(max_bytes, 1 << 20)
-            chunk = b""
-            base = pos
+            if include_first:
+                pos = offset - fmt.SIZE_FIELD  # start of the record's size field
+            else:
+                head = self._pread(reader, fmt.SIZE_FIELD, offset - fmt.SIZE_FIELD, log_id)
+                if len(head) < fmt.SIZE_FIELD:
+                    return out
+                pos = offset + fmt.decode_size(head)  # start of the next record's size field
             with self._lock:
                 limit = self._readable_end(log_id)
+            if limit is not None and pos + fmt.SIZE_FIELD + fmt.MIN_SANE_ENTRY_SIZE > limit:
+                return out
+            head = self._pread(reader, fmt.SIZE_FIELD, pos, log_id)
+            if len(head) < fmt.SIZE_FIELD:
+                return out
+            first_size = fmt.decode_size(head)
+            if first_size < fmt.MIN_SANE_ENTRY_SIZE or (0 < max_bytes < first_size and not first_counts):
+                return out
+            # The whole run in one pread if its records are about the size of the first; a
+            # record that straddles the end of a chunk is read again from its start.
+            chunk_len = max_entries * (fmt.SIZE_FIELD + first_size)
+            if max_bytes > 0:
+                chunk_len = min(chunk_len, max(first_size, max_bytes) + fmt.SIZE_FIELD * max_entries)
+            chunk_len = max(fmt.SIZE_FIELD + first_size, min(chunk_len, _RUN_CHUNK_MAX))
+            chunk = memoryview(b"")
+            base = pos
+            total = 0
             while len(out) < max_entries:
                 if limit is not None and pos + fmt.SIZE_FIELD + fmt.MIN_SANE_ENTRY_SIZE > limit:
                     return out
                 rel = pos - base
                 if rel + fmt.SIZE_FIELD > len(chunk):
                     base, rel = pos, 0
-                    chunk = self._pread(reader, chunk_len, pos, log_id)
+                    chunk = memoryview(self._pread(reader, chunk_len, pos, log_id))
                     if len(chunk) < fmt.SIZE_FIELD:
                         return out
                 size = fmt.decode_size(chunk, rel)
@@ -766,9 +808,11 @@ class EntryLogger:
                     limit is not None and pos + fmt.SIZE_FIELD + size > limit
                 ):
                     return out
+                if (out or not first_counts) and 0 < max_bytes < total + size:
+                    return out
                 if rel + fmt.SIZE_FIELD + size > len(chunk):
                     base, rel = pos, 0
-                    chunk = self._pread(reader, max(chunk_len, fmt.SIZE_FIELD + size), pos, log_id)
+                    chunk = memoryview(self._pread(reader, max(chunk_len, fmt.SIZE_FIELD + size), pos, log_id))
                     if len(chunk) < fmt.SIZE_FIELD + size:
                         return out
                 body = chunk[rel + fmt.SIZE_FIELD : rel + fmt.SIZE_FIELD + size]
@@ -776,6 +820,7 @@ class EntryLogger:
                 if lid != ledger_id:
                     return out
                 out.append((eid, make_location(log_id, pos + fmt.SIZE_FIELD), body))
+                total += size
                 pos += fmt.SIZE_FIELD + size
             return out
         finally:

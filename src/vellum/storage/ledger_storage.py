@@ -12,7 +12,12 @@ retried with the cache intact.
 
 Read path: write caches (active, then flushing) -> read-ahead cache -> location index -> entry
 log; a miss that reads the entry log also reads up to ``read_ahead_batch_size`` following
-entries of the same ledger (adjacent thanks to the sorted flush) into the read-ahead cache.
+entries (at most ``read_ahead_max_bytes``) of the same ledger (adjacent thanks to the sorted
+flush) into the read-ahead cache, unless a read-ahead of that ledger already covered the entry
+(pipelined readers miss on entries whose read-ahead is still running: they must not each read
+the same range again). ``get_entries`` (BATCH_READ) reads a run of stored entries in one pread
+and caches nothing: the request names what is wanted, and a client spreading its chunks over
+the replicas would make a read-ahead past the run wasted work.
 
 Invariants:
 - After ``flush()`` returns, every entry added and every ledger-data change (master key, fence,
@@ -35,6 +40,7 @@ caches seals its log. Every ``flush()`` also seals logs idle past the access exp
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 import json
@@ -121,6 +127,7 @@ class LedgerStorage:
         read_cache_max_bytes: int,
         read_ahead_batch_size: int,
         max_throttle_time_ms: int,
+        read_ahead_max_bytes: int = -1,
         flush_entrylog_bytes: int = 0,
         preallocate: bool = True,
         file_ops: FileOps | None = None,
@@ -136,6 +143,7 @@ class LedgerStorage:
         self._half = write_cache_max_bytes // 2
         self._read_cache_max = read_cache_max_bytes
         self._read_ahead = read_ahead_batch_size
+        self._read_ahead_bytes = read_ahead_max_bytes
         self._max_throttle_s = max_throttle_time_ms / 1000.0
         self._flush_hook = flush_hook
         self.entry_logger = EntryLogger(
@@ -173,6 +181,7 @@ class LedgerStorage:
         self._read_cache_size = 0
         self._read_cache_lock = threading.Lock()
         self._last_miss: dict[int, int] = {}  # ledger -> entry id of its last read-cache miss
+        self._ahead_upto: dict[int, int] = {}  # ledger -> last entry id a read-ahead covers
         self._epoch = 0  # bumped by delete/trim: read-ahead results older than it are dropped
         self._closed_ledgers: set[int] = set()  # advisory "ledger closed", not yet rotated
         # Bytes of records dropped from the index by trim(), per entry log: GC counts them as
@@ -466,13 +475,80 @@ class LedgerStorage:
             # Read ahead only for a reader that moves forward (this miss lies within one
             # read-ahead window after the previous one; a striped reader skips the entries other
             # bookies hold): for random reads it multiplied the bytes read by the batch size.
-            previous = self._last_miss.get(ledger_id)
-            self._last_miss[ledger_id] = entry_id
-            if previous is None or 0 < entry_id - previous <= self._read_ahead + 1:
-                self._read_ahead_after(ledger_id, location, epoch)
-            if len(self._last_miss) > 10_000:
-                self._last_miss.clear()
+            with self._read_cache_lock:
+                previous = self._last_miss.get(ledger_id)
+                self._last_miss[ledger_id] = entry_id
+                sequential = previous is None or 0 < entry_id - previous <= self._read_ahead + 1
+                # Inside a window already read ahead (running, or evicted since): no repeat.
+                covered = entry_id <= self._ahead_upto.get(ledger_id, -1)
+                if sequential and not covered:
+                    self._ahead_upto[ledger_id] = entry_id + self._read_ahead
+                if len(self._last_miss) > 10_000:
+                    self._last_miss.clear()
+                    self._ahead_upto.clear()
+            if sequential and not covered:
+                self._read_ahead_after(ledger_id, entry_id, location, epoch)
         return entry
+
+    def get_entries(self, ledger_id: int, first: int, max_count: int, max_bytes: int) -> list[bytes | memoryview]:
+        """Consecutive entries from ``first`` until a gap, ``max_count`` entries (``<= 0``: no
+        bound) or ``max_bytes`` (``<= 0``: no bound; the first entry always counts): BATCH_READ.
+
+        Cached entries come from the caches; a run stored on disk is read in one pread and
+        returned as views of it. Nothing is read ahead or cached. Raises like ``get_entry`` for
+        ``first`` (``NoSuchLedgerError``, ``NoSuchEntryError``); later misses end the batch.
+        """
+        out: list[bytes | memoryview] = []
+        size = 0
+        eid = first
+        limit = max_count if max_count > 0 else 1 << 62
+        run: collections.deque[tuple[int, int, memoryview]] = collections.deque()
+        while len(out) < limit:
+            entry: bytes | memoryview | None = None
+            while run and run[0][0] < eid:
+                run.popleft()
+            if run and run[0][0] == eid:
+                entry = run.popleft()[2]
+            else:
+                run.clear()
+                entry = self.get_cached_entry(ledger_id, eid)
+            if entry is None:
+                run.extend(self._disk_run(ledger_id, eid, limit - len(out),
+                                          max_bytes - size if max_bytes > 0 else 0, first_counts=not out))
+                if run and run[0][0] == eid:
+                    entry = run.popleft()[2]
+                elif out:
+                    break  # the byte bound, a gap or anything odd: the client asks again from here
+                else:
+                    entry = self.get_entry(ledger_id, eid)  # full checks and errors
+            if out and max_bytes > 0 and size + len(entry) > max_bytes:
+                break
+            out.append(entry)
+            size += len(entry)
+            eid += 1
+        return out
+
+    def _disk_run(self, ledger_id: int, entry_id: int, max_entries: int, max_bytes: int,
+                  *, first_counts: bool) -> list[tuple[int, int, memoryview]]:
+        """Entries ``entry_id, entry_id + 1, ...`` stored one after the other from where the
+        index puts ``entry_id`` ([] if it is not indexed or anything is off: the caller then
+        reads entry by entry)."""
+        with self._cond:
+            self._check_open()
+        location = self.locations.get_location(ledger_id, entry_id)
+        if location is None:
+            return []
+        try:
+            got = self.entry_logger.read_run(ledger_id, location, max_entries=max_entries, max_bytes=max_bytes,
+                                             first_counts=first_counts)
+        except (StorageError, CorruptionError):
+            return []
+        run: list[tuple[int, int, memoryview]] = []
+        for expected, item in enumerate(got, start=entry_id):
+            if item[0] != expected:
+                break
+            run.append(item)
+        return run
 
     def get_cached_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
         """The entry if a write cache or the read-ahead cache holds it, else None. Never touches
@@ -490,18 +566,25 @@ class LedgerStorage:
                 self._read_cache.move_to_end(key)
         return found
 
-    def _read_ahead_after(self, ledger_id: int, location: int, epoch: int) -> None:
+    def _read_ahead_after(self, ledger_id: int, entry_id: int, location: int, epoch: int) -> None:
         try:
-            following = self.entry_logger.read_following(ledger_id, location, max_entries=self._read_ahead)
+            following = self.entry_logger.read_following(
+                ledger_id, location, max_entries=self._read_ahead, max_bytes=self._read_ahead_bytes
+            )
         except (StorageError, CorruptionError):
-            return  # read-ahead is an optimisation: the entries are read one by one later
+            following = []  # read-ahead is an optimisation: the entries are read one by one later
         with self._read_cache_lock:
+            # What the window really covered (the byte bound or the end of the run may cut it).
+            last = following[-1][0] if following else entry_id
+            if self._ahead_upto.get(ledger_id, -1) == entry_id + self._read_ahead:
+                self._ahead_upto[ledger_id] = last
             if epoch != self._epoch:
                 return
-            for eid, _loc, data in following:
+            for eid, _loc, view in following:
                 key = (ledger_id, eid)
                 if key in self._read_cache:
                     continue
+                data = bytes(view)  # a copy: a cached view would pin its whole read buffer
                 self._read_cache[key] = data
                 self._read_cache_size += len(data)
             while self._read_cache_size > self._read_cache_max and self._read_cache:
