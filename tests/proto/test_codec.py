@@ -362,3 +362,85 @@ def test_encode_rejects_values_that_do_not_fit(msg: Message) -> None:
 def test_encode_rejects_non_messages() -> None:
     with pytest.raises(IncorrectParameterError, match="BadFrame"):
         encode(BadFrame("x"))  # type: ignore[arg-type]
+
+
+# -- the BufferedProtocol path (get_buffer / buffer_updated) -------------------------------------
+
+BIG_ENTRY = DigestManager(3, DigestType.CRC32C).compute(6, 5, 70000, bytes(range(256)) * 160)  # ~40 KiB
+
+
+def _big_requests() -> list[Message]:
+    return [AddRequest(KEY, BIG_ENTRY), AddRequest(KEY, ENTRY), AddRequest(KEY, BIG_ENTRY),
+            ForceLedgerRequest(1, 3), AddRequest(KEY, BIG_ENTRY)]
+
+
+def _big_responses() -> list[Message]:
+    return [ReadResponse(EOK, 3, 6, BIG_ENTRY), AddResponse(EOK, 3, 5),
+            BatchReadResponse(EOK, 3, 6, 9, (BIG_ENTRY, ENTRY, BIG_ENTRY)), ReadResponse(EOK, 3, 5, ENTRY),
+            ReadResponse(EOK, 3, 6, BIG_ENTRY)]
+
+
+def _read_into(decoder: FrameDecoder, stream: bytes, sizes: list[int]) -> list[object]:
+    """What a BufferedProtocol transport does: recv_into whatever get_buffer returns."""
+    out: list[object] = []
+    pos = 0
+    k = 0
+    while pos < len(stream):
+        buf = decoder.get_buffer(-1)
+        assert len(buf) > 0
+        n = min(len(buf), len(stream) - pos, sizes[k % len(sizes)] if sizes else len(buf))
+        k += 1
+        buf[:n] = stream[pos:pos + n]
+        buf.release()
+        out += decoder.buffer_updated(n)
+        pos += n
+    return out
+
+
+@given(big_first=st.booleans(), sizes=st.lists(st.integers(min_value=1, max_value=70000), max_size=12),
+       side=st.sampled_from(["server", "client"]))
+def test_buffered_reads_decode_the_same_messages(big_first: bool, sizes: list[int], side: str) -> None:
+    msgs = _big_requests() if side == "server" else _big_responses()
+    if not big_first:
+        msgs = msgs[1:] + msgs[:1]
+    stream = b"".join(encode(m) for m in msgs)
+    decoder = FrameDecoder(MAX, side=side)  # type: ignore[arg-type]
+    assert _read_into(decoder, stream, sizes) == msgs
+    assert decoder.buffered == 0
+
+
+def test_a_big_frame_is_read_into_its_own_buffer_and_decoded_without_copies() -> None:
+    decoder = FrameDecoder(MAX, side="server")
+    first = encode(AddRequest(KEY, BIG_ENTRY))
+    buf = decoder.get_buffer(-1)
+    buf[:100] = first[:100]  # a length and the start of a big body land in scratch
+    buf.release()
+    assert decoder.buffer_updated(100) == []
+    body = decoder.get_buffer(-1)
+    assert len(body) == len(first) - 100  # the rest of the body, straight into its own buffer
+    body[:] = first[100:]
+    body.release()
+    (msg,) = decoder.buffer_updated(len(first) - 100)
+    assert isinstance(msg, AddRequest) and isinstance(msg.entry, memoryview)
+    assert msg.entry == BIG_ENTRY
+    # After a big frame only the next length is read, so a big body never lands in scratch.
+    assert len(decoder.get_buffer(-1)) == 4
+
+
+def test_small_frames_read_into_scratch_are_copies() -> None:
+    decoder = FrameDecoder(MAX, side="client")
+    stream = encode(ReadResponse(EOK, 3, 5, ENTRY)) * 3
+    msgs = _read_into(decoder, stream, [])
+    assert [type(m.entry) for m in msgs] == [bytes] * 3  # type: ignore[attr-defined]
+
+
+def test_framing_error_through_buffered_reads_sticks() -> None:
+    decoder = FrameDecoder(100, side="client")
+    buf = decoder.get_buffer(-1)
+    buf[:4] = struct.pack(">i", 1000)
+    buf.release()
+    with pytest.raises(FramingError):
+        decoder.buffer_updated(4)
+    assert len(decoder.get_buffer(-1)) > 0  # a closing connection may still read: nothing parsed
+    with pytest.raises(FramingError):
+        decoder.buffer_updated(1)

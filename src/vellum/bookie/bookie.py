@@ -38,6 +38,7 @@ from vellum.errors import (
     WriteOnReadOnlyBookieError,
 )
 from vellum.format.cookie import Cookie
+from vellum.format.entry import BytesLike
 from vellum.format.journal import JournalRecord, RecordKind
 from vellum.format.lastmark import LogMark
 from vellum.ids import INVALID_ENTRY_ID, LAST_ADD_CONFIRMED
@@ -245,7 +246,7 @@ class Bookie:
             raise UnauthorizedAccessError(f"wrong master key for ledger {ledger_id}")
         return state
 
-    def _accept(self, entry: bytes, master_key: bytes, recovery: bool) -> tuple[Journal, int, int]:
+    def _accept(self, entry: BytesLike, master_key: bytes, recovery: bool) -> tuple[Journal, int, int]:
         """Checks of an add and its write-cache put; returns (journal, ledger id, entry id).
         Raises for a refused add (nothing stored, nothing journaled)."""
         if len(entry) < 32:
@@ -274,14 +275,14 @@ class Bookie:
         journal, ledger_id, entry_id = self._accept(entry, master_key, recovery)
         journal.log_entry(ledger_id, entry_id, entry, callback)
 
-    def add_entries(self, adds: Sequence[tuple[bytes, bytes, bool]], callback: Callback) -> list[BaseException | None]:
+    def add_entries(self, adds: Sequence[tuple[BytesLike, bytes, bool]], callback: Callback) -> list[BaseException | None]:
         """Add several entries ((entry, master key, recovery) each), as a connection delivers
         pipelined adds. Returns, per add, the error that refused it at once or None. ``callback``
         runs once, after the fsyncs covering every accepted add (with the first error if a
         journal failed), and not at all when every add was refused: one queue operation and one
         completion per batch and journal instead of one per entry."""
         refused: list[BaseException | None] = []
-        per_journal: dict[int, list[bytes]] = {}
+        per_journal: dict[int, list[BytesLike]] = {}
         for entry, master_key, recovery in adds:
             try:
                 journal, _lid, _eid = self._accept(entry, master_key, recovery)
@@ -315,7 +316,7 @@ class Bookie:
         return refused
 
     @staticmethod
-    def _log_entries(journal: Journal, entries: list[bytes], callback: Callback) -> None:
+    def _log_entries(journal: Journal, entries: list[BytesLike], callback: Callback) -> None:
         try:
             journal.log_entries(entries, callback)
         except Exception as exc:  # the journal took none of them (stopped or failed)
@@ -336,7 +337,7 @@ class Bookie:
         return state.fenced if state is not None else self._storage(ledger_id).is_fenced(ledger_id)
 
     # -------------------------------------------------------------------------------------- read
-    def read_entry(self, ledger_id: int, entry_id: int) -> bytes:
+    def read_entry(self, ledger_id: int, entry_id: int) -> bytes | memoryview:
         """Read one entry; ``entry_id == -1`` reads the last entry this bookie has."""
         storage = self._storage(ledger_id)
         self.reads_total += 1
@@ -351,7 +352,7 @@ class Bookie:
         self.reads_total += len(got)
         return got
 
-    def read_cached_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
+    def read_cached_entry(self, ledger_id: int, entry_id: int) -> bytes | memoryview | None:
         """The entry if it is in memory (write or read-ahead cache), without touching the disk."""
         if entry_id < 0:
             return None

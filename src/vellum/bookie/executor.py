@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from vellum.bookie.bookie import Bookie, BookieInfo
 from vellum.errors import TimeoutError_
+from vellum.format.entry import BytesLike
 
 _T = TypeVar("_T")
 
@@ -67,7 +68,7 @@ class AsyncBookie:
 
     def add_entries_cb(
         self,
-        adds: list[tuple[bytes, bytes, bool]],
+        adds: list[tuple[BytesLike, bytes, bool]],
         on_result: Callable[[list[BaseException | None], BaseException | None], None],
     ) -> None:
         """Batch add (see ``Bookie.add_entries``) on the bookie's add thread, so that a full
@@ -145,7 +146,7 @@ class AsyncBookie:
     async def run_in_reader(self, fn: Callable[..., _T], *args: Any) -> _T:
         return await self._loop.run_in_executor(self._reads, fn, *args)
 
-    async def read_entry(self, ledger_id: int, entry_id: int) -> bytes:
+    async def read_entry(self, ledger_id: int, entry_id: int) -> bytes | memoryview:
         return await self.run_in_reader(self.bookie.read_entry, ledger_id, entry_id)
 
     async def wait_for_lac(self, ledger_id: int, previous_lac: int, timeout_s: float) -> int:

@@ -6,7 +6,8 @@ LAC, force, list entries, bookie info, advisory ledger close, trim) into wire fr
 results or :mod:`vellum.errors` exceptions. Everything runs on one asyncio loop; nothing here
 blocks or spawns threads.
 
-Connections (``_Connection``, an ``asyncio.Protocol`` feeding a ``FrameDecoder``):
+Connections (``_Connection``, an ``asyncio.BufferedProtocol`` reading into a ``FrameDecoder``:
+big answers land in buffers of their own, decoded without copying their entries):
 
 * one per bookie id (``"host:port"``), opened lazily by the first request; requests made while
   it is still connecting are queued and leave as soon as it is up;
@@ -159,7 +160,7 @@ def _parse_bookie_id(bookie_id: str) -> tuple[str, int]:
     return host, int(port)
 
 
-class _Connection(asyncio.Protocol):
+class _Connection(asyncio.BufferedProtocol):
     """The connection to one bookie (see the module docstring)."""
 
     def __init__(self, client: BookieClient, bookie_id: str, loop: asyncio.AbstractEventLoop) -> None:
@@ -273,9 +274,12 @@ class _Connection(asyncio.Protocol):
         return self.next_request_id
 
     # -------------------------------------------------------------------------- receiving
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.decoder.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
         try:
-            messages = cast("list[Any]", self.decoder.feed(data))
+            messages = cast("list[Any]", self.decoder.buffer_updated(nbytes))
         except FramingError as exc:
             self._bad_answer(str(exc))
             return

@@ -151,7 +151,7 @@ def encode_entry(entry: bytes) -> bytes:
     return entry_prefix(entry) + entry
 
 
-def entry_prefix(entry: bytes) -> bytes:
+def entry_prefix(entry: bytes | bytearray | memoryview) -> bytes:
     """The ``int32 len`` that starts a client entry's record (so a writer can append the entry
     itself without building the record first)."""
     if len(entry) < MIN_RECORD_BODY:

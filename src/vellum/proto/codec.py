@@ -27,7 +27,8 @@ the full tables)::
 Fields are int64 unless marked ``int:`` (int32); ``rc`` is int32.
 
 Invariants:
-* ``FrameDecoder.feed`` yields the same messages whatever the chunking of the stream.
+* ``FrameDecoder`` yields the same messages whatever the chunking of the stream, fed with
+  ``feed`` or read into through ``get_buffer`` / ``buffer_updated``.
 * Framing errors (negative length, length above ``max_frame_size``) raise
   :class:`~vellum.errors.FramingError`: the stream position is lost, the connection must close;
   the decoder stays failed.
@@ -35,11 +36,14 @@ Invariants:
   inconsistent lengths) yields a :class:`BadFrame`; the stream stays in sync.
 * Decoded byte fields are ``bytes`` copied exactly once out of the fed data; a message never
   holds a view of the caller's buffer, so receive buffers may be reused after ``feed`` returns.
+  The exception is a frame the decoder received into a buffer of its own (``BIG_FRAME``): its
+  entry payloads are views of that buffer, which nothing else ever writes.
 * ``encode_parts`` never copies an entry payload; ``encode`` copies it once.
 """
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Callable
 from typing import Any, Literal, TypeAlias
@@ -436,12 +440,12 @@ def _expect(body: memoryview, size: int, name: str) -> None:
         raise _Malformed(f"{name} frame body of {len(body)} bytes, expected {size}")
 
 
-def _dec_add_req(body: memoryview, flags: int) -> Message:
+def _dec_add_req(body: memoryview, flags: int, *, owned: bool = False) -> Message:
     if len(body) < 4 + MASTER_KEY_LENGTH + MIN_ENTRY_SIZE:
         raise _Malformed(
             f"ADD frame body of {len(body)} bytes is shorter than a master key and an entry header"
         )
-    return AddRequest(bytes(body[4:24]), bytes(body[24:]), flags)
+    return AddRequest(bytes(body[4:24]), body[24:] if owned else bytes(body[24:]), flags)
 
 
 def _dec_read_req(body: memoryview, flags: int) -> Message:
@@ -470,17 +474,17 @@ def _dec_add_resp(body: memoryview, flags: int) -> Message:
     return AddResponse(status, ledger_id, entry_id)
 
 
-def _dec_read_resp(body: memoryview, flags: int) -> Message:
+def _dec_read_resp(body: memoryview, flags: int, *, owned: bool = False) -> Message:
     if len(body) < 24:
         raise _Malformed(f"READ response body of {len(body)} bytes, expected at least 24")
     _, status, ledger_id, entry_id = _READ_RESP_B.unpack_from(body)
     if status != EOK:
         _expect(body, 24, "READ error response")
         return ReadResponse(status, ledger_id, entry_id)
-    return ReadResponse(status, ledger_id, entry_id, bytes(body[24:]))
+    return ReadResponse(status, ledger_id, entry_id, body[24:] if owned else bytes(body[24:]))
 
 
-def _dec_batch_resp(body: memoryview, flags: int) -> Message:
+def _dec_batch_resp(body: memoryview, flags: int, *, owned: bool = False) -> Message:
     end = len(body)
     if end < 32:
         raise _Malformed(f"BATCH_READ response body of {end} bytes, expected at least 32")
@@ -488,7 +492,7 @@ def _dec_batch_resp(body: memoryview, flags: int) -> Message:
     if status != EOK:
         _expect(body, 32, "BATCH_READ error response")
         return BatchReadResponse(status, ledger_id, entry_id, request_id)
-    entries: list[bytes] = []
+    entries: list[BytesLike] = []
     pos = 32
     while pos < end:
         if end - pos < 4:
@@ -499,7 +503,7 @@ def _dec_batch_resp(body: memoryview, flags: int) -> Message:
             raise _Malformed(
                 f"BATCH_READ response: entry {len(entries)} claims {size} bytes, {end - pos} left"
             )
-        entries.append(bytes(body[pos : pos + size]))
+        entries.append(body[pos : pos + size] if owned else bytes(body[pos : pos + size]))
         pos += size
     return BatchReadResponse(status, ledger_id, entry_id, request_id, tuple(entries))
 
@@ -645,6 +649,17 @@ _RESPONSE_DECODERS: dict[int, _Decoder] = {
     OP_ERROR: _dec_error_resp,
 }
 
+#: For frames received into a buffer of their own (``FrameDecoder``'s big frames): entry
+#: payloads become views of that buffer instead of copies.
+_REQUEST_DECODERS_OWNED: dict[int, _Decoder] = {
+    **_REQUEST_DECODERS, OP_ADD: functools.partial(_dec_add_req, owned=True),
+}
+_RESPONSE_DECODERS_OWNED: dict[int, _Decoder] = {
+    **_RESPONSE_DECODERS,
+    OP_READ: functools.partial(_dec_read_resp, owned=True),
+    OP_BATCH_READ: functools.partial(_dec_batch_resp, owned=True),
+}
+
 # Vellum opcodes whose request/response carries a ledger id right after the request id (+rc).
 _VELLUM_LEDGER_OPS = frozenset(
     {
@@ -740,12 +755,28 @@ class FrameDecoder:
     """Splits a byte stream into frames and decodes each (sans-IO).
 
     ``side="server"`` decodes requests (what a bookie reads); ``side="client"`` decodes
-    responses. ``feed`` returns the messages completed by the data, in order; partial frames
-    are kept until the rest arrives. A :class:`FramingError` (negative or oversized length)
-    is raised from ``feed`` and again from every later call.
+    responses. Two ways in, one decoder:
+
+    - ``feed(data)``: the messages the data completes, in order; partial frames are kept until
+      the rest arrives. Never keeps a view of ``data``.
+    - ``get_buffer()`` / ``buffer_updated(n)``: the ``asyncio.BufferedProtocol`` pair. The
+      socket is read straight into the decoder's buffers: small frames into a reused scratch
+      buffer (decoded with copies), a frame of ``BIG_FRAME`` bytes or more into a buffer of its
+      own, whose entry payloads the messages then hold as views (no copy at all). After a big
+      frame the decoder asks for just the next frame's length first, so that a big body is
+      never read into scratch and moved.
+
+    A :class:`FramingError` (negative or oversized length) is raised from ``feed`` /
+    ``buffer_updated`` and again from every later call.
     """
 
-    __slots__ = ("_buf", "_decoders", "_failure", "_max", "_side")
+    #: frames at least this big get a buffer of their own
+    BIG_FRAME = 16 * 1024
+    #: the reused receive buffer for smaller frames (holds any partial small frame)
+    SCRATCH = 64 * 1024
+
+    __slots__ = ("_big", "_big_fill", "_decoders", "_end", "_failure", "_max", "_owned_decoders",
+                 "_peek", "_scratch", "_side", "_start")
 
     def __init__(self, max_frame_size: int, *, side: Side) -> None:
         if max_frame_size < 4:
@@ -755,30 +786,78 @@ class FrameDecoder:
         self._max = max_frame_size
         self._side: Side = side
         self._decoders = _REQUEST_DECODERS if side == "server" else _RESPONSE_DECODERS
-        self._buf = bytearray()
+        self._owned_decoders = _REQUEST_DECODERS_OWNED if side == "server" else _RESPONSE_DECODERS_OWNED
+        self._scratch = bytearray(self.SCRATCH)  # never resized: views of it may be out
+        self._start = 0  # unparsed bytes are _scratch[_start:_end]
+        self._end = 0
+        self._big: bytearray | None = None  # body of the big frame being received
+        self._big_fill = 0
+        self._peek = False  # the last frame was big: read the next length on its own
         self._failure: str | None = None
 
     @property
     def buffered(self) -> int:
         """Bytes received but not yet part of a complete frame."""
-        return len(self._buf)
+        big = 4 + self._big_fill if self._big is not None else 0
+        return self._end - self._start + big
 
     def feed(self, data: BytesLike) -> list[Decoded]:
         """Consume ``data``; return every message it completes. Never keeps a view of ``data``."""
         if self._failure is not None:
             raise FramingError(self._failure)
-        buf = self._buf
-        buffered = bool(buf)
-        if buffered:
-            buf += data
-            view = memoryview(buf)
-        else:
-            # Fast path: frames wholly inside ``data`` are decoded straight from it.
-            view = memoryview(data)
         out: list[Decoded] = []
-        pos = 0
+        src = memoryview(data)
         try:
-            end = len(view)
+            while src:
+                buf = self.get_buffer(len(src))
+                n = min(len(buf), len(src))
+                buf[:n] = src[:n]
+                buf.release()
+                out += self.buffer_updated(n)
+                src = src[n:]
+        finally:
+            src.release()
+        return out
+
+    def get_buffer(self, sizehint: int = -1) -> memoryview:
+        """Where the next received bytes go (never empty); then call ``buffer_updated``."""
+        if self._failure is not None:
+            return memoryview(bytearray(4))  # the connection is closing: swallow, parse nothing
+        if self._big is not None:
+            return memoryview(self._big)[self._big_fill :]
+        if self._end == len(self._scratch) or (self._peek and self._start):
+            self._compact()
+        if self._peek and self._end < 4:
+            return memoryview(self._scratch)[self._end : 4]
+        return memoryview(self._scratch)[self._end :]
+
+    def buffer_updated(self, nbytes: int) -> list[Decoded]:
+        """``nbytes`` were written into the buffer ``get_buffer`` returned: the messages they
+        complete, in order."""
+        if self._failure is not None:
+            raise FramingError(self._failure)
+        big = self._big
+        if big is not None:
+            self._big_fill += nbytes
+            if self._big_fill < len(big):
+                return []
+            self._big, self._big_fill = None, 0
+            view = memoryview(big).toreadonly()  # handed over: the messages may keep views of it
+            return [_decode(view, self._owned_decoders, self._side)]
+        self._end += nbytes
+        return self._parse()
+
+    def _compact(self) -> None:
+        n = self._end - self._start
+        if self._start:
+            self._scratch[:n] = self._scratch[self._start : self._end]
+        self._start, self._end = 0, n
+
+    def _parse(self) -> list[Decoded]:
+        out: list[Decoded] = []
+        view = memoryview(self._scratch)
+        try:
+            pos, end = self._start, self._end
             decoders, side, limit = self._decoders, self._side, self._max
             unpack_len = _INT.unpack_from
             while end - pos >= 4:
@@ -790,15 +869,24 @@ class FrameDecoder:
                     raise FramingError(self._failure)
                 start = pos + 4
                 stop = start + size
-                if stop > end:
-                    break
-                out.append(_decode(view[start:stop], decoders, side))
-                pos = stop
-            if not buffered and pos < end:
-                buf += view[pos:]
+                if stop <= end:
+                    out.append(_decode(view[start:stop], decoders, side))  # copies what it keeps
+                    pos = stop
+                    self._peek = size >= self.BIG_FRAME
+                    continue
+                if size >= self.BIG_FRAME:
+                    big = bytearray(size)
+                    have = end - start
+                    big[:have] = view[start:end]
+                    self._big, self._big_fill = big, have
+                    pos = end
+                    self._peek = True
+                else:
+                    self._peek = False
+                break
+            if pos == end:
+                pos = end = 0
+            self._start, self._end = pos, end
         finally:
-            # The views die here so that ``buf`` may be resized (bytearray refuses while exported).
-            view.release()
-        if buffered and pos:
-            del buf[:pos]
+            view.release()  # the views die here (none escapes: decoders copy from scratch)
         return out

@@ -83,8 +83,9 @@ class _Counters:
         return True
 
 
-class BookieConnection(asyncio.Protocol):
-    """One client connection."""
+class BookieConnection(asyncio.BufferedProtocol):
+    """One client connection. Reads go straight into the frame decoder's buffers (an ADD of a
+    big entry lands in a buffer of its own and is journaled and cached from there, uncopied)."""
 
     def __init__(self, bookie: AsyncBookie, counters: _Counters, on_close: Callable[[BookieConnection], None]) -> None:
         self._bookie = bookie
@@ -127,9 +128,12 @@ class BookieConnection(asyncio.Protocol):
             task.cancel()
         self._on_close(self)
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._decoder.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
         try:
-            messages = self._decoder.feed(data)
+            messages = self._decoder.buffer_updated(nbytes)
         except FramingError as e:
             log.warning("closing connection %s: %s", self._peer(), e)
             self._flush()
@@ -218,9 +222,7 @@ class BookieConnection(asyncio.Protocol):
             if accepted:
                 self._answer_adds(accepted, status)
 
-        self._bookie.add_entries_cb(
-            [(bytes(r.entry), bytes(r.master_key), r.is_recovery) for r in admitted], on_result
-        )
+        self._bookie.add_entries_cb([(r.entry, bytes(r.master_key), r.is_recovery) for r in admitted], on_result)
 
     def _answer_adds(self, reqs: list[m.AddRequest], status: int) -> None:
         self._counters.adds -= len(reqs)
@@ -284,7 +286,7 @@ class BookieConnection(asyncio.Protocol):
             self._counters.reads -= 1
 
     # ------------------------------------------------------------------------------- LAC
-    async def _lac_answer(self, ledger_id: int) -> tuple[bytes, bytes]:
+    async def _lac_answer(self, ledger_id: int) -> tuple[bytes, bytes | memoryview]:
         bookie = self._bookie.bookie
         lac_body = await self._bookie.run_in_reader(bookie.read_explicit_lac, ledger_id)
         try:

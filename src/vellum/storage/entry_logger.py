@@ -357,7 +357,7 @@ class EntryLogger:
         """
         return self.add_entries(ledger_id, (entry,))[0]
 
-    def add_entries(self, ledger_id: int, entries: Sequence[bytes]) -> list[int]:
+    def add_entries(self, ledger_id: int, entries: Sequence[bytes | memoryview]) -> list[int]:
         """Append a run of one ledger's entries (a sorted flush hands them so) and return their
         locations: one lock and one log decision per run. A log that would pass ``logSizeLimit``
         is sealed and the rest of the run goes to the next one. A write failure raises after

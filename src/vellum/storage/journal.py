@@ -687,7 +687,7 @@ class Journal:
         del ledger_id, entry_id  # they are the entry's first 16 bytes; kept for BookKeeper's API
         self.log_entries((entry,), callback)
 
-    def log_entries(self, entries: Sequence[bytes], callback: Callback) -> None:
+    def log_entries(self, entries: Sequence[bytes | bytearray | memoryview], callback: Callback) -> None:
         """Journal several stored entries at once (one queue operation); ``callback`` runs once,
         after the fsync that covers the last of them (and so all of them: records are written
         and fsynced in queue order, and a journal that fails fails every later record)."""

@@ -51,6 +51,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeAlias
 
 from vellum.errors import (
     CorruptionError,
@@ -61,6 +62,7 @@ from vellum.errors import (
     StorageError,
     UnauthorizedAccessError,
 )
+from vellum.format.entry import BytesLike
 from vellum.format.ledger_index import LedgerData
 from vellum.ids import INVALID_ENTRY_ID, LAST_ADD_CONFIRMED
 from vellum.storage.dirs import write_file_durably
@@ -78,6 +80,9 @@ _FLUSH_CHUNK = 1024
 _FLUSH_PAUSE_S = 0.0001
 
 
+#: An entry as storage holds it: ``bytes``, or a read-only view handed over by the server.
+Stored: TypeAlias = bytes | memoryview
+
 class _WriteCache:
     """Entries by (ledger, entry) with their total size and each ledger's greatest entry id."""
 
@@ -85,11 +90,11 @@ class _WriteCache:
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self.entries: dict[tuple[int, int], bytes] = {}
+        self.entries: dict[tuple[int, int], Stored] = {}
         self.last: dict[int, int] = {}
         self.size = 0
 
-    def put(self, ledger_id: int, entry_id: int, entry: bytes) -> None:
+    def put(self, ledger_id: int, entry_id: int, entry: Stored) -> None:
         old = self.entries.get((ledger_id, entry_id))
         if old is not None:
             self.size -= len(old)
@@ -200,8 +205,11 @@ class LedgerStorage:
 
     # ------------------------------------------------------------------ writes
 
-    def add_entry(self, entry: bytes) -> None:
+    def add_entry(self, entry: BytesLike) -> None:
         """Put a stored entry (ids from its first 16 bytes) in the write cache.
+
+        ``bytes`` and read-only views are kept as they are (the caller hands them over: a
+        server's receive buffer of its own, never written again); other buffers are copied.
 
         Waits up to ``max_throttle_time_ms`` while both caches are full, then raises
         ``OperationRejectedError``. Durable only after the next ``flush()``.
@@ -211,7 +219,8 @@ class LedgerStorage:
         ledger_id, entry_id = _IDS.unpack_from(entry, 0)
         if ledger_id < 0 or entry_id < 0:
             raise IncorrectParameterError(f"cannot store ledger {ledger_id} entry {entry_id}: negative id")
-        entry = bytes(entry)
+        if not (type(entry) is bytes or (isinstance(entry, memoryview) and entry.readonly)):
+            entry = bytes(entry)
         deadline: float | None = None
         with self._cond:
             self._check_open()
@@ -432,7 +441,7 @@ class LedgerStorage:
 
     # ------------------------------------------------------------------ reads
 
-    def get_entry(self, ledger_id: int, entry_id: int) -> bytes:
+    def get_entry(self, ledger_id: int, entry_id: int) -> Stored:
         """The stored entry; ``entry_id == -1`` means the last entry this storage holds."""
         if entry_id == LAST_ADD_CONFIRMED:
             entry_id = self.get_last_entry_id(ledger_id)
@@ -490,7 +499,7 @@ class LedgerStorage:
                 self._read_ahead_after(ledger_id, entry_id, location, epoch)
         return entry
 
-    def get_entries(self, ledger_id: int, first: int, max_count: int, max_bytes: int) -> list[bytes | memoryview]:
+    def get_entries(self, ledger_id: int, first: int, max_count: int, max_bytes: int) -> list[Stored]:
         """Consecutive entries from ``first`` until a gap, ``max_count`` entries (``<= 0``: no
         bound) or ``max_bytes`` (``<= 0``: no bound; the first entry always counts): BATCH_READ.
 
@@ -498,13 +507,13 @@ class LedgerStorage:
         returned as views of it. Nothing is read ahead or cached. Raises like ``get_entry`` for
         ``first`` (``NoSuchLedgerError``, ``NoSuchEntryError``); later misses end the batch.
         """
-        out: list[bytes | memoryview] = []
+        out: list[Stored] = []
         size = 0
         eid = first
         limit = max_count if max_count > 0 else 1 << 62
         run: collections.deque[tuple[int, int, memoryview]] = collections.deque()
         while len(out) < limit:
-            entry: bytes | memoryview | None = None
+            entry: Stored | None = None
             while run and run[0][0] < eid:
                 run.popleft()
             if run and run[0][0] == eid:
@@ -550,7 +559,7 @@ class LedgerStorage:
             run.append(item)
         return run
 
-    def get_cached_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
+    def get_cached_entry(self, ledger_id: int, entry_id: int) -> Stored | None:
         """The entry if a write cache or the read-ahead cache holds it, else None. Never touches
         the disk, so the server can answer it without a thread hop."""
         key = (ledger_id, entry_id)
