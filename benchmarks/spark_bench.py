@@ -84,7 +84,9 @@ def main() -> None:
     ap.add_argument("--payload-bytes", type=int, default=1024)
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--repeat", type=int, default=4)
-    ap.add_argument("--ensemble", default="3,2,2", help="ensembleSize,writeQuorumSize,ackQuorumSize of written ledgers")
+    ap.add_argument("--ensemble", default="default",
+                    help="ensembleSize,writeQuorumSize,ackQuorumSize of written ledgers, or 'default': the "
+                         "sink's (unstriped, the client's write and ack quorums)")
     ap.add_argument("--payload", choices=("random", "padded"), default="random",
                     help="random: incompressible bytes; padded: the id padded with 'x' (compressible)")
     ap.add_argument("--entry-max-rows", type=int, default=None,
@@ -93,7 +95,10 @@ def main() -> None:
                     help="sink option entryMaxBytes (default: the sink's)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    e, w, a = (int(x) for x in args.ensemble.split(","))
+    quorum: dict[str, int] = {}
+    if args.ensemble != "default":
+        e, w, a = (int(x) for x in args.ensemble.split(","))
+        quorum = {"ensembleSize": e, "writeQuorumSize": w, "ackQuorumSize": a}
 
     from vellum.testing.local_cluster import LocalCluster
 
@@ -109,8 +114,7 @@ def main() -> None:
             counter = iter(range(1_000_000))
 
             def write_vellum() -> None:
-                wr = (df.write.format("vellum").option("metadataServiceUri", uri).option("ensembleSize", e)
-                      .option("writeQuorumSize", w).option("ackQuorumSize", a).mode("append"))
+                wr = df.write.format("vellum").option("metadataServiceUri", uri).options(**quorum).mode("append")
                 if args.entry_max_rows is not None:
                     wr = wr.option("entryMaxRows", args.entry_max_rows)
                 if args.entry_max_bytes is not None:

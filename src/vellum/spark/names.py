@@ -166,23 +166,35 @@ def resolve_write_settings(bk: BookKeeper, opts: WriteOptions) -> WriteOptions:
 
     Published segments must have the record's digest and password, so a mismatching password
     option is an error here, at ``save()`` time, rather than at commit after all the writing.
+
+    Staging ledgers are unstriped (ensemble = write quorum) unless the option ``ensembleSize``
+    says otherwise: every task writes a ledger of its own on an ensemble of its own, so the
+    tasks already spread the load over the bookies, and unstriped segments are read back with
+    BATCH_READ (a few requests per task instead of one per entry).
     """
     import dataclasses
 
     try:
         rec = _call(bk, NamedLedgers(bk.aio).record(opts.name)).value
     except NoSuchLedgerError:
-        return opts
-    if rec.password != opts.password:
-        raise ValueError(f"[VELLUM_OPTION] named ledger {opts.name!r} exists with another password: "
-                         "give its password in the option password")
-    if opts.digest_type is not None and opts.digest_type != rec.digest_type.name:
-        raise ValueError(f"[VELLUM_OPTION] named ledger {opts.name!r} uses digest {rec.digest_type.name}, "
-                         f"not {opts.digest_type}")
+        rec = None
+    if rec is not None:
+        if rec.password != opts.password:
+            raise ValueError(f"[VELLUM_OPTION] named ledger {opts.name!r} exists with another password: "
+                             "give its password in the option password")
+        if opts.digest_type is not None and opts.digest_type != rec.digest_type.name:
+            raise ValueError(f"[VELLUM_OPTION] named ledger {opts.name!r} uses digest {rec.digest_type.name}, "
+                             f"not {opts.digest_type}")
+    write_quorum = opts.write_quorum_size or (rec.write_quorum_size if rec else bk.config.write_quorum_size)
+    ack_quorum = opts.ack_quorum_size or (rec.ack_quorum_size if rec else bk.config.ack_quorum_size)
+    if ack_quorum > write_quorum:
+        if opts.ack_quorum_size:
+            raise ValueError(f"[VELLUM_OPTION] ackQuorumSize {ack_quorum} is above writeQuorumSize {write_quorum}")
+        ack_quorum = write_quorum  # a default ack quorum above the write quorum this job asked for
     return dataclasses.replace(
         opts,
-        digest_type=rec.digest_type.name,
-        ensemble_size=opts.ensemble_size or rec.ensemble_size,
-        write_quorum_size=opts.write_quorum_size or rec.write_quorum_size,
-        ack_quorum_size=opts.ack_quorum_size or rec.ack_quorum_size,
+        digest_type=rec.digest_type.name if rec else opts.digest_type,
+        ensemble_size=opts.ensemble_size or write_quorum,
+        write_quorum_size=write_quorum,
+        ack_quorum_size=ack_quorum,
     )
