@@ -455,3 +455,30 @@ def test_synced_pages_leave_the_page_cache_only_when_asked(tmp_path: Path, remov
     else:
         assert resident > total // 2, f"only {resident} of {total} pages cached without the option"
     assert [r.entry_id for r in replay_all(make(tmp_path)) if r.kind == RecordKind.ENTRY] == list(range(96))
+
+
+def test_big_group_commits_switch_the_filler_to_allocation(tmp_path: Path) -> None:
+    """Zeros pay off for small group commits only: the journal tells the filler how big its
+    fsynced batches are, and batches of MBs make it allocate instead."""
+    from vellum.storage.journal import _ZeroFiller
+
+    small = make(tmp_path / "small", prealloc_size_mb=1)
+    small.start()
+    acks = Acks()
+    for i in range(20):
+        small.log_entry(1, i, entry(1, i, 100), acks.cb(i))
+        acks.wait(i + 1)  # one small record per fsync
+    assert small._filler is not None and not small._filler.allocates()
+    small.shutdown()
+
+    big = make(tmp_path / "big", prealloc_size_mb=1, max_group_wait_ms=50, buffered_writes_threshold=4 << 20)
+    big.start()
+    acks = Acks()
+    for i in range(48):  # 6 MiB in batches of 1 MiB
+        big.log_entry(1, i, entry(1, i, 128 * 1024), acks.cb(i))
+        if i % 8 == 7:
+            acks.wait(i + 1)
+    assert big._filler is not None
+    assert big._filler.bytes_per_sync > _ZeroFiller.FALLOCATE_ABOVE_BYTES_PER_SYNC
+    assert big._filler.allocates()
+    big.shutdown()
