@@ -85,8 +85,8 @@ def main() -> None:
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--repeat", type=int, default=4)
     ap.add_argument("--ensemble", default="default",
-                    help="ensembleSize,writeQuorumSize,ackQuorumSize of written ledgers, or 'default': the "
-                         "sink's (unstriped, the client's write and ack quorums)")
+                    help="ensembleSize,writeQuorumSize,ackQuorumSize of written ledgers, or 'default': no "
+                         "quorum options (the sink's default: the client's, 3,2,2)")
     ap.add_argument("--payload", choices=("random", "padded"), default="random",
                     help="random: incompressible bytes; padded: the id padded with 'x' (compressible)")
     ap.add_argument("--entry-max-rows", type=int, default=None,

@@ -181,22 +181,24 @@ def test_task_attempt_finishing_after_abort_leaves_nothing(cluster: LocalCluster
     assert set(bk.list_ledgers()) == before, "the late attempt's staging ledger must be deleted"
 
 
-def test_segments_are_unstriped_unless_asked(spark: Any, cluster: LocalCluster, bk: Any) -> None:
-    """Every task writes a ledger of its own, so the sink's default ensemble is the write quorum
-    (segments read back with BATCH_READ); an explicit ensembleSize is kept."""
+def test_segment_quorums_come_from_options_else_the_client(spark: Any, cluster: LocalCluster, bk: Any) -> None:
+    """Unset quorums are the client's (3, 2); given ones are kept; inconsistent ones fail at save()."""
     uri = cluster.metadata_uri
     df = spark.range(0, 40, numPartitions=2).selectExpr("cast(cast(id as string) as binary) as payload")
-    df.write.format("vellum").option("metadataServiceUri", uri).mode("append").save("tests/unstriped")
-    df.write.format("vellum").option("metadataServiceUri", uri).option("ensembleSize", 3) \
-        .option("writeQuorumSize", 2).mode("append").save("tests/striped")
-    for name, want in (("tests/unstriped", (2, 2)), ("tests/striped", (3, 2))):
+    df.write.format("vellum").option("metadataServiceUri", uri).mode("append").save("tests/q-default")
+    df.write.format("vellum").option("metadataServiceUri", uri).option("ensembleSize", 2) \
+        .option("writeQuorumSize", 2).mode("append").save("tests/q-unstriped")
+    for name, want in (("tests/q-default", (3, 2)), ("tests/q-unstriped", (2, 2))):
         segments = _record(bk, name).segments
         assert segments
         for seg in segments:
             md = bk.ledger_metadata(seg.ledger_id)
             assert (md.ensemble_size, md.write_quorum_size) == want, (name, seg.ledger_id)
-    assert sorted(bytes(p) for _e, p in _read_name(spark, uri, "tests/unstriped")) == \
+    assert sorted(bytes(p) for _e, p in _read_name(spark, uri, "tests/q-unstriped")) == \
         sorted(b"%d" % i for i in range(40))
     with pytest.raises(Exception, match="ackQuorumSize 3 is above writeQuorumSize 2"):
         df.write.format("vellum").option("metadataServiceUri", uri).option("writeQuorumSize", 2) \
             .option("ackQuorumSize", 3).mode("append").save("tests/bad-quorum")
+    with pytest.raises(Exception, match="writeQuorumSize 3 is above ensembleSize 2"):
+        df.write.format("vellum").option("metadataServiceUri", uri).option("ensembleSize", 2) \
+            .option("writeQuorumSize", 3).mode("append").save("tests/bad-quorum")

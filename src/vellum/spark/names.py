@@ -167,10 +167,10 @@ def resolve_write_settings(bk: BookKeeper, opts: WriteOptions) -> WriteOptions:
     Published segments must have the record's digest and password, so a mismatching password
     option is an error here, at ``save()`` time, rather than at commit after all the writing.
 
-    Staging ledgers are unstriped (ensemble = write quorum) unless the option ``ensembleSize``
-    says otherwise: every task writes a ledger of its own on an ensemble of its own, so the
-    tasks already spread the load over the bookies, and unstriped segments are read back with
-    BATCH_READ (a few requests per task instead of one per entry).
+    Quorums left unset come from the name's record, else from the client's configuration. (An
+    unstriped default, ensemble = write quorum, was tried: its segments are read with BATCH_READ,
+    but on a 3-bookie cluster two tasks' random ensembles often share both bookies, and writes
+    lost more than reads gained; see docs/benchmarks.md.)
     """
     import dataclasses
 
@@ -185,8 +185,14 @@ def resolve_write_settings(bk: BookKeeper, opts: WriteOptions) -> WriteOptions:
         if opts.digest_type is not None and opts.digest_type != rec.digest_type.name:
             raise ValueError(f"[VELLUM_OPTION] named ledger {opts.name!r} uses digest {rec.digest_type.name}, "
                              f"not {opts.digest_type}")
-    write_quorum = opts.write_quorum_size or (rec.write_quorum_size if rec else bk.config.write_quorum_size)
-    ack_quorum = opts.ack_quorum_size or (rec.ack_quorum_size if rec else bk.config.ack_quorum_size)
+    cfg = bk.config
+    ensemble = opts.ensemble_size or (rec.ensemble_size if rec else cfg.ensemble_size)
+    write_quorum = opts.write_quorum_size or (rec.write_quorum_size if rec else cfg.write_quorum_size)
+    ack_quorum = opts.ack_quorum_size or (rec.ack_quorum_size if rec else cfg.ack_quorum_size)
+    if write_quorum > ensemble:
+        if opts.ensemble_size:
+            raise ValueError(f"[VELLUM_OPTION] writeQuorumSize {write_quorum} is above ensembleSize {ensemble}")
+        ensemble = write_quorum  # a default ensemble below the write quorum this job asked for
     if ack_quorum > write_quorum:
         if opts.ack_quorum_size:
             raise ValueError(f"[VELLUM_OPTION] ackQuorumSize {ack_quorum} is above writeQuorumSize {write_quorum}")
@@ -194,7 +200,7 @@ def resolve_write_settings(bk: BookKeeper, opts: WriteOptions) -> WriteOptions:
     return dataclasses.replace(
         opts,
         digest_type=rec.digest_type.name if rec else opts.digest_type,
-        ensemble_size=opts.ensemble_size or write_quorum,
+        ensemble_size=ensemble,
         write_quorum_size=write_quorum,
         ack_quorum_size=ack_quorum,
     )
