@@ -144,3 +144,29 @@ def test_unstriped_range_read_across_an_ensemble_change(tmp_path: Path) -> None:
             assert [e.entry_id for e in await rh.batch_read(250, 100)] == list(range(250, 300))  # one segment
 
     run(main())
+
+
+def test_striped_range_reads_use_strided_requests_across_an_ensemble_change(tmp_path: Path) -> None:
+    """E > WQ: each bookie serves the entries whose write set it heads in READ_STRIDED chunks
+    (stride E), not one READ per entry; segments keep their own ensembles."""
+    async def main() -> None:
+        async with client_cluster(tmp_path, 4) as cc:
+            lh = await cc.bk.create_ledger(ensemble_size=3, write_quorum_size=2, ack_quorum_size=2)
+            assert await asyncio.gather(*(lh.append_async(payload(i)) for i in range(400))) == list(range(400))
+            victim = lh.metadata.ensembles[0][1]
+            await cc.bookie(victim).stop()
+            assert await asyncio.gather(*(lh.append_async(payload(i)) for i in range(400, 1000))) == list(
+                range(400, 1000))
+            await lh.close()
+            await cc.bookie(victim).start()
+            md = await cc.bk.ledger_metadata(lh.ledger_id)
+            assert len(md.ensembles) == 2
+            strided = bookie_server._requests["READ_STRIDED"]
+            single = bookie_server._requests["READ"]
+            rh = await cc.bk.open_ledger(lh.ledger_id, recovery=False)
+            assert [e.payload for e in await rh.read(0, 999)] == [payload(i) for i in range(1000)]
+            assert [e.entry_id for e in await rh.read(395, 420)] == list(range(395, 421))
+            assert bookie_server._requests["READ_STRIDED"] - strided >= 6  # 3 bookies x 2 segments
+            assert bookie_server._requests["READ"] - single < 50  # not one per entry
+
+    run(main(), timeout_s=120)

@@ -26,6 +26,8 @@ from vellum.proto import (
     ReadLacResponse,
     ReadRequest,
     ReadResponse,
+    StridedReadRequest,
+    StridedReadResponse,
     TrimRequest,
     TrimResponse,
     WriteLacRequest,
@@ -73,6 +75,17 @@ def batch_read_responses(draw: st.DrawFn) -> BatchReadResponse:
 
 
 @st.composite
+def strided_read_responses(draw: st.DrawFn) -> StridedReadResponse:
+    if draw(st.booleans()):
+        entries = tuple(draw(st.lists(st.binary(max_size=80), max_size=4)))
+        return StridedReadResponse(draw(INT64), EOK, draw(INT64), draw(INT64), entries)
+    return StridedReadResponse(draw(INT64), draw(ERROR_STATUS), draw(INT64), draw(INT64))
+
+
+POSITIVE_INT32 = st.integers(min_value=1, max_value=(1 << 31) - 1)
+
+
+@st.composite
 def list_entries_responses(draw: st.DrawFn) -> ListEntriesResponse:
     ids = draw(st.lists(st.integers(min_value=-5, max_value=200), max_size=40))
     return ListEntriesResponse(draw(INT64), draw(STATUS), draw(INT64), entry_ranges(ids))
@@ -94,6 +107,7 @@ REQUESTS: st.SearchStrategy[Message] = st.one_of(
     st.builds(GetBookieInfoRequest, INT64),
     st.builds(LedgerClosedNote, INT64, INT64),
     st.builds(TrimRequest, INT64, INT64, INT64, KEYS),
+    st.builds(StridedReadRequest, INT64, INT64, INT64, POSITIVE_INT32, POSITIVE_INT32, INT64),
 )
 
 RESPONSES: st.SearchStrategy[Message] = st.one_of(
@@ -107,6 +121,7 @@ RESPONSES: st.SearchStrategy[Message] = st.one_of(
     list_entries_responses(),
     st.builds(GetBookieInfoResponse, INT64, STATUS, INT64, INT64),
     st.builds(TrimResponse, INT64, STATUS, INT64),
+    strided_read_responses(),
     st.builds(
         ErrorResponse,
         STATUS,

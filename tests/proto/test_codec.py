@@ -444,3 +444,17 @@ def test_framing_error_through_buffered_reads_sticks() -> None:
     assert len(decoder.get_buffer(-1)) > 0  # a closing connection may still read: nothing parsed
     with pytest.raises(FramingError):
         decoder.buffer_updated(1)
+
+
+def test_a_strided_read_with_a_zero_stride_is_a_bad_frame_answered_by_request_id() -> None:
+    from vellum.proto import OP_READ_STRIDED, StridedReadRequest, StridedReadResponse
+
+    good = encode(StridedReadRequest(9, 4, 0, 3, 10, 0))
+    bad = bytearray(good)
+    struct.pack_into(">i", bad, 4 + 4 + 24, 0)  # stride = 0
+    (msg,) = server(bytes(bad))
+    assert isinstance(msg, BadFrame) and msg.opcode == OP_READ_STRIDED
+    assert msg.request_id == 9 and msg.ledger_id == 4 and "stride" in msg.reason
+    assert msg.error_response() == ErrorResponse(EBADREQ, 9, OP_READ_STRIDED, 4, None)
+    assert client(encode(StridedReadResponse(9, EOK, 4, 0, (ENTRY, ENTRY)))) == [
+        StridedReadResponse(9, EOK, 4, 0, (ENTRY, ENTRY))]

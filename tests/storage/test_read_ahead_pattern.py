@@ -119,3 +119,36 @@ def test_get_entries_ends_at_a_gap_and_raises_only_for_the_first(tmp_path: Path)
             storage.get_entries(7, 0, 0, 0)
     finally:
         storage.close()
+
+
+def test_get_strided_reads_every_stride_th_entry_without_read_ahead(tmp_path: Path) -> None:
+    import pytest
+
+    from vellum.errors import NoSuchEntryError
+
+    storage = _storage(tmp_path)
+    try:
+        storage.set_master_key(1, b"k" * 20)
+        for e in range(30):
+            if e % 3 != 1:  # what one bookie of a 3-wide, 2-deep stripe holds
+                storage.add_entry(_entry(1, e))
+        storage.flush()
+        got = storage.get_strided(1, 0, 3, 100, 0)
+        assert [bytes(x) for x in got] == [_entry(1, e) for e in range(0, 30, 3)]
+        assert not storage.read_cache_contains(1, 2)  # nothing read ahead
+        assert len(storage.get_strided(1, 2, 3, 4, 0)) == 4
+        assert len(storage.get_strided(1, 0, 3, 100, 2 * len(_entry(1, 0)))) == 2
+        assert [bytes(x) for x in storage.get_strided(1, 0, 2, 100, 0)] == [_entry(1, 0), _entry(1, 2)]  # 4: gap
+    finally:
+        storage.close()
+    storage = _storage(tmp_path / "b")
+    try:
+        storage.set_master_key(1, b"k" * 20)
+        for e in (0, 2, 6):
+            storage.add_entry(_entry(1, e))
+        storage.flush()
+        assert [bytes(x) for x in storage.get_strided(1, 0, 2, 10, 0)] == [_entry(1, 0), _entry(1, 2)]  # 4 missing
+        with pytest.raises(NoSuchEntryError):
+            storage.get_strided(1, 4, 2, 10, 0)
+    finally:
+        storage.close()

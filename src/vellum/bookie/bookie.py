@@ -352,6 +352,14 @@ class Bookie:
         self.reads_total += len(got)
         return got
 
+    def read_strided(self, ledger_id: int, first: int, stride: int, max_count: int,
+                     max_bytes: int) -> list[bytes | memoryview]:
+        """Entries ``first, first + stride, ...`` until one is missing or a bound (READ_STRIDED;
+        see ``LedgerStorage.get_strided``)."""
+        got = self._storage(ledger_id).get_strided(ledger_id, first, stride, max_count, max_bytes)
+        self.reads_total += len(got)
+        return got
+
     def read_cached_entry(self, ledger_id: int, entry_id: int) -> bytes | memoryview | None:
         """The entry if it is in memory (write or read-ahead cache), without touching the disk."""
         if entry_id < 0:

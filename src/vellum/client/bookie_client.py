@@ -342,7 +342,7 @@ class _Connection(asyncio.BufferedProtocol):
             return
         kind = type(msg)
         value: Any
-        if kind is m.BatchReadResponse:
+        if kind is m.BatchReadResponse or kind is m.StridedReadResponse:
             value = list(msg.entries)
         elif kind is m.ReadLacResponse or kind is m.LongPollReadLacResponse:
             value = (bytes(msg.lac_body), bytes(msg.last_entry))
@@ -415,6 +415,7 @@ class _Connection(asyncio.BufferedProtocol):
 
 _RESPONSE_OPS: dict[type, int] = {
     m.BatchReadResponse: m.OP_BATCH_READ,
+    m.StridedReadResponse: m.OP_READ_STRIDED,
     m.LongPollReadLacResponse: m.OP_LONG_POLL_READ_LAC,
     m.ReadLacResponse: m.OP_READ_LAC,
     m.WriteLacResponse: m.OP_WRITE_LAC,
@@ -678,6 +679,30 @@ class BookieClient:
         return result
 
     # -------------------------------------------------------------------- Vellum's own ops
+    async def read_strided(
+        self,
+        bookie_id: str,
+        ledger_id: int,
+        first_entry_id: int,
+        stride: int,
+        max_count: int,
+        max_size: int,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> list[bytes]:
+        """READ_STRIDED: stored entries ``first, first + stride, ...`` (at least one, or
+        NoSuchEntryError), at most ``max_count`` entries / about ``max_size`` bytes."""
+        fut = self._submit_by_id(
+            bookie_id,
+            m.OP_READ_STRIDED,
+            ledger_id,
+            first_entry_id,
+            lambda rid: m.StridedReadRequest(rid, ledger_id, first_entry_id, stride, max_count, max_size),
+            timeout_s,
+        )
+        result: list[bytes] = await fut
+        return result
+
     async def read_lac(
         self, bookie_id: str, ledger_id: int, *, timeout_s: float = DEFAULT_TIMEOUT_S
     ) -> tuple[bytes, bytes]:

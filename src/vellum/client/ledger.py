@@ -928,13 +928,84 @@ class LedgerHandle:
         return out
 
     async def _read_range(self, first: int, last: int) -> list[LedgerEntry]:
-        """Entries ``first..last`` in order, pipelined: pipelined BATCH_READ chunks on unstriped
-        ledgers (E == WQ), else a sliding window of single-entry reads."""
-        if self._E == self._WQ and last - first >= 8:
+        """Entries ``first..last`` in order, pipelined: BATCH_READ chunks on unstriped ledgers
+        (E == WQ), READ_STRIDED chunks on striped ones, a sliding window of single-entry reads
+        for short ranges."""
+        if last - first < 8:
+            entries = await self._read_entries(first, last)
+        elif self._E == self._WQ:
             entries = await self._read_batched(first, last)
         else:
-            entries = await self._read_entries(first, last)
+            entries = await self._read_strided(first, last)
         return self._to_ledger_entries(entries)
+
+    def _chunk_entries(self) -> int:
+        """Entries per BATCH_READ / READ_STRIDED chunk: about ``BATCH_CHUNK_BYTES`` of them."""
+        if self._lac >= 0 and self._lac_length > 0:
+            # Stored entries carry the header and digest too: the bookie's size cap counts them.
+            avg = self._lac_length // (self._lac + 1) + ENTRY_HEADER_SIZE + self._digest.digest_length
+            return max(1, min(BATCH_CHUNK_ENTRIES, BATCH_CHUNK_BYTES // avg))
+        return BATCH_CHUNK_ENTRIES
+
+    async def _read_strided(self, first: int, last: int) -> list[Entry]:
+        """Striped ledgers (E > WQ): ``first..last`` as READ_STRIDED chunks. The entries whose
+        write set a bookie heads (``e % E``) are read from it with stride E, in chunks of about
+        ``BATCH_CHUNK_BYTES``, at most ``BATCH_WINDOW`` in flight; what a bookie does not serve
+        is read entry by entry (failover, speculative reads). Results in entry-id order."""
+        E = self._E
+        per_chunk = self._chunk_entries()
+        starts = sorted(self._md.ensembles)
+        chunks: list[tuple[int, int]] = []  # (first entry, count): one segment, one bookie
+        for k, seg_first in enumerate(starts):
+            lo = max(first, seg_first)
+            hi = min(last, starts[k + 1] - 1) if k + 1 < len(starts) else last
+            for r in range(E):
+                e = lo + (r - lo) % E
+                while e <= hi:
+                    count = min(per_chunk, (hi - e) // E + 1)
+                    chunks.append((e, count))
+                    e += count * E
+        chunks.sort()  # chunks of every bookie interleave in entry order
+        sem = asyncio.Semaphore(BATCH_WINDOW)
+
+        async def one(start: int, count: int) -> list[Entry]:
+            async with sem:
+                return await self._strided_chunk(start, count)
+
+        tasks = [asyncio.ensure_future(one(start, count)) for start, count in chunks]
+        try:
+            parts = await asyncio.gather(*tasks)
+        finally:
+            for t in tasks:
+                if not t.done():
+                    t.cancel()
+        out = [e for part in parts for e in part]
+        out.sort(key=lambda e: e.entry_id)
+        return out
+
+    async def _strided_chunk(self, start: int, count: int) -> list[Entry]:
+        E = self._E
+        bookie = self._md.ensemble_for(start)[start % E]
+        out: list[Entry] = []
+        nxt, remaining = start, count
+        while remaining > 0:
+            got: list[Entry] = []
+            try:
+                raws = await self._bc.read_strided(bookie, self.ledger_id, nxt, E, remaining, BATCH_CHUNK_BYTES,
+                                                   timeout_s=self._read_timeout_s)
+                got = [self._digest.verify(raw, nxt + i * E) for i, raw in enumerate(raws[:remaining])]
+            except VellumError as e:
+                log.debug("ledger %d: strided read of %d from %s failed: %s", self.ledger_id, nxt, bookie, e)
+            if not got:
+                # This bookie does not serve entry nxt: it goes the single-entry way (the other
+                # replicas), and so does the rest of the chunk, concurrently.
+                ids = [nxt + i * E for i in range(remaining)]
+                out.extend(await asyncio.gather(*(self._read_entry(eid) for eid in ids)))
+                break
+            out.extend(got)
+            nxt += len(got) * E  # a short answer (size cap, or a gap): ask again for the rest
+            remaining -= len(got)
+        return out
 
     async def _read_entries(self, first: int, last: int) -> list[Entry]:
         """Verified entries ``first..last`` in order, at most ``READ_WINDOW`` reads outstanding;
@@ -995,11 +1066,7 @@ class LedgerHandle:
         bounds = sorted(self._md.ensembles)
         # Chunks of about BATCH_CHUNK_BYTES, so that big entries are read in parallel chunks
         # too (one chunk of 256 x 128 KiB entries was 16 sequential round trips to one replica).
-        per_chunk = BATCH_CHUNK_ENTRIES
-        if self._lac >= 0 and self._lac_length > 0:
-            # Stored entries carry the header and digest too: the bookie's size cap counts them.
-            avg = self._lac_length // (self._lac + 1) + ENTRY_HEADER_SIZE + self._digest.digest_length
-            per_chunk = max(1, min(BATCH_CHUNK_ENTRIES, BATCH_CHUNK_BYTES // avg))
+        per_chunk = self._chunk_entries()
         lo = first
         while lo <= last:
             hi = min(last, lo + per_chunk - 1)

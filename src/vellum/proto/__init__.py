@@ -5,7 +5,7 @@ One protocol, documented byte by byte in ``docs/protocol.md``:
 * a frame is ``int32 frameLen`` + body; the body starts with the header int
   ``(2 << 24) | (opcode << 16) | flags`` (BookKeeper v2 packing);
 * ADD (1), READ (2) and BATCH_READ (7) keep BookKeeper v2's byte layout exactly;
-* Vellum's own operations (64..71, ERROR 127) put an int64 request id right after the header.
+* Vellum's own operations (64..72, ERROR 127) put an int64 request id right after the header.
 
 Use :func:`encode` / :func:`encode_parts` to produce frames and a :class:`FrameDecoder` per
 connection to turn received bytes into messages. Framing errors raise
@@ -43,6 +43,7 @@ from vellum.proto.messages import (
     OP_LONG_POLL_READ_LAC,
     OP_READ,
     OP_READ_LAC,
+    OP_READ_STRIDED,
     OP_TRIM,
     OP_WRITE_LAC,
     OPCODE_NAMES,
@@ -70,6 +71,8 @@ from vellum.proto.messages import (
     ReadResponse,
     Request,
     Response,
+    StridedReadRequest,
+    StridedReadResponse,
     TrimRequest,
     TrimResponse,
     WriteLacRequest,
@@ -101,6 +104,7 @@ __all__ = [
     "OP_LONG_POLL_READ_LAC",
     "OP_READ",
     "OP_READ_LAC",
+    "OP_READ_STRIDED",
     "OP_TRIM",
     "OP_WRITE_LAC",
     "PROTOCOL_VERSION",
@@ -130,6 +134,8 @@ __all__ = [
     "Request",
     "Response",
     "Side",
+    "StridedReadRequest",
+    "StridedReadResponse",
     "TrimRequest",
     "TrimResponse",
     "WriteLacRequest",

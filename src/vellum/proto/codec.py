@@ -63,6 +63,7 @@ from vellum.proto.messages import (
     OP_LONG_POLL_READ_LAC,
     OP_READ,
     OP_READ_LAC,
+    OP_READ_STRIDED,
     OP_TRIM,
     OP_WRITE_LAC,
     OPCODE_NAMES,
@@ -88,6 +89,8 @@ from vellum.proto.messages import (
     ReadLacResponse,
     ReadRequest,
     ReadResponse,
+    StridedReadRequest,
+    StridedReadResponse,
     TrimRequest,
     TrimResponse,
     WriteLacRequest,
@@ -126,6 +129,8 @@ _INFO_REQ = struct.Struct(">iIq")
 _INFO_RESP = struct.Struct(">iIqiqq")
 _TRIM_REQ = struct.Struct(">iIqqq20s")
 _ERROR_RESP = struct.Struct(">iIqiiqq")  # requestId, rc, opcode, ledgerId, entryId
+_STRIDED_REQ = struct.Struct(">iIqqqiiq")  # requestId, ledgerId, first, int stride, int count, maxSize
+_STRIDED_RESP = struct.Struct(">iIqiqq")  # requestId, rc, ledgerId, first + repeated [int len][entry]
 
 
 def _body(frame: struct.Struct) -> struct.Struct:
@@ -151,6 +156,8 @@ _REQ_LEDGER_B = _body(_REQ_LEDGER)
 _RESP_LEDGER_B = _body(_RESP_LEDGER)
 _TRIM_REQ_B = _body(_TRIM_REQ)
 _WRITE_LAC_REQ_B = _body(_WRITE_LAC_REQ)
+_STRIDED_REQ_B = _body(_STRIDED_REQ)
+_STRIDED_RESP_B = _body(_STRIDED_RESP)
 
 # Header flags of an ERROR response: which of its ids are known.
 ERROR_HAS_REQUEST_ID = 0x1
@@ -376,6 +383,27 @@ def _enc_trim_resp(m: TrimResponse) -> list[BytesLike]:
     return _resp_ledger(OP_TRIM, m.request_id, m.status, m.ledger_id)
 
 
+def _enc_strided_req(m: StridedReadRequest) -> list[BytesLike]:
+    if m.stride < 1 or m.max_count < 1:
+        raise IncorrectParameterError(f"READ_STRIDED: stride {m.stride} and count {m.max_count} must be >= 1")
+    return [_STRIDED_REQ.pack(44, _V | (OP_READ_STRIDED << 16), m.request_id, m.ledger_id, m.first_entry_id,
+                              m.stride, m.max_count, m.max_size)]
+
+
+def _enc_strided_resp(m: StridedReadResponse) -> list[BytesLike]:
+    if m.status != EOK and m.entries:
+        raise IncorrectParameterError("READ_STRIDED response: entries are only sent with EOK")
+    parts: list[BytesLike] = [b""]
+    size = 32
+    for entry in m.entries:
+        parts.append(_INT.pack(len(entry)))
+        parts.append(entry)
+        size += 4 + len(entry)
+    parts[0] = _STRIDED_RESP.pack(size, _V | (OP_READ_STRIDED << 16), m.request_id, m.status, m.ledger_id,
+                                  m.first_entry_id)
+    return parts
+
+
 # Keyed by exact type: messages are final dataclasses, and a dict lookup beats isinstance chains.
 _ENCODERS: dict[type[Any], Callable[[Any], list[BytesLike]]] = {
     AddRequest: _enc_add_req,
@@ -398,6 +426,8 @@ _ENCODERS: dict[type[Any], Callable[[Any], list[BytesLike]]] = {
     GetBookieInfoResponse: _enc_info_resp,
     LedgerClosedNote: _enc_ledger_closed,
     TrimRequest: _enc_trim_req,
+    StridedReadRequest: _enc_strided_req,
+    StridedReadResponse: _enc_strided_resp,
     TrimResponse: _enc_trim_resp,
     ErrorResponse: _enc_error_resp,
 }
@@ -484,6 +514,22 @@ def _dec_read_resp(body: memoryview, flags: int, *, owned: bool = False) -> Mess
     return ReadResponse(status, ledger_id, entry_id, body[24:] if owned else bytes(body[24:]))
 
 
+def _entries(body: memoryview, pos: int, what: str, owned: bool) -> tuple[BytesLike, ...]:
+    """The ``[int len][entry]`` list filling ``body`` from ``pos``."""
+    end = len(body)
+    entries: list[BytesLike] = []
+    while pos < end:
+        if end - pos < 4:
+            raise _Malformed(f"{what} response: {end - pos} trailing bytes after entry {len(entries)}")
+        (size,) = _INT.unpack_from(body, pos)
+        pos += 4
+        if size < 0 or size > end - pos:
+            raise _Malformed(f"{what} response: entry {len(entries)} claims {size} bytes, {end - pos} left")
+        entries.append(body[pos : pos + size] if owned else bytes(body[pos : pos + size]))
+        pos += size
+    return tuple(entries)
+
+
 def _dec_batch_resp(body: memoryview, flags: int, *, owned: bool = False) -> Message:
     end = len(body)
     if end < 32:
@@ -492,20 +538,26 @@ def _dec_batch_resp(body: memoryview, flags: int, *, owned: bool = False) -> Mes
     if status != EOK:
         _expect(body, 32, "BATCH_READ error response")
         return BatchReadResponse(status, ledger_id, entry_id, request_id)
-    entries: list[BytesLike] = []
-    pos = 32
-    while pos < end:
-        if end - pos < 4:
-            raise _Malformed(f"BATCH_READ response: {end - pos} trailing bytes after entry {len(entries)}")
-        (size,) = _INT.unpack_from(body, pos)
-        pos += 4
-        if size < 0 or size > end - pos:
-            raise _Malformed(
-                f"BATCH_READ response: entry {len(entries)} claims {size} bytes, {end - pos} left"
-            )
-        entries.append(body[pos : pos + size] if owned else bytes(body[pos : pos + size]))
-        pos += size
-    return BatchReadResponse(status, ledger_id, entry_id, request_id, tuple(entries))
+    return BatchReadResponse(status, ledger_id, entry_id, request_id, _entries(body, 32, "BATCH_READ", owned))
+
+
+def _dec_strided_req(body: memoryview, flags: int) -> Message:
+    _expect(body, 44, "READ_STRIDED")
+    _, request_id, ledger_id, first, stride, count, max_size = _STRIDED_REQ_B.unpack_from(body)
+    if stride < 1 or count < 1:
+        raise _Malformed(f"READ_STRIDED with stride {stride} and count {count} (both must be >= 1)")
+    return StridedReadRequest(request_id, ledger_id, first, stride, count, max_size)
+
+
+def _dec_strided_resp(body: memoryview, flags: int, *, owned: bool = False) -> Message:
+    end = len(body)
+    if end < 32:
+        raise _Malformed(f"READ_STRIDED response body of {end} bytes, expected at least 32")
+    _, request_id, status, ledger_id, first = _STRIDED_RESP_B.unpack_from(body)
+    if status != EOK:
+        _expect(body, 32, "READ_STRIDED error response")
+        return StridedReadResponse(request_id, status, ledger_id, first)
+    return StridedReadResponse(request_id, status, ledger_id, first, _entries(body, 32, "READ_STRIDED", owned))
 
 
 def _dec_lp_read_lac_req(body: memoryview, flags: int) -> Message:
@@ -633,6 +685,7 @@ _REQUEST_DECODERS: dict[int, _Decoder] = {
     OP_GET_BOOKIE_INFO: _dec_info_req,
     OP_LEDGER_CLOSED: _req_ledger_decoder(LedgerClosedNote, "LEDGER_CLOSED"),
     OP_TRIM: _dec_trim_req,
+    OP_READ_STRIDED: _dec_strided_req,
 }
 
 _RESPONSE_DECODERS: dict[int, _Decoder] = {
@@ -646,6 +699,7 @@ _RESPONSE_DECODERS: dict[int, _Decoder] = {
     OP_LIST_ENTRIES: _dec_list_resp,
     OP_GET_BOOKIE_INFO: _dec_info_resp,
     OP_TRIM: _resp_ledger_decoder(TrimResponse, "TRIM response"),
+    OP_READ_STRIDED: _dec_strided_resp,
     OP_ERROR: _dec_error_resp,
 }
 
@@ -658,6 +712,7 @@ _RESPONSE_DECODERS_OWNED: dict[int, _Decoder] = {
     **_RESPONSE_DECODERS,
     OP_READ: functools.partial(_dec_read_resp, owned=True),
     OP_BATCH_READ: functools.partial(_dec_batch_resp, owned=True),
+    OP_READ_STRIDED: functools.partial(_dec_strided_resp, owned=True),
 }
 
 # Vellum opcodes whose request/response carries a ledger id right after the request id (+rc).
@@ -670,6 +725,7 @@ _VELLUM_LEDGER_OPS = frozenset(
         OP_LIST_ENTRIES,
         OP_LEDGER_CLOSED,
         OP_TRIM,
+        OP_READ_STRIDED,
     }
 )
 # Opcodes 64..126 are Vellum's range: every frame there carries a request id after the header,

@@ -51,6 +51,7 @@ OP_LIST_ENTRIES = 68
 OP_GET_BOOKIE_INFO = 69
 OP_LEDGER_CLOSED = 70
 OP_TRIM = 71
+OP_READ_STRIDED = 72
 #: response only: a request that could not be parsed or whose opcode is unknown
 OP_ERROR = 127
 
@@ -66,6 +67,7 @@ OPCODE_NAMES: dict[int, str] = {
     OP_GET_BOOKIE_INFO: "GET_BOOKIE_INFO",
     OP_LEDGER_CLOSED: "LEDGER_CLOSED",
     OP_TRIM: "TRIM",
+    OP_READ_STRIDED: "READ_STRIDED",
     OP_ERROR: "ERROR",
 }
 
@@ -350,6 +352,33 @@ class TrimResponse:
 
 
 @dataclass(frozen=True, slots=True)
+class StridedReadRequest:
+    """Entries ``first, first + stride, first + 2 * stride, ...``: at most ``max_count`` of them
+    and about ``max_size`` bytes (0 = no bound; the first entry always counts), stopping at the
+    first one the bookie does not hold. A striped ledger (ensemble > write quorum) is read with
+    one such request per bookie for the entries whose write set it heads (stride = ensemble
+    size): BATCH_READ needs consecutive entries, which no bookie of a striped ledger holds."""
+
+    request_id: int
+    ledger_id: int
+    first_entry_id: int
+    stride: int
+    max_count: int
+    max_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class StridedReadResponse:
+    """The stored entries of a READ_STRIDED, in order (entries only with ``status == EOK``)."""
+
+    request_id: int
+    status: int
+    ledger_id: int
+    first_entry_id: int
+    entries: tuple[BytesLike, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class ErrorResponse:
     """Answer to a request that could not be parsed or has an unknown opcode/version.
 
@@ -420,6 +449,7 @@ Request: TypeAlias = (
     | GetBookieInfoRequest
     | LedgerClosedNote
     | TrimRequest
+    | StridedReadRequest
 )
 Response: TypeAlias = (
     AddResponse
@@ -432,6 +462,7 @@ Response: TypeAlias = (
     | ListEntriesResponse
     | GetBookieInfoResponse
     | TrimResponse
+    | StridedReadResponse
     | ErrorResponse
 )
 Message: TypeAlias = Request | Response

@@ -104,6 +104,7 @@ class BookieConnection(asyncio.BufferedProtocol):
         self._handlers: dict[type, Callable[[Any], None]] = {
             m.ReadRequest: self._on_read,
             m.BatchReadRequest: self._on_batch_read,
+            m.StridedReadRequest: self._on_strided_read,
             m.LongPollReadLacRequest: self._on_long_poll,
             m.ReadLacRequest: self._on_read_lac,
             m.WriteLacRequest: self._on_write_lac,
@@ -282,6 +283,28 @@ class BookieConnection(asyncio.BufferedProtocol):
             self._send(m.BatchReadResponse(status, req.ledger_id, req.start_entry_id, req.request_id, tuple(entries)))
         except Exception as e:
             self._send(m.BatchReadResponse(wire_status_for(e), req.ledger_id, req.start_entry_id, req.request_id))
+        finally:
+            self._counters.reads -= 1
+
+    def _on_strided_read(self, req: m.StridedReadRequest) -> None:
+        _requests["READ_STRIDED"] += 1
+        if not self._counters.try_read():
+            _rejected["READ_STRIDED"] += 1
+            self._send(m.StridedReadResponse(req.request_id, ETOOMANYREQUESTS, req.ledger_id, req.first_entry_id))
+            return
+        self._spawn(self._strided_read(req))
+
+    async def _strided_read(self, req: m.StridedReadRequest) -> None:
+        try:
+            entries = await self._bookie.run_in_reader(
+                self._bookie.bookie.read_strided, req.ledger_id, req.first_entry_id, req.stride,
+                req.max_count, req.max_size,
+            )
+            status = EOK if entries else ENOENTRY
+            self._send(m.StridedReadResponse(req.request_id, status, req.ledger_id, req.first_entry_id,
+                                             tuple(entries)))
+        except Exception as e:
+            self._send(m.StridedReadResponse(req.request_id, wire_status_for(e), req.ledger_id, req.first_entry_id))
         finally:
             self._counters.reads -= 1
 

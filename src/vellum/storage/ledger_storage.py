@@ -441,8 +441,9 @@ class LedgerStorage:
 
     # ------------------------------------------------------------------ reads
 
-    def get_entry(self, ledger_id: int, entry_id: int) -> Stored:
-        """The stored entry; ``entry_id == -1`` means the last entry this storage holds."""
+    def get_entry(self, ledger_id: int, entry_id: int, *, read_ahead: bool = True) -> Stored:
+        """The stored entry; ``entry_id == -1`` means the last entry this storage holds.
+        ``read_ahead=False``: a miss reads this entry only."""
         if entry_id == LAST_ADD_CONFIRMED:
             entry_id = self.get_last_entry_id(ledger_id)
             if entry_id == INVALID_ENTRY_ID:
@@ -480,7 +481,7 @@ class LedgerStorage:
                 location = again
         else:
             raise StorageError(f"ledger {ledger_id} entry {entry_id}: location kept changing")
-        if self._read_ahead > 0 and self._read_cache_max > 0:
+        if read_ahead and self._read_ahead > 0 and self._read_cache_max > 0:
             # Read ahead only for a reader that moves forward (this miss lies within one
             # read-ahead window after the previous one; a striped reader skips the entries other
             # bookies hold): for random reads it multiplied the bytes read by the batch size.
@@ -535,6 +536,31 @@ class LedgerStorage:
             out.append(entry)
             size += len(entry)
             eid += 1
+        return out
+
+    def get_strided(self, ledger_id: int, first: int, stride: int, max_count: int, max_bytes: int) -> list[Stored]:
+        """Entries ``first, first + stride, ...`` (READ_STRIDED): at most ``max_count``, within
+        ``max_bytes`` (``<= 0``: no bound; the first always counts), until one is missing.
+        Raises like ``get_entry`` for ``first``. Nothing is read ahead: the request names every
+        entry it wants, and the ones in between are another bookie's to serve."""
+        if stride == 1:
+            return self.get_entries(ledger_id, first, max_count, max_bytes)
+        out: list[Stored] = []
+        size = 0
+        for k in range(max(1, max_count)):
+            eid = first + k * stride
+            entry = self.get_cached_entry(ledger_id, eid)
+            if entry is None:
+                try:
+                    entry = self.get_entry(ledger_id, eid, read_ahead=False)
+                except (NoSuchEntryError, NoSuchLedgerError):
+                    if not out:
+                        raise
+                    break
+            if out and max_bytes > 0 and size + len(entry) > max_bytes:
+                break
+            out.append(entry)
+            size += len(entry)
         return out
 
     def _disk_run(self, ledger_id: int, entry_id: int, max_entries: int, max_bytes: int,
