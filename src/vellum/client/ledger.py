@@ -58,7 +58,7 @@ import logging
 import random
 import weakref
 from collections import deque
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -125,6 +125,24 @@ def backoff_delay(attempt: int) -> float:
 
 
 # ------------------------------------------------------------------------------ distribution
+
+
+async def _gather_window(jobs: list[Callable[[], Awaitable[_T]]], window: int) -> list[_T]:
+    """Run ``jobs`` with at most ``window`` at once; their results in job order. The first
+    failure propagates and the jobs still pending are cancelled."""
+    sem = asyncio.Semaphore(window)
+
+    async def one(job: Callable[[], Awaitable[_T]]) -> _T:
+        async with sem:
+            return await job()
+
+    tasks = [asyncio.ensure_future(one(job)) for job in jobs]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for t in tasks:
+            if not t.done():
+                t.cancel()
 
 
 def write_set(entry_id: int, ensemble_size: int, write_quorum_size: int) -> list[int]:
@@ -966,19 +984,8 @@ class LedgerHandle:
                     chunks.append((e, count))
                     e += count * E
         chunks.sort()  # chunks of every bookie interleave in entry order
-        sem = asyncio.Semaphore(BATCH_WINDOW)
-
-        async def one(start: int, count: int) -> list[Entry]:
-            async with sem:
-                return await self._strided_chunk(start, count)
-
-        tasks = [asyncio.ensure_future(one(start, count)) for start, count in chunks]
-        try:
-            parts = await asyncio.gather(*tasks)
-        finally:
-            for t in tasks:
-                if not t.done():
-                    t.cancel()
+        parts = await _gather_window([functools.partial(self._strided_chunk, start, count)
+                                      for start, count in chunks], BATCH_WINDOW)
         out = [e for part in parts for e in part]
         out.sort(key=lambda e: e.entry_id)
         return out
@@ -1078,19 +1085,8 @@ class LedgerHandle:
             lo = hi + 1
         if len(chunks) == 1:
             return await self._read_chunk(first, last, 0)
-        sem = asyncio.Semaphore(BATCH_WINDOW)
-
-        async def one(k: int, lo: int, hi: int) -> list[Entry]:
-            async with sem:
-                return await self._read_chunk(lo, hi, k)
-
-        tasks = [asyncio.ensure_future(one(k, lo, hi)) for k, (lo, hi) in enumerate(chunks)]
-        try:
-            parts = await asyncio.gather(*tasks)
-        finally:
-            for t in tasks:
-                if not t.done():
-                    t.cancel()
+        parts = await _gather_window([functools.partial(self._read_chunk, lo, hi, k)
+                                      for k, (lo, hi) in enumerate(chunks)], BATCH_WINDOW)
         return [e for part in parts for e in part]
 
     async def _read_chunk(self, first: int, last: int, rotation: int) -> list[Entry]:
