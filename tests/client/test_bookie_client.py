@@ -434,3 +434,29 @@ def test_requests_made_while_connecting_are_sent_once_connected(tmp_path: Path) 
         assert await client.list_entries(bid, LEDGER, timeout_s=5) == ((0, 49),)
 
     run(_with_bookie(tmp_path, body))
+
+
+def test_multi_entry_answers_always_fit_a_frame(tmp_path: Path) -> None:
+    """BATCH_READ and READ_STRIDED without a size bound (or a bigger one) are cut by the bookie
+    to what fits its nettyMaxFrameSizeBytes, never an answer the client would have to refuse."""
+    async def body(client: BookieClient, bookie: InProcessBookie) -> None:
+        bid = bookie.bookie_id
+        entries = [make_entry(LEDGER, i, bytes([i]) * 1000) for i in range(100)]  # ~100 KiB
+        await asyncio.gather(*(client.add(bid, MASTER_KEY, e, timeout_s=5) for e in entries))
+        for max_size in (0, 1 << 20):
+            got = await client.batch_read(bid, LEDGER, 0, 100, max_size, timeout_s=5)
+            assert 30 <= len(got) < 100 and got == entries[: len(got)]
+            assert sum(4 + len(e) for e in got) + 32 <= 64 * 1024
+            strided = await client.read_strided(bid, LEDGER, 0, 1, 100, max_size, timeout_s=5)
+            assert strided == got
+        assert await client.read_strided(bid, LEDGER, 1, 3, 5, 0, timeout_s=5) == entries[1:16:3]
+
+    async def run_it() -> None:
+        async with inprocess_bookies(tmp_path, 1, netty_max_frame_size_bytes=64 * 1024) as bookies:
+            client = BookieClient()
+            try:
+                await body(client, bookies[0])
+            finally:
+                await client.close()
+
+    run(run_it())

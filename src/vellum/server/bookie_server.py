@@ -277,7 +277,8 @@ class BookieConnection(asyncio.BufferedProtocol):
                 assert req.master_key is not None
                 await self._bookie.fence(req.ledger_id, bytes(req.master_key))
             entries = await self._bookie.run_in_reader(
-                _read_batch, self._bookie, req.ledger_id, req.start_entry_id, req.max_count, req.max_size
+                _read_batch, self._bookie, req.ledger_id, req.start_entry_id, req.max_count,
+                self._response_budget(req.max_size),
             )
             status = EOK if entries else ENOENTRY
             self._send(m.BatchReadResponse(status, req.ledger_id, req.start_entry_id, req.request_id, tuple(entries)))
@@ -285,6 +286,12 @@ class BookieConnection(asyncio.BufferedProtocol):
             self._send(m.BatchReadResponse(wire_status_for(e), req.ledger_id, req.start_entry_id, req.request_id))
         finally:
             self._counters.reads -= 1
+
+    def _response_budget(self, max_size: int) -> int:
+        """Entry bytes a multi-entry answer may carry: the client's ``max_size`` (0 = any), never
+        more than fits a frame (every entry is >= 32 bytes, so its 4-byte length adds <= 1/8)."""
+        cap = (self._counters.limits.max_frame_size - 64) * 8 // 9
+        return cap if max_size <= 0 else min(max_size, cap)
 
     def _on_strided_read(self, req: m.StridedReadRequest) -> None:
         _requests["READ_STRIDED"] += 1
@@ -298,7 +305,7 @@ class BookieConnection(asyncio.BufferedProtocol):
         try:
             entries = await self._bookie.run_in_reader(
                 self._bookie.bookie.read_strided, req.ledger_id, req.first_entry_id, req.stride,
-                req.max_count, req.max_size,
+                req.max_count, self._response_budget(req.max_size),
             )
             status = EOK if entries else ENOENTRY
             self._send(m.StridedReadResponse(req.request_id, status, req.ledger_id, req.first_entry_id,
