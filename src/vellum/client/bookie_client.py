@@ -627,27 +627,28 @@ class BookieClient:
         *,
         fence_master_key: bytes | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
-    ) -> bytes:
-        """READ one stored entry (``entry_id == -1``: the last entry the bookie has).
+    ) -> bytes | memoryview:
+        """READ one stored entry (``entry_id == -1``: the last entry the bookie has); a big one
+        (16 KiB or more) as a read-only view of its own receive buffer.
 
         With ``fence_master_key`` this is a fencing read: the bookie fences the ledger (durably)
         before answering, so later normal adds fail with LedgerFencedError.
         """
         flags = m.FLAG_DO_FENCING if fence_master_key is not None else 0
         parts = codec.encode_parts(m.ReadRequest(ledger_id, entry_id, flags, fence_master_key))
-        fut: asyncio.Future[bytes] = self._get_loop().create_future()
+        fut: asyncio.Future[bytes | memoryview] = self._get_loop().create_future()
         self._submit_v2(bookie_id, m.OP_READ, ledger_id, entry_id, parts, None, fut, timeout_s)
         return await fut
 
     def read_future(
         self, bookie_id: str, ledger_id: int, entry_id: int, *, timeout_s: float = DEFAULT_TIMEOUT_S
-    ) -> asyncio.Future[bytes]:
+    ) -> asyncio.Future[bytes | memoryview]:
         """A plain (non-fencing) READ as a future, without a coroutine or task: the fast path of
         pipelined range reads. Failures known at once (closed client, bookie in reconnect
         backoff) come back as an already failed future, never as an exception from this call.
         Cancelling the future abandons the answer (the request itself still completes).
         """
-        fut: asyncio.Future[bytes] = self._get_loop().create_future()
+        fut: asyncio.Future[bytes | memoryview] = self._get_loop().create_future()
         try:
             parts = codec.encode_parts(m.ReadRequest(ledger_id, entry_id, 0, None))
             self._submit_v2(bookie_id, m.OP_READ, ledger_id, entry_id, parts, None, fut, timeout_s)
@@ -664,7 +665,7 @@ class BookieClient:
         max_size: int,
         *,
         timeout_s: float = DEFAULT_TIMEOUT_S,
-    ) -> list[bytes]:
+    ) -> list[bytes | memoryview]:
         """BATCH_READ: consecutive stored entries from ``start_entry_id`` (at least one, or
         NoSuchEntryError), at most ``max_count`` entries / ``max_size`` bytes."""
         fut = self._submit_by_id(
@@ -675,7 +676,7 @@ class BookieClient:
             lambda rid: m.BatchReadRequest(ledger_id, start_entry_id, rid, max_count, max_size),
             timeout_s,
         )
-        result: list[bytes] = await fut
+        result: list[bytes | memoryview] = await fut
         return result
 
     # -------------------------------------------------------------------- Vellum's own ops
@@ -689,7 +690,7 @@ class BookieClient:
         max_size: int,
         *,
         timeout_s: float = DEFAULT_TIMEOUT_S,
-    ) -> list[bytes]:
+    ) -> list[bytes | memoryview]:
         """READ_STRIDED: stored entries ``first, first + stride, ...`` (at least one, or
         NoSuchEntryError), at most ``max_count`` entries / about ``max_size`` bytes."""
         fut = self._submit_by_id(
@@ -700,7 +701,7 @@ class BookieClient:
             lambda rid: m.StridedReadRequest(rid, ledger_id, first_entry_id, stride, max_count, max_size),
             timeout_s,
         )
-        result: list[bytes] = await fut
+        result: list[bytes | memoryview] = await fut
         return result
 
     async def read_lac(

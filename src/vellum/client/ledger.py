@@ -242,7 +242,7 @@ class _PendingAdd:
     __slots__ = ("acked", "backoff_deadline", "backoffs", "data", "entry", "entry_id", "future", "length")
 
     def __init__(
-        self, entry_id: int, entry: bytes | None, length: int, future: asyncio.Future[int], data: bytes | None = None
+        self, entry_id: int, entry: bytes | memoryview | None, length: int, future: asyncio.Future[int], data: bytes | None = None
     ) -> None:
         self.entry_id = entry_id
         # the stored bytes, kept for re-sending after an ensemble change; None while queued (the
@@ -465,7 +465,7 @@ class LedgerHandle:
         self._next_entry_id = lac + 1
         self._lac_length = self._pushed_length = length
 
-    def recovery_add(self, entry: bytes, parsed: Entry) -> asyncio.Future[int]:
+    def recovery_add(self, entry: bytes | memoryview, parsed: Entry) -> asyncio.Future[int]:
         """Write back a recovered entry (its stored bytes, unchanged, ``parsed`` = its verified
         header) with the RECOVERY_ADD flag, which fenced bookies accept. Entries must come in
         entry-id order from ``lac + 1`` (see :meth:`start_recovery`); the future completes with
@@ -1110,7 +1110,7 @@ class LedgerHandle:
         replicas = [ensemble[ws[(rotation + i) % len(ws)]] for i in range(len(ws))]
         count = last - first + 1
         errors: list[BaseException] = []
-        tasks: dict[asyncio.Task[list[bytes]], str] = {}
+        tasks: dict[asyncio.Task[list[bytes | memoryview]], str] = {}
         next_replica = 0
 
         def launch() -> None:
@@ -1386,7 +1386,7 @@ class _EntryRead:
         self.outstanding = 0
         self.rounds = 0
         self.errors: list[BaseException] = []
-        self.futures: list[asyncio.Future[bytes]] = []
+        self.futures: list[asyncio.Future[bytes | memoryview]] = []
         self.timer: asyncio.TimerHandle | None = None
         self.result: Entry | None = None
         self.error: BaseException | None = None

@@ -221,7 +221,7 @@ async def _fence(
     )
 
 
-def _retrieve(t: asyncio.Future[bytes]) -> None:
+def _retrieve(t: asyncio.Future[bytes | memoryview]) -> None:
     if not t.cancelled():
         t.exception()
 
@@ -254,7 +254,7 @@ async def _recovery_read(
     ensemble: list[str],
     md: LedgerMetadata,
     key: bytes,
-) -> tuple[bytes, Entry] | None:
+) -> tuple[bytes | memoryview, Entry] | None:
     """Fencing read of ``entry_id`` from its whole write set: the entry, None if absent at quorum
     coverage, LedgerRecoveryError if neither can be decided."""
     bc = ctx.bookie_client
