@@ -28,10 +28,18 @@ from vellum.meta import open_metadata_store
 from vellum.service import BookieProcessSpec, bookie_command, format_if_needed, write_bookie_conf
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def free_port(avoid: set[int] | None = None) -> int:
+    """A loopback port nobody listens on now, not in ``avoid``. The OS may hand a port it just
+    released out again, so a caller allocating several passes the ones it already has."""
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if avoid is None or port not in avoid:
+            if avoid is not None:
+                avoid.add(port)
+            return port
+    raise RuntimeError("no free loopback port outside the ones already taken")
 
 
 def tmpfs_available() -> bool:
@@ -79,9 +87,11 @@ class LocalCluster:
                       **(bookie_conf or {})}
         self._small_mb = small_ledger_dir_mb
         self._bookies: list[_Bookie] = []
+        taken: set[int] = set()  # two bookies on one port would share a bookie id (and cookie)
         for i in range(bookies):
             base = self.base_dir / f"bookie-{i}"
-            spec = BookieProcessSpec(i, free_port(), free_port(), base, base / "bk_server.conf", dict(self._conf))
+            spec = BookieProcessSpec(i, free_port(taken), free_port(taken), base, base / "bk_server.conf",
+                                     dict(self._conf))
             self._bookies.append(_Bookie(spec))
 
     # ------------------------------------------------------------------------------ lifecycle
