@@ -163,3 +163,16 @@ def test_admin_can_force_read_only(cluster: LocalCluster) -> None:
         raise AssertionError("an unknown ledger must be a 404")
     except urllib.error.HTTPError as e:
         assert e.code == 404
+
+
+def test_a_failed_cluster_start_leaves_no_bookie_running(tmp_path: Path) -> None:
+    """Two bookies given one port (what a port handed out twice did in CI): the second cannot
+    start; the context manager raises and the first is stopped, not left running."""
+    import pytest
+
+    cluster = LocalCluster(tmp_path / "c", bookies=2)
+    cluster._bookies[1].spec.port = cluster._bookies[0].spec.port
+    with pytest.raises(RuntimeError, match="bookie"), cluster:
+        pass
+    procs = [b.proc for b in cluster._bookies if b.proc is not None]
+    assert procs and all(p.poll() is not None for p in procs)

@@ -96,7 +96,11 @@ class LocalCluster:
 
     # ------------------------------------------------------------------------------ lifecycle
     def __enter__(self) -> LocalCluster:
-        self.start()
+        try:
+            self.start()
+        except BaseException:
+            self.stop()  # the bookies that did start must not outlive a failed start
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
