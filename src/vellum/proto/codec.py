@@ -21,6 +21,7 @@ the full tables)::
     69   reqId                                                reqId rc totalDiskCapacity freeDiskSpace
     70   reqId ledger                                         (none: fire and forget)
     71   reqId ledger endEntryId key                          reqId rc ledger
+    72   reqId ledger first int:stride int:maxCount maxSize   reqId rc ledger first {int:len entry}*
     127  -                                                    reqId rc int:opcode ledger entry (flags =
                                                               mask of the known ids)
 
