@@ -97,6 +97,10 @@ def decode_header(data: bytes, *, where: str = "entry log") -> EntryLogHeader:
     return EntryLogHeader(version, map_offset, count)
 
 
+#: ``int32 size`` of a record: what precedes each entry (``encode_size(len(entry))``)
+encode_size = _SIZE.pack
+
+
 def encode_record(entry: bytes) -> bytes:
     """``[int32 size][entry]``; the body offset is the record offset + 4."""
     if len(entry) < MIN_SANE_ENTRY_SIZE:

@@ -277,7 +277,7 @@ class BookieConnection(asyncio.BufferedProtocol):
                 assert req.master_key is not None
                 await self._bookie.fence(req.ledger_id, bytes(req.master_key))
             entries = await self._bookie.run_in_reader(
-                _read_batch, self._bookie, req.ledger_id, req.start_entry_id, req.max_count,
+                self._bookie.bookie.read_entries, req.ledger_id, req.start_entry_id, req.max_count,
                 self._response_budget(req.max_size),
             )
             status = EOK if entries else ENOENTRY
@@ -434,12 +434,6 @@ class BookieConnection(asyncio.BufferedProtocol):
         answer = bad.error_response()
         if answer is not None:
             self._send(answer)
-
-
-def _read_batch(bookie: AsyncBookie, ledger_id: int, start: int, max_count: int, max_size: int) -> list[bytes | memoryview]:
-    """Consecutive entries from ``start`` until a gap, ``max_count`` or ``max_size`` (runs on a
-    reader thread; a run stored on disk is one pread)."""
-    return bookie.bookie.read_entries(ledger_id, start, max_count, max_size)
 
 
 class BookieServer:

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import errno
 import os
-import struct
 import threading
 import time
 from collections import OrderedDict
@@ -58,7 +57,6 @@ from vellum.errors import CorruptionError, DiskFullError, StorageError
 from vellum.format import entrylog as fmt
 from vellum.ids import MAX_LOG_ID, location_log_id, location_offset, make_location
 
-_SIZE_FIELD = struct.Struct(">i")  # an entry-log record's size prefix
 LOG_SUFFIX = ".log"
 COMPACTING_SUFFIX = ".log.compacting"
 COMPACTED_SUFFIX = ".compacted"
@@ -368,7 +366,7 @@ class EntryLogger:
                 raise ValueError(f"entry of {len(e)} bytes is shorter than {fmt.MIN_SANE_ENTRY_SIZE}")
         out: list[int] = []
         append = out.append
-        pack = _SIZE_FIELD.pack
+        pack = fmt.encode_size
         limit = self.log_size_limit
         wbs = self.write_buffer_size
         n = len(entries)

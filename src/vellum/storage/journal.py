@@ -253,30 +253,41 @@ class _ZeroFiller:
                     cond.notify_all()
 
 
-class _PageDropper:
-    """Drops fsynced journal pages from the OS page cache, a MiB at a time (force thread only).
+class _SyncProgress:
+    """Where each fdatasync left the current journal file (force-write thread only).
 
-    Clean pages are freed at once, so the next journal (and entry log) writes reuse them rather
-    than taking never-touched memory, which on a VM can cost ten times the copy (the host backs
-    it on first touch). The MiB below the mark stays: the writer appends into its last page.
+    It measures the group commits (bytes covered per fsync, smoothed, for the zero filler's
+    choice) and, with ``journalRemoveFromPageCache``, drops the fsynced pages from the OS page
+    cache a MiB at a time. Dropped clean pages are freed at once, so the next journal (and entry
+    log) writes reuse them rather than taking never-touched memory, which on a VM can cost ten
+    times the copy (the host backs it on first touch). The MiB below the mark stays: the writer
+    appends into its last page.
     """
 
     _STEP = 1 << 20
 
-    def __init__(self) -> None:
+    def __init__(self, drop_pages: bool) -> None:
+        self._drop = drop_pages
         self._file = (-1, -1)  # (fd, journal id): a new file may reuse the old one's fd
-        self._done = 0
+        self._end = 0
+        self._dropped = 0
+        self.bytes_per_sync = 0.0
 
     def synced(self, fd: int, journal_id: int, end: int) -> None:
         if (fd, journal_id) != self._file:
-            self._file, self._done = (fd, journal_id), 0
+            self._file, self._dropped = (fd, journal_id), 0
+        else:
+            size = end - self._end
+            bps = self.bytes_per_sync
+            self.bytes_per_sync = float(size) if bps == 0 else 0.8 * bps + 0.2 * size
+        self._end = end
         upto = (end // self._STEP - 1) * self._STEP
-        if upto > self._done:
+        if self._drop and upto > self._dropped:
             try:
-                os.posix_fadvise(fd, self._done, upto - self._done, os.POSIX_FADV_DONTNEED)
+                os.posix_fadvise(fd, self._dropped, upto - self._dropped, os.POSIX_FADV_DONTNEED)
             except OSError as e:  # advisory: the journal is intact whatever the cache holds
                 log.debug("journal page-cache drop failed on fd %d: %s", fd, e)
-            self._done = upto
+            self._dropped = upto
 
 
 class JournalFile:
@@ -877,8 +888,7 @@ class Journal:
 
     def _force_loop(self) -> None:
         take = self._force_queue.take_all
-        dropper = _PageDropper() if self._drop_cache else None
-        synced_file, synced_end = (-1, -1), 0  # where the previous fdatasync left off
+        progress = _SyncProgress(self._drop_cache and self._sync_data)  # only clean pages drop
         while True:
             requests: list[_ForceRequest] = take(None)  # type: ignore[assignment]
             i = 0
@@ -900,14 +910,10 @@ class Journal:
                 if error is None:
                     self._mark = LogMark(last.journal_id, last.end)
                     self.records_synced_total += sum(len(r.callbacks) for r in group)
-                    if dropper is not None and self._sync_data and last.fd >= 0:
-                        dropper.synced(last.fd, last.journal_id, last.end)
-                    filler = self._filler
-                    if filler is not None and (last.fd, last.journal_id) == synced_file:
-                        size = last.end - synced_end
-                        bps = filler.bytes_per_sync
-                        filler.bytes_per_sync = float(size) if bps == 0 else 0.8 * bps + 0.2 * size
-                    synced_file, synced_end = (last.fd, last.journal_id), last.end
+                    if last.fd >= 0:
+                        progress.synced(last.fd, last.journal_id, last.end)
+                        if self._filler is not None:
+                            self._filler.bytes_per_sync = progress.bytes_per_sync
                 for request in group:
                     for callback in request.callbacks:
                         if callback is None:  # a record of a batch whose callback rides on its last

@@ -514,18 +514,12 @@ class LedgerStorage:
         limit = max_count if max_count > 0 else 1 << 62
         run: collections.deque[tuple[int, int, memoryview]] = collections.deque()
         while len(out) < limit:
-            entry: Stored | None = None
-            while run and run[0][0] < eid:
-                run.popleft()
-            if run and run[0][0] == eid:
-                entry = run.popleft()[2]
-            else:
-                run.clear()
-                entry = self.get_cached_entry(ledger_id, eid)
+            # A disk run holds entries eid, eid + 1, ... (``_disk_run``): served in order.
+            entry = run.popleft()[2] if run else self.get_cached_entry(ledger_id, eid)
             if entry is None:
                 run.extend(self._disk_run(ledger_id, eid, limit - len(out),
                                           max_bytes - size if max_bytes > 0 else 0, first_counts=not out))
-                if run and run[0][0] == eid:
+                if run:
                     entry = run.popleft()[2]
                 elif out:
                     break  # the byte bound, a gap or anything odd: the client asks again from here
@@ -548,15 +542,12 @@ class LedgerStorage:
         out: list[Stored] = []
         size = 0
         for k in range(max(1, max_count)):
-            eid = first + k * stride
-            entry = self.get_cached_entry(ledger_id, eid)
-            if entry is None:
-                try:
-                    entry = self.get_entry(ledger_id, eid, read_ahead=False)
-                except (NoSuchEntryError, NoSuchLedgerError):
-                    if not out:
-                        raise
-                    break
+            try:
+                entry = self.get_entry(ledger_id, first + k * stride, read_ahead=False)  # caches first
+            except (NoSuchEntryError, NoSuchLedgerError):
+                if not out:
+                    raise
+                break
             if out and max_bytes > 0 and size + len(entry) > max_bytes:
                 break
             out.append(entry)
