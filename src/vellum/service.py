@@ -80,9 +80,12 @@ class BookieService:
         if cfg.bookie_port == 0 and not cfg.bookie_id:
             raise CookieError("bookiePort=0 needs an explicit bookieId: the id is bound to the disks by the cookie")
         self.bookie_id = bookie_id_of(cfg, cfg.bookie_port)
+        # Read before the disks are looked at: a bookie whose disks were all wiped must be
+        # refused before it stamps fresh cookies (which would let the next start through).
+        store_cookie = await asyncio.to_thread(self._read_store_cookie)
         self.opened = await asyncio.to_thread(
             open_bookie, cfg, bookie_id=self.bookie_id, instance_id=instance_id, progress=log.info,
-            ledger_lister=MetadataLedgerLister(store.ledgers),
+            ledger_lister=MetadataLedgerLister(store.ledgers), store_cookie=store_cookie,
         )
         await asyncio.to_thread(self._check_store_cookie, self.opened.cookie)
         bookie = self.opened.bookie
@@ -126,6 +129,13 @@ class BookieService:
     @staticmethod
     def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[[], None]) -> None:
         loop.call_soon_threadsafe(fn)
+
+    def _read_store_cookie(self) -> Cookie | None:
+        assert self.store is not None and self.bookie_id is not None
+        stored = self.store.registration.get_cookie(self.bookie_id)
+        if stored is None:
+            return None
+        return Cookie.decode(stored.value, where=f"metadata cookie of {self.bookie_id}")
 
     def _check_store_cookie(self, local: Cookie) -> None:
         """The store keeps a copy of each bookie's cookie: a wiped disk must not rejoin silently."""

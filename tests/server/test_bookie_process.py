@@ -176,3 +176,57 @@ def test_a_failed_cluster_start_leaves_no_bookie_running(tmp_path: Path) -> None
         pass
     procs = [b.proc for b in cluster._bookies if b.proc is not None]
     assert procs and all(p.poll() is not None for p in procs)
+
+
+def test_bookie_with_every_disk_wiped_is_refused_and_recovery_keeps_acked_entries(tmp_path: Path) -> None:
+    """Issue 12, defect 1. E3 W3 A2 on 3 bookies: the last 22 acknowledged entries reached only
+    two bookies, the writer died, and one of those two lost all its disks. Restarted on the same
+    address it must refuse to start (the metadata store holds its cookie, its disks hold none),
+    every time, so that recovery never takes its empty answers as proof that entries are absent."""
+    import asyncio
+    import shutil
+
+    from vellum.aio import BookKeeper
+    from vellum.config import ClientConfig
+
+    cfg = ClientConfig(add_entry_timeout_s=2.0, read_entry_timeout_s=2.0)
+    with LocalCluster(tmp_path / "c", bookies=3) as c:
+
+        async def write() -> tuple[int, str, str]:
+            async with BookKeeper(c.metadata_uri, config=cfg) as bk:
+                lh = await bk.create_ledger(ensemble_size=3, write_quorum_size=3, ack_quorum_size=2, password=b"pw")
+                for i in range(20):
+                    await lh.append(b"e%d" % i)
+                # The writer's last adds reach two bookies only, then it dies (never closes).
+                b1, b2, _b3 = lh.metadata.ensembles[0]
+                dm = DigestManager(lh.ledger_id, DigestType.CRC32C, b"pw")
+                length = sum(len(b"e%d" % i) for i in range(20))
+                for i in range(20, 42):
+                    length += len(b"e%d" % i)
+                    entry = dm.compute(i, i - 1, length, b"e%d" % i)
+                    for b in (b1, b2):
+                        await bk.bookie_client.add(b, master_key(b"pw"), entry, timeout_s=5)
+                return lh.ledger_id, b1, b2
+
+        ledger_id, wiped_id, _ = asyncio.run(write())
+        wiped = c.bookie_ids.index(wiped_id)
+        c.terminate(wiped)
+        shutil.rmtree(c.journal_dir(wiped))
+        shutil.rmtree(c.ledger_dir(wiped))
+        for attempt in range(2):  # refused again: the first refusal stamped nothing
+            c.restart(wiped, wait=False)
+            c.wait_until(lambda: c._bookies[wiped].proc is not None and c._bookies[wiped].proc.poll() is not None,
+                         timeout_s=30, what=f"wiped bookie exits (start {attempt + 1})")
+            assert c._bookies[wiped].proc is not None and c._bookies[wiped].proc.returncode != 0
+            assert "none of its directories" in c.log_text(wiped), c.log_text(wiped)[-2000:]
+        assert not (c.ledger_dir(wiped) / "current" / "VERSION").exists()
+        assert wiped_id not in c.registered()[0]
+
+        async def recover() -> None:
+            async with BookKeeper(c.metadata_uri, config=cfg) as bk:
+                rh = await bk.open_ledger(ledger_id, password=b"pw")
+                assert rh.metadata.last_entry_id == 41, "recovery kept every acknowledged entry"
+                got = await rh.read(0, 41)
+                assert [g.payload for g in got] == [b"e%d" % i for i in range(42)]
+
+        asyncio.run(recover())

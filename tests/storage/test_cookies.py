@@ -64,6 +64,22 @@ def test_wiped_ledger_dir_is_detected(dirs: dict[str, list[Path]]) -> None:
     assert read_cookie(dirs["ledger"][1]) is None  # nothing stamped on refusal
 
 
+def test_every_dir_wiped_while_the_store_holds_the_cookie_is_refused(dirs: dict[str, list[Path]]) -> None:
+    """Design rule 6: no dir has a cookie but the metadata store has one for this bookie id:
+    all its disks were wiped. Refused, and nothing stamped, so the next start is refused too."""
+    stored = stamp(dirs)
+    for d in dirs["journal"] + dirs["ledger"]:
+        shutil.rmtree(d)
+        d.mkdir()
+    for _ in range(2):
+        with pytest.raises(CookieError, match="none of its directories") as exc:
+            stamp(dirs, store_cookie=stored)
+        assert "cookie_delete" in str(exc.value) and "new bookie id" in str(exc.value)
+        assert all(read_cookie(d) is None for d in dirs["journal"] + dirs["ledger"])
+    # A bookie id the cluster has never seen is a fresh bookie.
+    assert stamp(dirs, store_cookie=None) == stored
+
+
 def test_wiped_journal_dir_is_detected(dirs: dict[str, list[Path]]) -> None:
     stamp(dirs)
     shutil.rmtree(dirs["journal"][0])

@@ -522,12 +522,15 @@ def open_bookie(
     progress: Callable[[str], None] | None = None,
     ledger_lister: LedgerLister | None = None,
     gc_step_hook: Callable[[str], None] | None = None,
+    store_cookie: Cookie | None = None,
 ) -> OpenedBookie:
     """Lock the dirs, check cookies, open storage, replay journals from ``lastMark``, start.
 
     ``ledger_lister`` gives GC its view of the metadata store (the composition root adapts
     ``meta``); without it GC never deletes ledgers but still collects entry logs of ledgers
-    deleted locally. ``gc_step_hook`` is called at each compaction step (crash tests)."""
+    deleted locally. ``gc_step_hook`` is called at each compaction step (crash tests).
+    ``store_cookie`` is the metadata store's copy of this bookie's cookie: with it, a bookie
+    whose every disk lost its cookie refuses to start (design rule 6)."""
     say = progress or (lambda _msg: None)
     journal_dirs = [Path(d) for d in config.journal_directories]
     ledger_dirs = [Path(d) for d in config.ledger_directories]
@@ -546,6 +549,7 @@ def open_bookie(
             [Path(d) for d in config.index_directories],
             instance_id,
             allow_storage_expansion=config.allow_storage_expansion,
+            store_cookie=store_cookie,
         )
         unclean = mark_dirty(ledger_dirs)
         dirs = LedgerDirsManager(

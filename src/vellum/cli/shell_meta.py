@@ -1,4 +1,5 @@
-"""Metadata shell commands: metaformat, listledgers, ledgermetadata, listbookies, deleteledger, clusterinfo.
+"""Metadata shell commands: metaformat, listledgers, ledgermetadata, listbookies, deleteledger, clusterinfo,
+cookie_get, cookie_delete.
 
 Each command opens the store named by ``--uri`` (default: $VELLUM_METADATA_URI, else
 the standalone store ``sqlite:///./data/standalone/metadata.db``), prints a readable table (``--json`` for scripts) and closes
@@ -16,7 +17,9 @@ import click
 
 from vellum.cli.output import emit_kv, emit_table
 from vellum.config import DEFAULT_METADATA_URI
-from vellum.ids import LedgerId
+from vellum.errors import CookieError
+from vellum.format.cookie import Cookie
+from vellum.ids import BookieId, LedgerId
 from vellum.meta import MetadataStore, open_metadata_store
 
 DEFAULT_URI = DEFAULT_METADATA_URI
@@ -123,6 +126,45 @@ def register(shell: click.Group) -> None:
         with _open(uri) as store:
             store.ledgers.delete_ledger(LedgerId(ledger_id))
         click.echo(f"ledger {ledger_id} deleted")
+
+    @shell.command("cookie_get")
+    @_uri_option
+    @click.argument("bookie_id")
+    @_json_option
+    def cookie_get(uri: str, bookie_id: str, as_json: bool) -> None:
+        """Print the metadata store's copy of a bookie's cookie."""
+        with _open(uri) as store:
+            stored = store.registration.get_cookie(BookieId(bookie_id))
+        if stored is None:
+            raise click.ClickException(f"the metadata store {uri} holds no cookie for bookie {bookie_id}")
+        try:
+            c = Cookie.decode(stored.value, where=f"metadata cookie of {bookie_id}")
+        except CookieError as e:
+            raise click.ClickException(str(e)) from None
+        emit_kv({"bookie_id": c.bookie_id, "journal_dirs": ", ".join(c.journal_dirs),
+                 "ledger_dirs": ", ".join(c.ledger_dirs),
+                 "index_dirs": ", ".join(c.index_dirs) if c.index_dirs else None,
+                 "instance_id": c.instance_id, "layout_version": c.layout_version, "version": stored.version},
+                title=f"stored cookie of {bookie_id}", as_json=as_json)
+
+    @shell.command("cookie_delete")
+    @_uri_option
+    @click.argument("bookie_id")
+    @click.option("--yes", is_flag=True, help="do not ask for confirmation")
+    def cookie_delete(uri: str, bookie_id: str, yes: bool) -> None:
+        """Remove the metadata store's copy of a bookie's cookie (BookKeeper's cookie_delete).
+
+        Only for a bookie id that will rejoin with empty disks and never held data that is not
+        elsewhere: with the copy gone, nothing stops a wiped bookie from rejoining."""
+        if not yes:
+            click.confirm(
+                f"remove the stored cookie of {bookie_id} from {uri}? A bookie with wiped disks can "
+                "then rejoin under this id", abort=True)
+        with _open(uri) as store:
+            if store.registration.get_cookie(BookieId(bookie_id)) is None:
+                raise click.ClickException(f"the metadata store {uri} holds no cookie for bookie {bookie_id}")
+            store.registration.remove_cookie(BookieId(bookie_id))
+        click.echo(f"stored cookie of {bookie_id} removed")
 
     @shell.command("clusterinfo")
     @_uri_option

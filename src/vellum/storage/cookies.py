@@ -4,7 +4,10 @@ Design rule 6: a cookie ties a bookie to its disks, so a wiped disk must not rej
 At start the bookie calls ``check_or_stamp_cookies``:
 
 - every dir has no cookie and no data (fresh bookie): create ``current/`` everywhere and stamp
-  the cookie in each dir;
+  the cookie in each dir, unless the metadata store already holds a cookie for this bookie id
+  (``store_cookie``): then every disk of a bookie the cluster knows was wiped or replaced, and
+  the bookie may have acknowledged entries it no longer has. Refused before anything is
+  stamped, so a second start is refused too;
 - every dir has a cookie and all match the configuration: nothing to do;
 - some dirs have a cookie and others do not: a wiped or newly added disk. Refused, naming the
   dir, unless ``allow_storage_expansion`` and the empty dir is a *new* ledger/index dir (not
@@ -17,8 +20,8 @@ At start the bookie calls ``check_or_stamp_cookies``:
 
 Cookies of an older layout (3, 4) that match are re-stamped in the current layout (5).
 Every stamp is durable (temp file, fsync, rename, fsync dir). The metadata-store copy of the
-cookie (``/ledgers/cookies/<bookieId>``) is compared by the layer above against the returned
-Cookie.
+cookie (``/ledgers/cookies/<bookieId>``) is read by the layer above and passed in; after the
+disks are checked, that layer compares it against the returned Cookie.
 """
 
 from __future__ import annotations
@@ -96,10 +99,12 @@ def check_or_stamp_cookies(
     instance_id: str | None,
     *,
     allow_storage_expansion: bool = False,
+    store_cookie: Cookie | None = None,
 ) -> Cookie:
     """Verify (or, on a fresh bookie, stamp) the cookie of every dir; return the cookie now on
-    disk. ``index_dirs`` empty means the index lives in the ledger dirs. Raises CookieError
-    naming the offending dir; CorruptionError if a VERSION file is unreadable."""
+    disk. ``index_dirs`` empty means the index lives in the ledger dirs. ``store_cookie`` is the
+    metadata store's copy for this bookie id (None if the cluster has never seen it). Raises
+    CookieError naming the offending dir; CorruptionError if a VERSION file is unreadable."""
     journals = tuple(str(d) for d in journal_dirs)
     ledgers = tuple(str(d) for d in ledger_dirs)
     indexes = tuple(str(d) for d in index_dirs) or None
@@ -122,6 +127,18 @@ def check_or_stamp_cookies(
                 "to another bookie or have lost its cookie. Refusing to use it; move the data "
                 "away or restore the cookie"
             )
+
+    if not stamped and store_cookie is not None:
+        raise CookieError(
+            f"the metadata store holds a cookie for bookie {bookie_id} but none of its directories "
+            f"({', '.join(all_dirs)}) has one: every disk of this bookie was wiped or replaced, and "
+            "it may have acknowledged entries it no longer holds. Rejoining under the same id would "
+            "let ledger recovery take its empty answers as proof that those entries never existed. "
+            "Nothing was stamped. If the disks can be restored, restore them. Otherwise start it "
+            "under a new bookie id (bookieId or bookiePort) with empty directories and let the "
+            "lost bookie's ledgers be re-replicated; only if this bookie never held data that is "
+            f"not elsewhere, remove the stored cookie with `vellum shell cookie_delete {bookie_id}`"
+        )
 
     if not stamped:
         log.info("fresh bookie %s: stamping cookies in %s", bookie_id, ", ".join(all_dirs))
