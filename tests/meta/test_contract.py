@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -61,6 +62,20 @@ def test_delete_is_idempotent_and_versioned(store: MetadataStore) -> None:
     lm.delete_ledger(lid, 3)
     with pytest.raises(NoSuchLedgerError):
         lm.read_ledger(lid)
+
+
+def test_create_with_id_recognises_its_own_creator_token(store: MetadataStore) -> None:
+    """A caller that retries a create it was told failed (BK#1967): the same creator token means
+    the same create, so it succeeds at version 0; any other creator still gets a conflict."""
+    lm = store.ledgers
+    mine = dataclasses.replace(MD, creator_token=0x5EED)
+    assert lm.create_ledger_with_id(LedgerId(4242), mine) == 0
+    assert lm.create_ledger_with_id(LedgerId(4242), mine) == 0  # the retry: it is there, and ours
+    with pytest.raises(LedgerExistsError):
+        lm.create_ledger_with_id(LedgerId(4242), dataclasses.replace(MD, creator_token=0xBAD))
+    with pytest.raises(LedgerExistsError):
+        lm.create_ledger_with_id(LedgerId(4242), MD)  # token-less: cannot be recognised
+    assert lm.read_ledger(LedgerId(4242)) == Versioned(mine, 0)
 
 
 def test_cas_from_many_threads_loses_no_update(store: MetadataStore) -> None:

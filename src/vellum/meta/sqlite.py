@@ -17,6 +17,11 @@ Invariants:
 - every write is one ``BEGIN IMMEDIATE`` transaction (WAL journal, ``busy_timeout``), so a
   ``kill -9`` of any process at any instant leaves either the old or the new state; the
   compare-and-set check and the write happen in the same transaction;
+- an error from a write means nothing was written (a failed COMMIT is rolled back): calls run in
+  process, so the embedded store has no lost replies, and ``create_ledger`` takes the id and
+  inserts the row in one transaction (no orphan). ``create_ledger_with_id`` accepts a row that
+  carries the caller's creator token as the caller's own earlier create, as the ZooKeeper driver
+  does after a lost reply, so that a caller's retry means the same on both drivers;
 - a version starts at 0 and grows by one per write (like a znode's ``stat.version``);
 - a session is a row with a lease (``expires_at``, wall-clock seconds) that the owner's
   heartbeat thread renews every third of the timeout. A registration is live only while its
@@ -119,7 +124,16 @@ class _Db:
             except BaseException:
                 self.conn.execute("ROLLBACK")
                 raise
-            self.conn.execute("COMMIT")
+            try:
+                self.conn.execute("COMMIT")
+            except BaseException:
+                # A COMMIT that fails (busy, I/O error) can leave the transaction open: roll it
+                # back so that the caller's error means "nothing was written" (a retry cannot
+                # duplicate a ledger) and the connection can start the next transaction.
+                if self.conn.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):
+                        self.conn.execute("ROLLBACK")
+                raise
 
     def query(self, what: str, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
         with self.lock, self._translate(what):
@@ -182,12 +196,17 @@ class SqliteLedgerManager(LedgerManager):
     def create_ledger_with_id(self, ledger_id: LedgerId, metadata: LedgerMetadata) -> int:
         P._check_id(ledger_id)
         data = serialize_ledger_metadata(metadata)
-        try:
-            with self._db.txn(f"creating ledger {ledger_id}") as c:
+        with self._db.txn(f"creating ledger {ledger_id}") as c:
+            row = c.execute("SELECT data FROM ledgers WHERE ledger_id = ?", (ledger_id,)).fetchone()
+            if row is None:
                 c.execute("INSERT INTO ledgers(ledger_id, version, data) VALUES(?, 0, ?)", (ledger_id, data))
-        except sqlite3.IntegrityError:
-            raise LedgerExistsError(f"ledger {ledger_id} already exists ({self._where(ledger_id)})") from None
-        return 0
+                return 0
+            # The ZooKeeper driver's rule (BK#1967), kept here so that the drivers agree: a row
+            # carrying the caller's creator token is the caller's own earlier create, retried
+            # after an error; version 0 is what that create made.
+            if metadata.creator_token and _creator_token(row[0], self._where(ledger_id)) == metadata.creator_token:
+                return 0
+        raise LedgerExistsError(f"ledger {ledger_id} already exists ({self._where(ledger_id)}, another creator)")
 
     def read_ledger(self, ledger_id: LedgerId) -> Versioned[LedgerMetadata]:
         rows = self._db.query(
@@ -260,6 +279,13 @@ class SqliteLedgerManager(LedgerManager):
             callback(ledger_id, Versioned(md, state[0]))
 
         return self._poller.add(probe, fire, key=lambda s: None if s is None else s[0], on_commit_only=True)
+
+
+def _creator_token(data: bytes, where: str) -> int | None:
+    try:
+        return deserialize_ledger_metadata(data, where=where).creator_token
+    except MetaStoreError:
+        return None  # not Vellum metadata: certainly not the caller's
 
 
 class _PolledWatch(Watch):

@@ -8,7 +8,7 @@ Responsibility: implement every interface of ``meta.api`` on a ZooKeeper ensembl
     {root}/available/<bookieId>      ephemeral: writable bookie
     {root}/available/readonly/<id>   ephemeral: read-only bookie
     {root}/cookies/<bookieId>        persistent, versioned cookie
-    {root}/idgen/ID-<seq>            ephemeral-sequential: ledger id = seq, node deleted at once
+    {root}/idgen/ID-<marker>-<seq>   ephemeral-sequential: ledger id = seq, node deleted at once
     {root}/L0000000001               flat ledger manager
     {root}/00/0000/L0001             hierarchical ledger manager (2/4/4; ids >= 2^31 as below)
     {root}/000/0000/0000/0000/L0001  long hierarchical ledger manager (3/4/4/4/4 for every id)
@@ -21,7 +21,17 @@ Invariants:
   must assume it may have been fenced); when kazoo has a new session the store re-creates its
   bookie registrations, then listeners hear ``RECONNECTED``;
 - connection problems surface as ``MetadataStoreUnavailableError`` (retryable), bad data as
-  ``MetaStoreError`` naming the znode.
+  ``MetaStoreError`` naming the znode;
+- a lost reply (ConnectionLoss, a timeout, an expired or moved session while a request was in
+  flight) means "the operation may or may not have happened". Ledger create and delete retry
+  within a budget (``op_retry_s``, default the session timeout) and settle that doubt, as
+  BookKeeper does since BK#1967: creation is exactly once from the caller's view (a retry that
+  finds the znode recognises its own by the creator token, ``cToken``, or, for token-less
+  metadata, by identical bytes), delete is idempotent (absent = success). An id-generator node
+  carries a per-call marker so a retry finds the sequence number its lost attempt obtained. A
+  create with a generated id that exhausts the budget is remembered: the next ``create_ledger``
+  of this store adopts it (same metadata) or removes it, so nobody is left holding no id to an
+  existing ledger.
 """
 
 from __future__ import annotations
@@ -36,6 +46,7 @@ from typing import Any, NoReturn
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (
     BadVersionError,
+    ConnectionClosedError,
     ConnectionLoss,
     KazooException,
     NodeExistsError,
@@ -43,6 +54,7 @@ from kazoo.exceptions import (
     NotEmptyError,
     OperationTimeoutError,
     SessionExpiredError,
+    SessionMovedError,
 )
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import ZnodeStat
@@ -84,13 +96,42 @@ log = logging.getLogger(__name__)
 
 _FLAT_PAGE = 10_000
 _CREATE_RETRIES = 100
+_RETRY_FIRST_DELAY_S = 0.01
+_RETRY_MAX_DELAY_S = 1.0
+_MAX_DOUBTFUL = 1024
 
 
 def _unavailable(e: Exception, what: str) -> NoReturn:
     raise MetadataStoreUnavailableError(f"ZooKeeper unavailable while {what}: {type(e).__name__}") from e
 
 
-_TRANSIENT = (ConnectionLoss, SessionExpiredError, OperationTimeoutError, KazooTimeoutError)
+# Errors after which the request may or may not have been applied by the server: the reply was
+# lost with the connection, or the session ended or moved while the request was in flight.
+_TRANSIENT = (ConnectionLoss, SessionExpiredError, SessionMovedError, OperationTimeoutError, KazooTimeoutError)
+
+
+class _Retry:
+    """The retry budget of one operation whose replies may be lost.
+
+    ``failed(e)`` counts an attempt of unknown outcome, then sleeps (10 ms doubling to 1 s) or,
+    once the budget is spent or the store is closed, raises ``MetadataStoreUnavailableError``.
+    """
+
+    def __init__(self, budget_s: float, what: str) -> None:
+        self._deadline = time.monotonic() + budget_s
+        self._delay = _RETRY_FIRST_DELAY_S
+        self._what = what
+        self.unknown = 0  # attempts whose outcome is unknown
+
+    def failed(self, e: Exception, advice: str = "") -> None:
+        self.unknown += 1
+        if isinstance(e, ConnectionClosedError) or time.monotonic() + self._delay > self._deadline:
+            raise MetadataStoreUnavailableError(
+                f"ZooKeeper unavailable while {self._what}: {type(e).__name__} "
+                f"({self.unknown} attempt(s) without an answer){advice}"
+            ) from e
+        time.sleep(self._delay)
+        self._delay = min(2 * self._delay, _RETRY_MAX_DELAY_S)
 
 
 class _Flag(Watch):
@@ -106,35 +147,77 @@ class _Flag(Watch):
 
 
 class ZkLedgerIdGenerator(LedgerIdGenerator):
-    """BookKeeper's ZkLedgerIdGenerator: the sequence number of an ephemeral-sequential znode."""
+    """BookKeeper's ZkLedgerIdGenerator: the sequence number of an ephemeral-sequential znode.
 
-    def __init__(self, client: KazooClient, root: str) -> None:
+    The node is named ``ID-<marker>-<seq>`` with a marker unique to the call (Curator's
+    "protected" names): when the reply to the create is lost, the retry lists ``idgen`` and takes
+    the number its first attempt obtained instead of leaving that node behind. The sequence
+    counter belongs to the parent znode, so ids stay unique next to BookKeeper's ``ID-<seq>``.
+    """
+
+    def __init__(self, client: KazooClient, root: str, retry_s: float = 10.0) -> None:
         self._client = client
-        self._prefix = f"{root}/{P.IDGEN}/ID-"
+        self._dir = f"{root}/{P.IDGEN}"
+        self._retry_s = retry_s
 
     def generate_ledger_id(self) -> LedgerId:
-        try:
-            path = self._client.create(self._prefix, b"", ephemeral=True, sequence=True, makepath=True)
-        except _TRANSIENT as e:
-            _unavailable(e, f"generating a ledger id under {self._prefix}")
-        seq = int(path.rsplit("ID-", 1)[1])
-        # The node only carried the counter; drop it without waiting.
+        marker = f"ID-{uuid.uuid4().hex}-"
+        retry = _Retry(self._retry_s, f"generating a ledger id under {self._dir}")
+        path: str | None = None
+        while path is None:
+            try:
+                if retry.unknown:
+                    path = self._find(marker)
+                if path is None:
+                    path = self._client.create(
+                        f"{self._dir}/{marker}", b"", ephemeral=True, sequence=True, makepath=True
+                    )
+            except _TRANSIENT as e:
+                retry.failed(e)
+        seq = int(path.rsplit("-", 1)[1])
+        # The node only carried the counter; drop it without waiting (if that is lost too, the
+        # ephemeral node still ends with the session).
         self._client.delete_async(path)
         if not 0 <= seq < P.INT32_MAX:
             raise LedgerIdOverflowError(f"ledger id sequence {seq} at {path} exceeds Integer.MAX_VALUE")
         return LedgerId(seq)
 
+    def _find(self, marker: str) -> str | None:
+        try:
+            children = self._client.get_children(self._dir)
+        except NoNodeError:
+            return None
+        mine = sorted(c for c in children if c.startswith(marker))
+        for extra in mine[1:]:  # a lost attempt applied after all: its number is simply skipped
+            self._client.delete_async(f"{self._dir}/{extra}")
+        return f"{self._dir}/{mine[0]}" if mine else None
+
 
 class ZkLedgerManager(LedgerManager):
-    """Flat or hierarchical ledger manager on one root."""
+    """Flat or hierarchical ledger manager on one root.
 
-    def __init__(self, client: KazooClient, root: str, layout: LedgerLayout, id_generator: LedgerIdGenerator) -> None:
+    Create and delete retry lost replies for up to ``retry_s`` (see the module docstring). A
+    create with a generated id whose outcome stays unknown goes to ``_doubtful`` (id -> the bytes
+    it wrote); the next ``create_ledger`` settles those first.
+    """
+
+    def __init__(
+        self,
+        client: KazooClient,
+        root: str,
+        layout: LedgerLayout,
+        id_generator: LedgerIdGenerator,
+        retry_s: float = 10.0,
+    ) -> None:
         self._client = client
         self._root = root
         self.layout = layout
         self._idgen = id_generator
         self._type = layout.manager_type
         self._hier = self._type in ("hierarchical", "longhierarchical")
+        self._retry_s = retry_s
+        self._lock = threading.Lock()
+        self._doubtful: dict[LedgerId, bytes] = {}
 
     def ledger_path(self, ledger_id: int) -> str:
         if self._type == "longhierarchical":
@@ -144,23 +227,131 @@ class ZkLedgerManager(LedgerManager):
         return P.flat_ledger_path(self._root, ledger_id)
 
     def create_ledger(self, metadata: LedgerMetadata) -> tuple[LedgerId, int]:
+        data = serialize_ledger_metadata(metadata)
+        adopted = self._settle_doubtful(data)
+        if adopted is not None:
+            return adopted, 0
         for _ in range(_CREATE_RETRIES):
             ledger_id = self._idgen.generate_ledger_id()
             try:
-                return ledger_id, self.create_ledger_with_id(ledger_id, metadata)
+                return ledger_id, self._create(ledger_id, metadata, data, generated=True)
             except LedgerExistsError:
                 continue  # an id taken by create_ledger_with_id; BookKeeper also just retries
         raise LedgerExistsError(f"{_CREATE_RETRIES} generated ledger ids in a row already existed under {self._root}")
 
     def create_ledger_with_id(self, ledger_id: LedgerId, metadata: LedgerMetadata) -> int:
+        return self._create(ledger_id, metadata, serialize_ledger_metadata(metadata), generated=False)
+
+    def _create(self, ledger_id: LedgerId, metadata: LedgerMetadata, data: bytes, *, generated: bool) -> int:
+        """Create the znode exactly once from the caller's view; returns version 0.
+
+        A lost reply is retried; a retry that meets NodeExists asks ``_made_by`` whether the
+        node is this create's own. The version returned is always 0, the version the create
+        made: if someone wrote the ledger since, the caller's first CAS fails and it re-reads.
+        """
         path = self.ledger_path(ledger_id)
+        if generated:
+            advice = (
+                f"; ledger {ledger_id} ({path}) may have been created: this store adopts it at its next "
+                "create_ledger with the same metadata or removes it then"
+            )
+        else:
+            advice = (
+                f"; ledger {ledger_id} ({path}) may have been created: retry create_ledger_with_id with "
+                "the same metadata (a creator token recognises its own create) or read the ledger"
+            )
+        retry = _Retry(self._retry_s, f"creating ledger {ledger_id} at {path}")
+        while True:
+            try:
+                try:
+                    self._client.create(path, data, makepath=True)
+                    return 0
+                except NodeExistsError:
+                    if self._made_by(path, metadata, data, after_unknown=retry.unknown > 0):
+                        return 0
+                    raise LedgerExistsError(
+                        f"ledger {ledger_id} already exists at {path} (made by another creator)"
+                    ) from None
+            except _TRANSIENT as e:
+                try:
+                    retry.failed(e, advice)
+                except MetadataStoreUnavailableError:
+                    if generated:
+                        self._remember_doubtful(ledger_id, data)
+                    raise
+
+    def _made_by(self, path: str, metadata: LedgerMetadata, data: bytes, *, after_unknown: bool) -> bool:
+        """Whether the existing znode at ``path`` is the one this create made (BK#1967's check).
+
+        With a creator token (both clients set a random one) the stored token decides, on any
+        NodeExists, as in BookKeeper: so a caller may also retry a create it was told failed.
+        Token-less metadata (tools, tests) is recognised only by a retry of this call's own
+        unanswered attempt, and only by byte-identical data at version 0: without a token an
+        identical create by someone else in that window cannot be told apart.
+        """
         try:
-            self._client.create(path, serialize_ledger_metadata(metadata), makepath=True)
-        except NodeExistsError:
-            raise LedgerExistsError(f"ledger {ledger_id} already exists at {path}") from None
-        except _TRANSIENT as e:
-            _unavailable(e, f"creating {path}")
-        return 0
+            stored, stat = self._client.get(path)
+        except NoNodeError:
+            # Existed a moment ago and is gone: ours and already deleted, or someone else's.
+            # BookKeeper answers "exists" here too: re-creating could resurrect a deleted ledger.
+            return False
+        if metadata.creator_token:
+            try:
+                found = deserialize_ledger_metadata(stored, where=f"znode {path}")
+            except MetaStoreError:
+                return False  # not Vellum metadata: certainly not ours
+            return found.creator_token == metadata.creator_token
+        return after_unknown and stat.version == 0 and bytes(stored) == data
+
+    def _remember_doubtful(self, ledger_id: LedgerId, data: bytes) -> None:
+        with self._lock:
+            if len(self._doubtful) >= _MAX_DOUBTFUL:
+                dropped = next(iter(self._doubtful))
+                del self._doubtful[dropped]
+                log.warning(
+                    "forgetting ledger %s (%s) whose create had no answer: it may exist with no owner; "
+                    "check it with `vellum shell ledgermetadata %s`", dropped, self.ledger_path(dropped), dropped,
+                )
+            self._doubtful[ledger_id] = data
+
+    def _settle_doubtful(self, data: bytes) -> LedgerId | None:
+        """Resolve earlier creates whose outcome stayed unknown (the caller was told they failed).
+
+        A node that holds exactly ``data`` at version 0 is adopted: the caller retries that very
+        create, and one answered create = one ledger. Any other node still as this store wrote it
+        is deleted (at version 0, so a ledger somebody found and used is left alone, with a
+        warning). An answer that is lost again keeps the entry for the next call.
+        """
+        if not self._doubtful:
+            return None
+        with self._lock:
+            pending, self._doubtful = self._doubtful, {}
+        adopted: LedgerId | None = None
+        for lid, written in pending.items():
+            path = self.ledger_path(lid)
+            try:
+                try:
+                    stored, stat = self._client.get(path)
+                except NoNodeError:
+                    continue  # the unanswered create never happened
+                if stat.version != 0:
+                    log.warning(
+                        "ledger %s (%s), whose create had no answer, was changed since: left in place", lid, path
+                    )
+                    continue  # in use by whoever found it: not ours to remove
+                if bytes(stored) != written:
+                    continue  # our create never happened; someone else created this id
+                if adopted is None and written == data:
+                    adopted = lid
+                    continue
+                self._client.delete(path, version=0)
+                log.warning("removed ledger %s (%s): its create had no answer and was reported failed", lid, path)
+            except (NoNodeError, BadVersionError):
+                continue
+            except _TRANSIENT:
+                with self._lock:
+                    self._doubtful.setdefault(lid, written)
+        return adopted
 
     def read_ledger(self, ledger_id: LedgerId) -> Versioned[LedgerMetadata]:
         path = self.ledger_path(ledger_id)
@@ -188,16 +379,23 @@ class ZkLedgerManager(LedgerManager):
 
     def delete_ledger(self, ledger_id: LedgerId, expected_version: int | None = None) -> None:
         path = self.ledger_path(ledger_id)
-        try:
-            self._client.delete(path, version=-1 if expected_version is None else expected_version)
-        except NoNodeError:
-            return
-        except BadVersionError:
-            raise MetadataVersionError(
-                f"ledger {ledger_id} at {path} changed: expected version {expected_version}"
-            ) from None
-        except _TRANSIENT as e:
-            _unavailable(e, f"deleting {path}")
+        retry = _Retry(self._retry_s, f"deleting ledger {ledger_id} at {path}")
+        while True:
+            try:
+                self._client.delete(path, version=-1 if expected_version is None else expected_version)
+                return
+            except NoNodeError:
+                # Absent is success, the contract of meta.api and BookKeeper's since BK#1967
+                # (removeLedgerMetadata: NONODE -> OK). It is what a retry sees after the first
+                # attempt's reply was lost; telling that case from "never existed" would need
+                # state ZooKeeper does not keep, and exclusive removal protects nothing.
+                return
+            except BadVersionError:
+                raise MetadataVersionError(
+                    f"ledger {ledger_id} at {path} changed: expected version {expected_version}"
+                ) from None
+            except _TRANSIENT as e:
+                retry.failed(e, f"; ledger {ledger_id} may already be deleted: deleting again is safe")
 
     def ledger_exists(self, ledger_id: LedgerId) -> bool:
         try:
@@ -605,12 +803,16 @@ class ZkMetadataStore(MetadataStore):
         ledger_manager_type: str | None = None,
         session_timeout_s: float = 10.0,
         connect_timeout_s: float = 10.0,
+        op_retry_s: float | None = None,
         uri: str = "",
     ) -> None:
         self.uri = uri or f"zk://{hosts}{root}"
         self.hosts = hosts
         self.root = root.rstrip("/") or "/ledgers"
         self._wanted_type = ledger_manager_type
+        # How long ledger create/delete keep retrying lost replies: a session timeout is how
+        # long ZooKeeper itself waits before it gives up on a silent client.
+        self._op_retry_s = session_timeout_s if op_retry_s is None else op_retry_s
         self._client = KazooClient(
             hosts=hosts,
             timeout=session_timeout_s,
@@ -632,7 +834,7 @@ class ZkMetadataStore(MetadataStore):
                 f"cannot reach ZooKeeper at {hosts} (metadata root {self.root}) within "
                 f"{connect_timeout_s:g}s: {type(e).__name__}"
             ) from None
-        self._idgen = ZkLedgerIdGenerator(self._client, self.root)
+        self._idgen = ZkLedgerIdGenerator(self._client, self.root, self._op_retry_s)
         self._registration = ZkRegistrationManager(self._client, self.root, session_timeout_s)
         self._layout = ZkLayoutManager(self._client, self.root)
         self._kv = ZkKeyValueStore(self._client, self.root)
@@ -701,7 +903,7 @@ class ZkMetadataStore(MetadataStore):
                         f"{self.uri} asks for the {self._wanted_type} ledger manager but "
                         f"{self._layout.path} says {layout.manager_type} ({layout.factory_class})"
                     )
-                self._ledgers = ZkLedgerManager(self._client, self.root, layout, self._idgen)
+                self._ledgers = ZkLedgerManager(self._client, self.root, layout, self._idgen, self._op_retry_s)
             return self._ledgers
 
     @property
