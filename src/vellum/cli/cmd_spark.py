@@ -2,7 +2,8 @@
 
 Commands: ``gc-report`` (per entry log: total / live bytes, usage, age, pinning ledgers),
 ``replica-check`` (ledgers whose bookies miss entries or hold diverging copies) and
-``staging-gc`` (staging ledgers of Spark writes whose driver died before commit).
+``staging-gc`` (staging ledgers of Spark writes whose driver died before commit; never a ledger
+that a named ledger's segments reference).
 Output: a readable table, ``--json``, or ``--parquet PATH`` for further Spark work.
 
 pyspark is imported only when a command runs, so ``vellum`` itself starts fast and works
@@ -133,21 +134,47 @@ def register(cli: click.Group) -> None:
     @spark.command("staging-gc")
     @click.option("--metadata-uri", required=True, help="metadata service URI of the cluster")
     @click.option("--older-than", default=3600.0, show_default=True,
-                  help="only jobs whose staging ledgers are at least this many seconds old")
+                  help="only jobs whose newest staging registration is at least this many seconds old; "
+                       "must exceed the longest running Spark write (see docs/spark.md)")
     @click.option("--dry-run", is_flag=True, help="list, delete nothing")
     def staging_gc(metadata_uri: str, older_than: float, dry_run: bool) -> None:
-        """Delete staging ledgers of Spark writes that never committed (driver crashed)."""
+        """Delete staging ledgers of Spark writes that never committed (driver crashed).
+
+        A staging ledger that some named ledger's segments reference (its commit published it
+        before the driver died) is never deleted: only its registration is dropped.
+        """
         from vellum.client.blocking import BookKeeper
+        from vellum.spark.names import NameScanError, referenced_ledgers
         from vellum.spark.writer import cleanup_staging, list_staging_jobs, sweep_finished_markers
 
         now_ms = time.time() * 1000
-        rows = []
+        rows: list[tuple[str, int, float, int | str, int | str]] = []
         with BookKeeper(metadata_uri) as bk:
-            for job, items in sorted(list_staging_jobs(bk).items()):
-                newest = max(c for _k, _l, c in items)
-                old = now_ms - newest >= older_than * 1000
-                deleted = cleanup_staging(bk, job, set()) if old and not dry_run else 0
-                rows.append((job, len(items), round((now_ms - newest) / 1000, 1), deleted))
+            jobs = list_staging_jobs(bk)
+            stopped = "staging-gc --dry-run stopped"
+            try:
+                # A dry run reports what a real run would keep (from one scan of the name records).
+                referenced = referenced_ledgers(bk) if dry_run and jobs else frozenset()
+                for job, items in sorted(jobs.items()):
+                    stopped = f"staging-gc stopped at job {job} and deleted nothing of it"
+                    newest = max(c for _k, _l, c in items)
+                    age = round((now_ms - newest) / 1000, 1)
+                    if now_ms - newest < older_than * 1000:
+                        rows.append((job, len(items), age, "-", "-"))  # young: its driver may be running
+                    elif dry_run:
+                        kept = sum(1 for _k, lid, _c in items if lid in referenced)
+                        rows.append((job, len(items), age, 0, kept))
+                    else:
+                        done = cleanup_staging(bk, job, set())
+                        rows.append((job, len(items), age, done.deleted, done.published))
+            except NameScanError as exc:
+                raise click.ClickException(
+                    f"{stopped}: {exc}. A staging ledger is "
+                    "deleted only after every named-ledger record was read (a ledger a name references "
+                    "must survive); make the metadata store or the record readable and run staging-gc again"
+                ) from None
             if not dry_run:
                 sweep_finished_markers(bk, older_than * 1000)
-        emit_table(["job", "stagingLedgers", "ageSeconds", "deleted"], rows, title="Spark staging ledgers")
+        emit_table(["job", "stagingLedgers", "ageSeconds", "deleted", "keptPublished"], rows,
+                   title="Spark staging ledgers (keptPublished: already segments of a named ledger, "
+                         "only the registration dropped)")

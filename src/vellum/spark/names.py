@@ -10,7 +10,9 @@ Invariants:
 - a publish is one compare-and-set of the record; the cursor check (replay detection) uses the
   same record version as the CAS, so "check then publish" cannot interleave with another commit;
 - staging ledgers are written with the name's digest type and password (the record's), which
-  the named-ledger client requires of published segments.
+  the named-ledger client requires of published segments;
+- ``referenced_ledgers`` is all or nothing: a listing or record it cannot read raises
+  ``NameScanError``, never a partial set (callers delete what is *not* in the set).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from vellum.spark.options import WriteOptions
 
 _T = TypeVar("_T")
 _TIMEOUT_S = 120.0
+#: full scans of the name records tried while names keep appearing during the scan
+_SCAN_ROUNDS = 5
 
 
 def _call(bk: BookKeeper, coro: Coroutine[Any, Any, _T]) -> _T:
@@ -98,6 +102,37 @@ class NameReader:
         end = max(rec.start_entry_id, segs[-1].last_readable + 1 if segs else rec.start_entry_id)
         avg = max(1, length // entries) if entries > 0 and length > 0 else 1024
         return NameView(rec.start_entry_id, end, tuple(segs), rec.password, dict(rec.custom_metadata), avg)
+
+
+class NameScanError(RuntimeError):
+    """Not every named-ledger record could be read: nothing may be deleted on the strength of it."""
+
+
+def referenced_ledgers(bk: BookKeeper) -> frozenset[int]:
+    """Every ledger id that some named ledger's segments reference, from a fresh read of every record.
+
+    Deleting a ledger outside this set cannot lose published data; so the set must be complete:
+    a name created during the scan (a commit creating its name) triggers another round, and any
+    error (store unavailable, unreadable or newer-format record) raises ``NameScanError``.
+    """
+    named = NamedLedgers(bk.aio)
+    try:
+        names = _call(bk, named.list(""))
+        for _ in range(_SCAN_ROUNDS):
+            ids: set[int] = set()
+            for name in names:
+                try:
+                    rec = _call(bk, named.record(name)).value
+                except NoSuchLedgerError:
+                    continue  # deleted since the listing: its record references nothing any more
+                ids.update(seg.ledger_id for seg in rec.segments)
+            again = _call(bk, named.list(""))
+            if set(again) <= set(names):
+                return frozenset(ids)
+            names = again  # names appeared while we read: one of them may reference our ledgers
+    except Exception as exc:
+        raise NameScanError(f"could not read every named-ledger record ({type(exc).__name__}: {exc})") from exc
+    raise NameScanError(f"named ledgers kept being created during {_SCAN_ROUNDS} scans of their records")
 
 
 class NameWriter:

@@ -8,9 +8,16 @@ compare-and-set** of the name record; abort deletes them.
 Protocol and invariants:
 - before appending, a task registers its staging ledger under
   ``spark/staging/<job tag>/<partition>.<attempt>.<ledger id>`` in the metadata key-value store;
-  commit and abort delete every registered ledger of the job that was not published (failed or
-  speculative attempts, replays) and then the registrations, so nothing is orphaned once the job
-  ends; a driver that dies before commit leaves registrations ``vellum spark staging-gc`` sweeps;
+  right after the CAS the commit removes the registrations of the ledgers it published (they are
+  segments now, no longer staging); commit and abort then delete every other registered ledger of
+  the job (failed or speculative attempts, replays) and the registrations, so nothing is orphaned
+  once the job ends; a driver that dies on the way leaves registrations ``vellum spark staging-gc``
+  sweeps;
+- a staging ledger is deleted only if no named ledger's segments reference it, checked against a
+  fresh read of every name record right before the deletions (an unreadable record: nothing is
+  deleted). The registrations alone cannot say "published": a driver killed between the CAS and
+  their removal leaves published ledgers registered, and an applied CAS whose reply was lost
+  looks like a failed (or replayed) commit to the driver;
 - data becomes visible only through the CAS: before it readers see nothing of the job, after it
   everything (the staging ledgers are closed before their task reports success);
 - streams: the same CAS also stores cursor ``spark.sink.<queryId>`` = the batch id, and a batch
@@ -144,7 +151,7 @@ def write_task(opts: WriteOptions, job: str, batches: Iterator[pa.RecordBatch],
                 if bk.aio.store.kv.get(f"{FINISHED_PREFIX}{job}") is not None:
                     # The driver committed or aborted this job already (this attempt is late):
                     # undo the registration ourselves; the except below deletes the ledger.
-                    bk.aio.store.kv.delete(f"{STAGING_PREFIX}{job}/{partition}.{attempt}.{handle.ledger_id}")
+                    bk.aio.store.kv.delete(_registration_key(job, partition, attempt, handle.ledger_id))
                     raise RuntimeError(f"[VELLUM_WRITE] job {job} already finished; task attempt dropped")
             column = _payload_column(batch)
             if opts.packed:
@@ -204,15 +211,54 @@ async def _append_all(handle: AsyncLedgerHandle, values: list[bytes], window: in
 
 
 def _register_staging(bk: BookKeeper, job: str, partition: int, attempt: int, ledger_id: int) -> None:
-    key = f"{STAGING_PREFIX}{job}/{partition}.{attempt}.{ledger_id}"
+    key = _registration_key(job, partition, attempt, ledger_id)
     bk.aio.store.kv.create(key, json.dumps({"ledgerId": ledger_id, "ctimeMs": int(time.time() * 1000)}).encode())
 
 
-def cleanup_staging(bk: BookKeeper, job: str, keep: set[int]) -> int:
-    """Delete the job's registered staging ledgers not in ``keep``, then every registration.
+@dataclass(frozen=True)
+class StagingCleanup:
+    """What :func:`cleanup_staging` did with a job's staging ledgers."""
 
-    Returns how many ledgers were deleted. Idempotent (a retried commit or abort finds less).
+    deleted: int  # unpublished staging ledgers deleted
+    published: int  # registrations dropped because a named ledger references their ledger (kept)
+
+
+def _registration_key(job: str, partition: int, attempt: int, ledger_id: int) -> str:
+    return f"{STAGING_PREFIX}{job}/{partition}.{attempt}.{ledger_id}"
+
+
+def _registered_ledger(key: str) -> int:
+    """The ledger id a registration key ends with (-1 if the key is not one of ours)."""
+    try:
+        return int(key.rsplit(".", 1)[1])
+    except (IndexError, ValueError):
+        return -1
+
+
+def _forget_published(bk: BookKeeper, job: str, msgs: Sequence[VellumCommit]) -> None:
+    """Remove the registrations of the ledgers the CAS just published: they are segments now.
+
+    Keys come from the commit messages (no listing), so this is the first thing after the CAS;
+    a driver killed before it finishes leaves registrations of published ledgers, which
+    :func:`cleanup_staging` recognises from the name records and never deletes.
     """
+    kv = bk.aio.store.kv
+    for m in msgs:
+        if m.ledger_id >= 0:
+            kv.delete(_registration_key(job, m.partition_id, m.attempt, m.ledger_id))
+
+
+def cleanup_staging(bk: BookKeeper, job: str, keep: set[int], *, also: Sequence[int] = ()) -> StagingCleanup:
+    """Delete the job's staging ledgers (registered ones and ``also``) that are not in ``keep``
+    and that no named ledger references, then drop every registration of the job.
+
+    ``keep``: ledgers the caller has just published. Whatever the caller believes, a ledger some
+    name's segments reference is never deleted: the records are read fresh right before the
+    deletions, and if they cannot all be read (``NameScanError``) nothing is deleted and the
+    registrations stay for a later run. Idempotent (a retried commit or abort finds less).
+    """
+    from vellum.spark.names import referenced_ledgers
+
     kv = bk.aio.store.kv
     finished = f"{FINISHED_PREFIX}{job}"
     if kv.get(finished) is None:
@@ -220,17 +266,23 @@ def cleanup_staging(bk: BookKeeper, job: str, keep: set[int]) -> int:
             kv.create(finished, str(int(time.time() * 1000)).encode())
         except MetadataVersionError:
             pass  # a concurrent commit/abort of the same job wrote it
-    deleted = 0
-    for key in kv.list(f"{STAGING_PREFIX}{job}/"):
-        try:
-            lid = int(key.rsplit(".", 1)[1])
-        except (IndexError, ValueError):
-            lid = -1
-        if lid >= 0 and lid not in keep:
+    keys = kv.list(f"{STAGING_PREFIX}{job}/")
+    registered = {key: _registered_ledger(key) for key in keys}
+    candidates = sorted({lid for lid in (*registered.values(), *also) if lid >= 0 and lid not in keep})
+    referenced = referenced_ledgers(bk) if candidates else frozenset()
+    deleted = published = 0
+    for lid in candidates:
+        if lid in referenced:
+            published += 1
+            log.info("staging ledger %d of job %s is a segment of a named ledger: kept, only its "
+                     "registration is dropped", lid, job)
+        else:
             bk.delete_ledger(lid)
             deleted += 1
+    published += sum(1 for lid in registered.values() if lid in keep)
+    for key in keys:
         kv.delete(key)
-    return deleted
+    return StagingCleanup(deleted, published)
 
 
 def sweep_finished_markers(bk: BookKeeper, older_than_ms: float) -> int:
@@ -293,16 +345,25 @@ def commit_job(opts: WriteOptions, job: str, messages: Sequence[WriterCommitMess
         else:
             raise RuntimeError(f"[VELLUM_WRITE] could not publish into {opts.name!r}: the name record kept "
                                "changing (20 compare-and-set conflicts)")
-        cleanup_staging(bk, job, set(ids) if done else set())
+        # The CAS was the commit: an error from here on must not fail the job (Spark would abort
+        # it, or a batch job be re-run, while its data is already visible). What is left behind
+        # is safe for staging-gc, which never deletes a ledger a name references.
+        try:
+            if done:
+                _forget_published(bk, job, msgs)
+            cleanup_staging(bk, job, set(ids) if done else set())
+        except Exception as exc:
+            log.warning("vellum sink %s: job %s is %s, but cleaning its staging up failed (%s); "
+                        "run `vellum spark staging-gc` to remove what is left", opts.name, job,
+                        "committed" if done else "a replay (skipped)", exc)
         return done
 
 
 def abort_job(opts: WriteOptions, job: str, messages: Sequence[WriterCommitMessage | None]) -> None:
     with client(opts.metadata_uri, opts.client_properties) as bk:
-        cleanup_staging(bk, job, set())
-        for m in _published(messages):
-            if m.ledger_id >= 0:
-                bk.delete_ledger(m.ledger_id)  # idempotent: usually gone with its registration
+        # The messages' ledgers too (usually registered as well): a commit whose CAS was applied
+        # but reported an error ends here, and cleanup_staging keeps what a name references.
+        cleanup_staging(bk, job, set(), also=[m.ledger_id for m in _published(messages) if m.ledger_id >= 0])
 
 
 class VellumBatchWriter(DataSourceArrowWriter):  # type: ignore[misc]
