@@ -73,3 +73,48 @@ def test_paused_bookie_times_out_and_recovery_fences_writer(cluster: LocalCluste
                 await asyncio.to_thread(cluster.resume, paused)
 
     run(main(), timeout_s=60)
+
+
+def _under_replicated_adds() -> float:
+    from vellum.stats import REGISTRY
+
+    return REGISTRY.get_sample_value("bookkeeper_client_ADD_ENTRY_UR_total") or 0.0
+
+
+def test_bookie_cut_off_while_the_ack_quorum_holds_is_replaced(cluster: LocalCluster) -> None:
+    """Issue 12, defect 3 (design rule 11). E4 W3 A2: one ensemble bookie stops answering; every
+    add is still acknowledged by the two others, and the timeouts to the silent bookie come after
+    the ack. It must still be replaced (the new ensemble persisted), and the under-replicated
+    adds counted, instead of entries sitting at two copies with nothing said."""
+
+    async def main() -> None:
+        async with BookKeeper(cluster.metadata_uri, config=CFG) as bk:
+            lh = await bk.create_ledger(ensemble_size=4, write_quorum_size=3, ack_quorum_size=2)
+            await asyncio.gather(*(lh.append_async(payload(i)) for i in range(20)))
+            victim = lh.metadata.ensembles[0][1]
+            before = _under_replicated_adds()
+            await asyncio.to_thread(cluster.pause, _index(cluster, victim))
+            try:
+                for i in range(20, 60):  # acknowledged at once by the two live bookies
+                    assert await asyncio.wait_for(lh.append(payload(i)), 0.9) == i
+                deadline = asyncio.get_running_loop().time() + 10
+                i = 60
+                while victim in lh.metadata.last_ensemble and asyncio.get_running_loop().time() < deadline:
+                    await lh.append(payload(i))
+                    i += 1
+                    await asyncio.sleep(0.05)
+                assert victim not in lh.metadata.last_ensemble, "the silent bookie was never replaced"
+                assert _under_replicated_adds() > before
+                # persisted: another client sees the new segment
+                async with BookKeeper(cluster.metadata_uri, config=CFG) as other:
+                    md = await other.ledger_metadata(lh.ledger_id)
+                    assert victim not in md.last_ensemble and len(md.ensembles) >= 2
+                await lh.close()
+                async with BookKeeper(cluster.metadata_uri, config=CFG) as reader:
+                    rh = await reader.open_ledger(lh.ledger_id, recovery=False)
+                    got = await rh.read(0, rh.metadata.last_entry_id)
+                    assert [g.payload for g in got] == [payload(j) for j in range(i)]
+            finally:
+                await asyncio.to_thread(cluster.resume, _index(cluster, victim))
+
+    run(main(), timeout_s=90)

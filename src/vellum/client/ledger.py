@@ -37,6 +37,13 @@ Ensemble change (write failure to bookie ``i``: dead, timeout, read-only...):
   pending and later add fails. At most ``maxNumEnsembleChanges`` changes per handle.
 A ``LedgerFencedError`` from a bookie fails the handle the same way.
 
+Delayed write failure (design.md rule 11): a write that fails or times out after its entry was
+already acknowledged (the other ``AQ`` bookies were faster) still marks that bookie failed and
+changes the ensemble, so a bookie that stops answering is replaced even while the ack quorum
+holds; the change is persisted before any later ack (rule 5). The acknowledged entry itself stays
+one copy short until re-replication repairs it: it is logged and counted in
+``bookkeeper_client_ADD_ENTRY_UR`` (BookKeeper's under-replicated adds).
+
 Close (design.md rule 10): wait for pending adds, then CAS the metadata to CLOSED with
 ``last entry = LAC`` and the length at the LAC; a conflict re-reads, accepts a CLOSED ledger only
 if its last entry equals this writer's LAC, and never overwrites anyone else's close.
@@ -62,6 +69,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from vellum import stats
 from vellum.config import ClientConfig
 from vellum.errors import (
     ClientClosedError,
@@ -98,6 +106,11 @@ _T = TypeVar("_T")
 _NEGATIVE = (NoSuchEntryError, NoSuchLedgerError)
 #: delay before retrying an ensemble change that found no replacement bookie
 _ENSEMBLE_RETRY_S = 1.0
+_ADDS_UNDER_REPLICATED = stats.counter(
+    "bookkeeper_client_ADD_ENTRY_UR",
+    "acknowledged entries that then missed a copy (a write to a bookie of their write set failed "
+    "or timed out after the ack quorum answered): under-replicated until re-replication",
+)
 #: back-pressure (TooManyRequestsError): first delay before re-sending to the same bookie, and
 #: the cap of its exponential growth; the add still fails over after the add timeout
 _BACKOFF_INITIAL_S = 0.005
@@ -528,7 +541,7 @@ class LedgerHandle:
         if isinstance(exc, (UnauthorizedAccessError, ClientClosedError)):
             self._fail(exc)
             return
-        if self._ensemble[idx] != bookie or self._error is not None or op.future.done():
+        if self._ensemble[idx] != bookie or self._error is not None:
             return  # already replaced: the ensemble change re-sent (or will re-send) this entry
         if isinstance(exc, TooManyRequestsError) and idx not in self._failed:
             # Back-pressure is not a failure: the bookie is alive and asks us to slow down. Send
@@ -546,8 +559,19 @@ class LedgerHandle:
                 op.backoffs += 1
                 self._loop.call_later(delay, self._resend_add, op, idx, bookie)
                 return
-        log.info("ledger %d: write of entry %d to bookie %s failed (%s); changing ensemble",
-                 self.ledger_id, op.entry_id, bookie, exc)
+        # Rule 11: an entry acknowledged by the others before this bookie failed is one copy
+        # short; dropping the error would leave every later entry short too, with nothing said.
+        acked = op.future.done() and not op.future.cancelled()
+        if acked:
+            _ADDS_UNDER_REPLICATED.inc()
+        if self._failed.get(idx) == bookie:
+            return  # already being replaced (said once, at its first failure)
+        if acked:
+            log.warning("ledger %d: entry %d was acknowledged, but its write to bookie %s then failed (%s): "
+                        "under-replicated; replacing the bookie", self.ledger_id, op.entry_id, bookie, exc)
+        else:
+            log.info("ledger %d: write of entry %d to bookie %s failed (%s); changing ensemble",
+                     self.ledger_id, op.entry_id, bookie, exc)
         self._failed[idx] = bookie
         self._ever_failed.add(bookie)
         if not self._changing_ensemble:
@@ -556,9 +580,10 @@ class LedgerHandle:
 
     def _resend_add(self, op: _PendingAdd, idx: int, bookie: str) -> None:
         """Send ``op`` to ``bookie`` again after back-pressure, unless that became pointless."""
-        if (op.future.done() or self._error is not None or self._ensemble[idx] != bookie
+        if (self._error is not None or self._ensemble[idx] != bookie
                 or idx in self._failed or op.acked & (1 << idx)):
-            return  # completed, failed, or the bookie is being replaced (the change re-sends)
+            return  # failed, or the bookie is being replaced (the change re-sends)
+        # An acknowledged entry is re-sent too: its copy on this bookie is still owed (rule 11).
         entry = op.entry
         assert entry is not None
         self._bc.add_cb(bookie, self._master_key, entry, self._recovery_flag,
