@@ -474,8 +474,11 @@ def test_big_group_commits_switch_the_filler_to_allocation(tmp_path: Path) -> No
     big = make(tmp_path / "big", prealloc_size_mb=1, max_group_wait_ms=50, buffered_writes_threshold=4 << 20)
     big.start()
     acks = Acks()
+    # Built first: building a 128 KiB entry inside the loop took long enough on a slow VM that
+    # the 50 ms group wait cut each intended batch in two.
+    entries = [entry(1, i, 128 * 1024) for i in range(48)]
     for i in range(48):  # 6 MiB in batches of 1 MiB
-        big.log_entry(1, i, entry(1, i, 128 * 1024), acks.cb(i))
+        big.log_entry(1, i, entries[i], acks.cb(i))
         if i % 8 == 7:
             acks.wait(i + 1)
     assert big._filler is not None
