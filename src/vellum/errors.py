@@ -299,6 +299,11 @@ class UnknownFormatVersionError(CorruptionError):
     """A file or record was written by an unknown (newer) format version."""
 
 
+class CorruptEntryError(CorruptionError):
+    """A stored entry read back from an entry log fails its checks (digest, stored ids, size).
+    A bookie answers EIO, never "no such entry": it had the entry, and another replica still may."""
+
+
 class FramingError(VellumError):
     """A wire frame is malformed; the connection's framing can no longer be trusted."""
 

@@ -1,13 +1,17 @@
 """A ledger GC deleted while some of its entries were still only in the journal: after a crash
-the bookie must start (not refuse), restore those entries, and accept the ledger's next adds."""
+the bookie must start (not refuse), and the ledger stays deleted: replay does not bring its
+entries back, and a writer that still holds it cannot recreate it (issue 12, defect 2)."""
 
 from __future__ import annotations
 
 import threading
 from pathlib import Path
 
+import pytest
+
 from vellum.bookie.bookie import OpenedBookie, open_bookie
 from vellum.config import ServerConfig
+from vellum.errors import LedgerFencedError, NoSuchLedgerError
 from vellum.format.entry import DigestManager, DigestType, master_key
 
 KEY = master_key(b"k")
@@ -43,13 +47,19 @@ def test_crash_after_gc_deleted_a_journaled_ledger(tmp_path: Path) -> None:
     opened = open_bookie(config, bookie_id="b:1")
     _add(opened, 1, 0)
     opened.bookie.checkpoint()            # the key record of ledger 1 is now below the mark
-    late = _add(opened, 1, 1)             # journaled after the mark
+    _add(opened, 1, 1)                    # journaled after the mark
+    _add(opened, 2, 0)                    # a live ledger, journaled after the mark
     opened.bookie.delete_ledger(1)        # GC: gone from metadata
     _crash(opened)
     reopened = open_bookie(config, bookie_id="b:1")
     try:
         assert reopened.unclean_shutdown
-        assert reopened.bookie.read_entry(1, 1) == late   # restored; GC will delete it again
-        assert _add(reopened, 1, 2)                       # and the bookie takes adds
+        with pytest.raises(NoSuchLedgerError):
+            reopened.bookie.read_entry(1, 1)
+        with pytest.raises(LedgerFencedError, match="deleted"):
+            _add(reopened, 1, 2)
+        assert reopened.bookie.adds_rejected["deleted"] == 1
+        assert _add(reopened, 2, 1)       # the bookie takes adds of live ledgers
+        assert reopened.bookie.read_entry(2, 0)
     finally:
         reopened.close()

@@ -12,10 +12,12 @@ from vellum.format.entry import (
     DigestManager,
     DigestType,
     Entry,
+    checksum_matches,
     digest_length,
     mac_key,
     master_key,
     parse_entry_header,
+    sniff_checksum,
 )
 
 INT64 = st.integers(min_value=-(1 << 63), max_value=(1 << 63) - 1)
@@ -225,3 +227,33 @@ def test_parse_entry_header_needs_32_bytes() -> None:
 def test_unknown_digest_type_value_is_rejected() -> None:
     with pytest.raises(ValueError):
         DigestManager(1, 9)  # type: ignore[arg-type]
+
+
+# -- keyless checksums a bookie verifies (issue 12, defect 5) ---------------------------------
+
+
+@given(st.sampled_from(list(DigestType)), INT64, st.integers(0, 1 << 40), st.binary(max_size=300))
+def test_sniff_names_crc_types_and_never_hmac_or_dummy(
+    digest_type: DigestType, entry_id: int, length: int, payload: bytes
+) -> None:
+    entry = DigestManager(7, digest_type, b"pw").compute(entry_id, -1, length, payload)
+    keyless = digest_type in (DigestType.CRC32, DigestType.CRC32C)
+    # HMAC and DUMMY entries could match a CRC only by a 2**-32 chance.
+    assert sniff_checksum(entry) == (digest_type if keyless else None)
+    assert checksum_matches(entry, digest_type) is keyless
+    assert checksum_matches(memoryview(entry), digest_type) is keyless
+
+
+@pytest.mark.parametrize("digest_type", [DigestType.CRC32, DigestType.CRC32C])
+def test_every_single_bit_flip_fails_the_keyless_check(digest_type: DigestType) -> None:
+    entry = DigestManager(3, digest_type).compute(4, 3, 40, b"payload of the entry")
+    for bit in range(len(entry) * 8):
+        assert not checksum_matches(_flip(entry, bit), digest_type), bit
+
+
+def test_keyless_check_of_short_entries_and_other_types() -> None:
+    assert sniff_checksum(b"") is None and sniff_checksum(bytes(35)) is None
+    assert not checksum_matches(bytes(35), DigestType.CRC32C)
+    assert not checksum_matches(bytes(39), DigestType.CRC32)
+    hmac_entry = DigestManager(3, DigestType.HMAC, b"pw").compute(0, -1, 1, b"x")
+    assert not checksum_matches(hmac_entry, DigestType.HMAC)  # needs the password: never "matches"

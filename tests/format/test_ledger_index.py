@@ -49,12 +49,20 @@ def test_bytewise_order_puts_negative_ids_last() -> None:
     st.binary(max_size=40),
     st.none() | st.binary(max_size=300),
     st.none() | st.booleans(),
+    st.none() | st.sampled_from([li.DIGEST_NOT_CHECKABLE, 1, 3]),
 )
 def test_ledger_data_round_trip(
-    exists: bool, fenced: bool, key: bytes, lac: bytes | None, limbo: bool | None
+    exists: bool, fenced: bool, key: bytes, lac: bytes | None, limbo: bool | None, digest_type: int | None
 ) -> None:
-    data = li.LedgerData(exists, fenced, key, lac, limbo)
+    data = li.LedgerData(exists, fenced, key, lac, limbo, digest_type)
     assert li.LedgerData.decode(data.encode()) == data
+
+
+def test_vellum_digest_type_is_field_100_and_optional() -> None:
+    data = li.LedgerData(exists=True, fenced=False, master_key=b"\x01\x02", digest_type=3)
+    # tag (100 << 3 | 0) = 800 is the varint a0 06; a reader without the field skips it
+    assert data.encode().hex() == "080110001a020102" + "a00603"
+    assert li.LedgerData.decode(bytes.fromhex("080110001a020102")).digest_type is None
 
 
 def test_unknown_fields_are_skipped() -> None:

@@ -1,4 +1,7 @@
-"""Hypothesis state machine: LedgerStorage against an in-memory model, with close-and-reopen."""
+"""Hypothesis state machine: LedgerStorage against an in-memory model, with close-and-reopen.
+
+A deleted ledger is deleted for good: its adds and master key are refused as fenced, across
+reopens (issue 12, defect 2)."""
 
 from __future__ import annotations
 
@@ -8,21 +11,22 @@ import tempfile
 from pathlib import Path
 
 import crc32c
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from vellum.errors import NoSuchEntryError, NoSuchLedgerError
+from vellum.errors import LedgerFencedError, NoSuchEntryError, NoSuchLedgerError
 from vellum.storage.ledger_storage import LedgerStorage
 
-LEDGERS = st.integers(0, 3)
+LEDGERS = st.integers(0, 5)
 ENTRIES = st.integers(0, 12)
 
 
-def make_entry(ledger_id: int, entry_id: int, generation: int) -> bytes:
-    # Entries are immutable in BookKeeper: the same (ledger, entry) always carries the same bytes,
-    # unless the ledger was deleted and re-created (a new generation).
-    payload = struct.pack(">q", generation) * (1 + (ledger_id * 7 + entry_id) % 9)
+def make_entry(ledger_id: int, entry_id: int) -> bytes:
+    # Entries are immutable in BookKeeper: the same (ledger, entry) always carries the same bytes
+    # (and a deleted ledger is never re-created).
+    payload = struct.pack(">q", ledger_id ^ entry_id) * (1 + (ledger_id * 7 + entry_id) % 9)
     ids = struct.pack(">qq", ledger_id, entry_id)
     return ids + struct.pack(">I", crc32c.crc32c(ids + payload)) + payload
 
@@ -41,7 +45,7 @@ class LedgerStorageMachine(RuleBasedStateMachine):
         self.dir = Path(tempfile.mkdtemp(prefix="vellum-ls-"))
         self.storage = self._open()
         self.model: dict[int, LedgerModel] = {}
-        self.generation: dict[int, int] = {}
+        self.deleted: set[int] = set()
 
     def _open(self) -> LedgerStorage:
         return LedgerStorage(
@@ -56,8 +60,11 @@ class LedgerStorageMachine(RuleBasedStateMachine):
 
     @rule(lid=LEDGERS, eid=ENTRIES)
     def add(self, lid: int, eid: int) -> None:
-        gen = self.generation.get(lid, 0)
-        entry = make_entry(lid, eid, gen)
+        entry = make_entry(lid, eid)
+        if lid in self.deleted:
+            with pytest.raises(LedgerFencedError):
+                self.storage.add_entry(entry)
+            return
         self.storage.add_entry(entry)
         self.model.setdefault(lid, LedgerModel()).entries[eid] = entry
 
@@ -88,6 +95,10 @@ class LedgerStorageMachine(RuleBasedStateMachine):
         ledger = self.model.get(lid)
         if ledger is not None and ledger.master_key and ledger.master_key != key:
             return  # refusal is covered by the example tests
+        if lid in self.deleted:
+            with pytest.raises(LedgerFencedError):
+                self.storage.set_master_key(lid, key)
+            return
         self.storage.set_master_key(lid, key)
         self.model.setdefault(lid, LedgerModel()).master_key = key
 
@@ -111,7 +122,7 @@ class LedgerStorageMachine(RuleBasedStateMachine):
     def delete(self, lid: int) -> None:
         self.storage.delete_ledger(lid)
         self.model.pop(lid, None)
-        self.generation[lid] = self.generation.get(lid, 0) + 1
+        self.deleted.add(lid)
 
     @rule(lid=LEDGERS, end=ENTRIES)
     def trim(self, lid: int, end: int) -> None:
@@ -145,6 +156,8 @@ class LedgerStorageMachine(RuleBasedStateMachine):
             assert self.storage.is_fenced(lid) is ledger.fenced
             assert self.storage.get_master_key(lid) == (ledger.master_key or None)  # empty = not set yet
             assert self.storage.get_explicit_lac(lid) == ledger.explicit_lac
+        for lid in self.deleted:
+            assert self.storage.is_deleted(lid) and not self.storage.ledger_exists(lid)
 
     def teardown(self) -> None:
         try:

@@ -162,7 +162,7 @@ class Bookie:
         # Plain counters on the hot path, exported at scrape time.
         self.adds_total = 0
         self.reads_total = 0
-        self.adds_rejected: dict[str, int] = {"readonly": 0, "fenced": 0}
+        self.adds_rejected: dict[str, int] = {"readonly": 0, "fenced": 0, "deleted": 0}
         callback_metric("bookie_BOOKIE_ADD_ENTRY", "entries added to storage and journal",
                         lambda: {(): float(self.adds_total)})
         callback_metric("bookie_BOOKIE_READ_ENTRY", "entries read", lambda: {(): float(self.reads_total)})
@@ -257,7 +257,15 @@ class Bookie:
         if (self._forced_read_only or self._disk_read_only) and not recovery:
             self.adds_rejected["readonly"] += 1
             raise WriteOnReadOnlyBookieError(f"bookie is read-only; refused entry {ledger_id}:{entry_id}")
-        if self._ledger(ledger_id, master_key).fenced and not recovery:
+        try:
+            state = self._ledger(ledger_id, master_key)
+        except LedgerFencedError:
+            # Only a deleted ledger (its tombstone) refuses here: logged, it is a writer that
+            # has not learnt of the delete and would otherwise believe lost data durable.
+            self.adds_rejected["deleted"] += 1
+            log.warning("refused entry %d:%d: the ledger was deleted (fenced for good)", ledger_id, entry_id)
+            raise
+        if state.fenced and not recovery:
             self.adds_rejected["fenced"] += 1
             raise LedgerFencedError(f"ledger {ledger_id} is fenced; refused entry {entry_id}")
         journal = self._journals[ledger_id % len(self._journals)]
@@ -722,12 +730,17 @@ def _replay_into(journal: Journal, mark: LogMark, storages: Sequence[LedgerStora
         nonlocal count
         storage = storages[record.ledger_id % len(storages)]
         kind = record.kind
-        if kind is RecordKind.ENTRY:
+        if kind in (RecordKind.ENTRY, RecordKind.MASTER_KEY) and storage.is_deleted(record.ledger_id):
+            # GC deleted the ledger after these records were journaled, and its tombstone is
+            # durable: the delete is final (the metadata is gone), and bringing the ledger back
+            # would let a stale writer's next add recreate it.
+            log.info("journal replay: %s record %d:%d of deleted ledger skipped",
+                     kind.name, record.ledger_id, record.entry_id)
+        elif kind is RecordKind.ENTRY:
             # A ledger's key record precedes its first entry in the journal; an entry whose
-            # ledger has no key here belongs to a ledger GC deleted after the entry was journaled.
-            # It is restored all the same (never drop a journaled entry): the ledger comes back
-            # without a key (the next add's key is adopted) and GC deletes it again, as
-            # BookKeeper does.
+            # ledger has no key here lost its key record (an index rebuild, or a delete whose
+            # tombstone never reached the disk before a machine crash). It is restored
+            # all the same (never drop a journaled entry): the next add's key is adopted.
             if storage.get_master_key(record.ledger_id) is None:
                 log.info("journal replay: entry %d:%d of a ledger with no master key (deleted by GC?)",
                          record.ledger_id, record.entry_id)

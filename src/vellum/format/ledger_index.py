@@ -14,8 +14,16 @@
              3 masterKey   bytes  (required)   tag 0x1a
              4 explicitLac bytes  (optional)   tag 0x22
              5 limbo       bool   (optional)   tag 0x28
+           100 vellumDigestType uint32 (optional) tag 0xa0 0x06   Vellum's own, see below
     special key int64 -0xeefd (``ffffffffffff1103``): 8-byte int64 storage flags,
              bit 0x1 = NEEDS_INTEGRITY_CHECK
+
+``vellumDigestType`` is the keyless digest the bookie learnt from the ledger's entries as they
+were added, so that it can verify what it reads back from its entry logs: 1 = CRC32,
+3 = CRC32C (BookKeeper's ``DigestType`` numbers), 0 = neither verified (an HMAC or DUMMY
+ledger: its entries are never checked); absent = not learnt (a ledger from before the field,
+or rebuilt from entry logs: not checked either). A field number far above BookKeeper's keeps
+clear of fields it may add; BookKeeper's readers skip it as an unknown field.
 
 Invariants: RocksDB uses its default bytewise comparator, so keys of negative ids sort after
 every non-negative one; only non-negative ledger ids are real ledgers, and the flags key sorts
@@ -39,6 +47,9 @@ LOCATION_VALUE_SIZE = 8
 LEDGER_KEY_SIZE = 8
 STORAGE_FLAGS_LEDGER_ID = -0xEEFD
 NEEDS_INTEGRITY_CHECK = 0x1
+#: ``LedgerData.digest_type`` of a ledger whose entries verify with no keyless digest
+DIGEST_NOT_CHECKABLE = 0
+_DIGEST_TYPE_FIELD = 100
 
 
 def location_key(ledger_id: int, entry_id: int) -> bytes:
@@ -133,6 +144,8 @@ class LedgerData:
     master_key: bytes = b""
     explicit_lac: bytes | None = None
     limbo: bool | None = None
+    #: Vellum's ``vellumDigestType`` (field 100): see the module docstring
+    digest_type: int | None = None
 
     def encode(self) -> bytes:
         out = bytearray()
@@ -150,6 +163,9 @@ class LedgerData:
         if self.limbo is not None:
             out.append(0x28)
             _put_varint(out, int(self.limbo))
+        if self.digest_type is not None:
+            _put_varint(out, _DIGEST_TYPE_FIELD << 3 | _VARINT)
+            _put_varint(out, self.digest_type)
         return bytes(out)
 
     @classmethod
@@ -166,6 +182,8 @@ class LedgerData:
                     value, pos = _get_varint(data, pos)
                     if number in (1, 2, 5):
                         fields[number] = value != 0
+                    elif number == _DIGEST_TYPE_FIELD:
+                        fields[number] = value
                 elif wire == _LEN:
                     length, pos = _get_varint(data, pos)
                     if pos + length > len(data):
@@ -190,10 +208,12 @@ class LedgerData:
                 raise CorruptionError(f"{where}: required field {name} is missing")
         lac = fields.get(4)
         limbo = fields.get(5)
+        digest_type = fields.get(_DIGEST_TYPE_FIELD)
         return cls(
             exists=bool(fields[1]),
             fenced=bool(fields[2]),
             master_key=bytes(fields[3]),  # type: ignore[call-overload]
             explicit_lac=None if lac is None else bytes(lac),  # type: ignore[call-overload]
             limbo=None if limbo is None else bool(limbo),
+            digest_type=None if digest_type is None else int(digest_type),  # type: ignore[call-overload]
         )

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vellum.errors import ReadError
 from vellum.format import entrylog as fmt
 from vellum.storage.entry_logger import parse_log_file_name
 
@@ -320,7 +321,8 @@ def check_ledger(bk: Any, ledger_id: int, *, digests: bool = False) -> list[dict
 
 def _digest_mismatches(bk: Any, md: Any, ledger_id: int, first: int, last: int, call: Any,
                        write_set: Any) -> dict[int, int]:
-    """Per ensemble index: entries whose stored bytes differ from the majority of their replicas."""
+    """Per ensemble index: entries whose stored bytes differ from the majority of their replicas,
+    or that their bookie refuses with an I/O error (its own digest check found the copy corrupt)."""
     bc = bk.aio.bookie_client
     ensemble = md.ensembles[first]
     out: dict[int, int] = {}
@@ -329,6 +331,10 @@ def _digest_mismatches(bk: Any, md: Any, ledger_id: int, first: int, last: int, 
         for idx in write_set(eid, md.ensemble_size, md.write_quorum_size):
             try:
                 copies[idx] = bytes(call(bc.read(ensemble[idx], ledger_id, eid)))
+            except ReadError:
+                # EIO: the bookie holds the entry (LIST_ENTRIES counts it present) but its copy
+                # is unreadable or failed the bookie's digest check: a bad copy to replace.
+                out[idx] = out.get(idx, 0) + 1
             except Exception:
                 continue  # missing copies are counted by LIST_ENTRIES already
         if len(set(copies.values())) > 1:

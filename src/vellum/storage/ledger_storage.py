@@ -19,6 +19,17 @@ the same range again). ``get_entries`` (BATCH_READ) reads a run of stored entrie
 and caches nothing: the request names what is wanted, and a client spreading its chunks over
 the replicas would make a read-ahead past the run wasted work.
 
+Verification (issue 12, defect 5): the bookie knows no ledger's digest type or password, so it
+learns the keyless digest (CRC32 or CRC32C) from a ledger's first adds (``_learn_digest``,
+stored as ``LedgerData.digest_type``); HMAC and DUMMY ledgers, and ledgers not learnt, are
+never checked, so a good entry is never flagged. Every entry of a checked ledger read from an
+entry log is verified before it is returned or enters the read-ahead cache (the write cache
+holds what was received). A copy that fails raises ``CorruptEntryError`` (EIO, never "no such
+entry"), logged with its ledger, entry, log and offset and counted in
+``bookie_READ_ENTRY_CORRUPT``; a multi-entry read returns the entries before it and stops, and
+the read that starts at it gets the error (the client then reads that entry from another
+replica).
+
 Invariants:
 - After ``flush()`` returns, every entry added and every ledger-data change (master key, fence,
   explicit LAC, delete) made before the call is durable in the entry log and the indexes.
@@ -27,6 +38,11 @@ Invariants:
   misses an added entry.
 - ``NoSuchEntryError`` is raised only for a known ledger whose entry is neither cached nor
   indexed; an unknown ledger raises ``NoSuchLedgerError``; anything doubtful is a storage error.
+- A deleted ledger leaves a tombstone in the ``ledgers`` index (``exists=false, fenced=true``,
+  durable at the next flush): a writer that still holds the ledger can never recreate it with
+  its next add, however long after GC (issue 12, defect 2; BookKeeper's BK#4462 covers only the
+  time before GC). Tombstones are read from RocksDB when an unknown ledger shows up, not kept in
+  memory: ledger ids are never reused, so they cost a few bytes of index per deleted ledger.
 - Flushes, deletes, trims and compaction's index updates are serialised by ``_flush_lock``, so
   a flush never re-adds the locations of a ledger deleted while it ran, and compaction moves an
   index entry only if it still points where compaction read it (``update_locations_if_unchanged``:
@@ -53,18 +69,21 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeAlias
 
+from vellum import stats
 from vellum.errors import (
+    CorruptEntryError,
     CorruptionError,
     IncorrectParameterError,
+    LedgerFencedError,
     NoSuchEntryError,
     NoSuchLedgerError,
     OperationRejectedError,
     StorageError,
     UnauthorizedAccessError,
 )
-from vellum.format.entry import BytesLike
-from vellum.format.ledger_index import LedgerData
-from vellum.ids import INVALID_ENTRY_ID, LAST_ADD_CONFIRMED
+from vellum.format.entry import BytesLike, DigestType, checksum_matches, sniff_checksum
+from vellum.format.ledger_index import DIGEST_NOT_CHECKABLE, LedgerData
+from vellum.ids import INVALID_ENTRY_ID, LAST_ADD_CONFIRMED, location_log_id, location_offset
 from vellum.storage.dirs import write_file_durably
 from vellum.storage.entry_logger import EntryLogger, FileOps
 from vellum.storage.index import EntryLocationIndex, LedgerMetadataIndex
@@ -78,6 +97,15 @@ log = logging.getLogger(__name__)
 #: entries per entry-log append / index batch during a flush, and the pause between them
 _FLUSH_CHUNK = 1024
 _FLUSH_PAUSE_S = 0.0001
+#: adds per ledger (per process) whose digest is checked to learn the ledger's keyless digest
+_DIGEST_SAMPLE_ADDS = 8
+#: ``LedgerData.digest_type`` values whose entries are verified when read from an entry log
+_CHECKED_DIGESTS = frozenset((int(DigestType.CRC32), int(DigestType.CRC32C)))
+_CORRUPT_READS = stats.counter(
+    "bookie_READ_ENTRY_CORRUPT",
+    "entries read back from an entry log that failed their checks (digest, stored ids, size): answered EIO",
+    ("ledgerDir",),
+)
 
 
 #: An entry as storage holds it: ``bytes``, or a read-only view handed over by the server.
@@ -173,9 +201,10 @@ class LedgerStorage:
             raise
         # BookKeeper's LedgerMetadataIndex keeps every LedgerData in memory too.
         self._ledgers: dict[int, LedgerData] = {}
+        # Tombstones of deleted ledgers stay on disk only (see ``is_deleted``).
         for lid in list(self.ledgers_index.ledgers()):
             data = self.ledgers_index.get(lid)
-            if data is not None:
+            if data is not None and data.exists:
                 self._ledgers[lid] = data
 
         self._cond = threading.Condition()
@@ -189,6 +218,9 @@ class LedgerStorage:
         self._ahead_upto: dict[int, int] = {}  # ledger -> last entry id a read-ahead covers
         self._epoch = 0  # bumped by delete/trim: read-ahead results older than it are dropped
         self._closed_ledgers: set[int] = set()  # advisory "ledger closed", not yet rotated
+        # ledger -> adds whose digest was checked since start (``_learn_digest``); bounded
+        self._digest_samples: dict[int, int] = {}
+        _CORRUPT_READS.labels(str(self.ledger_dir))  # exported as 0 from the start, not absent
         # Bytes of records dropped from the index by trim(), per entry log: GC counts them as
         # dead. Saved next to the index at every flush that follows a change (TRIMMED_FILE),
         # so a restart does not forget them; a log GC removed drops out.
@@ -221,6 +253,11 @@ class LedgerStorage:
             raise IncorrectParameterError(f"cannot store ledger {ledger_id} entry {entry_id}: negative id")
         if not (type(entry) is bytes or (isinstance(entry, memoryview) and entry.readonly)):
             entry = bytes(entry)
+        # The ledger's first adds teach its keyless digest (``_learn_digest``); checked here,
+        # outside the lock: a CRC pass over the entry.
+        seen: int | None = None
+        if self._digest_samples.get(ledger_id, 0) < _DIGEST_SAMPLE_ADDS:
+            seen = self._digest_seen(ledger_id, entry)
         deadline: float | None = None
         with self._cond:
             self._check_open()
@@ -242,9 +279,51 @@ class LedgerStorage:
                 self._cond.wait(deadline - now)
                 self._check_open()
             if ledger_id not in self._ledgers:
-                # Adds normally follow set_master_key; an entry still makes its ledger known.
+                # Adds normally follow set_master_key; an entry still makes its ledger known,
+                # unless the ledger was deleted: that is final.
+                self._refuse_if_deleted(ledger_id, f"entry {entry_id}")
                 self._put_ledger(ledger_id, LedgerData(exists=True, fenced=False, master_key=b""))
             self._active.put(ledger_id, entry_id, entry)
+            if seen is not None:
+                self._learn_digest(ledger_id, entry_id, seen)
+
+    def _digest_seen(self, ledger_id: int, entry: BytesLike) -> int | None:
+        """The keyless digest type ``entry`` verifies with (``DIGEST_NOT_CHECKABLE`` if none);
+        None if the ledger is known not to be checkable (nothing left to learn)."""
+        data = self._ledgers.get(ledger_id)
+        known = data.digest_type if data is not None else None
+        if known == DIGEST_NOT_CHECKABLE:
+            return None
+        if known in _CHECKED_DIGESTS:
+            assert known is not None
+            return known if checksum_matches(entry, known) else DIGEST_NOT_CHECKABLE
+        found = sniff_checksum(entry)
+        return DIGEST_NOT_CHECKABLE if found is None else int(found)
+
+    def _learn_digest(self, ledger_id: int, entry_id: int, seen: int) -> None:
+        """Record what an add showed of the ledger's keyless digest. Caller holds ``_cond``.
+
+        The first checked add sets ``LedgerData.digest_type`` (durable with the entry, at the
+        next flush; journal replay teaches it again). A later add that disagrees makes the
+        ledger not checkable for good: an HMAC or DUMMY entry that matches a CRC by chance
+        (2**-32) must not turn every later read of its ledger into a false alarm. After
+        ``_DIGEST_SAMPLE_ADDS`` agreeing adds the add path checks no more.
+        """
+        data = self._ledgers.get(ledger_id)
+        if data is None:
+            return
+        known = data.digest_type
+        learnt = seen if known is None or known == seen else DIGEST_NOT_CHECKABLE
+        if len(self._digest_samples) > 100_000:
+            self._digest_samples.clear()  # bounded: a ledger forgotten here is merely sampled again
+        samples = self._digest_samples.get(ledger_id, 0) + 1
+        self._digest_samples[ledger_id] = _DIGEST_SAMPLE_ADDS if learnt == DIGEST_NOT_CHECKABLE else samples
+        if learnt != known:
+            if known is not None:
+                log.info("ledger %d: entry %d does not verify with the %s digest of its earlier entries; "
+                         "its entries are no longer checked on reads", ledger_id, entry_id,
+                         DigestType(known).name if known in _CHECKED_DIGESTS else known)
+            self._put_ledger(ledger_id, _replace(data, digest_type=learnt))
 
     def _flush_loop(self) -> None:
         """The storage's flush thread: writes out a swapped (full) cache."""
@@ -441,9 +520,16 @@ class LedgerStorage:
 
     # ------------------------------------------------------------------ reads
 
-    def get_entry(self, ledger_id: int, entry_id: int, *, read_ahead: bool = True) -> Stored:
+    def get_entry(self, ledger_id: int, entry_id: int, *, read_ahead: bool = True,
+                  report_corrupt: bool = True) -> Stored:
         """The stored entry; ``entry_id == -1`` means the last entry this storage holds.
-        ``read_ahead=False``: a miss reads this entry only."""
+        ``read_ahead=False``: a miss reads this entry only.
+
+        An entry read from an entry log that fails its checks (the ledger's learnt CRC digest,
+        the stored ids, the size) raises ``CorruptEntryError`` (EIO, never "no such entry"),
+        logged and counted in ``bookie_READ_ENTRY_CORRUPT`` unless ``report_corrupt=False``
+        (a multi-entry read that stops short before it: the entry is reported when asked for).
+        """
         if entry_id == LAST_ADD_CONFIRMED:
             entry_id = self.get_last_entry_id(ledger_id)
             if entry_id == INVALID_ENTRY_ID:
@@ -465,6 +551,7 @@ class LedgerStorage:
                 self._read_cache.move_to_end(key)
                 return found
         location = self.locations.get_location(ledger_id, entry_id)
+        digest = self._checked_digest(ledger_id)
         for _attempt in range(2):
             if location is None:
                 if not self.ledger_exists(ledger_id):
@@ -472,13 +559,17 @@ class LedgerStorage:
                 raise NoSuchEntryError(f"ledger {ledger_id} entry {entry_id} is not in {self.ledger_dir}")
             try:
                 entry = self.entry_logger.read_entry(ledger_id, entry_id, location)
-                break
-            except CorruptionError:
-                # Compaction may have moved the entry and deleted its old log since the lookup.
-                again = self.locations.get_location(ledger_id, entry_id)
-                if again == location:
-                    raise
-                location = again
+            except CorruptionError as e:
+                why = str(e)
+            else:
+                if digest is None or checksum_matches(entry, digest):
+                    break
+                why = f"{DigestType(digest).name} digest mismatch over {len(entry)} bytes"
+            # Compaction may have moved the entry and deleted its old log since the lookup.
+            again = self.locations.get_location(ledger_id, entry_id)
+            if again == location:
+                raise self._corrupt_entry(ledger_id, entry_id, location, why, report_corrupt)
+            location = again
         else:
             raise StorageError(f"ledger {ledger_id} entry {entry_id}: location kept changing")
         if read_ahead and self._read_ahead > 0 and self._read_cache_max > 0:
@@ -506,7 +597,8 @@ class LedgerStorage:
 
         Cached entries come from the caches; a run stored on disk is read in one pread and
         returned as views of it. Nothing is read ahead or cached. Raises like ``get_entry`` for
-        ``first`` (``NoSuchLedgerError``, ``NoSuchEntryError``); later misses end the batch.
+        ``first`` (``NoSuchLedgerError``, ``NoSuchEntryError``, ``CorruptEntryError``); later
+        misses and corrupt copies end the batch.
         """
         out: list[Stored] = []
         size = 0
@@ -543,8 +635,10 @@ class LedgerStorage:
         size = 0
         for k in range(max(1, max_count)):
             try:
-                entry = self.get_entry(ledger_id, first + k * stride, read_ahead=False)  # caches first
-            except (NoSuchEntryError, NoSuchLedgerError):
+                # Caches first. A corrupt entry after others ends the answer short, unreported:
+                # the client asks again from it and is answered EIO then (reported once).
+                entry = self.get_entry(ledger_id, first + k * stride, read_ahead=False, report_corrupt=not out)
+            except (NoSuchEntryError, NoSuchLedgerError, CorruptEntryError):
                 if not out:
                     raise
                 break
@@ -569,12 +663,36 @@ class LedgerStorage:
                                              first_counts=first_counts)
         except (StorageError, CorruptionError):
             return []
+        digest = self._checked_digest(ledger_id)
         run: list[tuple[int, int, memoryview]] = []
         for expected, item in enumerate(got, start=entry_id):
             if item[0] != expected:
                 break
+            if digest is not None and not checksum_matches(item[2], digest):
+                break  # the run ends before it; ``get_entry`` reports it when a read starts there
             run.append(item)
         return run
+
+    def _checked_digest(self, ledger_id: int) -> int | None:
+        """The CRC digest type the ledger's entries read from disk are verified with; None if
+        they are not verified (HMAC or DUMMY, or not learnt). Lock-free: a dict read."""
+        data = self._ledgers.get(ledger_id)
+        if data is None or data.digest_type not in _CHECKED_DIGESTS:
+            return None
+        return data.digest_type
+
+    def _corrupt_entry(self, ledger_id: int, entry_id: int, location: int, why: str,
+                       report: bool) -> CorruptEntryError:
+        """The error for a stored copy that fails its checks; logged and counted if ``report``."""
+        path = self.entry_logger.log_path(location_log_id(location))
+        offset = location_offset(location)
+        if report:
+            _CORRUPT_READS.labels(str(self.ledger_dir)).inc()
+            log.error("corrupt entry: ledger %d entry %d in entry log %s at offset %d (location %d): %s; "
+                      "answered EIO, another replica must serve it and re-replication replace this copy",
+                      ledger_id, entry_id, path, offset, location, why)
+        return CorruptEntryError(f"ledger {ledger_id} entry {entry_id}: stored copy is corrupt ({why}) "
+                                 f"in {path} at offset {offset}")
 
     def get_cached_entry(self, ledger_id: int, entry_id: int) -> Stored | None:
         """The entry if a write cache or the read-ahead cache holds it, else None. Never touches
@@ -599,6 +717,14 @@ class LedgerStorage:
             )
         except (StorageError, CorruptionError):
             following = []  # read-ahead is an optimisation: the entries are read one by one later
+        digest = self._checked_digest(ledger_id)
+        if digest is not None:
+            # Only verified copies enter the cache (it is served without checks, even on the
+            # loop); a corrupt one is left to ``get_entry``, which reports it when asked for.
+            for i, (_eid, _loc, view) in enumerate(following):
+                if not checksum_matches(view, digest):
+                    following = following[:i]
+                    break
         with self._read_cache_lock:
             # What the window really covered (the byte bound or the end of the run may cut it).
             last = following[-1][0] if following else entry_id
@@ -666,6 +792,21 @@ class LedgerStorage:
         with self._cond:
             return ledger_id in self._ledgers
 
+    def is_deleted(self, ledger_id: int) -> bool:
+        """True if this storage deleted the ledger (its tombstone is in the index)."""
+        with self._cond:
+            if ledger_id in self._ledgers:
+                return False
+        data = self.ledgers_index.get(ledger_id)
+        return data is not None and not data.exists
+
+    def _refuse_if_deleted(self, ledger_id: int, what: str) -> None:
+        if self.is_deleted(ledger_id):
+            raise LedgerFencedError(
+                f"ledger {ledger_id} was deleted (its metadata is gone and {self.ledger_dir} "
+                f"garbage-collected it); refused {what}: a deleted ledger takes no more writes"
+            )
+
     def ledgers(self) -> Iterator[int]:
         with self._cond:
             return iter(sorted(self._ledgers))
@@ -676,6 +817,7 @@ class LedgerStorage:
             self._check_open()
             data = self._ledgers.get(ledger_id)
             if data is None:
+                self._refuse_if_deleted(ledger_id, "its master key")
                 self._put_ledger(
                     ledger_id, LedgerData(exists=True, fenced=False, master_key=bytes(master_key))
                 )
@@ -721,7 +863,8 @@ class LedgerStorage:
             self._put_ledger(ledger_id, _replace(self._ledger(ledger_id), limbo=limbo))
 
     def delete_ledger(self, ledger_id: int) -> None:
-        """Forget the ledger: cached entries, index entries and ledger data (durable at flush)."""
+        """Forget the ledger: cached entries and index entries; its ledger data becomes a fenced
+        tombstone, so no later add recreates it (all durable at flush)."""
         with self._flush_lock:
             with self._cond:
                 self._check_open()
@@ -729,9 +872,12 @@ class LedgerStorage:
                 if self._flushing is not None:
                     self._flushing.drop_ledger(ledger_id)
                 self._bump_epoch_and_evict(ledger_id, None)
-                self._ledgers.pop(ledger_id, None)
+                old = self._ledgers.pop(ledger_id, None)
             self.locations.delete_ledger(ledger_id)
-            self.ledgers_index.delete(ledger_id)
+            self.ledgers_index.put(
+                ledger_id,
+                LedgerData(exists=False, fenced=True, master_key=old.master_key if old is not None else b""),
+            )
 
     def trim(self, ledger_id: int, end_entry_id: int) -> None:
         """Drop the ledger's entries with id < ``end_entry_id`` (shrink with force)."""

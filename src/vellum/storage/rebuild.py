@@ -88,7 +88,11 @@ def _rebuild_locked(
         ledgers_index = LedgerMetadataIndex(index_dir)
     logger: EntryLogger | None = None
     try:
-        known = set(ledgers_index.ledgers())
+        known: set[int] = set()
+        deleted: set[int] = set()  # tombstones: their entries stay out of the new index
+        for lid in ledgers_index.ledgers():
+            data = ledgers_index.get(lid)
+            (deleted if data is not None and not data.exists else known).add(lid)
         report.only_known_ledgers = bool(known)
         tmp = index_current / REBUILD_DIR
         if tmp.exists():
@@ -98,7 +102,7 @@ def _rebuild_locked(
             logger = EntryLogger(ledger_dir, log_size_limit=(1 << 32) - 1, preallocate=False)
             log_ids = logger.log_ids()
             for done, log_id in enumerate(log_ids, 1):
-                _index_log(logger, log_id, new_index, known, verify, report)
+                _index_log(logger, log_id, new_index, known, deleted, verify, report)
                 if progress is not None:
                     progress(done, len(log_ids), report.entries)
             new_index.sync()
@@ -127,6 +131,7 @@ def _index_log(
     log_id: int,
     index: EntryLocationIndex,
     known: set[int],
+    deleted: set[int],
     verify: VerifyFn | None,
     report: RebuildReport,
 ) -> None:
@@ -137,7 +142,7 @@ def _index_log(
         return
     batch: list[tuple[int, int, int]] = []
     for rec in scanner:
-        if known and rec.ledger_id not in known:
+        if (known and rec.ledger_id not in known) or rec.ledger_id in deleted:
             report.skipped_entries += 1
             continue
         batch.append((rec.ledger_id, rec.entry_id, (log_id << 32) | rec.offset))
