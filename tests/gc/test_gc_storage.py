@@ -277,8 +277,8 @@ def test_entry_log_per_ledger_gc_reclaims_whole_files_without_compaction(tmp_pat
 
 def test_entry_log_per_ledger_rotation_rules(tmp_path: Path) -> None:
     now = [1000.0]
-    st = open_storage(tmp_path, entry_log_per_ledger=True, max_active_entry_logs=3, entry_log_map_expiry_s=60)
-    st.entry_logger._clock = lambda: now[0]
+    st = open_storage(tmp_path, entry_log_per_ledger=True, max_active_entry_logs=3, entry_log_map_expiry_s=60,
+                      entry_log_clock=lambda: now[0])
     write_ledgers(st, [1, 2, 3], 2)
     assert sorted(st.entry_logger.active_ledgers()) == [1, 2, 3]
     write_ledgers(st, [4], 2)  # the cap: the least recently used mapping is sealed

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from vellum.errors import DiskFullError, StorageError
-from vellum.storage.dirs import LedgerDirsListener, LedgerDirsManager, current_dir, write_file_durably
+from vellum.storage.dirs import LedgerDirsListener, LedgerDirsManager, current_dir
+from vellum.storage.durable import write_file_durably
 
 A, B = Path("/disks/a"), Path("/disks/b")
 

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import crc32c
 import pytest
+from file_ops_recorder import RecordingOps
 
 from vellum.errors import CorruptionError, DiskFullError, StorageError
 from vellum.format import entrylog as fmt
-from vellum.ids import location_log_id, location_offset
+from vellum.ids import location_log_id, location_offset, make_location
 from vellum.storage.entry_logger import EntryLogger, FileOps, log_file_name
 
 
@@ -323,3 +324,54 @@ def test_read_run_returns_views_of_one_read_within_its_bounds(tmp_path: Path) ->
         assert len(el.read_run(1, locs[0], max_entries=100, max_bytes=1)) == 1  # the first counts
         assert len(el.read_run(1, locs[0], max_entries=3, max_bytes=0)) == 3
         assert el.read_run(2, locs[0], max_entries=3, max_bytes=0) == []  # not that ledger's record
+
+
+# ---------------------------------------------------------------------------------------------
+# Order of durable operations (storage/durable.py through the logger's FileOps)
+
+
+def test_a_new_log_is_durable_with_lastid_before_its_first_entry(tmp_path: Path) -> None:
+    ops = RecordingOps()
+    with EntryLogger(tmp_path, log_size_limit=1 << 20, preallocate=False, file_ops=ops) as el:
+        el.add_entry(1, make_entry(1, 0))
+        assert ops.calls == [
+            ("open", "0.log"), ("write", "0.log"), ("fsync", "0.log"),  # header, fsynced
+            ("open", "lastId.tmp"), ("write", "lastId.tmp"), ("fsync", "lastId.tmp"),
+            ("close", "lastId.tmp"), ("rename", "lastId.tmp", "lastId"),
+            ("fsync_dir", "current"),  # one directory fsync for both names
+        ]
+    assert (tmp_path / "current" / "lastId").read_text() == "0\n"
+
+
+def test_a_failed_lastid_write_hands_out_no_log(tmp_path: Path) -> None:
+    ops = RecordingOps(fail_at=("fsync", "lastId.tmp"))
+    with EntryLogger(tmp_path, log_size_limit=1 << 20, preallocate=False, file_ops=ops) as el:
+        with pytest.raises(StorageError, match="lastId"):
+            el.add_entry(1, make_entry(1, 0))
+        assert el.active_log_ids() == []
+        assert not (tmp_path / "current" / "lastId").exists()
+        loc = el.add_entry(1, make_entry(1, 0))  # the next allocation skips the id
+        assert location_log_id(loc) == 1
+        el.flush()
+    assert (tmp_path / "current" / "lastId").read_text() == "1\n"
+
+
+def test_compaction_output_is_fsynced_and_named_durably_before_finish_returns(tmp_path: Path) -> None:
+    ops = RecordingOps()
+    with EntryLogger(tmp_path, log_size_limit=1 << 20, preallocate=False, file_ops=ops) as el:
+        el.add_entry(1, make_entry(1, 0))
+        el.rotate()
+        out = el.new_compaction_log(0)
+        out.add_entry(1, make_entry(1, 0))
+        del ops.calls[:]
+        out.finish()
+        assert ops.calls == [
+            ("write", "1.log.compacting"), ("pwrite", "1.log.compacting"), ("fsync", "1.log.compacting"),
+            ("close", "1.log.compacting"),
+            ("rename", "1.log.compacting", "1.log.0.compacted"), ("link", "1.log.0.compacted", "1.log"),
+            ("fsync_dir", "current"),
+        ]
+        del ops.calls[:]
+        out.done()
+        assert ops.calls == [("unlink", "1.log.0.compacted"), ("fsync_dir", "current")]
+        assert el.read_entry(1, 0, make_location(1, fmt.HEADER_SIZE + fmt.SIZE_FIELD)) == make_entry(1, 0)

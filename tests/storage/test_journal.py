@@ -372,12 +372,12 @@ def test_zero_filler_stays_ahead_of_the_writer(tmp_path: Path) -> None:
 
 
 def test_zero_filler_failure_is_raised_to_the_writer(tmp_path: Path) -> None:
-    from vellum.storage.journal import _ZeroFiller
+    from vellum.storage.journal_pages import ZeroFiller
 
     path = tmp_path / "f"
     path.write_bytes(b"")
     fd = os.open(path, os.O_RDONLY)  # pwrite fails with EBADF, as a full disk would with ENOSPC
-    filler = _ZeroFiller("test-zero-fill", 4096, os.fdatasync)
+    filler = ZeroFiller("test-zero-fill", 4096, os.fdatasync)
     try:
         filler.reset(fd, 0)
         with pytest.raises(OSError):
@@ -391,15 +391,15 @@ def test_zero_filler_failure_is_raised_to_the_writer(tmp_path: Path) -> None:
 def test_zero_filler_zeroes_or_allocates_ahead(tmp_path: Path, fast_writer: bool) -> None:
     """Slow journals get written zeros, fast ones allocated space: either way the space ahead
     reads as zeros (the end of the records) and is on disk before the writer gets there."""
-    from vellum.storage.journal import _ZeroFiller
+    from vellum.storage.journal_pages import ZeroFiller
 
     path = tmp_path / "f"
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    filler = _ZeroFiller("test-zero-fill", 1 << 20, os.fdatasync)
+    filler = ZeroFiller("test-zero-fill", 1 << 20, os.fdatasync)
     try:
         filler.reset(fd, 0)
         if fast_writer:
-            filler.rate_bytes_per_s = 10 * _ZeroFiller.FALLOCATE_ABOVE_BYTES_PER_S
+            filler.rate_bytes_per_s = 10 * ZeroFiller.FALLOCATE_ABOVE_BYTES_PER_S
             filler._rate_mark = (float("inf"), 0)  # keep the forced rate (no new sample)
         end = filler.extend(3 << 20)
         assert end >= 3 << 20
@@ -460,7 +460,7 @@ def test_synced_pages_leave_the_page_cache_only_when_asked(tmp_path: Path, remov
 def test_big_group_commits_switch_the_filler_to_allocation(tmp_path: Path) -> None:
     """Zeros pay off for small group commits only: the journal tells the filler how big its
     fsynced batches are, and batches of MBs make it allocate instead."""
-    from vellum.storage.journal import _ZeroFiller
+    from vellum.storage.journal_pages import ZeroFiller
 
     small = make(tmp_path / "small", prealloc_size_mb=1)
     small.start()
@@ -482,6 +482,6 @@ def test_big_group_commits_switch_the_filler_to_allocation(tmp_path: Path) -> No
         if i % 8 == 7:
             acks.wait(i + 1)
     assert big._filler is not None
-    assert big._filler.bytes_per_sync > _ZeroFiller.FALLOCATE_ABOVE_BYTES_PER_SYNC
+    assert big._filler.bytes_per_sync > ZeroFiller.FALLOCATE_ABOVE_BYTES_PER_SYNC
     assert big._filler.allocates()
     big.shutdown()

@@ -269,3 +269,41 @@ def test_index_dir_separate_and_concurrent_readers(tmp_path: Path) -> None:
     assert (tmp_path / "index" / "current" / "locations").is_dir()
     assert (tmp_path / "ledgers" / "current" / "0.log").is_file()
     assert not (tmp_path / "ledgers" / "current" / "locations").exists()
+
+
+def test_flush_never_replaces_a_cache_an_add_swapped_in_meanwhile(tmp_path: Path) -> None:
+    """A checkpoint's flush writes out the flushing cache, then swaps the active one; an add
+    that fills the active cache in between swaps it first. That cache must be written out, not
+    replaced (it held every entry added before the flush: losing it lost acknowledged data)."""
+    st = open_storage(tmp_path, write_cache_max_bytes=8 * 1024)
+    try:
+        st.set_master_key(1, b"k")
+        added = 0
+        for _ in range(5):
+            st.add_entry(make_entry(1, added, b"p" * 200))
+            added += 1
+        first_write_out = st._flush_swapped
+        calls = 0
+
+        def then_an_add_swaps() -> None:
+            nonlocal calls, added
+            first_write_out()
+            calls += 1
+            if calls == 1:  # the window between the flush's write-out and its own swap
+                swapped = st._caches.flushing
+                while st._caches.flushing is swapped:
+                    st.add_entry(make_entry(1, added, b"p" * 200))
+                    added += 1
+
+        st._flush_swapped = then_an_add_swaps  # type: ignore[method-assign]
+        st.flush()
+        del st._flush_swapped
+        st.flush()
+        assert [e for e in range(added) if not st.has_entry(1, e)] == []
+    finally:
+        st.close()
+    st = open_storage(tmp_path)
+    try:
+        assert st.entry_ids(1) == list(range(added))
+    finally:
+        st.close()

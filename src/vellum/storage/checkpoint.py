@@ -39,7 +39,8 @@ from typing import Protocol
 from vellum import stats
 from vellum.errors import CorruptionError, StorageError
 from vellum.format.lastmark import ZERO_MARK, LogMark, last_mark_file_name
-from vellum.storage.dirs import current_dir, write_file_durably
+from vellum.storage.dirs import current_dir
+from vellum.storage.durable import write_file_durably
 
 log = logging.getLogger(__name__)
 

@@ -38,7 +38,8 @@ from dataclasses import dataclass, field
 from vellum.errors import StorageError
 from vellum.format.entrylog import ScanStop
 from vellum.ids import location_log_id, make_location
-from vellum.storage.entry_logger import CompactionLog, EntryLogger, fsync_dir
+from vellum.storage.durable import fsync_dir, remove_file
+from vellum.storage.entry_logger import CompactionLog, EntryLogger
 from vellum.storage.ledger_storage import LedgerStorage
 
 log = logging.getLogger(__name__)
@@ -261,11 +262,7 @@ def recover_interrupted_compactions(storage: LedgerStorage) -> int:
         if logger.log_path(old_id).exists():
             logger.delete_log(old_id)
         storage.forget_log(old_id)
-        try:
-            marker.unlink()
-            fsync_dir(logger.current_dir)
-        except FileNotFoundError:
-            pass
+        remove_file(marker)
         log.warning(
             "finished interrupted compaction of entry log %x into %x (%d index entries moved)",
             old_id, new_id, moved,

@@ -32,7 +32,8 @@ from pathlib import Path
 
 from vellum.errors import CookieError, StorageError
 from vellum.format.cookie import VERSION_FILENAME, Cookie
-from vellum.storage.dirs import current_dir, fsync_dir, write_file_durably
+from vellum.storage.dirs import current_dir
+from vellum.storage.durable import fsync_dir, write_file_durably
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,6 @@
-"""Ledger directories: the ``current/`` layout, durable small-file replacement, and the
-``LedgerDirsManager`` disk checker (usage thresholds, full / writable transitions, listeners).
+"""Ledger directories: the ``current/`` layout and the ``LedgerDirsManager`` disk checker
+(usage thresholds, full / writable transitions, listeners). Durable file replacement lives in
+``storage/durable.py``.
 
 Directory layout: every configured journal, ledger and index directory keeps its files in a
 ``current/`` sub-directory (``<ledgerDir>/current/VERSION``, ``lastMark``, ``*.log``, ...).
@@ -22,14 +23,13 @@ Thread-safe; ``check()`` is callable directly, ``start()``/``stop()`` run it per
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from vellum.errors import DiskFullError, StorageError
+from vellum.errors import DiskFullError
 
 log = logging.getLogger(__name__)
 
@@ -41,40 +41,6 @@ DiskUsageFn = Callable[[Path], tuple[int, int]]
 def current_dir(root: Path | str) -> Path:
     """``<root>/current``: where a journal, ledger or index dir keeps its files."""
     return Path(root) / CURRENT_DIR
-
-
-def fsync_dir(path: Path) -> None:
-    """fsync a directory so a create/rename/unlink inside it survives a crash."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_file_durably(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` atomically and durably: write ``<name>.tmp``, fsync it,
-    rename over ``path``, fsync the directory. A crash leaves the old or the new content, never a
-    torn file. Raises StorageError naming the file."""
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            view = memoryview(data)
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
-    except OSError as e:
-        try:
-            tmp.unlink(missing_ok=True)
-        except OSError:
-            pass
-        raise StorageError(f"cannot write {path}: {e.strerror or e}") from e
 
 
 def _shutil_disk_usage(path: Path) -> tuple[int, int]:

@@ -24,7 +24,8 @@ from pathlib import Path
 from types import TracebackType
 
 from vellum.errors import CorruptionError, StorageError
-from vellum.storage.dirs import current_dir, fsync_dir, write_file_durably
+from vellum.storage.dirs import current_dir
+from vellum.storage.durable import remove_file, write_file_durably
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +69,7 @@ def mark_clean(dirs: Sequence[Path | str]) -> None:
     for d in dirs:
         path = current_dir(d) / DIRTY_FILENAME
         try:
-            path.unlink(missing_ok=True)
-            fsync_dir(path.parent)
+            remove_file(path)
         except OSError as e:
             raise StorageError(f"cannot remove {path}: {e.strerror or e}") from e
 

@@ -27,7 +27,8 @@ from pathlib import Path
 from vellum.errors import CorruptionError
 from vellum.format.entrylog import ScanStop, VerifyFn
 from vellum.format.ledger_index import LedgerData
-from vellum.storage.entry_logger import EntryLogger, fsync_dir
+from vellum.storage.durable import fsync_dir
+from vellum.storage.entry_logger import EntryLogger
 from vellum.storage.index import LEDGERS_DB, LOCATIONS_DB, EntryLocationIndex, LedgerMetadataIndex
 from vellum.storage.markers import acquire_dir_locks
 

@@ -1,0 +1,312 @@
+"""Reads of the entry logs of one ledger directory: by location, runs, scans, ledgers maps.
+
+Every read is an ``os.pread`` on a reference-counted read-only descriptor per log, so reads run
+concurrently with each other and with appends. A log's descriptor stays open until the log is
+deleted (``close_log``) or the reader closes; a deleted log's descriptor closes when its last
+reader releases it.
+
+Invariants:
+- A record is returned only if its size field is sane and the ids stored in it are the ones
+  asked for (``read_entry``); a run of records (``read_run``) stops quietly at anything
+  unexpected and the caller reads on entry by entry, with full checks.
+- Nothing past what the writer handed to the file is read: an active log's buffered bytes are
+  first handed to the file (``make_readable``, the entry logger's), and a run stops at the
+  active log's written end (``readable_end``; None for a sealed log).
+- Verifying an entry's digest is the caller's business (ledger storage knows the ledger's
+  digest); a scan may be given a ``verify`` function.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from vellum.errors import CorruptionError, StorageError
+from vellum.format import entrylog as fmt
+from vellum.ids import location_log_id, location_offset, make_location
+from vellum.storage.entry_log_allocator import list_log_ids, log_file_name
+
+#: largest single pread of ``read_run`` (longer runs take several)
+_RUN_CHUNK_MAX = 16 << 20
+
+#: hands an active log's buffered bytes below ``end`` to the file: ``(log_id, end)``
+MakeReadableFn = Callable[[int, int], None]
+#: the bytes of an active log in the file; None for a sealed log
+ReadableEndFn = Callable[[int], "int | None"]
+
+
+@dataclass
+class _Descriptor:
+    fd: int
+    users: int = 0
+    closing: bool = False
+
+
+class EntryLogReader:
+    """Reads the entry logs of one ``current/`` directory (see the module docstring)."""
+
+    def __init__(
+        self, current_dir: Path, *, make_readable: MakeReadableFn, readable_end: ReadableEndFn
+    ) -> None:
+        self.current_dir = current_dir
+        self._make_readable = make_readable
+        self._readable_end = readable_end
+        self._lock = threading.Lock()
+        self._descriptors: dict[int, _Descriptor] = {}
+
+    def log_path(self, log_id: int) -> Path:
+        return self.current_dir / log_file_name(log_id)
+
+    def log_ids(self) -> list[int]:
+        """Ids of the ``.log`` files in ``current/``, ascending (compaction temporaries excluded)."""
+        return list_log_ids(self.current_dir)
+
+    def file_size(self, log_id: int) -> int:
+        path = self.log_path(log_id)
+        try:
+            return path.stat().st_size
+        except FileNotFoundError:
+            raise CorruptionError(f"{path}: entry log does not exist") from None
+
+    # ------------------------------------------------------------------ descriptors
+
+    def _acquire(self, log_id: int) -> _Descriptor:
+        with self._lock:
+            desc = self._descriptors.get(log_id)
+            if desc is None:
+                path = self.log_path(log_id)
+                try:
+                    fd = os.open(path, os.O_RDONLY)
+                except FileNotFoundError:
+                    raise CorruptionError(f"{path}: entry log does not exist") from None
+                except OSError as e:
+                    raise StorageError(f"{path}: cannot open: {e.strerror}") from None
+                desc = self._descriptors[log_id] = _Descriptor(fd)
+            desc.users += 1
+            return desc
+
+    def _release(self, desc: _Descriptor) -> None:
+        with self._lock:
+            desc.users -= 1
+            if desc.closing and desc.users == 0:
+                os.close(desc.fd)
+
+    def close_log(self, log_id: int) -> None:
+        """The log is being deleted: close its descriptor once no read uses it."""
+        with self._lock:
+            desc = self._descriptors.pop(log_id, None)
+            if desc is not None:
+                desc.closing = True
+                if desc.users == 0:
+                    os.close(desc.fd)
+
+    def close(self) -> None:
+        with self._lock:
+            for desc in self._descriptors.values():
+                desc.closing = True
+                if desc.users == 0:
+                    os.close(desc.fd)
+            self._descriptors.clear()
+
+    def _pread(self, desc: _Descriptor, n: int, offset: int, log_id: int) -> bytes:
+        try:
+            return os.pread(desc.fd, n, offset)
+        except OSError as e:
+            raise StorageError(
+                f"{self.log_path(log_id)} offset {offset}: read failed: {e.strerror}"
+            ) from None
+
+    def _read_fn(self, desc: _Descriptor, log_id: int) -> Callable[[int, int], bytes]:
+        return lambda off, n: self._pread(desc, n, off, log_id)
+
+    # ------------------------------------------------------------------ random reads
+
+    def read_entry(self, ledger_id: int, entry_id: int, location: int) -> bytes:
+        """The entry stored at ``location``; the size and ids there must match the request."""
+        log_id, offset = location_log_id(location), location_offset(location)
+        path = self.log_path(log_id)
+        if offset < fmt.HEADER_SIZE + fmt.SIZE_FIELD:
+            raise CorruptionError(f"{path} offset {offset}: location points into the header")
+        self._make_readable(log_id, offset + fmt.MIN_SANE_ENTRY_SIZE)
+        desc = self._acquire(log_id)
+        try:
+            head = self._pread(
+                desc, fmt.SIZE_FIELD + fmt.MIN_SANE_ENTRY_SIZE, offset - fmt.SIZE_FIELD, log_id
+            )
+            if len(head) < fmt.SIZE_FIELD + fmt.MIN_SANE_ENTRY_SIZE:
+                raise CorruptionError(f"{path} offset {offset}: entry runs past the end of the log")
+            size = fmt.decode_size(head)
+            if size < fmt.MIN_SANE_ENTRY_SIZE:
+                raise CorruptionError(f"{path} offset {offset - fmt.SIZE_FIELD}: insane entry size {size}")
+            lid, eid = fmt.entry_ids(head[fmt.SIZE_FIELD :])
+            if (lid, eid) != (ledger_id, entry_id):
+                raise CorruptionError(
+                    f"{path} offset {offset}: expected ledger {ledger_id} entry {entry_id}, "
+                    f"found ledger {lid} entry {eid}"
+                )
+            self._make_readable(log_id, offset + size)
+            entry = self._pread(desc, size, offset, log_id)
+            if len(entry) != size:
+                raise CorruptionError(
+                    f"{path} offset {offset}: entry of {size} bytes runs past the end of the log"
+                )
+            return entry
+        finally:
+            self._release(desc)
+
+    def record_size(self, location: int) -> int | None:
+        """Bytes the record at ``location`` occupies (size field included), or None if unreadable."""
+        log_id, offset = location_log_id(location), location_offset(location)
+        try:
+            self._make_readable(log_id, offset)
+            desc = self._acquire(log_id)
+        except (CorruptionError, StorageError):
+            return None
+        try:
+            head = self._pread(desc, fmt.SIZE_FIELD, offset - fmt.SIZE_FIELD, log_id)
+        except StorageError:
+            return None
+        finally:
+            self._release(desc)
+        return fmt.SIZE_FIELD + fmt.decode_size(head) if len(head) == fmt.SIZE_FIELD else None
+
+    # ------------------------------------------------------------------ runs
+
+    def read_run(
+        self, ledger_id: int, location: int, *, max_entries: int, max_bytes: int,
+        include_first: bool = True, first_counts: bool = True,
+    ) -> list[tuple[int, int, memoryview]]:
+        """The records of ``ledger_id`` stored one after the other from ``location`` (that
+        record itself with ``include_first``), as ``(entry_id, location, entry)``.
+
+        Reads the run in one pread, sized from its first record (more only if later records are
+        bigger), and returns views into it: no copy per entry. Stops at ``max_entries``, before
+        the record that would take the bytes past ``max_bytes`` (``<= 0``: no bound; with
+        ``first_counts`` the first record is returned whatever its size), at a record of another
+        ledger, at the end of what is readable, or quietly at anything unexpected (the caller
+        reads entries one by one from there, with full checks). Entry ids are as stored: the
+        caller decides whether they are the ones it wants.
+        """
+        log_id, offset = location_log_id(location), location_offset(location)
+        out: list[tuple[int, int, memoryview]] = []
+        if max_entries <= 0 or offset < fmt.HEADER_SIZE + fmt.SIZE_FIELD:
+            return out
+        desc = self._acquire(log_id)
+        try:
+            if include_first:
+                pos = offset - fmt.SIZE_FIELD  # start of the record's size field
+            else:
+                head = self._pread(desc, fmt.SIZE_FIELD, offset - fmt.SIZE_FIELD, log_id)
+                if len(head) < fmt.SIZE_FIELD:
+                    return out
+                pos = offset + fmt.decode_size(head)  # start of the next record's size field
+            limit = self._readable_end(log_id)
+            if limit is not None and pos + fmt.SIZE_FIELD + fmt.MIN_SANE_ENTRY_SIZE > limit:
+                return out
+            head = self._pread(desc, fmt.SIZE_FIELD, pos, log_id)
+            if len(head) < fmt.SIZE_FIELD:
+                return out
+            first_size = fmt.decode_size(head)
+            if first_size < fmt.MIN_SANE_ENTRY_SIZE or (0 < max_bytes < first_size and not first_counts):
+                return out
+            # The whole run in one pread if its records are about the size of the first; a
+            # record that straddles the end of a chunk is read again from its start.
+            chunk_len = max_entries * (fmt.SIZE_FIELD + first_size)
+            if max_bytes > 0:
+                chunk_len = min(chunk_len, max(first_size, max_bytes) + fmt.SIZE_FIELD * max_entries)
+            chunk_len = max(fmt.SIZE_FIELD + first_size, min(chunk_len, _RUN_CHUNK_MAX))
+            chunk = memoryview(b"")
+            base = pos
+            total = 0
+            while len(out) < max_entries:
+                if limit is not None and pos + fmt.SIZE_FIELD + fmt.MIN_SANE_ENTRY_SIZE > limit:
+                    return out
+                rel = pos - base
+                if rel + fmt.SIZE_FIELD > len(chunk):
+                    base, rel = pos, 0
+                    chunk = memoryview(self._pread(desc, chunk_len, pos, log_id))
+                    if len(chunk) < fmt.SIZE_FIELD:
+                        return out
+                size = fmt.decode_size(chunk, rel)
+                if size < fmt.MIN_SANE_ENTRY_SIZE or (
+                    limit is not None and pos + fmt.SIZE_FIELD + size > limit
+                ):
+                    return out
+                if (out or not first_counts) and 0 < max_bytes < total + size:
+                    return out
+                if rel + fmt.SIZE_FIELD + size > len(chunk):
+                    base, rel = pos, 0
+                    chunk = memoryview(self._pread(desc, max(chunk_len, fmt.SIZE_FIELD + size), pos, log_id))
+                    if len(chunk) < fmt.SIZE_FIELD + size:
+                        return out
+                body = chunk[rel + fmt.SIZE_FIELD : rel + fmt.SIZE_FIELD + size]
+                lid, eid = fmt.entry_ids(body)
+                if lid != ledger_id:
+                    return out
+                out.append((eid, make_location(log_id, pos + fmt.SIZE_FIELD), body))
+                total += size
+                pos += fmt.SIZE_FIELD + size
+            return out
+        finally:
+            self._release(desc)
+
+    # ------------------------------------------------------------------ whole logs
+
+    def scanner(self, log_id: int, end: int, *, verify: fmt.VerifyFn | None = None) -> fmt.EntryLogScanner:
+        """A scanner over one log's records below ``end``; the header is checked first. It
+        keeps the log's descriptor until iteration ends (it reads lazily)."""
+        path = self.log_path(log_id)
+        desc = self._acquire(log_id)
+        read = self._read_fn(desc, log_id)
+        try:
+            fmt.decode_header(read(0, fmt.HEADER_SIZE), where=str(path))
+        except Exception:
+            self._release(desc)
+            raise
+        return _OwningScanner(
+            read, end=end, verify=verify, where=str(path), release=lambda: self._release(desc)
+        )
+
+    def ledgers_in(self, log_id: int, end: int) -> tuple[dict[int, int], bool]:
+        """``({ledger_id: bytes}, from_map)`` of a sealed log: the ledgers map at its end, else a
+        full scan (BookKeeper's rule)."""
+        path = self.log_path(log_id)
+        desc = self._acquire(log_id)
+        try:
+            sizes = fmt.read_ledgers_map(self._read_fn(desc, log_id), end, where=str(path))
+        finally:
+            self._release(desc)
+        if sizes is not None:
+            return sizes, True
+        scanned: dict[int, int] = {}
+        for rec in self.scanner(log_id, end):
+            scanned[rec.ledger_id] = scanned.get(rec.ledger_id, 0) + fmt.SIZE_FIELD + rec.size
+        return scanned, False
+
+
+class _OwningScanner(fmt.EntryLogScanner):
+    """A scanner that releases its read descriptor when iteration ends."""
+
+    def __init__(
+        self,
+        read: fmt.ReadFn,
+        *,
+        end: int,
+        verify: fmt.VerifyFn | None,
+        where: str,
+        release: Callable[[], None],
+    ) -> None:
+        super().__init__(read, end=end, verify=verify, where=where)
+        self._release = release
+        self._released = False
+
+    def __iter__(self) -> Iterator[fmt.LogRecord]:
+        try:
+            yield from super().__iter__()
+        finally:
+            if not self._released:
+                self._released = True
+                self._release()
