@@ -116,10 +116,12 @@ def _blocking_scenario(uri: str) -> None:
         assert isinstance(bk.run(NamedLedgers(bk.aio).list("api/")), list)
     finally:
         bk.close()
-    assert writer._lac_timer is None, "closing the client must stop the named writer's timers"
+    assert writer.writer is not None and not writer.writer.timers_armed, (
+        "closing the client must stop the named writer's timers"
+    )
     with pytest.raises(ClientClosedError):
         bk.run(asyncio.sleep(0))
 
 
 async def _lac_timer_armed(h: LedgerHandle) -> bool:
-    return h._lac_timer is not None
+    return h.writer is not None and h.writer.timers_armed

@@ -37,6 +37,12 @@ that answer is never mistaken for a later request with the same (op, ledger, ent
 Invariants: every request completes exactly once (answer, error, timeout, connection failure or
 client close), on the loop thread; a callback that raises is logged and never breaks the
 connection; this module never imports ``vellum.server``.
+
+Size: about 840 lines for two classes, ``_Connection`` (~270: framing, matching, timeouts of one
+socket) and ``BookieClient`` (~410: one method per operation, each building its frame and
+mapping its answer). They share the pending-request records and the timeout sweep, and every
+operation's code is a few lines on each side of that seam; splitting the file would put each
+operation's request and answer in two modules.
 """
 
 from __future__ import annotations

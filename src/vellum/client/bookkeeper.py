@@ -215,7 +215,7 @@ class BookKeeper:
             )
         if wq > 63:
             raise IncorrectParameterError(f"writeQuorumSize {wq} is too large")
-        dt = _digest_type(digest_type if digest_type is not None else cfg.digest_type)
+        dt = parse_digest_type(digest_type if digest_type is not None else cfg.digest_type)
         if not isinstance(password, (bytes, bytearray)):
             raise IncorrectParameterError("password must be bytes")
         try:
@@ -293,7 +293,8 @@ def _list_bookies(store: MetadataStore) -> tuple[frozenset[str], frozenset[str]]
     )
 
 
-def _digest_type(value: Any) -> DigestType:
+def parse_digest_type(value: Any) -> DigestType:
+    """A digest type given by name (``"CRC32C"``), number or ``DigestType`` (named ledgers use it too)."""
     if isinstance(value, str):
         return DigestType.parse(value)
     try:

@@ -38,20 +38,16 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from vellum.client.ledger import (
-    RECOVERY,
-    ClientContext,
-    LedgerHandle,
-    ensemble_coverage,
-    read_entry_from,
-    write_set,
-)
+from vellum.client.context import ClientContext
+from vellum.client.distribution import RoundRobinSchedule, ensemble_coverage
+from vellum.client.ledger import RECOVERY, LedgerHandle
+from vellum.client.ledger_writer import LedgerWriter
+from vellum.client.replica_read import NEGATIVE_ANSWERS, ReplicaReads, collect_answers
 from vellum.errors import (
     DigestMismatchError,
+    IllegalOpError,
     LedgerRecoveryError,
     MetadataVersionError,
-    NoSuchEntryError,
-    NoSuchLedgerError,
     UnauthorizedAccessError,
     VellumError,
 )
@@ -60,8 +56,6 @@ from vellum.meta.api import Versioned
 from vellum.meta.model import LedgerMetadata, LedgerState
 
 log = logging.getLogger(__name__)
-
-_NEGATIVE = (NoSuchEntryError, NoSuchLedgerError)
 
 
 @dataclass(frozen=True)
@@ -94,7 +88,7 @@ async def recover_ledger(ctx: ClientContext, ledger_id: int, password: bytes) ->
     try:
         last, length = await recover_tail(ctx, handle, password)
         log.info("ledger %d: recovered up to entry %d; closing", ledger_id, last)
-        return await handle._close_metadata(last, length)
+        return await _recovery_writer(handle).close_metadata(last, length)
     finally:
         handle.abandon()  # nothing is left pending after a close; after a failure, give up
 
@@ -119,7 +113,7 @@ async def recover_tail(ctx: ClientContext, handle: LedgerHandle, password: bytes
     found back to ``AQ`` bookies. Returns ``(last entry id, cumulative length)`` of the ledger.
 
     Writes no metadata itself (closing is the caller's decision); only an ensemble change that a
-    write-back needs goes through the handle's context, which may refuse it.
+    write-back needs goes through the handle's writer, which may refuse it (``metadata_writes``).
     """
     md = handle.metadata
     ledger_id = handle.ledger_id
@@ -134,7 +128,8 @@ async def recover_tail(ctx: ClientContext, handle: LedgerHandle, password: bytes
     log.info("ledger %d: fenced; recovering from entry %d", ledger_id, lac + 1)
 
     length = await _length_at(ctx, handle, lac, known)
-    handle.start_recovery(lac, length)
+    writer = _recovery_writer(handle)
+    writer.start_recovery(lac, length)
 
     writes: list[asyncio.Future[int]] = []
     entry_id = lac + 1
@@ -154,7 +149,7 @@ async def recover_tail(ctx: ClientContext, handle: LedgerHandle, password: bytes
                     absent = True
                     break
                 raw, parsed = found
-                writes.append(handle.recovery_add(raw, parsed))
+                writes.append(writer.recovery_add(raw, parsed))
                 length = parsed.length
                 entry_id += 1
         if writes:
@@ -170,6 +165,14 @@ async def recover_tail(ctx: ClientContext, handle: LedgerHandle, password: bytes
     return entry_id - 1, length
 
 
+def _recovery_writer(handle: LedgerHandle) -> LedgerWriter:
+    """The recovery writer of ``handle`` (a ``LedgerHandle(..., mode=RECOVERY)``)."""
+    writer = handle.writer
+    if writer is None or not writer.recovery:
+        raise IllegalOpError(f"ledger {handle.ledger_id}: recovery needs a recovery handle, not a {handle.mode.value}")
+    return writer
+
+
 async def _fence(
     ctx: ClientContext,
     ledger_id: int,
@@ -182,10 +185,11 @@ async def _fence(
     bc = ctx.bookie_client
     timeout = float(ctx.config.read_entry_timeout_s)
     need = ensemble_coverage(md.ensemble_size, md.ack_quorum_size)
-    tasks = [
-        asyncio.ensure_future(bc.read(b, ledger_id, -1, fence_master_key=key, timeout_s=timeout)) for b in ensemble
-    ]
-    for t in tasks:
+    requests = {
+        asyncio.ensure_future(bc.read(b, ledger_id, -1, fence_master_key=key, timeout_s=timeout)): i
+        for i, b in enumerate(ensemble)
+    }
+    for t in requests:
         # The fences that are still in flight when coverage is reached keep going (they fence
         # their bookie too); their outcome is not needed.
         t.add_done_callback(_retrieve)
@@ -193,28 +197,29 @@ async def _fence(
     known: dict[int, int] = {}
     answered = 0
     errors: list[BaseException] = []
-    pending = set(tasks)
-    while pending:
-        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-        for t in done:
-            exc = t.exception()
-            if exc is None:
-                try:
-                    entry = digest.verify(t.result())
-                except DigestMismatchError as e:
-                    errors.append(e)
-                    continue
-                lac = max(lac, entry.lac)
-                known[entry.entry_id] = entry.length
-                answered += 1
-            elif isinstance(exc, _NEGATIVE):
-                answered += 1
-            elif isinstance(exc, UnauthorizedAccessError):
-                raise UnauthorizedAccessError(f"ledger {ledger_id}: fencing refused: {exc}")
-            else:
-                errors.append(exc)
-        if answered >= need:
-            return lac, known
+
+    def on_answer(_idx: int, t: asyncio.Future[bytes | memoryview]) -> bool:
+        nonlocal lac, answered
+        exc = t.exception()
+        if exc is None:
+            try:
+                entry = digest.verify(t.result())
+            except DigestMismatchError as e:
+                errors.append(e)
+                return False
+            lac = max(lac, entry.lac)
+            known[entry.entry_id] = entry.length
+            answered += 1
+        elif isinstance(exc, NEGATIVE_ANSWERS):
+            answered += 1
+        elif isinstance(exc, UnauthorizedAccessError):
+            raise UnauthorizedAccessError(f"ledger {ledger_id}: fencing refused: {exc}")
+        else:
+            errors.append(exc)
+        return False
+
+    if await collect_answers(requests, on_answer, lambda: answered >= need, cancel_rest=False):
+        return lac, known
     raise LedgerRecoveryError(
         f"ledger {ledger_id}: fencing reached {answered} of the {need} bookies needed "
         f"(ensemble {ensemble}); errors: {errors}"
@@ -233,14 +238,11 @@ async def _length_at(ctx: ClientContext, handle: LedgerHandle, lac: int, known: 
     if lac in known:
         return known[lac]
     md = handle.metadata
-    ensemble = md.ensemble_for(lac)
-    replicas = [ensemble[i] for i in write_set(lac, md.ensemble_size, md.write_quorum_size)]
+    schedule = RoundRobinSchedule(md.ensemble_size, md.write_quorum_size, md.ack_quorum_size)
+    reads = ReplicaReads(ctx.bookie_client, handle.digest_manager, handle.ledger_id,
+                         float(ctx.config.read_entry_timeout_s), ctx.config.speculative_read_timeout_ms / 1000.0)
     try:
-        entry = await read_entry_from(
-            ctx.bookie_client, handle.digest_manager, handle.ledger_id, lac, replicas,
-            timeout_s=float(ctx.config.read_entry_timeout_s),
-            speculative_s=ctx.config.speculative_read_timeout_ms / 1000.0,
-        )
+        entry = await reads.read_entry(lac, schedule.replicas(md.ensemble_for(lac), lac))
     except VellumError as e:
         raise LedgerRecoveryError(f"ledger {handle.ledger_id}: cannot read entry {lac} (the LAC): {e}") from e
     return entry.length
@@ -259,36 +261,34 @@ async def _recovery_read(
     coverage, LedgerRecoveryError if neither can be decided."""
     bc = ctx.bookie_client
     timeout = float(ctx.config.read_entry_timeout_s)
-    replicas = [ensemble[i] for i in write_set(entry_id, md.ensemble_size, md.write_quorum_size)]
-    need_negative = md.write_quorum_size - md.ack_quorum_size + 1
-    tasks = [
-        asyncio.ensure_future(bc.read(b, ledger_id, entry_id, fence_master_key=key, timeout_s=timeout))
-        for b in replicas
-    ]
+    schedule = RoundRobinSchedule(md.ensemble_size, md.write_quorum_size, md.ack_quorum_size)
+    need_negative = schedule.write_set_coverage
+    requests = {
+        asyncio.ensure_future(bc.read(b, ledger_id, entry_id, fence_master_key=key, timeout_s=timeout)): i
+        for i, b in enumerate(schedule.replicas(ensemble, entry_id))
+    }
+    found: list[tuple[bytes | memoryview, Entry]] = []
     negatives = 0
     errors: list[BaseException] = []
-    try:
-        pending = set(tasks)
-        while pending:
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for t in done:
-                exc = t.exception()
-                if exc is None:
-                    raw = t.result()
-                    try:
-                        return raw, digest.verify(raw, entry_id)
-                    except DigestMismatchError as e:
-                        errors.append(e)
-                elif isinstance(exc, _NEGATIVE):
-                    negatives += 1
-                else:
-                    errors.append(exc)
-            if negatives >= need_negative:
-                return None
-    finally:
-        for t in tasks:
-            if not t.done():
-                t.cancel()
+
+    def on_answer(_idx: int, t: asyncio.Future[bytes | memoryview]) -> bool:
+        nonlocal negatives
+        exc = t.exception()
+        if exc is None:
+            raw = t.result()
+            try:
+                found.append((raw, digest.verify(raw, entry_id)))
+                return True
+            except DigestMismatchError as e:
+                errors.append(e)
+        elif isinstance(exc, NEGATIVE_ANSWERS):
+            negatives += 1
+        else:
+            errors.append(exc)
+        return False
+
+    if await collect_answers(requests, on_answer, lambda: negatives >= need_negative):
+        return found[0] if found else None
     raise LedgerRecoveryError(
         f"ledger {ledger_id}: entry {entry_id} is neither readable nor absent on a quorum "
         f"({negatives} negative answers of {need_negative} needed, errors: {errors})"

@@ -1,0 +1,291 @@
+"""Reads from the replicas of one write set: speculative reads, failover, back-pressure rounds and
+digest checks (BookKeeper's ``PendingReadOp`` for one entry, and its batch-read sibling).
+
+Responsibility: turn "entry ``e`` (or the run ``first..last``) is stored on these replicas" into
+verified entries, for the reader (``ledger_reader.py``) and recovery (``recovery.py``), which
+choose the replicas (``distribution.py``).
+
+Invariants:
+- every entry returned was verified against its digest and its entry id; a bad copy is logged
+  and skipped (the next replica is asked), never returned;
+- "no such entry" (``NoSuchEntryError``) only when every replica asked said explicitly that it has
+  no such entry or ledger (design.md rule 3); any other failure keeps its own error class;
+- back-pressure (TOOMANYREQUESTS from every replica) is retried in rounds after
+  ``backoff_delay``, within the read timeout, never counted as a missing entry;
+- single-entry reads run on callbacks only (no task, no coroutine per entry), so a window of
+  hundreds of them costs no task switches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from vellum.client.backpressure import backoff_delay
+from vellum.errors import (
+    DigestMismatchError,
+    NoSuchEntryError,
+    NoSuchLedgerError,
+    ReadError,
+    TooManyRequestsError,
+    VellumError,
+)
+from vellum.format.entry import DigestManager, Entry
+
+if TYPE_CHECKING:
+    from vellum.client.bookie_client import BookieClient
+
+log = logging.getLogger(__name__)
+
+_F = TypeVar("_F", bound="asyncio.Future[Any]")
+
+#: errors that mean "this bookie does not have it" (explicit negatives for coverage)
+NEGATIVE_ANSWERS = (NoSuchEntryError, NoSuchLedgerError)
+
+#: rounds over a write set whose replicas all pushed back (TooManyRequestsError) before giving up
+_READ_BACKOFF_ROUNDS = 8
+
+
+class EntryRead:
+    """Reads and verifies one entry from its replicas with callbacks only (no task, no coroutine):
+    the first replica; a speculative read to the next one every ``speculative_s`` without an
+    answer; the next one at once on an error or a bad digest. If every replica pushed back
+    (TooManyRequestsError), another round after a short backoff, within the read timeout.
+
+    ``on_done(self)`` runs exactly once (unless cancelled), with ``result`` or ``error`` set.
+    """
+
+    __slots__ = ("deadline", "entry_id", "error", "errors", "finished", "futures", "loop", "next_replica", "on_done",
+                 "outstanding", "replicas", "result", "rounds", "source", "timer")
+
+    def __init__(
+        self, source: ReplicaReads, entry_id: int, replicas: Sequence[str], on_done: Callable[[EntryRead], None]
+    ) -> None:
+        self.source = source
+        self.entry_id = entry_id
+        self.replicas = replicas
+        self.on_done = on_done
+        self.loop = asyncio.get_running_loop()
+        self.deadline = 0.0
+        self.next_replica = 0
+        self.outstanding = 0
+        self.rounds = 0
+        self.errors: list[BaseException] = []
+        self.futures: list[asyncio.Future[bytes | memoryview]] = []
+        self.timer: asyncio.TimerHandle | None = None
+        self.result: Entry | None = None
+        self.error: BaseException | None = None
+        self.finished = False
+
+    def start(self) -> None:
+        self.deadline = self.loop.time() + self.source.timeout_s
+        self._launch()
+
+    def cancel(self) -> None:
+        """Stop: no callback, outstanding answers are dropped."""
+        self.finished = True
+        self._stop()
+
+    def _stop(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        for f in self.futures:
+            if not f.done():
+                f.cancel()
+
+    def _launch(self) -> None:
+        bookie = self.replicas[self.next_replica]
+        self.next_replica += 1
+        src = self.source
+        fut = src.bc.read_future(bookie, src.ledger_id, self.entry_id, timeout_s=src.timeout_s)
+        self.futures.append(fut)
+        self.outstanding += 1
+        fut.add_done_callback(functools.partial(self._answered, bookie))
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if src.speculative_s > 0 and self.next_replica < len(self.replicas):
+            self.timer = self.loop.call_later(src.speculative_s, self._speculate)
+
+    def _speculate(self) -> None:
+        self.timer = None
+        if not self.finished and self.next_replica < len(self.replicas):
+            self._launch()  # the replica is slow: ask the next one too
+
+    def _answered(self, bookie: str, fut: asyncio.Future[bytes]) -> None:
+        if self.finished or fut.cancelled():
+            return
+        self.outstanding -= 1
+        exc = fut.exception()
+        if exc is None:
+            try:
+                entry = self.source.digest.verify(fut.result(), self.entry_id)
+            except DigestMismatchError as e:
+                log.warning("ledger %d entry %d: bad replica on bookie %s: %s", self.source.ledger_id, self.entry_id,
+                            bookie, e)
+                self.errors.append(e)
+            else:
+                self._finish(entry, None)
+                return
+        else:
+            self.errors.append(exc)
+        if self.next_replica < len(self.replicas):
+            self._launch()  # failover at once
+        elif self.outstanding == 0:
+            recent = self.errors[-len(self.replicas):]
+            if (all(isinstance(e, TooManyRequestsError) for e in recent) and self.rounds < _READ_BACKOFF_ROUNDS
+                    and self.loop.time() < self.deadline):
+                # Every replica pushed back: back-pressure, not a failure. Another round later.
+                delay = backoff_delay(self.rounds)
+                self.rounds += 1
+                self.next_replica = 0
+                self.timer = self.loop.call_later(delay, self._retry_round)
+                return
+            self._finish(None, read_failure(self.source.ledger_id, self.entry_id, self.replicas, self.errors))
+
+    def _retry_round(self) -> None:
+        self.timer = None
+        if not self.finished:
+            self._launch()
+
+    def _finish(self, entry: Entry | None, error: BaseException | None) -> None:
+        self.finished = True
+        self.result, self.error = entry, error
+        self._stop()
+        self.on_done(self)
+
+
+def read_failure(ledger_id: int, entry_id: int, replicas: Sequence[str], errors: list[BaseException]) -> VellumError:
+    """The error of a read that no replica served: NoSuchEntryError if every replica said it has
+    no such entry, else the first other error (its class, with the context)."""
+    if errors and all(isinstance(e, NEGATIVE_ANSWERS) for e in errors):
+        return NoSuchEntryError(f"ledger {ledger_id}: no bookie of {list(replicas)} has entry {entry_id}")
+    first = next((e for e in errors if not isinstance(e, NEGATIVE_ANSWERS)), None)
+    if isinstance(first, VellumError):
+        return type(first)(f"ledger {ledger_id} entry {entry_id}: read failed on {list(replicas)}: {first}")
+    return ReadError(f"ledger {ledger_id} entry {entry_id}: read failed on {list(replicas)}: {errors}")
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaReads:
+    """How to read one ledger from its bookies: the bookie client, the ledger's digest manager
+    (every entry is verified with it), the read timeout and the speculative-read delay."""
+
+    bc: BookieClient
+    digest: DigestManager
+    ledger_id: int
+    timeout_s: float
+    speculative_s: float
+
+    async def read_entry(self, entry_id: int, replicas: Sequence[str]) -> Entry:
+        """Read and verify ``entry_id`` from ``replicas`` in order (speculative + failover).
+
+        Raises NoSuchEntryError if every replica said it has no such entry, else the first other error.
+        """
+        fut: asyncio.Future[Entry] = asyncio.get_running_loop().create_future()
+
+        def on_done(r: EntryRead) -> None:
+            if fut.done():
+                return
+            if r.error is not None:
+                fut.set_exception(r.error)
+            else:
+                assert r.result is not None
+                fut.set_result(r.result)
+
+        reader = EntryRead(self, entry_id, replicas, on_done)
+        reader.start()
+        try:
+            return await fut
+        finally:
+            if not reader.finished:
+                reader.cancel()
+
+    async def read_batch(self, first: int, last: int, replicas: Sequence[str], max_size: int) -> list[Entry]:
+        """One BATCH_READ of ``first..last`` (at most ``max_size`` bytes), verified; ``replicas``
+        tried in order, the next one after ``speculative_s`` without an answer or at once on an
+        error. ``[]`` if no replica answered with a verified batch (the caller falls back to
+        entry reads)."""
+        count = last - first + 1
+        errors: list[BaseException] = []
+        tasks: dict[asyncio.Task[list[bytes | memoryview]], str] = {}
+        next_replica = 0
+
+        def launch() -> None:
+            nonlocal next_replica
+            bookie = replicas[next_replica]
+            next_replica += 1
+            task = asyncio.ensure_future(self.bc.batch_read(
+                bookie, self.ledger_id, first, count, max_size, timeout_s=self.timeout_s))
+            tasks[task] = bookie
+
+        launch()
+        running = set(tasks)
+        try:
+            while running:
+                spec = self.speculative_s if self.speculative_s > 0 and next_replica < len(replicas) else None
+                done, running = await asyncio.wait(running, timeout=spec, return_when=asyncio.FIRST_COMPLETED)
+                if not done:
+                    launch()
+                    running = {t for t in tasks if not t.done()}
+                    continue
+                for t in done:
+                    exc = t.exception()
+                    if exc is None:
+                        try:
+                            raws = t.result()[:count]
+                            got = [self.digest.verify(raw, first + i) for i, raw in enumerate(raws)]
+                        except DigestMismatchError as e:
+                            log.warning("ledger %d: bad batch from bookie %s at %d: %s", self.ledger_id,
+                                        tasks[t], first, e)
+                            errors.append(e)
+                        else:
+                            if got:
+                                return got
+                            errors.append(NoSuchEntryError("empty batch"))
+                    else:
+                        errors.append(exc)
+                    if next_replica < len(replicas):
+                        launch()
+                running = {t for t in tasks if not t.done()}
+        finally:
+            for t in tasks:
+                if not t.done():
+                    t.cancel()
+                elif not t.cancelled():
+                    t.exception()
+        log.debug("ledger %d: batch read %d..%d failed on every replica: %s", self.ledger_id, first, last, errors)
+        return []
+
+
+async def collect_answers(
+    requests: Mapping[_F, int],
+    on_answer: Callable[[int, _F], bool],
+    enough: Callable[[], bool],
+    *,
+    cancel_rest: bool = True,
+) -> bool:
+    """Hand each finished request (future -> the index it was sent to) to ``on_answer(index,
+    future)`` as it completes, all of those that complete together before ``enough()`` is asked.
+    True as soon as ``on_answer`` or ``enough()`` returns True; False once every request finished
+    without. The requests still running are cancelled then, unless ``cancel_rest`` is False
+    (fencing reads keep going: each one still fences its bookie)."""
+    pending = set(requests)
+    try:
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for t in done:
+                if on_answer(requests[t], t):
+                    return True
+            if enough():
+                return True
+        return False
+    finally:
+        if cancel_rest:
+            for t in pending:
+                t.cancel()
