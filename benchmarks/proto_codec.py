@@ -12,7 +12,8 @@ import time
 
 from vellum.errors import EOK
 from vellum.format.entry import DigestManager, DigestType, master_key
-from vellum.proto import DEFAULT_MAX_FRAME_SIZE, AddRequest, AddResponse, FrameDecoder, Message, Side, encode
+from vellum.proto import FrameDecoder, Message, Side, encode
+from vellum.proto.messages import DEFAULT_MAX_FRAME_SIZE, AddRequest, AddResponse
 
 
 def bench(label: str, msgs: list[Message], side: Side, batch: int) -> None:

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from vellum.bookie.bookie import OpenedBookie, open_bookie
+from vellum.bookie.assembly import OpenedBookie, open_bookie
 from vellum.config import ServerConfig
 from vellum.format.entry import DigestManager, DigestType, master_key
 from vellum.storage.ledger_storage import LedgerStorage

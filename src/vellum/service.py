@@ -1,5 +1,7 @@
-"""Composition root: builds a running bookie (storage, bookie, server, HTTP, metadata) from a
-ServerConfig, and the standalone cluster (N bookie processes + the embedded metadata store).
+"""Composition root of one bookie service: from a ServerConfig, the metadata store, the bookie
+(built by ``bookie/assembly.py``), its network server, the admin HTTP server and the
+registration, started and stopped in order. Running several bookie processes on one machine
+(``vellum standalone``, the test clusters) is ``standalone.py``'s job, not this module's.
 
 Start order: metadata store (the cluster must be formatted) -> local storage (locks, cookies
 checked against the store's copy, journal replay) -> network server -> admin HTTP ->
@@ -13,19 +15,15 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import signal
-import subprocess
-import sys
-import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from vellum.admin.bookie_admin import BookieAdmin
 from vellum.admin.gc_admin import GcAdmin
-from vellum.bookie.bookie import OpenedBookie, open_bookie
+from vellum.bookie.assembly import OpenedBookie, open_bookie
 from vellum.bookie.executor import AsyncBookie
+from vellum.bookie.metrics import process_bookie_metrics
 from vellum.config import ServerConfig
 from vellum.errors import CookieError, MetaStoreError
 from vellum.format.cookie import Cookie
@@ -35,6 +33,7 @@ from vellum.ids import BookieId, LedgerId, bookie_id_for
 from vellum.meta import open_metadata_store
 from vellum.meta.api import LedgerManager, MetadataStore, SessionEvent
 from vellum.server.bookie_server import BookieServer, ServerLimits
+from vellum.server.metrics import process_server_metrics
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +48,18 @@ def default_metadata_uri(config: ServerConfig) -> str:
 
 def bookie_id_of(config: ServerConfig, port: int) -> BookieId:
     return BookieId(config.bookie_id) if config.bookie_id else bookie_id_for(config.advertised_address, port)
+
+
+def service_info(bookie_id: str, http_host: str, http_port: int) -> bytes:
+    """Registration data: where the admin HTTP API listens (for tools such as gc-report), like
+    BookKeeper's BookieServiceInfo. A wildcard bind address is published as the bookie id's
+    host; an IPv6 literal in brackets."""
+    host = http_host
+    if host in ("", "0.0.0.0", "::"):
+        host = str(bookie_id).rsplit(":", 1)[0]
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"  # IPv6 literal
+    return json.dumps({"httpAddress": f"http://{host}:{http_port}"}).encode()
 
 
 class BookieService:
@@ -86,6 +97,7 @@ class BookieService:
         self.opened = await asyncio.to_thread(
             open_bookie, cfg, bookie_id=self.bookie_id, instance_id=instance_id, progress=log.info,
             ledger_lister=MetadataLedgerLister(store.ledgers), store_cookie=store_cookie,
+            metrics=process_bookie_metrics(),  # the registry the admin HTTP server exports
         )
         await asyncio.to_thread(self._check_store_cookie, self.opened.cookie)
         bookie = self.opened.bookie
@@ -99,6 +111,7 @@ class BookieService:
                 max_reads_in_progress=cfg.max_reads_in_progress_limit,
                 max_frame_size=cfg.netty_max_frame_size_bytes,
             ),
+            metrics=process_server_metrics(),
         )
         await self.server.start()
         if cfg.http_server_enabled:
@@ -164,17 +177,9 @@ class BookieService:
         log.info("registered %s as %s", self.bookie_id, "read-only" if read_only else "writable")
 
     def _service_info(self) -> bytes:
-        """Registration data: where the admin HTTP API listens (for tools such as gc-report),
-        like BookKeeper's BookieServiceInfo. A wildcard bind address is published as the
-        bookie id's host."""
-        if self.http is None:
+        if self.http is None or self.bookie_id is None:
             return b""
-        host = self.config.http_server_host
-        if host in ("", "0.0.0.0", "::"):
-            host = str(self.bookie_id).rsplit(":", 1)[0]
-        if ":" in host and not host.startswith("["):
-            host = f"[{host}]"  # IPv6 literal
-        return json.dumps({"httpAddress": f"http://{host}:{self.http.port}"}).encode()
+        return service_info(self.bookie_id, self.config.http_server_host, self.http.port)
 
     def _reregister_soon(self) -> None:
         if not self._stopping:
@@ -245,101 +250,3 @@ def run_bookie(config: ServerConfig, *, metadata_uri: str | None = None) -> int:
         return 0
 
     return uvloop.run(main())
-
-
-# ------------------------------------------------------------------------------------------------
-# Standalone: N bookie processes and the embedded metadata store on one machine
-
-
-@dataclass
-class BookieProcessSpec:
-    index: int
-    port: int
-    http_port: int
-    base: Path
-    conf_file: Path
-    extra: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def bookie_id(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-
-def write_bookie_conf(spec: BookieProcessSpec, metadata_uri: str) -> None:
-    values = {
-        "bookiePort": str(spec.port),
-        "httpServerPort": str(spec.http_port),
-        "journalDirectories": str(spec.base / "journal"),
-        "ledgerDirectories": str(spec.base / "ledgers"),
-        "metadataServiceUri": metadata_uri,
-        **spec.extra,
-    }
-    spec.base.mkdir(parents=True, exist_ok=True)
-    spec.conf_file.write_text("".join(f"{k}={v}\n" for k, v in values.items()))
-
-
-def bookie_command(conf_file: Path) -> list[str]:
-    return [sys.executable, "-m", "vellum.cli.main", "bookie", "--conf", str(conf_file)]
-
-
-def format_if_needed(metadata_uri: str) -> str:
-    with open_metadata_store(metadata_uri) as store:
-        if not store.is_formatted():
-            return store.format()
-        return store.registration.get_instance_id() or ""
-
-
-class Standalone:
-    """Supervises N bookie processes sharing one embedded metadata store."""
-
-    def __init__(self, data_dir: Path, *, bookies: int, port_base: int, http_port_base: int,
-                 metadata_uri: str | None = None) -> None:
-        self.data_dir = data_dir.resolve()
-        self.metadata_uri = metadata_uri or f"sqlite:///{self.data_dir / 'metadata.db'}"
-        self.specs = [
-            BookieProcessSpec(i, port_base + i, http_port_base + i, self.data_dir / f"bookie-{i}",
-                              self.data_dir / f"bookie-{i}" / "bk_server.conf")
-            for i in range(bookies)
-        ]
-        self.procs: dict[int, subprocess.Popen[bytes]] = {}
-
-    def start(self, timeout_s: float = 60.0) -> None:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        format_if_needed(self.metadata_uri)
-        for spec in self.specs:
-            write_bookie_conf(spec, self.metadata_uri)
-            log_file = open(spec.base / "bookie.log", "ab")  # noqa: SIM115 - owned by the child
-            self.procs[spec.index] = subprocess.Popen(
-                bookie_command(spec.conf_file), stdout=log_file, stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        self.wait_registered(len(self.specs), timeout_s)
-
-    def wait_registered(self, count: int, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        with open_metadata_store(self.metadata_uri) as store:
-            while True:
-                up = store.registration.list_bookies() | store.registration.list_bookies(read_only=True)
-                if len(up) >= count:
-                    return
-                for i, proc in self.procs.items():
-                    if proc.poll() is not None:
-                        log_path = self.specs[i].base / "bookie.log"
-                        tail = log_path.read_text(errors="replace")[-2000:] if log_path.exists() else ""
-                        raise RuntimeError(f"bookie {i} exited with {proc.returncode}:\n{tail}")
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"only {len(up)} of {count} bookies registered in {timeout_s}s")
-                time.sleep(0.1)
-
-    def stop(self, timeout_s: float = 30.0) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        for proc in self.procs.values():
-            try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        self.procs.clear()

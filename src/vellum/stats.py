@@ -1,13 +1,23 @@
-"""Metrics: one Prometheus registry per process and constructors that name metrics the way
-BookKeeper's Prometheus provider does (``bookie_*``, ``bookkeeper_server_*``).
+"""Metrics: one Prometheus registry per process and the two ways of feeding it, with names
+the way BookKeeper's Prometheus provider spells them (``bookie_*``, ``bookkeeper_server_*``).
 
-Layers create their metrics through these helpers so the admin HTTP server can export one
-registry. No I/O: exporting is the HTTP layer's job.
+- ``counter`` / ``gauge`` / ``histogram``: a metric owned by a module, shared by everything in
+  the process that uses the module (idempotent, so a module may be imported more than once).
+- ``LiveSources``: metrics of objects a process may hold several of (bookies, servers). Each
+  object keeps plain ints on its hot path; one collector per kind, registered once per
+  registry, reads every tracked object at scrape time and combines their values per label
+  set (summed; a state gauge takes the minimum). Two bookies in one process therefore keep
+  their own counts, and the exported names and labels are those of a single bookie.
+
+The admin HTTP server exports ``REGISTRY``. No I/O here: exporting is the HTTP layer's job.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Generic, Literal, TypeAlias, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -48,38 +58,108 @@ def histogram(name: str, doc: str, labels: tuple[str, ...] = ()) -> Histogram:
     return metric
 
 
-class _CallbackCollector:
-    """Reads values at scrape time, so hot paths count with plain ints instead of metric calls
-    (a labelled Prometheus ``inc()`` costs microseconds; an int increment costs nanoseconds)."""
+#: One source's values of one metric: {label values: value}.
+Samples: TypeAlias = Mapping[tuple[str, ...], float]
+S = TypeVar("S")
+T = TypeVar("T")
 
-    def __init__(self, name: str, doc: str, kind: str, fn: Callable[[], dict[tuple[str, ...], float]],
-                 labels: tuple[str, ...]) -> None:
-        self._name, self._doc, self._kind, self._fn, self._labels = name, doc, kind, fn, labels
+
+@dataclass(frozen=True)
+class SourceMetric(Generic[S]):
+    """One exported metric family of a kind of source: ``read(source)`` is that source's
+    samples; ``combine`` says how the samples of several sources with the same labels merge."""
+
+    name: str
+    doc: str
+    read: Callable[[S], Samples]
+    kind: Literal["counter", "gauge"] = "counter"
+    labels: tuple[str, ...] = ()
+    combine: Literal["sum", "min"] = "sum"
+
+
+class LiveSources(Generic[S]):
+    """The live sources of one kind (e.g. every bookie of the process) and the collector that
+    exports their metrics.
+
+    Invariants: the collector is registered with ``registry`` once, when this object is built
+    (a second one with the same names on the same registry is refused by the registry); a
+    source counts from ``track`` until ``untrack``; nothing here runs on a hot path (sources
+    count with plain ints, read only at scrape time). A metric with no tracked source exports
+    no sample.
+    """
+
+    def __init__(self, metrics: Sequence[SourceMetric[S]], *, registry: CollectorRegistry = REGISTRY) -> None:
+        self._metrics = tuple(metrics)
+        # Copied on write: a scrape iterates a snapshot while bookies come and go.
+        self._sources: tuple[S, ...] = ()
+        self._lock = threading.Lock()
+        registry.register(self)
+
+    @property
+    def sources(self) -> tuple[S, ...]:
+        return self._sources
+
+    def track(self, source: S) -> None:
+        with self._lock:
+            if not any(s is source for s in self._sources):
+                self._sources = (*self._sources, source)
+
+    def untrack(self, source: S) -> None:
+        with self._lock:
+            self._sources = tuple(s for s in self._sources if s is not source)
+
+    def samples(self, name: str) -> dict[tuple[str, ...], float]:
+        """The exported samples of metric ``name``: every source's, combined per label set."""
+        for metric in self._metrics:
+            if metric.name == name:
+                return combine_samples([metric.read(s) for s in self._sources], metric.combine)
+        raise KeyError(name)
+
+    def describe(self) -> Iterator[Metric]:
+        # Names only (the registry checks duplicates with them), without reading any source.
+        for metric in self._metrics:
+            yield _family(metric)
 
     def collect(self) -> Iterator[Metric]:
-        family: Metric
-        if self._kind == "counter":
-            family = CounterMetricFamily(self._name, self._doc, labels=self._labels)
-        else:
-            family = GaugeMetricFamily(self._name, self._doc, labels=self._labels)
-        for label_values, value in self._fn().items():
-            family.add_metric(list(label_values), value)
-        yield family
+        sources = self._sources
+        for metric in self._metrics:
+            family = _family(metric)
+            for label_values, value in combine_samples([metric.read(s) for s in sources], metric.combine).items():
+                family.add_metric(list(label_values), value)
+            yield family
 
 
-def callback_metric(
-    name: str,
-    doc: str,
-    fn: Callable[[], dict[tuple[str, ...], float]],
-    *,
-    kind: str = "counter",
-    labels: tuple[str, ...] = (),
-) -> None:
-    """Export ``fn()`` ({label values: value}) as a counter or gauge; replaces an earlier one
-    of the same name (a process may build several bookies, e.g. in tests)."""
-    old = _cache.pop(name, None)
-    if old is not None:
-        REGISTRY.unregister(old)  # type: ignore[arg-type]
-    collector = _CallbackCollector(name, doc, kind, fn, labels)
-    REGISTRY.register(collector)  # type: ignore[arg-type]
-    _cache[name] = collector
+def combine_samples(per_source: Sequence[Samples], how: Literal["sum", "min"]) -> dict[tuple[str, ...], float]:
+    """Merge the samples of several sources: per label set, the sum (counts) or the minimum
+    (a state such as "writable": the process is writable only if every source is)."""
+    merged: dict[tuple[str, ...], float] = {}
+    for samples in per_source:
+        for labels, value in samples.items():
+            if labels not in merged:
+                merged[labels] = float(value)
+            elif how == "sum":
+                merged[labels] += value
+            else:
+                merged[labels] = min(merged[labels], value)
+    return merged
+
+
+def _family(metric: SourceMetric[S]) -> CounterMetricFamily | GaugeMetricFamily:
+    if metric.kind == "counter":
+        return CounterMetricFamily(metric.name, metric.doc, labels=metric.labels)
+    return GaugeMetricFamily(metric.name, metric.doc, labels=metric.labels)
+
+
+def once_per_process(make: Callable[[], T]) -> Callable[[], T]:
+    """``make`` wrapped to run once per process (thread-safe); later calls return its result.
+    For the collectors registered with ``REGISTRY``, which the registry accepts only once."""
+    made: list[T] = []
+    lock = threading.Lock()
+
+    def get() -> T:
+        with lock:
+            if not made:
+                made.append(make())
+            return made[0]
+
+    return get

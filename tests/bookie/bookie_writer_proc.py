@@ -8,7 +8,7 @@ import sys
 import threading
 from pathlib import Path
 
-from vellum.bookie.bookie import open_bookie
+from vellum.bookie.assembly import open_bookie
 from vellum.config import ServerConfig
 from vellum.format.entry import DigestManager, DigestType, master_key
 

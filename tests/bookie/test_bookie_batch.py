@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from vellum.bookie.bookie import open_bookie
+from vellum.bookie.assembly import open_bookie
 from vellum.config import ServerConfig
 from vellum.errors import LedgerFencedError, UnauthorizedAccessError
 from vellum.format.entry import DigestManager, DigestType, master_key

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from vellum.bookie.bookie import open_bookie
+from vellum.bookie.assembly import open_bookie
 from vellum.config import ServerConfig
 from vellum.format.entry import DigestManager, DigestType, master_key
 

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, precondition, rule
 
-from vellum.bookie.bookie import OpenedBookie, open_bookie
+from vellum.bookie.assembly import OpenedBookie, open_bookie
 from vellum.config import ServerConfig
 from vellum.errors import LedgerFencedError, NoSuchEntryError, NoSuchLedgerError
 from vellum.format.entry import DigestManager, DigestType, master_key

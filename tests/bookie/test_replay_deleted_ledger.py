@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from vellum.bookie.bookie import OpenedBookie, open_bookie
+from vellum.bookie.assembly import OpenedBookie, open_bookie
 from vellum.config import ServerConfig
 from vellum.errors import LedgerFencedError, NoSuchLedgerError
 from vellum.format.entry import DigestManager, DigestType, master_key

@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from vellum.bookie.bookie import OpenedBookie, open_bookie
+from vellum.bookie.assembly import OpenedBookie, open_bookie
 from vellum.bookie.executor import AsyncBookie
 from vellum.config import ServerConfig
 from vellum.format.entry import DigestManager, DigestType, master_key

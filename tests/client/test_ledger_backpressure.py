@@ -10,7 +10,12 @@ from pathlib import Path
 from client_testkit import run
 from test_ledger_support import client_cluster
 
-from vellum.server import bookie_server
+from vellum.stats import REGISTRY
+
+
+def _served(metric: str, op: str) -> float:
+    """What every bookie server of this process counted (the exported, summed metric)."""
+    return REGISTRY.get_sample_value(f"bookkeeper_server_{metric}_total", {"op": op}) or 0.0
 
 
 def payload(i: int) -> bytes:
@@ -24,7 +29,7 @@ def test_back_pressure_is_retried_on_the_same_bookie_without_ensemble_change(tmp
         async with client_cluster(tmp_path, 4, bookie_overrides={"max_adds_in_progress_limit": 50}) as cc:
             lh = await cc.bk.create_ledger(ensemble_size=3, write_quorum_size=2, ack_quorum_size=2)
             first_ensemble = lh.metadata.ensembles[0]
-            rejected_before = bookie_server._rejected["ADD"]
+            rejected_before = _served("REJECTED", "ADD")
             completed: list[int] = []
             futures = []
             for i in range(5000):
@@ -34,7 +39,7 @@ def test_back_pressure_is_retried_on_the_same_bookie_without_ensemble_change(tmp
             assert lh.adds_in_flight <= lh.max_adds_in_flight
             assert await asyncio.gather(*futures) == list(range(5000))
             assert completed == list(range(5000)), "futures must complete in entry-id order"
-            assert bookie_server._rejected["ADD"] > rejected_before, "the bookies never pushed back"
+            assert _served("REJECTED", "ADD") > rejected_before, "the bookies never pushed back"
             await lh.close()
             md = await cc.bk.ledger_metadata(lh.ledger_id)
             assert md.ensembles == {0: first_ensemble}, "back-pressure must not change the ensemble"
@@ -161,12 +166,12 @@ def test_striped_range_reads_use_strided_requests_across_an_ensemble_change(tmp_
             await cc.bookie(victim).start()
             md = await cc.bk.ledger_metadata(lh.ledger_id)
             assert len(md.ensembles) == 2
-            strided = bookie_server._requests["READ_STRIDED"]
-            single = bookie_server._requests["READ"]
+            strided = _served("REQUESTS", "READ_STRIDED")
+            single = _served("REQUESTS", "READ")
             rh = await cc.bk.open_ledger(lh.ledger_id, recovery=False)
             assert [e.payload for e in await rh.read(0, 999)] == [payload(i) for i in range(1000)]
             assert [e.entry_id for e in await rh.read(395, 420)] == list(range(395, 421))
-            assert bookie_server._requests["READ_STRIDED"] - strided >= 6  # 3 bookies x 2 segments
-            assert bookie_server._requests["READ"] - single < 50  # not one per entry
+            assert _served("REQUESTS", "READ_STRIDED") - strided >= 6  # 3 bookies x 2 segments
+            assert _served("REQUESTS", "READ") - single < 50  # not one per entry
 
     run(main(), timeout_s=120)

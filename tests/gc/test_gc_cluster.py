@@ -26,7 +26,7 @@ from vellum.format.entry import DigestManager, DigestType, master_key
 from vellum.ids import BookieId, LedgerId
 from vellum.meta import LedgerMetadata, open_metadata_store
 from vellum.proto import messages as m
-from vellum.service import write_bookie_conf
+from vellum.standalone import write_bookie_conf
 from vellum.storage.entry_logger import parse_log_file_name
 from vellum.testing.local_cluster import LocalCluster
 from vellum.testing.wire import RawConnection

@@ -1,12 +1,19 @@
-"""Hypothesis strategies for every wire message (shared by the proto tests)."""
+"""Hypothesis strategies for every wire message (shared by the proto tests).
+
+``STRATEGIES`` gives one strategy per message type; ``REQUESTS`` and ``RESPONSES`` draw from
+every type of the protocol's registry (``messages.REQUEST_TYPES`` / ``RESPONSE_TYPES``), so a
+message added to the registry without a strategy here fails at import.
+"""
 
 from __future__ import annotations
 
 from hypothesis import strategies as st
 
 from vellum.errors import EBADREQ, EFENCED, EIO, ENOENTRY, ENOLEDGER, EOK, EUA
-from vellum.proto import (
+from vellum.proto.messages import (
     FLAG_DO_FENCING,
+    REQUEST_TYPES,
+    RESPONSE_TYPES,
     AddRequest,
     AddResponse,
     BatchReadRequest,
@@ -95,34 +102,33 @@ def _optional(strategy: st.SearchStrategy[int]) -> st.SearchStrategy[int | None]
     return st.none() | strategy
 
 
-REQUESTS: st.SearchStrategy[Message] = st.one_of(
-    st.builds(AddRequest, KEYS, ENTRIES, FLAGS),
-    read_requests(),
-    batch_read_requests(),
-    st.builds(LongPollReadLacRequest, INT64, INT64, INT64, INT64),
-    st.builds(ReadLacRequest, INT64, INT64),
-    st.builds(WriteLacRequest, INT64, INT64, INT64, KEYS, SMALL_BYTES),
-    st.builds(ForceLedgerRequest, INT64, INT64),
-    st.builds(ListEntriesRequest, INT64, INT64),
-    st.builds(GetBookieInfoRequest, INT64),
-    st.builds(LedgerClosedNote, INT64, INT64),
-    st.builds(TrimRequest, INT64, INT64, INT64, KEYS),
-    st.builds(StridedReadRequest, INT64, INT64, INT64, POSITIVE_INT32, POSITIVE_INT32, INT64),
-)
-
-RESPONSES: st.SearchStrategy[Message] = st.one_of(
-    st.builds(AddResponse, STATUS, INT64, INT64),
-    read_responses(),
-    batch_read_responses(),
-    st.builds(LongPollReadLacResponse, INT64, STATUS, INT64, SMALL_BYTES, SMALL_BYTES),
-    st.builds(ReadLacResponse, INT64, STATUS, INT64, SMALL_BYTES, SMALL_BYTES),
-    st.builds(WriteLacResponse, INT64, STATUS, INT64),
-    st.builds(ForceLedgerResponse, INT64, STATUS, INT64),
-    list_entries_responses(),
-    st.builds(GetBookieInfoResponse, INT64, STATUS, INT64, INT64),
-    st.builds(TrimResponse, INT64, STATUS, INT64),
-    strided_read_responses(),
-    st.builds(
+STRATEGIES: dict[type[Message], st.SearchStrategy[Message]] = {
+    # requests
+    AddRequest: st.builds(AddRequest, KEYS, ENTRIES, FLAGS),
+    ReadRequest: read_requests(),
+    BatchReadRequest: batch_read_requests(),
+    LongPollReadLacRequest: st.builds(LongPollReadLacRequest, INT64, INT64, INT64, INT64),
+    ReadLacRequest: st.builds(ReadLacRequest, INT64, INT64),
+    WriteLacRequest: st.builds(WriteLacRequest, INT64, INT64, INT64, KEYS, SMALL_BYTES),
+    ForceLedgerRequest: st.builds(ForceLedgerRequest, INT64, INT64),
+    ListEntriesRequest: st.builds(ListEntriesRequest, INT64, INT64),
+    GetBookieInfoRequest: st.builds(GetBookieInfoRequest, INT64),
+    LedgerClosedNote: st.builds(LedgerClosedNote, INT64, INT64),
+    TrimRequest: st.builds(TrimRequest, INT64, INT64, INT64, KEYS),
+    StridedReadRequest: st.builds(StridedReadRequest, INT64, INT64, INT64, POSITIVE_INT32, POSITIVE_INT32, INT64),
+    # responses
+    AddResponse: st.builds(AddResponse, STATUS, INT64, INT64),
+    ReadResponse: read_responses(),
+    BatchReadResponse: batch_read_responses(),
+    LongPollReadLacResponse: st.builds(LongPollReadLacResponse, INT64, STATUS, INT64, SMALL_BYTES, SMALL_BYTES),
+    ReadLacResponse: st.builds(ReadLacResponse, INT64, STATUS, INT64, SMALL_BYTES, SMALL_BYTES),
+    WriteLacResponse: st.builds(WriteLacResponse, INT64, STATUS, INT64),
+    ForceLedgerResponse: st.builds(ForceLedgerResponse, INT64, STATUS, INT64),
+    ListEntriesResponse: list_entries_responses(),
+    GetBookieInfoResponse: st.builds(GetBookieInfoResponse, INT64, STATUS, INT64, INT64),
+    TrimResponse: st.builds(TrimResponse, INT64, STATUS, INT64),
+    StridedReadResponse: strided_read_responses(),
+    ErrorResponse: st.builds(
         ErrorResponse,
         STATUS,
         _optional(INT64),
@@ -130,4 +136,7 @@ RESPONSES: st.SearchStrategy[Message] = st.one_of(
         _optional(INT64),
         _optional(INT64),
     ),
-)
+}
+
+REQUESTS: st.SearchStrategy[Message] = st.one_of([STRATEGIES[t] for t in REQUEST_TYPES])
+RESPONSES: st.SearchStrategy[Message] = st.one_of([STRATEGIES[t] for t in RESPONSE_TYPES])

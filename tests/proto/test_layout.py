@@ -11,10 +11,13 @@ import struct
 import pytest
 
 from vellum.errors import EBADREQ, EFENCED, ENOENTRY, EOK
-from vellum.proto import (
+from vellum.proto import Side, decode_body, encode
+from vellum.proto.messages import (
     FLAG_DO_FENCING,
     FLAG_HIGH_PRIORITY,
     FLAG_RECOVERY_ADD,
+    MESSAGE_TYPES,
+    RESPONSE_TYPES,
     AddRequest,
     AddResponse,
     BatchReadRequest,
@@ -34,13 +37,12 @@ from vellum.proto import (
     ReadLacResponse,
     ReadRequest,
     ReadResponse,
-    Side,
+    StridedReadRequest,
+    StridedReadResponse,
     TrimRequest,
     TrimResponse,
     WriteLacRequest,
     WriteLacResponse,
-    decode_body,
-    encode,
 )
 
 KEY = bytes(range(20))
@@ -97,6 +99,7 @@ VELLUM_REQUESTS: list[tuple[Message, bytes]] = [
     (GetBookieInfoRequest(9), vellum(69, "q", 9)),
     (LedgerClosedNote(9, 1), vellum(70, "qq", 9, 1)),
     (TrimRequest(9, 1, 100, KEY), vellum(71, "qqq20s", 9, 1, 100, KEY)),
+    (StridedReadRequest(9, 1, 0, 3, 10, 65536), vellum(72, "qqqiiq", 9, 1, 0, 3, 10, 65536)),
 ]
 
 VELLUM_RESPONSES: list[tuple[Message, bytes]] = [
@@ -113,6 +116,11 @@ VELLUM_RESPONSES: list[tuple[Message, bytes]] = [
     ),
     (GetBookieInfoResponse(9, EOK, 1000, 400), vellum(69, "qiqq", 9, EOK, 1000, 400)),
     (TrimResponse(9, EOK, 1), vellum(71, "qiq", 9, EOK, 1)),
+    (
+        StridedReadResponse(9, EOK, 1, 0, (ENTRY,)),
+        vellum(72, "qiqq", 9, EOK, 1, 0, tail=struct.pack(">i", len(ENTRY)) + ENTRY),
+    ),
+    (StridedReadResponse(9, ENOENTRY, 1, 3), vellum(72, "qiqq", 9, ENOENTRY, 1, 3)),
     (ErrorResponse(EBADREQ), vellum(127, "qiiqq", -1, EBADREQ, -1, -1, -1)),
     (
         ErrorResponse(EBADREQ, 9, 68, 1, None),
@@ -129,8 +137,13 @@ ALL_CASES = V2_CASES + VELLUM_REQUESTS + VELLUM_RESPONSES
 )
 def test_layout(msg: Message, expected: bytes) -> None:
     assert encode(msg) == expected
-    side: Side = "client" if "Response" in type(msg).__name__ else "server"
+    side: Side = "client" if type(msg) in RESPONSE_TYPES else "server"
     assert decode_body(expected[4:], side=side) == msg
+
+
+def test_every_message_type_has_a_layout_case() -> None:
+    # The registry is the list of frames: each one's bytes are pinned here.
+    assert {type(m) for m, _ in ALL_CASES} == set(MESSAGE_TYPES)
 
 
 def test_entry_fixture_is_the_worked_example() -> None:

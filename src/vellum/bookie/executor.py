@@ -3,11 +3,12 @@
 Storage work runs on threads owned by the engine (journal writer, force-write, flush,
 checkpoint) and on a small read pool; results cross back to the loop only here, through
 ``LoopBridge``, which batches completions so that one fsync covering a thousand adds wakes the
-loop once, not a thousand times. ``AsyncBookie`` is the asyncio face of ``Bookie`` used by the
-server.
+loop once, not a thousand times. ``AsyncBookie`` is the asyncio face of ``Bookie`` and the
+server's only view of it.
 
-Invariant: callbacks handed to ``LoopBridge.call`` run on the loop thread, in the order they
-were handed over.
+Invariants: callbacks handed to ``LoopBridge.call`` run on the loop thread, in the order they
+were handed over; ``AsyncBookie`` never blocks the loop on the disk (what may touch it runs on
+the add thread or the reader pool; only in-memory answers are given on the loop).
 """
 
 from __future__ import annotations
@@ -56,15 +57,28 @@ class LoopBridge:
 
 
 class AsyncBookie:
-    """asyncio face of a ``Bookie``: completions arrive on the loop thread."""
+    """asyncio face of a ``Bookie``: completions arrive on the loop thread. Three kinds of calls:
+
+    - callback style for the hot paths (``add_entries_cb``, ``fence_cb``): no future and no
+      task per request;
+    - reader-pool calls (``read_entry``, ``read_entries``, ``read_strided``,
+      ``read_explicit_lac``, ``entry_ids``, ``trim``, ``info``): plain functions returning the
+      pool's future, so that awaiting one costs that future and no coroutine on top;
+    - in-memory answers given on the caller's thread (``read_cached_entry``,
+      ``note_ledger_closed``).
+    """
 
     def __init__(self, bookie: Bookie, loop: asyncio.AbstractEventLoop, *, read_threads: int = 8) -> None:
-        self.bookie = bookie
+        self._bookie = bookie
         self._loop = loop
         self.bridge = LoopBridge(loop)
         self._reads = ThreadPoolExecutor(max_workers=read_threads, thread_name_prefix="bookie-read")
         # One thread, so batches keep their order (BookKeeper: numAddWorkerThreads=1).
         self._adds = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bookie-add")
+        #: ``read_cached_entry(ledger_id, entry_id)``: the entry if it is in memory (write or
+        #: read-ahead cache), else None, without touching the disk. The bookie's own method,
+        #: bound here so that the read hot path pays no extra call.
+        self.read_cached_entry: Callable[[int, int], bytes | memoryview | None] = bookie.read_cached_entry
 
     def add_entries_cb(
         self,
@@ -77,7 +91,7 @@ class AsyncBookie:
         accepted) and ``error`` the durability outcome of the accepted ones (None = durable).
         Batches are processed in submission order (one thread)."""
         bridge = self.bridge
-        bookie = self.bookie
+        bookie = self._bookie
 
         def work() -> None:
             lock = threading.Lock()
@@ -111,7 +125,7 @@ class AsyncBookie:
     def fence_cb(self, ledger_id: int, master_key: bytes, done: Callable[[BaseException | None], None]) -> None:
         bridge = self.bridge
         try:
-            self.bookie.fence_ledger(ledger_id, master_key, lambda exc: bridge.call(done, exc))
+            self._bookie.fence_ledger(ledger_id, master_key, lambda exc: bridge.call(done, exc))
         except Exception as exc:
             done(exc)
 
@@ -138,16 +152,46 @@ class AsyncBookie:
         fut, done = self._future_cb()
         bridge = self.bridge
         try:
-            self.bookie.write_explicit_lac(ledger_id, master_key, lac, body, lambda e: bridge.call(done, e))
+            self._bookie.write_explicit_lac(ledger_id, master_key, lac, body, lambda e: bridge.call(done, e))
         except Exception as exc:
             done(exc)
         await fut
 
-    async def run_in_reader(self, fn: Callable[..., _T], *args: Any) -> _T:
-        return await self._loop.run_in_executor(self._reads, fn, *args)
+    def _on_reader(self, fn: Callable[..., _T], *args: Any) -> asyncio.Future[_T]:
+        return self._loop.run_in_executor(self._reads, fn, *args)
 
-    async def read_entry(self, ledger_id: int, entry_id: int) -> bytes | memoryview:
-        return await self.run_in_reader(self.bookie.read_entry, ledger_id, entry_id)
+    def read_entry(self, ledger_id: int, entry_id: int) -> asyncio.Future[bytes | memoryview]:
+        """One entry (``entry_id == -1``: the last one this bookie has); see ``Bookie.read_entry``."""
+        return self._loop.run_in_executor(self._reads, self._bookie.read_entry, ledger_id, entry_id)
+
+    def read_entries(self, ledger_id: int, first: int, max_count: int,
+                     max_bytes: int) -> asyncio.Future[list[bytes | memoryview]]:
+        """Consecutive entries from ``first`` (BATCH_READ); see ``Bookie.read_entries``."""
+        return self._loop.run_in_executor(self._reads, self._bookie.read_entries, ledger_id, first, max_count,
+                                          max_bytes)
+
+    def read_strided(self, ledger_id: int, first: int, stride: int, max_count: int,
+                     max_bytes: int) -> asyncio.Future[list[bytes | memoryview]]:
+        """Entries ``first, first + stride, ...`` (READ_STRIDED); see ``Bookie.read_strided``."""
+        return self._loop.run_in_executor(self._reads, self._bookie.read_strided, ledger_id, first, stride,
+                                          max_count, max_bytes)
+
+    def read_explicit_lac(self, ledger_id: int) -> asyncio.Future[bytes | None]:
+        """The ledger's explicit LAC body, None if it has none; NoSuchLedgerError if the bookie
+        does not hold the ledger."""
+        return self._on_reader(self._bookie.read_explicit_lac, ledger_id)
+
+    def entry_ids(self, ledger_id: int) -> asyncio.Future[list[int]]:
+        """The ids of the ledger's entries this bookie holds (LIST_ENTRIES)."""
+        return self._on_reader(self._bookie.entry_ids, ledger_id)
+
+    def trim(self, ledger_id: int, master_key: bytes, end_entry_id: int) -> asyncio.Future[None]:
+        """Drop the ledger's entries below ``end_entry_id``; see ``Bookie.trim``."""
+        return self._on_reader(self._bookie.trim, ledger_id, master_key, end_entry_id)
+
+    def note_ledger_closed(self, ledger_id: int) -> None:
+        """Advisory "ledger closed" (in memory: answered on the caller's thread)."""
+        self._bookie.note_ledger_closed(ledger_id)
 
     async def wait_for_lac(self, ledger_id: int, previous_lac: int, timeout_s: float) -> int:
         """Long poll: the LAC once it passes ``previous_lac``; TimeoutError_ after ``timeout_s``."""
@@ -157,7 +201,7 @@ class AsyncBookie:
             if not fut.done():
                 fut.set_result(lac)
 
-        cancel = self.bookie.watch_lac(ledger_id, previous_lac, lambda lac: self.bridge.call(fire, lac))
+        cancel = self._bookie.watch_lac(ledger_id, previous_lac, lambda lac: self.bridge.call(fire, lac))
         try:
             return await asyncio.wait_for(fut, timeout_s)
         except TimeoutError:
@@ -167,8 +211,9 @@ class AsyncBookie:
         finally:
             cancel()
 
-    async def info(self) -> BookieInfo:
-        return await self.run_in_reader(self.bookie.info)
+    def info(self) -> asyncio.Future[BookieInfo]:
+        """Disk capacity and free space of the ledger dirs."""
+        return self._on_reader(self._bookie.info)
 
     def close(self) -> None:
         self._adds.shutdown(wait=True)

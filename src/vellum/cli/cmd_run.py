@@ -45,7 +45,7 @@ def bookie(conf_file: str | None, metadata_uri: str | None, verbose: bool) -> No
 @click.option("--metadata-uri", default=None, help="default: sqlite:///<data-dir>/metadata.db")
 def standalone(bookies: int, data_dir: str, port_base: int, http_port_base: int, metadata_uri: str | None) -> None:
     """Run N bookies with the embedded metadata store on this machine, until Ctrl-C."""
-    from vellum.service import Standalone
+    from vellum.standalone import Standalone
 
     _logging(False)
     cluster = Standalone(Path(data_dir), bookies=bookies, port_base=port_base,
@@ -81,3 +81,4 @@ def standalone(bookies: int, data_dir: str, port_base: int, http_port_base: int,
         click.echo("stopping bookies ...")
         cluster.stop()
         click.echo("stopped.")
+

@@ -40,6 +40,17 @@ Invariants:
   The exception is a frame the decoder received into a buffer of its own (``BIG_FRAME``): its
   entry payloads are views of that buffer, which nothing else ever writes.
 * ``encode_parts`` never copies an entry payload; ``encode`` copies it once.
+* There is an encoder and a decoder for exactly the message types of the registry
+  (``messages.REQUEST_TYPES`` / ``RESPONSE_TYPES``), checked when the module loads; the opcode
+  tables each side decodes with are built from the registry.
+
+Size: this module is close to 1000 lines, and that size is earned. It is the byte layout of every
+frame, both ways: an encoder and a decoder per message type (24 of them), each a few lines
+against the struct table above, plus the stream framer (``FrameDecoder``) they share. Splitting
+it by frame would scatter that table, splitting encoders from decoders would separate the two
+halves of each layout that must be read together, and the framer's zero-copy ownership rules
+(views only of buffers it owns) hang on the decoders' ``owned`` variants. What is not layout
+(the messages, the registry) lives in ``messages.py``.
 """
 
 from __future__ import annotations
@@ -53,6 +64,7 @@ from vellum.errors import EBADVERSION, EOK, FramingError, IncorrectParameterErro
 from vellum.proto.messages import (
     FLAG_DO_FENCING,
     MASTER_KEY_LENGTH,
+    MESSAGE_TYPES,
     MIN_ENTRY_SIZE,
     OP_ADD,
     OP_BATCH_READ,
@@ -69,6 +81,8 @@ from vellum.proto.messages import (
     OP_WRITE_LAC,
     OPCODE_NAMES,
     PROTOCOL_VERSION,
+    REQUEST_TYPES,
+    RESPONSE_TYPES,
     AddRequest,
     AddResponse,
     BadFrame,
@@ -674,35 +688,55 @@ def _dec_error_resp(body: memoryview, flags: int) -> Message:
 
 _Decoder: TypeAlias = Callable[[memoryview, int], Message]
 
-_REQUEST_DECODERS: dict[int, _Decoder] = {
-    OP_ADD: _dec_add_req,
-    OP_READ: _dec_read_req,
-    OP_BATCH_READ: _dec_batch_req,
-    OP_LONG_POLL_READ_LAC: _dec_lp_read_lac_req,
-    OP_READ_LAC: _req_ledger_decoder(ReadLacRequest, "READ_LAC"),
-    OP_WRITE_LAC: _dec_write_lac_req,
-    OP_FORCE_LEDGER: _req_ledger_decoder(ForceLedgerRequest, "FORCE_LEDGER"),
-    OP_LIST_ENTRIES: _req_ledger_decoder(ListEntriesRequest, "LIST_ENTRIES"),
-    OP_GET_BOOKIE_INFO: _dec_info_req,
-    OP_LEDGER_CLOSED: _req_ledger_decoder(LedgerClosedNote, "LEDGER_CLOSED"),
-    OP_TRIM: _dec_trim_req,
-    OP_READ_STRIDED: _dec_strided_req,
+# Keyed by message type like the encoders; the opcode tables each side decodes with are built
+# from the registry (messages.REQUEST_TYPES / RESPONSE_TYPES).
+_DECODERS: dict[type[Any], _Decoder] = {
+    AddRequest: _dec_add_req,
+    AddResponse: _dec_add_resp,
+    ReadRequest: _dec_read_req,
+    ReadResponse: _dec_read_resp,
+    BatchReadRequest: _dec_batch_req,
+    BatchReadResponse: _dec_batch_resp,
+    LongPollReadLacRequest: _dec_lp_read_lac_req,
+    LongPollReadLacResponse: _dec_lp_read_lac_resp,
+    ReadLacRequest: _req_ledger_decoder(ReadLacRequest, "READ_LAC"),
+    ReadLacResponse: _dec_read_lac_resp,
+    WriteLacRequest: _dec_write_lac_req,
+    WriteLacResponse: _resp_ledger_decoder(WriteLacResponse, "WRITE_LAC response"),
+    ForceLedgerRequest: _req_ledger_decoder(ForceLedgerRequest, "FORCE_LEDGER"),
+    ForceLedgerResponse: _resp_ledger_decoder(ForceLedgerResponse, "FORCE_LEDGER response"),
+    ListEntriesRequest: _req_ledger_decoder(ListEntriesRequest, "LIST_ENTRIES"),
+    ListEntriesResponse: _dec_list_resp,
+    GetBookieInfoRequest: _dec_info_req,
+    GetBookieInfoResponse: _dec_info_resp,
+    LedgerClosedNote: _req_ledger_decoder(LedgerClosedNote, "LEDGER_CLOSED"),
+    TrimRequest: _dec_trim_req,
+    TrimResponse: _resp_ledger_decoder(TrimResponse, "TRIM response"),
+    StridedReadRequest: _dec_strided_req,
+    StridedReadResponse: _dec_strided_resp,
+    ErrorResponse: _dec_error_resp,
 }
 
-_RESPONSE_DECODERS: dict[int, _Decoder] = {
-    OP_ADD: _dec_add_resp,
-    OP_READ: _dec_read_resp,
-    OP_BATCH_READ: _dec_batch_resp,
-    OP_LONG_POLL_READ_LAC: _dec_lp_read_lac_resp,
-    OP_READ_LAC: _dec_read_lac_resp,
-    OP_WRITE_LAC: _resp_ledger_decoder(WriteLacResponse, "WRITE_LAC response"),
-    OP_FORCE_LEDGER: _resp_ledger_decoder(ForceLedgerResponse, "FORCE_LEDGER response"),
-    OP_LIST_ENTRIES: _dec_list_resp,
-    OP_GET_BOOKIE_INFO: _dec_info_resp,
-    OP_TRIM: _resp_ledger_decoder(TrimResponse, "TRIM response"),
-    OP_READ_STRIDED: _dec_strided_resp,
-    OP_ERROR: _dec_error_resp,
-}
+
+def _check_layouts() -> None:
+    """Every registered message type has an encoder and a decoder, and nothing else has."""
+    registered = set(MESSAGE_TYPES)
+    if set(_ENCODERS) != registered or set(_DECODERS) != registered:
+        odd = sorted(t.__name__ for t in (registered ^ set(_ENCODERS)) | (registered ^ set(_DECODERS)))
+        raise ImportError(f"proto.codec's layouts do not match the message registry: {', '.join(odd)}")
+
+
+def _opcode_table(types: tuple[type[Any], ...]) -> dict[int, _Decoder]:
+    """The decoders of one direction (requests or responses) by opcode."""
+    table = {t.OPCODE: _DECODERS[t] for t in types}
+    if len(table) != len(types):
+        raise ImportError("two message types of one direction share an opcode")
+    return table
+
+
+_check_layouts()
+_REQUEST_DECODERS = _opcode_table(REQUEST_TYPES)
+_RESPONSE_DECODERS = _opcode_table(RESPONSE_TYPES)
 
 #: For frames received into a buffer of their own (``FrameDecoder``'s big frames): entry
 #: payloads become views of that buffer instead of copies.

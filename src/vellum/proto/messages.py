@@ -13,6 +13,9 @@ Invariants:
 * Byte fields of decoded messages are ``bytes`` owned by the message (never views into a
   caller's receive buffer). Messages built by callers may hold any bytes-like value.
 * ``LedgerClosedNote`` is fire-and-forget: a bookie never answers it.
+* Every message class names its opcode (``OPCODE``) and is listed once, in ``Request`` or
+  ``Response`` at the bottom: the registry everything else derives from (``REQUEST_TYPES``,
+  ``RESPONSE_TYPES``); within a direction, opcodes are unique.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import TypeAlias
+from typing import ClassVar, TypeAlias, get_args
 
 from vellum.errors import EBADREQ
 
@@ -104,6 +107,8 @@ class AddRequest:
     The ledger and entry ids are not separate fields on the wire: they are read from the entry.
     """
 
+    OPCODE: ClassVar[int] = OP_ADD
+
     master_key: BytesLike
     entry: BytesLike
     flags: int = 0
@@ -125,6 +130,8 @@ class AddRequest:
 class AddResponse:
     """ADD response (v2)."""
 
+    OPCODE: ClassVar[int] = OP_ADD
+
     status: int
     ledger_id: int
     entry_id: int
@@ -137,6 +144,8 @@ class ReadRequest:
     With ``FLAG_DO_FENCING`` the bookie fences the ledger first and ``master_key`` is required;
     without it ``master_key`` must be ``None``.
     """
+
+    OPCODE: ClassVar[int] = OP_READ
 
     ledger_id: int
     entry_id: int
@@ -152,6 +161,8 @@ class ReadRequest:
 class ReadResponse:
     """READ response (v2); ``entry`` is the stored entry, present only when ``status == EOK``."""
 
+    OPCODE: ClassVar[int] = OP_READ
+
     status: int
     ledger_id: int
     entry_id: int
@@ -162,6 +173,8 @@ class ReadResponse:
 class BatchReadRequest:
     """BATCH_READ (v2, BookKeeper 4.17): up to ``max_count`` entries / ``max_size`` bytes from
     ``start_entry_id``. ``master_key`` iff ``FLAG_DO_FENCING``, as for READ."""
+
+    OPCODE: ClassVar[int] = OP_BATCH_READ
 
     ledger_id: int
     start_entry_id: int
@@ -180,6 +193,8 @@ class BatchReadRequest:
 class BatchReadResponse:
     """BATCH_READ response (v2): consecutive stored entries from ``entry_id`` (the start id)."""
 
+    OPCODE: ClassVar[int] = OP_BATCH_READ
+
     status: int
     ledger_id: int
     entry_id: int
@@ -195,6 +210,8 @@ class BatchReadResponse:
 class LongPollReadLacRequest:
     """Wait up to ``timeout_ms`` until the bookie's LAC for the ledger exceeds ``previous_lac``."""
 
+    OPCODE: ClassVar[int] = OP_LONG_POLL_READ_LAC
+
     request_id: int
     ledger_id: int
     previous_lac: int
@@ -204,6 +221,8 @@ class LongPollReadLacRequest:
 @dataclass(frozen=True, slots=True)
 class LongPollReadLacResponse:
     """The explicit LAC body (may be empty) and the last stored entry (may be empty)."""
+
+    OPCODE: ClassVar[int] = OP_LONG_POLL_READ_LAC
 
     request_id: int
     status: int
@@ -216,6 +235,8 @@ class LongPollReadLacResponse:
 class ReadLacRequest:
     """Read the explicit LAC body and last entry of a ledger, without waiting."""
 
+    OPCODE: ClassVar[int] = OP_READ_LAC
+
     request_id: int
     ledger_id: int
 
@@ -223,6 +244,8 @@ class ReadLacRequest:
 @dataclass(frozen=True, slots=True)
 class ReadLacResponse:
     """Same shape as :class:`LongPollReadLacResponse`."""
+
+    OPCODE: ClassVar[int] = OP_READ_LAC
 
     request_id: int
     status: int
@@ -235,6 +258,8 @@ class ReadLacResponse:
 class WriteLacRequest:
     """Store an explicit LAC (``lac_body`` is the digested LAC body of format/entry.py)."""
 
+    OPCODE: ClassVar[int] = OP_WRITE_LAC
+
     request_id: int
     ledger_id: int
     lac: int
@@ -244,6 +269,8 @@ class WriteLacRequest:
 
 @dataclass(frozen=True, slots=True)
 class WriteLacResponse:
+    OPCODE: ClassVar[int] = OP_WRITE_LAC
+
     request_id: int
     status: int
     ledger_id: int
@@ -253,12 +280,16 @@ class WriteLacResponse:
 class ForceLedgerRequest:
     """Answer once everything added to the ledger so far is durable on the bookie."""
 
+    OPCODE: ClassVar[int] = OP_FORCE_LEDGER
+
     request_id: int
     ledger_id: int
 
 
 @dataclass(frozen=True, slots=True)
 class ForceLedgerResponse:
+    OPCODE: ClassVar[int] = OP_FORCE_LEDGER
+
     request_id: int
     status: int
     ledger_id: int
@@ -267,6 +298,8 @@ class ForceLedgerResponse:
 @dataclass(frozen=True, slots=True)
 class ListEntriesRequest:
     """Which entries of the ledger does the bookie hold?"""
+
+    OPCODE: ClassVar[int] = OP_LIST_ENTRIES
 
     request_id: int
     ledger_id: int
@@ -278,6 +311,8 @@ class ListEntriesResponse:
 
     Build ``ranges`` with :func:`entry_ranges`; iterate ids with :meth:`entry_ids`.
     """
+
+    OPCODE: ClassVar[int] = OP_LIST_ENTRIES
 
     request_id: int
     status: int
@@ -313,12 +348,16 @@ def entry_ranges(entry_ids: Iterable[int]) -> tuple[tuple[int, int], ...]:
 
 @dataclass(frozen=True, slots=True)
 class GetBookieInfoRequest:
+    OPCODE: ClassVar[int] = OP_GET_BOOKIE_INFO
+
     request_id: int
 
 
 @dataclass(frozen=True, slots=True)
 class GetBookieInfoResponse:
     """Disk capacity and free space of the bookie's ledger dirs, in bytes."""
+
+    OPCODE: ClassVar[int] = OP_GET_BOOKIE_INFO
 
     request_id: int
     status: int
@@ -330,6 +369,8 @@ class GetBookieInfoResponse:
 class LedgerClosedNote:
     """Advisory: the writer closed the ledger (the bookie may finish it early). No response."""
 
+    OPCODE: ClassVar[int] = OP_LEDGER_CLOSED
+
     request_id: int
     ledger_id: int
 
@@ -337,6 +378,8 @@ class LedgerClosedNote:
 @dataclass(frozen=True, slots=True)
 class TrimRequest:
     """Drop the ledger's entries below ``end_entry_id`` (named-ledger shrink with force)."""
+
+    OPCODE: ClassVar[int] = OP_TRIM
 
     request_id: int
     ledger_id: int
@@ -346,6 +389,8 @@ class TrimRequest:
 
 @dataclass(frozen=True, slots=True)
 class TrimResponse:
+    OPCODE: ClassVar[int] = OP_TRIM
+
     request_id: int
     status: int
     ledger_id: int
@@ -359,6 +404,8 @@ class StridedReadRequest:
     one such request per bookie for the entries whose write set it heads (stride = ensemble
     size): BATCH_READ needs consecutive entries, which no bookie of a striped ledger holds."""
 
+    OPCODE: ClassVar[int] = OP_READ_STRIDED
+
     request_id: int
     ledger_id: int
     first_entry_id: int
@@ -370,6 +417,8 @@ class StridedReadRequest:
 @dataclass(frozen=True, slots=True)
 class StridedReadResponse:
     """The stored entries of a READ_STRIDED, in order (entries only with ``status == EOK``)."""
+
+    OPCODE: ClassVar[int] = OP_READ_STRIDED
 
     request_id: int
     status: int
@@ -385,6 +434,8 @@ class ErrorResponse:
     ``None`` marks an id the bookie could not recover from the bad frame. ``opcode`` is the
     request's opcode if its header was readable.
     """
+
+    OPCODE: ClassVar[int] = OP_ERROR
 
     status: int
     request_id: int | None = None
@@ -437,6 +488,12 @@ class BadFrame:
         return ErrorResponse(self.status, self.request_id, self.opcode, self.ledger_id, self.entry_id)
 
 
+# ===========================================================================================
+# The registry of wire messages: the two unions below are the one list of message types. The
+# runtime tuples are derived from them; the codec builds its opcode tables from the tuples
+# (and refuses to load if it lacks a layout for one), and the tests draw their examples from
+# them, so a new message is added here, given its OPCODE, and nowhere else in a list.
+
 Request: TypeAlias = (
     AddRequest
     | ReadRequest
@@ -466,3 +523,11 @@ Response: TypeAlias = (
     | ErrorResponse
 )
 Message: TypeAlias = Request | Response
+
+#: Every message a client sends (decoded by a bookie), in opcode order.
+REQUEST_TYPES: tuple[type[Request], ...] = get_args(Request)
+#: Every message a bookie sends (decoded by a client), in opcode order.
+RESPONSE_TYPES: tuple[type[Response], ...] = get_args(Response)
+MESSAGE_TYPES: tuple[type[Message], ...] = REQUEST_TYPES + RESPONSE_TYPES
+#: BookKeeper v2's frames (byte for byte): no request id, answers matched by (op, ledger, entry).
+V2_OPCODES = frozenset({OP_ADD, OP_READ, OP_BATCH_READ})

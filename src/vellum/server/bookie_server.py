@@ -9,13 +9,16 @@ answers back. Invariants:
   ETOOMANYREQUESTS at once, so memory stays bounded under overload;
 - a frame with intact framing but bad contents gets an error answer and the connection keeps
   serving; broken framing (bad length) closes that connection only;
-- responses are coalesced: everything ready in one loop iteration leaves in one write.
+- responses are coalesced: everything ready in one loop iteration leaves in one write;
+- the bookie is reached only through ``AsyncBookie`` (the thread<->loop seam), never directly.
+
+Metrics: each server counts with plain ints on the loop thread (``server/metrics.py``), so
+that two servers in one process keep their own counts.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import struct
 from collections.abc import Callable
@@ -37,18 +40,9 @@ from vellum.errors import (
 )
 from vellum.proto import codec
 from vellum.proto import messages as m
-from vellum.stats import callback_metric, gauge
+from vellum.server.metrics import ServerCounters, ServerMetrics, process_server_metrics
 
 log = logging.getLogger(__name__)
-
-# Counted with plain ints on the loop thread and read at scrape time (see stats.callback_metric).
-_requests: collections.Counter[str] = collections.Counter()
-_rejected: collections.Counter[str] = collections.Counter()
-callback_metric("bookkeeper_server_REQUESTS", "requests received by opcode",
-                lambda: {(op,): float(n) for op, n in _requests.items()}, labels=("op",))
-callback_metric("bookkeeper_server_REJECTED", "requests rejected for overload (TOOMANYREQUESTS)",
-                lambda: {(op,): float(n) for op, n in _rejected.items()}, labels=("op",))
-_connections = gauge("bookkeeper_server_CONNECTIONS", "open client connections")
 
 _LAC_OF_ENTRY = struct.Struct(">q")
 
@@ -60,13 +54,15 @@ class ServerLimits:
     max_frame_size: int = m.DEFAULT_MAX_FRAME_SIZE
 
 
-class _Counters:
-    """Per-bookie in-progress counts shared by all connections (the loop thread only)."""
+class _Counters(ServerCounters):
+    """Per-bookie counts shared by all connections (the loop thread only), and the admission
+    of adds and reads against the in-progress limits."""
+
+    __slots__ = ("limits",)
 
     def __init__(self, limits: ServerLimits) -> None:
+        super().__init__()
         self.limits = limits
-        self.adds = 0
-        self.reads = 0
 
     def try_add(self) -> bool:
         limit = self.limits.max_adds_in_progress
@@ -90,6 +86,9 @@ class BookieConnection(asyncio.BufferedProtocol):
     def __init__(self, bookie: AsyncBookie, counters: _Counters, on_close: Callable[[BookieConnection], None]) -> None:
         self._bookie = bookie
         self._counters = counters
+        # The server's counters, held here so that counting a request costs one lookup.
+        self._requests = counters.requests
+        self._rejected = counters.rejected
         self._on_close = on_close
         self._decoder = codec.FrameDecoder(counters.limits.max_frame_size, side="server")
         self._transport: asyncio.Transport | None = None
@@ -120,10 +119,10 @@ class BookieConnection(asyncio.BufferedProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses but have the same interface.
         self._transport = cast(asyncio.Transport, transport)
-        _connections.inc()
+        self._counters.connections += 1
 
     def connection_lost(self, exc: Exception | None) -> None:
-        _connections.dec()
+        self._counters.connections -= 1
         self._transport = None
         for task in list(self._tasks):
             task.cancel()
@@ -195,14 +194,14 @@ class BookieConnection(asyncio.BufferedProtocol):
     def _add_batch(self, reqs: list[m.AddRequest]) -> None:
         """Admit a batch of ADDs (past the in-progress bound: TOOMANYREQUESTS at once), hand
         the rest to the bookie, answer refusals at once and the others when durable."""
-        _requests["ADD"] += len(reqs)
+        self._requests["ADD"] += len(reqs)
         counters = self._counters
         admitted: list[m.AddRequest] = []
         for req in reqs:
             if counters.try_add():
                 admitted.append(req)
             else:
-                _rejected["ADD"] += 1
+                self._rejected["ADD"] += 1
                 self._send(m.AddResponse(ETOOMANYREQUESTS, req.ledger_id, req.entry_id))
         if not admitted:
             return
@@ -236,15 +235,15 @@ class BookieConnection(asyncio.BufferedProtocol):
 
     # ------------------------------------------------------------------------------ READ
     def _on_read(self, req: m.ReadRequest) -> None:
-        _requests["READ_FENCE" if req.is_fencing else "READ"] += 1
+        self._requests["READ_FENCE" if req.is_fencing else "READ"] += 1
         if not req.is_fencing:
             # Entries in memory are answered on the loop; only disk reads go to a reader thread.
-            cached = self._bookie.bookie.read_cached_entry(req.ledger_id, req.entry_id)
+            cached = self._bookie.read_cached_entry(req.ledger_id, req.entry_id)
             if cached is not None:
                 self._send(m.ReadResponse(EOK, req.ledger_id, req.entry_id, cached))
                 return
         if not self._counters.try_read():
-            _rejected["READ"] += 1
+            self._rejected["READ"] += 1
             self._send(m.ReadResponse(ETOOMANYREQUESTS, req.ledger_id, req.entry_id))
             return
         self._spawn(self._read(req))
@@ -264,9 +263,9 @@ class BookieConnection(asyncio.BufferedProtocol):
             self._counters.reads -= 1
 
     def _on_batch_read(self, req: m.BatchReadRequest) -> None:
-        _requests["BATCH_READ"] += 1
+        self._requests["BATCH_READ"] += 1
         if not self._counters.try_read():
-            _rejected["BATCH_READ"] += 1
+            self._rejected["BATCH_READ"] += 1
             self._send(m.BatchReadResponse(ETOOMANYREQUESTS, req.ledger_id, req.start_entry_id, req.request_id))
             return
         self._spawn(self._batch_read(req))
@@ -276,9 +275,8 @@ class BookieConnection(asyncio.BufferedProtocol):
             if req.is_fencing:
                 assert req.master_key is not None
                 await self._bookie.fence(req.ledger_id, bytes(req.master_key))
-            entries = await self._bookie.run_in_reader(
-                self._bookie.bookie.read_entries, req.ledger_id, req.start_entry_id, req.max_count,
-                self._response_budget(req.max_size),
+            entries = await self._bookie.read_entries(
+                req.ledger_id, req.start_entry_id, req.max_count, self._response_budget(req.max_size)
             )
             status = EOK if entries else ENOENTRY
             self._send(m.BatchReadResponse(status, req.ledger_id, req.start_entry_id, req.request_id, tuple(entries)))
@@ -294,18 +292,17 @@ class BookieConnection(asyncio.BufferedProtocol):
         return cap if max_size <= 0 else min(max_size, cap)
 
     def _on_strided_read(self, req: m.StridedReadRequest) -> None:
-        _requests["READ_STRIDED"] += 1
+        self._requests["READ_STRIDED"] += 1
         if not self._counters.try_read():
-            _rejected["READ_STRIDED"] += 1
+            self._rejected["READ_STRIDED"] += 1
             self._send(m.StridedReadResponse(req.request_id, ETOOMANYREQUESTS, req.ledger_id, req.first_entry_id))
             return
         self._spawn(self._strided_read(req))
 
     async def _strided_read(self, req: m.StridedReadRequest) -> None:
         try:
-            entries = await self._bookie.run_in_reader(
-                self._bookie.bookie.read_strided, req.ledger_id, req.first_entry_id, req.stride,
-                req.max_count, self._response_budget(req.max_size),
+            entries = await self._bookie.read_strided(
+                req.ledger_id, req.first_entry_id, req.stride, req.max_count, self._response_budget(req.max_size)
             )
             status = EOK if entries else ENOENTRY
             self._send(m.StridedReadResponse(req.request_id, status, req.ledger_id, req.first_entry_id,
@@ -317,8 +314,7 @@ class BookieConnection(asyncio.BufferedProtocol):
 
     # ------------------------------------------------------------------------------- LAC
     async def _lac_answer(self, ledger_id: int) -> tuple[bytes, bytes | memoryview]:
-        bookie = self._bookie.bookie
-        lac_body = await self._bookie.run_in_reader(bookie.read_explicit_lac, ledger_id)
+        lac_body = await self._bookie.read_explicit_lac(ledger_id)
         try:
             last = await self._bookie.read_entry(ledger_id, -1)
         except NoSuchEntryError:
@@ -326,7 +322,7 @@ class BookieConnection(asyncio.BufferedProtocol):
         return lac_body or b"", last
 
     def _on_read_lac(self, req: m.ReadLacRequest) -> None:
-        _requests["READ_LAC"] += 1
+        self._requests["READ_LAC"] += 1
         self._spawn(self._read_lac(req))
 
     async def _read_lac(self, req: m.ReadLacRequest) -> None:
@@ -337,7 +333,7 @@ class BookieConnection(asyncio.BufferedProtocol):
             self._send(m.ReadLacResponse(req.request_id, wire_status_for(e), req.ledger_id))
 
     def _on_long_poll(self, req: m.LongPollReadLacRequest) -> None:
-        _requests["LONG_POLL_READ_LAC"] += 1
+        self._requests["LONG_POLL_READ_LAC"] += 1
         self._spawn(self._long_poll(req))
 
     async def _long_poll(self, req: m.LongPollReadLacRequest) -> None:
@@ -354,7 +350,7 @@ class BookieConnection(asyncio.BufferedProtocol):
             self._send(m.LongPollReadLacResponse(req.request_id, wire_status_for(e), req.ledger_id))
 
     def _on_write_lac(self, req: m.WriteLacRequest) -> None:
-        _requests["WRITE_LAC"] += 1
+        self._requests["WRITE_LAC"] += 1
         self._spawn(self._write_lac(req))
 
     async def _write_lac(self, req: m.WriteLacRequest) -> None:
@@ -366,7 +362,7 @@ class BookieConnection(asyncio.BufferedProtocol):
 
     # ----------------------------------------------------------------------------- FORCE
     def _on_force(self, req: m.ForceLedgerRequest) -> None:
-        _requests["FORCE_LEDGER"] += 1
+        self._requests["FORCE_LEDGER"] += 1
         target = self._issued.get(req.ledger_id, 0)
 
         def answer() -> None:
@@ -390,18 +386,18 @@ class BookieConnection(asyncio.BufferedProtocol):
 
     # ------------------------------------------------------------------------------ misc
     def _on_list_entries(self, req: m.ListEntriesRequest) -> None:
-        _requests["LIST_ENTRIES"] += 1
+        self._requests["LIST_ENTRIES"] += 1
         self._spawn(self._list_entries(req))
 
     async def _list_entries(self, req: m.ListEntriesRequest) -> None:
         try:
-            ids = await self._bookie.run_in_reader(self._bookie.bookie.entry_ids, req.ledger_id)
+            ids = await self._bookie.entry_ids(req.ledger_id)
             self._send(m.ListEntriesResponse(req.request_id, EOK, req.ledger_id, m.entry_ranges(ids)))
         except Exception as e:
             self._send(m.ListEntriesResponse(req.request_id, wire_status_for(e), req.ledger_id))
 
     def _on_bookie_info(self, req: m.GetBookieInfoRequest) -> None:
-        _requests["GET_BOOKIE_INFO"] += 1
+        self._requests["GET_BOOKIE_INFO"] += 1
         self._spawn(self._bookie_info(req))
 
     async def _bookie_info(self, req: m.GetBookieInfoRequest) -> None:
@@ -412,24 +408,22 @@ class BookieConnection(asyncio.BufferedProtocol):
             self._send(m.GetBookieInfoResponse(req.request_id, wire_status_for(e), 0, 0))
 
     def _on_ledger_closed(self, note: m.LedgerClosedNote) -> None:
-        _requests["LEDGER_CLOSED"] += 1
-        self._bookie.bookie.note_ledger_closed(note.ledger_id)
+        self._requests["LEDGER_CLOSED"] += 1
+        self._bookie.note_ledger_closed(note.ledger_id)
 
     def _on_trim(self, req: m.TrimRequest) -> None:
-        _requests["TRIM"] += 1
+        self._requests["TRIM"] += 1
         self._spawn(self._trim(req))
 
     async def _trim(self, req: m.TrimRequest) -> None:
         try:
-            await self._bookie.run_in_reader(
-                self._bookie.bookie.trim, req.ledger_id, bytes(req.master_key), req.end_entry_id
-            )
+            await self._bookie.trim(req.ledger_id, bytes(req.master_key), req.end_entry_id)
             self._send(m.TrimResponse(req.request_id, EOK, req.ledger_id))
         except Exception as e:
             self._send(m.TrimResponse(req.request_id, wire_status_for(e), req.ledger_id))
 
     def _on_bad_frame(self, bad: m.BadFrame) -> None:
-        _requests["BAD_FRAME"] += 1
+        self._requests["BAD_FRAME"] += 1
         log.warning("bad frame from %s: %s", self._peer(), bad.reason)
         answer = bad.error_response()
         if answer is not None:
@@ -439,15 +433,15 @@ class BookieConnection(asyncio.BufferedProtocol):
 class BookieServer:
     """Listens on (host, port) and serves the bookie protocol."""
 
-    def __init__(self, bookie: AsyncBookie, *, host: str, port: int, limits: ServerLimits) -> None:
+    def __init__(self, bookie: AsyncBookie, *, host: str, port: int, limits: ServerLimits,
+                 metrics: ServerMetrics | None = None) -> None:
+        """``metrics`` exports this server's counts while it serves (default: the process's,
+        on the registry the admin HTTP server exports)."""
         self._bookie = bookie
         self._host = host
         self._port = port
-        self._counters = counters = _Counters(limits)
-        callback_metric("bookkeeper_server_ADD_ENTRY_IN_PROGRESS", "adds in progress",
-                        lambda: {(): float(counters.adds)}, kind="gauge")
-        callback_metric("bookkeeper_server_READ_ENTRY_IN_PROGRESS", "reads in progress",
-                        lambda: {(): float(counters.reads)}, kind="gauge")
+        self._counters = _Counters(limits)
+        self._metrics = metrics if metrics is not None else process_server_metrics()
         self._server: asyncio.base_events.Server | None = None
         self._connections: set[BookieConnection] = set()
 
@@ -465,10 +459,12 @@ class BookieServer:
 
         self._server = await loop.create_server(factory, self._host, self._port, reuse_address=True)
         self._port = self._server.sockets[0].getsockname()[1]
+        self._metrics.track(self._counters)
 
     async def stop(self) -> None:
         if self._server is None:
             return
+        self._metrics.untrack(self._counters)
         self._server.close()
         for conn in list(self._connections):
             conn.close()

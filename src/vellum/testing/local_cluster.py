@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from vellum.meta import open_metadata_store
-from vellum.service import BookieProcessSpec, bookie_command, format_if_needed, write_bookie_conf
+from vellum.standalone import BookieProcessSpec, bookie_command, format_if_needed, write_bookie_conf
 
 
 def free_port(avoid: set[int] | None = None) -> int:

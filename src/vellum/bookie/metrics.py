@@ -1,0 +1,77 @@
+"""The bookie metrics of a process: what every live ``Bookie`` counts, exported under
+BookKeeper's names (``bookie_BOOKIE_ADD_ENTRY``, ``bookie_SERVER_STATUS``, ...).
+
+A ``Bookie`` counts with plain ints on its hot paths and is given a ``BookieMetrics`` by the
+composition (``bookie/assembly.py``); it is tracked from construction to shutdown. The
+collector is registered once per registry (``process_bookie_metrics()`` is the one on
+``stats.REGISTRY``) and reads every tracked bookie at scrape time.
+
+Choice: several bookies in one process (tests, an embedded cluster) are exported summed, with
+the labels of a single bookie, so that a one-bookie process (the production case) exports
+exactly its own values and the names scraped by dashboards never change. Each bookie keeps its
+own counts (``Bookie.adds_total`` ...); ``bookie_SERVER_STATUS`` is the minimum: 1 only if
+every bookie of the process is writable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from prometheus_client import CollectorRegistry
+
+from vellum import stats
+
+
+class JournalCounts(Protocol):
+    """What a journal counts (``storage.journal.Journal`` has these)."""
+
+    @property
+    def index(self) -> int: ...
+    @property
+    def fsyncs_total(self) -> int: ...
+    @property
+    def records_synced_total(self) -> int: ...
+
+
+class MeteredBookie(Protocol):
+    """What the collector reads of a bookie (``bookie.bookie.Bookie``)."""
+
+    @property
+    def adds_total(self) -> int: ...
+    @property
+    def reads_total(self) -> int: ...
+    @property
+    def adds_rejected(self) -> dict[str, int]: ...
+    @property
+    def is_read_only(self) -> bool: ...
+    @property
+    def journals(self) -> Sequence[JournalCounts]: ...
+
+
+_METRICS: tuple[stats.SourceMetric[MeteredBookie], ...] = (
+    stats.SourceMetric("bookie_SERVER_STATUS", "1 = writable, 0 = read-only",
+                       lambda b: {(): 0.0 if b.is_read_only else 1.0}, kind="gauge", combine="min"),
+    stats.SourceMetric("bookie_BOOKIE_ADD_ENTRY", "entries added to storage and journal",
+                       lambda b: {(): float(b.adds_total)}),
+    stats.SourceMetric("bookie_BOOKIE_READ_ENTRY", "entries read", lambda b: {(): float(b.reads_total)}),
+    stats.SourceMetric("bookie_journal_JOURNAL_SYNC", "journal fsyncs",
+                       lambda b: {(str(j.index),): float(j.fsyncs_total) for j in b.journals},
+                       labels=("journal",)),
+    stats.SourceMetric("bookie_journal_JOURNAL_SYNCED_RECORDS", "journal records covered by an fsync",
+                       lambda b: {(str(j.index),): float(j.records_synced_total) for j in b.journals},
+                       labels=("journal",)),
+    stats.SourceMetric("bookie_BOOKIE_ADD_ENTRY_REJECTED", "adds refused",
+                       lambda b: {(k,): float(v) for k, v in b.adds_rejected.items()}, labels=("reason",)),
+)
+
+
+class BookieMetrics(stats.LiveSources[MeteredBookie]):
+    """Exports every tracked bookie's counts, summed (see the module docstring)."""
+
+    def __init__(self, registry: CollectorRegistry = stats.REGISTRY) -> None:
+        super().__init__(_METRICS, registry=registry)
+
+
+#: The bookie metrics on ``stats.REGISTRY`` (what the admin HTTP server exports), made on first use.
+process_bookie_metrics = stats.once_per_process(BookieMetrics)

@@ -1,0 +1,137 @@
+"""Standalone: several bookie processes and their metadata store on one machine, supervised.
+
+Responsibility: lay out each bookie's dirs and ``bk_server.conf`` under a data dir, format the
+embedded metadata store if needed, start one ``vellum bookie`` process per bookie, wait until
+they are registered, and stop them (SIGTERM, then SIGKILL after a grace period). Used by
+``vellum standalone``; ``vellum.testing.local_cluster`` borrows the process spec, the conf
+writing and the command line. Each bookie process is composed by ``service.py``; nothing here
+runs in a bookie's process.
+
+Invariants: bookie ``i`` listens on ``port_base + i`` (its id is ``127.0.0.1:<port>``, tied to
+its disks by the cookie), so a restart with the same data dir is the same bookie; a bookie
+that exits during start fails ``start()`` with the tail of its log.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vellum.meta import open_metadata_store
+
+
+@dataclass
+class BookieProcessSpec:
+    """Where bookie process ``index`` listens and keeps its data; ``extra`` are more
+    ``bk_server.conf`` keys (over the ones derived from the spec)."""
+
+    index: int
+    port: int
+    http_port: int
+    base: Path
+    conf_file: Path
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def bookie_id(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
+def process_specs(data_dir: Path, *, bookies: int, port_base: int, http_port_base: int) -> list[BookieProcessSpec]:
+    """Bookie ``i`` on ``port_base + i`` (admin HTTP on ``http_port_base + i``), its data and
+    ``bk_server.conf`` under ``data_dir/bookie-<i>``."""
+    return [
+        BookieProcessSpec(i, port_base + i, http_port_base + i, data_dir / f"bookie-{i}",
+                          data_dir / f"bookie-{i}" / "bk_server.conf")
+        for i in range(bookies)
+    ]
+
+
+def bookie_conf_text(spec: BookieProcessSpec, metadata_uri: str) -> str:
+    """The ``bk_server.conf`` of a bookie process: ports, dirs and metadata store from the spec,
+    then the spec's extra keys (which win)."""
+    values = {
+        "bookiePort": str(spec.port),
+        "httpServerPort": str(spec.http_port),
+        "journalDirectories": str(spec.base / "journal"),
+        "ledgerDirectories": str(spec.base / "ledgers"),
+        "metadataServiceUri": metadata_uri,
+        **spec.extra,
+    }
+    return "".join(f"{k}={v}\n" for k, v in values.items())
+
+
+def write_bookie_conf(spec: BookieProcessSpec, metadata_uri: str) -> None:
+    spec.base.mkdir(parents=True, exist_ok=True)
+    spec.conf_file.write_text(bookie_conf_text(spec, metadata_uri))
+
+
+def bookie_command(conf_file: Path) -> list[str]:
+    """The command line of one bookie process (this interpreter, ``vellum bookie``)."""
+    return [sys.executable, "-m", "vellum.cli.main", "bookie", "--conf", str(conf_file)]
+
+
+def format_if_needed(metadata_uri: str) -> str:
+    """Format the metadata store unless it is; returns the cluster's instance id."""
+    with open_metadata_store(metadata_uri) as store:
+        if not store.is_formatted():
+            return store.format()
+        return store.registration.get_instance_id() or ""
+
+
+class Standalone:
+    """Supervises N bookie processes sharing one embedded metadata store."""
+
+    def __init__(self, data_dir: Path, *, bookies: int, port_base: int, http_port_base: int,
+                 metadata_uri: str | None = None) -> None:
+        self.data_dir = data_dir.resolve()
+        self.metadata_uri = metadata_uri or f"sqlite:///{self.data_dir / 'metadata.db'}"
+        self.specs = process_specs(self.data_dir, bookies=bookies, port_base=port_base,
+                                   http_port_base=http_port_base)
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        format_if_needed(self.metadata_uri)
+        for spec in self.specs:
+            write_bookie_conf(spec, self.metadata_uri)
+            log_file = open(spec.base / "bookie.log", "ab")  # noqa: SIM115 - owned by the child
+            self.procs[spec.index] = subprocess.Popen(
+                bookie_command(spec.conf_file), stdout=log_file, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.wait_registered(len(self.specs), timeout_s)
+
+    def wait_registered(self, count: int, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        with open_metadata_store(self.metadata_uri) as store:
+            while True:
+                up = store.registration.list_bookies() | store.registration.list_bookies(read_only=True)
+                if len(up) >= count:
+                    return
+                for i, proc in self.procs.items():
+                    if proc.poll() is not None:
+                        log_path = self.specs[i].base / "bookie.log"
+                        tail = log_path.read_text(errors="replace")[-2000:] if log_path.exists() else ""
+                        raise RuntimeError(f"bookie {i} exited with {proc.returncode}:\n{tail}")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"only {len(up)} of {count} bookies registered in {timeout_s}s")
+                time.sleep(0.1)
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for proc in self.procs.values():
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        self.procs.clear()

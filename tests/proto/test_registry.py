@@ -1,0 +1,61 @@
+"""The message registry (``proto.messages.REQUEST_TYPES`` / ``RESPONSE_TYPES``) is the one list
+of message types: the codec, the package and the test strategies all follow it."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+
+from proto_strategies import STRATEGIES
+
+import vellum.proto
+from vellum.proto import codec
+from vellum.proto import messages as m
+
+
+def test_registry_is_the_request_and_response_unions() -> None:
+    assert typing.get_args(m.Request) == m.REQUEST_TYPES
+    assert typing.get_args(m.Response) == m.RESPONSE_TYPES
+    assert m.MESSAGE_TYPES == m.REQUEST_TYPES + m.RESPONSE_TYPES
+    assert not set(m.REQUEST_TYPES) & set(m.RESPONSE_TYPES)
+
+
+def test_every_message_type_names_a_known_opcode_unique_in_its_direction() -> None:
+    for types in (m.REQUEST_TYPES, m.RESPONSE_TYPES):
+        opcodes = [t.OPCODE for t in types]
+        assert len(set(opcodes)) == len(opcodes)
+        assert all(op in m.OPCODE_NAMES for op in opcodes)
+    assert m.ErrorResponse.OPCODE == m.OP_ERROR and m.ErrorResponse in m.RESPONSE_TYPES
+    assert m.LedgerClosedNote in m.REQUEST_TYPES  # fire and forget: no response type
+    assert {t.OPCODE for t in m.MESSAGE_TYPES if t.OPCODE < 64} == m.V2_OPCODES
+
+
+def test_opcode_is_not_a_field() -> None:
+    # A class constant: equality, repr and the constructor see only the wire fields.
+    assert "OPCODE" not in {f.name for f in dataclasses.fields(m.AddResponse)}
+    assert m.AddResponse(0, 1, 2) == m.AddResponse(0, 1, 2)
+
+
+def test_codec_tables_follow_the_registry() -> None:
+    assert set(codec._ENCODERS) == set(m.MESSAGE_TYPES)
+    assert set(codec._DECODERS) == set(m.MESSAGE_TYPES)
+    assert set(codec._REQUEST_DECODERS) == {t.OPCODE for t in m.REQUEST_TYPES}
+    assert set(codec._RESPONSE_DECODERS) == {t.OPCODE for t in m.RESPONSE_TYPES}
+
+
+def test_each_side_decodes_exactly_its_direction() -> None:
+    for t in m.REQUEST_TYPES:
+        assert codec._REQUEST_DECODERS[t.OPCODE] is codec._DECODERS[t]
+    for t in m.RESPONSE_TYPES:
+        assert codec._RESPONSE_DECODERS[t.OPCODE] is codec._DECODERS[t]
+
+
+def test_strategies_cover_the_registry() -> None:
+    assert set(STRATEGIES) == set(m.MESSAGE_TYPES)
+
+
+def test_the_package_lists_no_message_type() -> None:
+    # Message classes are imported from vellum.proto.messages, where the registry is.
+    exported = {getattr(vellum.proto, name) for name in vellum.proto.__all__}
+    assert not exported & set(m.MESSAGE_TYPES)
+    assert vellum.proto.REQUEST_TYPES is m.REQUEST_TYPES

@@ -1,0 +1,166 @@
+"""The server's only view of the bookie is ``AsyncBookie`` (bookie/executor.py): every request
+is served by a stand-in with just that API, and each server counts its own requests.
+
+In-process and without disks: a fake ``AsyncBookie`` answers from memory."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any, cast
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from vellum.bookie.bookie import BookieInfo
+from vellum.bookie.executor import AsyncBookie
+from vellum.errors import ENOENTRY, EOK, NoSuchEntryError
+from vellum.proto import FrameDecoder, encode
+from vellum.proto import messages as m
+from vellum.server.bookie_server import BookieServer, ServerLimits
+from vellum.server.metrics import ServerMetrics
+
+KEY = bytes(20)
+ENTRY = bytes(range(40))
+
+
+class FakeAsyncBookie:
+    """The AsyncBookie API the server uses, answered from memory; records every call."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+
+    def _done(self, value: Any) -> asyncio.Future[Any]:
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_result(value)
+        return fut
+
+    def _failed(self, exc: BaseException) -> asyncio.Future[Any]:
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_exception(exc)
+        return fut
+
+    def read_cached_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
+        self.calls.append(("read_cached_entry", ledger_id, entry_id))
+        return ENTRY if entry_id == 1 else None
+
+    def read_entry(self, ledger_id: int, entry_id: int) -> asyncio.Future[bytes]:
+        self.calls.append(("read_entry", ledger_id, entry_id))
+        if entry_id == -1:
+            return self._failed(NoSuchEntryError("empty"))
+        return self._done(ENTRY)
+
+    def read_entries(self, ledger_id: int, first: int, count: int, max_bytes: int) -> asyncio.Future[list[bytes]]:
+        self.calls.append(("read_entries", ledger_id, first, count))
+        return self._done([ENTRY, ENTRY])
+
+    def read_strided(self, ledger_id: int, first: int, stride: int, count: int,
+                     max_bytes: int) -> asyncio.Future[list[bytes]]:
+        self.calls.append(("read_strided", ledger_id, first, stride, count))
+        return self._done([])
+
+    def read_explicit_lac(self, ledger_id: int) -> asyncio.Future[bytes | None]:
+        self.calls.append(("read_explicit_lac", ledger_id))
+        return self._done(b"lac")
+
+    def entry_ids(self, ledger_id: int) -> asyncio.Future[list[int]]:
+        self.calls.append(("entry_ids", ledger_id))
+        return self._done([0, 1, 2, 5])
+
+    def trim(self, ledger_id: int, master_key: bytes, end_entry_id: int) -> asyncio.Future[None]:
+        self.calls.append(("trim", ledger_id, end_entry_id))
+        return self._done(None)
+
+    def note_ledger_closed(self, ledger_id: int) -> None:
+        self.calls.append(("note_ledger_closed", ledger_id))
+
+    def info(self) -> asyncio.Future[BookieInfo]:
+        self.calls.append(("info",))
+        return self._done(BookieInfo(100, 40))
+
+
+async def _exchange(port: int, requests: list[Any], answers: int) -> list[Any]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    decoder = FrameDecoder(m.DEFAULT_MAX_FRAME_SIZE, side="client")
+    writer.write(b"".join(encode(r) for r in requests))
+    got: list[Any] = []
+    while len(got) < answers:
+        data = await asyncio.wait_for(reader.read(1 << 16), 10)
+        assert data, "the server closed the connection"
+        got += decoder.feed(data)
+    writer.close()
+    await writer.wait_closed()
+    return got
+
+
+def _server(bookie: FakeAsyncBookie, metrics: ServerMetrics) -> BookieServer:
+    return BookieServer(cast(AsyncBookie, bookie), host="127.0.0.1", port=0, limits=ServerLimits(), metrics=metrics)
+
+
+def test_every_request_is_served_through_the_async_bookie_api() -> None:
+    fake = FakeAsyncBookie()
+    metrics = ServerMetrics(CollectorRegistry(auto_describe=True))
+
+    async def main() -> list[Any]:
+        server = _server(fake, metrics)
+        await server.start()
+        try:
+            return await _exchange(server.port, [
+                m.ReadRequest(7, 1),                         # from the cache, on the loop
+                m.ReadRequest(7, 2),                         # a reader-pool read
+                m.BatchReadRequest(7, 0, 11, 10, 0),
+                m.StridedReadRequest(12, 7, 0, 3, 10, 0),
+                m.ReadLacRequest(13, 7),
+                m.ListEntriesRequest(14, 7),
+                m.LedgerClosedNote(15, 7),                   # never answered
+                m.TrimRequest(16, 7, 3, KEY),
+                m.GetBookieInfoRequest(17),
+            ], answers=8)
+        finally:
+            await server.stop()
+
+    answers = asyncio.run(main())
+    by_type: dict[type, Any] = {}
+    for a in answers:
+        by_type.setdefault(type(a), []).append(a)
+    assert sorted(r.entry_id for r in by_type[m.ReadResponse]) == [1, 2]
+    assert all(r.status == EOK and r.entry == ENTRY for r in by_type[m.ReadResponse])
+    assert by_type[m.BatchReadResponse] == [m.BatchReadResponse(EOK, 7, 0, 11, (ENTRY, ENTRY))]
+    assert by_type[m.StridedReadResponse] == [m.StridedReadResponse(12, ENOENTRY, 7, 0)]
+    assert by_type[m.ReadLacResponse] == [m.ReadLacResponse(13, EOK, 7, b"lac", b"")]
+    assert by_type[m.ListEntriesResponse] == [m.ListEntriesResponse(14, EOK, 7, ((0, 2), (5, 5)))]
+    assert by_type[m.TrimResponse] == [m.TrimResponse(16, EOK, 7)]
+    assert by_type[m.GetBookieInfoResponse] == [m.GetBookieInfoResponse(17, EOK, 100, 40)]
+    names = {c[0] for c in fake.calls}
+    assert names == {"read_cached_entry", "read_entry", "read_entries", "read_strided", "read_explicit_lac",
+                     "entry_ids", "note_ledger_closed", "trim", "info"}
+    assert ("note_ledger_closed", 7) in fake.calls
+
+
+def test_two_servers_in_one_process_keep_separate_counts() -> None:
+    registry = CollectorRegistry(auto_describe=True)
+    metrics = ServerMetrics(registry)
+
+    async def main() -> Callable[[], str]:
+        a, b = _server(FakeAsyncBookie(), metrics), _server(FakeAsyncBookie(), metrics)
+        await a.start()
+        await b.start()
+        assert len(metrics.sources) == 2
+        await _exchange(a.port, [m.ReadRequest(1, 1), m.ReadRequest(1, 1)], answers=2)
+        await _exchange(b.port, [m.ReadRequest(1, 1), m.ListEntriesRequest(3, 1)], answers=2)
+        ca, cb = metrics.sources
+        assert (ca.requests["READ"], cb.requests["READ"]) == (2, 1)
+        assert cb.requests["LIST_ENTRIES"] == 1 and "LIST_ENTRIES" not in ca.requests
+        text = generate_latest(registry).decode()
+        assert 'bookkeeper_server_REQUESTS_total{op="READ"} 3.0' in text
+        assert 'bookkeeper_server_REQUESTS_total{op="LIST_ENTRIES"} 1.0' in text
+        for name in ("bookkeeper_server_CONNECTIONS", "bookkeeper_server_ADD_ENTRY_IN_PROGRESS",
+                     "bookkeeper_server_READ_ENTRY_IN_PROGRESS", "bookkeeper_server_REJECTED"):
+            assert name in text
+        await b.stop()
+        assert metrics.sources == (ca,)  # a stopped server no longer counts
+        await a.stop()
+        return lambda: generate_latest(registry).decode()
+
+    scrape = asyncio.run(main())
+    assert metrics.sources == ()
+    assert 'op="READ"' not in scrape()
