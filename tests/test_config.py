@@ -84,7 +84,10 @@ def test_config_show_prints_effective_values(tmp_path: Path) -> None:
     conf.write_text("bookiePort=4000\n")
     result = CliRunner().invoke(cli, ["config", "show", "--conf", str(conf), "--json"])
     assert result.exit_code == 0, result.output
-    assert '"bookiePort": 4000' in result.output
+    import json
+
+    values = {row["key"]: row["value"] for row in json.loads(result.output)}
+    assert values["bookiePort"] == 4000
     result = CliRunner().invoke(cli, ["config", "show"])
     assert result.exit_code == 0 and "journalMaxGroupWaitMSec" in result.output
 

@@ -2,8 +2,11 @@
 
 Each field is a BookKeeper configuration key in snake_case with a unit suffix; its camelCase
 BookKeeper name is accepted in ``bk_server.conf``-style files (``key=value`` lines, ``#``
-comments, lists comma-separated). Unknown keys are errors with a "did you mean" suggestion;
-values are validated against ranges and cross-field rules when the object is built.
+comments, lists comma-separated). Every other key BookKeeper 4.16-4.18 defines is handled by
+``config_keys`` (honoured through an alias, accepted as not used, or refused for values Vellum
+cannot honour); a key no BookKeeper release defines is an error with a "did you mean" suggestion.
+Values are validated against ranges and cross-field rules when the object is built; errors in a
+file name the file, the line and the key.
 Where Vellum's default differs from BookKeeper's code default, the field's doc says why.
 No I/O except ``load_server_config``/``parse_conf_file`` reading the file they are given.
 """
@@ -12,10 +15,12 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar, get_type_hints
 
+from vellum import config_keys
 from vellum.errors import ConfigError
 
 _T = TypeVar("_T")
@@ -360,6 +365,9 @@ def _validate_ranges(obj: Any) -> None:
             raise ConfigError(f"{key}={value!r} is not one of {', '.join(choices)}")
 
 
+_UNIT = re.compile(r"^\s*-?[0-9][0-9_.,]*\s*[A-Za-z%]+\s*$")
+
+
 def _convert(cls: type, name: str, key: str, raw: Any) -> Any:
     hint = get_type_hints(cls)[name]
     if not isinstance(raw, str):
@@ -382,39 +390,98 @@ def _convert(cls: type, name: str, key: str, raw: Any) -> Any:
         if hint == tuple[str, ...]:
             return tuple(p.strip() for p in text.split(",") if p.strip())
     except ValueError:
-        raise ConfigError(f"{key}={raw!r} is not a valid {getattr(hint, '__name__', hint)}") from None
+        kind = getattr(hint, "__name__", hint)
+        if hint in (int, float) and _UNIT.match(text):
+            raise ConfigError(
+                f"{key}={raw!r} is not a valid {kind}: write a plain number, without a unit or "
+                "separators (the unit is part of the key's name, e.g. journalMaxSizeMB, flushInterval in ms)"
+            ) from None
+        raise ConfigError(f"{key}={raw!r} is not a valid {kind}") from None
     return text
 
 
-def build_config(cls: type[_T], values: dict[str, Any], *, source: str = "") -> _T:
-    """Build ``cls`` from camelCase or snake_case keys; unknown keys raise with a suggestion."""
+def _other_side(cls: type) -> dict[str, str]:
+    """Keys of the other configuration class (a client key in a bookie's file, or the reverse):
+    one file often serves both, as BookKeeper's does."""
+    if cls is ServerConfig:
+        return {f.metadata["key"]: "client setting: read by Vellum's client, not by a bookie"
+                for f in dataclasses.fields(ClientConfig)}
+    if cls is ClientConfig:
+        return {f.metadata["key"]: "bookie setting: read by a bookie, not by a client"
+                for f in dataclasses.fields(ServerConfig)}
+    return {}
+
+
+def build_config(
+    cls: type[_T],
+    values: dict[str, Any],
+    *,
+    source: str = "",
+    lines: dict[str, int] | None = None,
+    accepted: dict[str, str] | None = None,
+) -> _T:
+    """Build ``cls`` from camelCase or snake_case keys. BookKeeper keys that are not settings
+    are resolved (aliases), refused (``config_keys.REFUSED_WHEN``) or skipped; a skipped key
+    goes to ``accepted`` (key -> reason) if given. A key no BookKeeper release defines raises
+    with a suggestion. ``lines`` (key -> line number) makes errors name ``source:line``."""
     by_key: dict[str, str] = {}
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
         by_key[f.name] = f.name
         by_key[f.metadata["key"]] = f.name
+
+    def where(key: str | None = None) -> str:
+        if not source:
+            return ""
+        line = (lines or {}).get(key or "")
+        return f" in {source}:{line}" if line else f" in {source}"
+
+    if any(k in values for k in config_keys.ALIASES) and "metadataServiceUri" in by_key:
+        values = config_keys.resolve_aliases(values, where=source)
     kwargs: dict[str, Any] = {}
-    where = f" in {source}" if source else ""
     for key, raw in values.items():
         name = by_key.get(key)
         if name is None:
+            reason = config_keys.ACCEPTED.get(key) or _other_side(cls).get(key)
+            if reason is not None:
+                config_keys.check_refused(key, str(raw), where=where(key).removeprefix(" in "))
+                if accepted is not None:
+                    accepted[key] = reason
+                continue
             close = difflib.get_close_matches(key, list(by_key), n=1, cutoff=0.6)
             hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(f"unknown configuration key {key!r}{where}{hint}")
-        kwargs[name] = _convert(cls, name, key, raw)
+            raise ConfigError(f"unknown configuration key {key!r}{where(key)}{hint}")
+        try:
+            kwargs[name] = _convert(cls, name, key, raw)
+        except ConfigError as e:
+            raise ConfigError(f"{e}{where(key)}") from None
     try:
         return cls(**kwargs)
     except ConfigError as e:
-        raise ConfigError(f"{e}{where}") from None
+        raise ConfigError(f"{e}{where()}") from None
 
 
 def parse_conf_file(path: str | Path) -> dict[str, str]:
     """Read a ``bk_server.conf``-style file into raw key -> value strings."""
+    return {k: v for k, (v, _line) in parse_conf_lines(path).items()}
+
+
+def parse_conf_lines(path: str | Path) -> dict[str, tuple[str, int]]:
+    """Read a ``bk_server.conf``-style file into key -> (raw value, line number). A key given
+    twice, a line without ``=`` and a file that is not UTF-8 are errors naming the file and line."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        data = p.read_bytes()
     except OSError as e:
         raise ConfigError(f"cannot read configuration file {p}: {e.strerror}") from None
-    out: dict[str, str] = {}
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        bad_line = data.count(b"\n", 0, e.start) + 1
+        raise ConfigError(
+            f"{p}:{bad_line}: byte 0x{data[e.start]:02x} is not UTF-8 (the file is in another encoding); "
+            "save it as UTF-8 (key names and values are ASCII in BookKeeper's files)"
+        ) from None
+    out: dict[str, tuple[str, int]] = {}
     for lineno, line in enumerate(text.splitlines(), 1):
         s = line.strip()
         if not s or s.startswith("#") or s.startswith("!"):
@@ -422,14 +489,27 @@ def parse_conf_file(path: str | Path) -> dict[str, str]:
         if "=" not in s:
             raise ConfigError(f"{p}:{lineno}: expected key=value, got {s!r}")
         k, v = s.split("=", 1)
-        out[k.strip()] = v.strip()
+        k = k.strip()
+        if k in out:
+            raise ConfigError(
+                f"{p}:{lineno}: {k} is given twice (first on line {out[k][1]}): keep one of them"
+            )
+        out[k] = (v.strip(), lineno)
     return out
 
 
-def load_server_config(path: str | Path | None = None, **overrides: Any) -> ServerConfig:
-    values: dict[str, Any] = dict(parse_conf_file(path)) if path else {}
+def load_server_config(
+    path: str | Path | None = None, *, accepted: dict[str, str] | None = None, **overrides: Any
+) -> ServerConfig:
+    """The server configuration from ``path`` (over the defaults) and ``overrides``; keys that
+    BookKeeper defines but Vellum does not use go to ``accepted`` (key -> reason) if given."""
+    parsed = parse_conf_lines(path) if path else {}
+    values: dict[str, Any] = {k: v for k, (v, _line) in parsed.items()}
     values.update(overrides)
-    return build_config(ServerConfig, values, source=str(path) if path else "")
+    return build_config(
+        ServerConfig, values, source=str(path) if path else "",
+        lines={k: line for k, (_v, line) in parsed.items()}, accepted=accepted,
+    )
 
 
 def describe(config: Any) -> list[tuple[str, str, Any, Any, str]]:

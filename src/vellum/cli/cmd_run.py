@@ -33,7 +33,9 @@ def bookie(conf_file: str | None, metadata_uri: str | None, verbose: bool) -> No
     from vellum.service import run_bookie
 
     _logging(verbose)
-    config = load_server_config(conf_file)
+    accepted: dict[str, str] = {}
+    config = load_server_config(conf_file, accepted=accepted)
+    _say_accepted(conf_file, accepted)
     raise SystemExit(run_bookie(config, metadata_uri=metadata_uri))
 
 
@@ -82,3 +84,15 @@ def standalone(bookies: int, data_dir: str, port_base: int, http_port_base: int,
         cluster.stop()
         click.echo("stopped.")
 
+
+def _say_accepted(conf_file: str | None, accepted: dict[str, str]) -> None:
+    """List once, at start, the BookKeeper keys of the file that Vellum accepts without using."""
+    if not accepted:
+        return
+    by_reason: dict[str, list[str]] = {}
+    for key, reason in accepted.items():
+        by_reason.setdefault(reason, []).append(key)
+    log = logging.getLogger("vellum.config")
+    log.info("%s: %d BookKeeper keys accepted, not used:", conf_file, len(accepted))
+    for reason, keys in by_reason.items():
+        log.info("  accepted, not used: %s (%s)", ", ".join(sorted(keys)), reason)

@@ -22,8 +22,8 @@ from vellum.cli import (
     shell_names,
     shell_storage,
 )
-from vellum.cli.output import emit_kv, emit_table
-from vellum.config import ServerConfig, describe, load_server_config
+from vellum.cli.output import emit_json, emit_table
+from vellum.config import ServerConfig, describe, load_server_config, parse_conf_file
 from vellum.errors import VellumError
 
 
@@ -45,11 +45,16 @@ def config() -> None:
 
 @config.command("show")
 @click.option("--conf", "conf_file", type=click.Path(dir_okay=False), help="bk_server.conf-style file")
+@click.option("--diff", "only_diff", is_flag=True, help="only what the file changes: values off their default, "
+              "and the BookKeeper keys Vellum accepts without using")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 @click.option("--markdown", is_flag=True, help="a Markdown table (used for docs/operations.md)")
-def config_show(conf_file: str | None, as_json: bool, markdown: bool) -> None:
-    """Print the effective server configuration (file values over defaults)."""
-    cfg: ServerConfig = load_server_config(conf_file)
+def config_show(conf_file: str | None, only_diff: bool, as_json: bool, markdown: bool) -> None:
+    """Print the effective server configuration and what each key of the file does: honoured
+    (Vellum uses it), accepted (a BookKeeper key Vellum does not use, with the reason) or default."""
+    accepted: dict[str, str] = {}
+    cfg: ServerConfig = load_server_config(conf_file, accepted=accepted)
+    in_file = set(parse_conf_file(conf_file)) if conf_file else set()
     rows = describe(cfg)
     if markdown:
         click.echo("| key | default | description |\n|---|---|---|")
@@ -57,13 +62,23 @@ def config_show(conf_file: str | None, as_json: bool, markdown: bool) -> None:
             shown = ",".join(default) if isinstance(default, tuple) else default
             click.echo(f"| `{key}` | `{shown}` | {doc} |")
         return
+    raw = parse_conf_file(conf_file) if conf_file else {}
+    table: list[tuple[str, str, object, object, str]] = []
+    for key, _n, value, default, doc in rows:
+        status = "honoured" if value != default or key in in_file else "default"
+        if only_diff and value == default:
+            continue
+        table.append((key, status, value, "" if value == default else default, doc))
+    for key, reason in sorted(accepted.items()):
+        table.append((key, "accepted, not used", raw.get(key, ""), "", reason))
     if as_json:
-        emit_kv({key: value for key, _name, value, _default, _doc in rows}, as_json=True)
+        emit_json([{"key": k, "status": st, "value": v, "default": d, "description": doc}
+                   for k, st, v, d, doc in table])
         return
     emit_table(
-        ["key", "value", "default", "description"],
-        [(key, value, "" if value == default else default, doc) for key, _n, value, default, doc in rows],
-        title="effective configuration" + (f" ({conf_file})" if conf_file else " (defaults)"),
+        ["key", "status", "value", "default", "description"], table,
+        title="effective configuration" + (f" ({conf_file})" if conf_file else " (defaults)")
+        + (": differences only" if only_diff else ""),
     )
 
 

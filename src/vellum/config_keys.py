@@ -1,0 +1,329 @@
+"""BookKeeper's configuration keys that are not Vellum settings: what Vellum does with each.
+
+An operator's ``bk_server.conf`` (BookKeeper 4.16-4.18, or Pulsar's ``bookkeeper.conf``) must
+load as it is. Every key any of those releases defines falls in one of three kinds:
+
+- **honoured**: a field of ``ServerConfig`` / ``ClientConfig`` (``config.py``), or an older
+  spelling mapped onto one (``ALIASES``: ``zkServers`` + ``zkLedgersRootPath`` +
+  ``ledgerManagerFactoryClass`` become ``metadataServiceUri``; ``journalDirectory`` is
+  ``journalDirectories``);
+- **accepted**: meaningful only to BookKeeper's Java implementation (allocators, thread pools,
+  Netty, stats providers, other ledger storages) or to a part Vellum does not have yet; the key
+  is read and ignored, and the bookie lists it once at start with the reason (``ACCEPTED``);
+- **refused for some values**: a value asks for something Vellum cannot do, and doing something
+  else silently would mislead the operator (TLS, authentication, another ledger storage):
+  ``REFUSED_WHEN`` names the values and says what Vellum does instead.
+
+A key no BookKeeper release defines is not here: it stays an error with "did you mean".
+Pure data and checks: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from vellum.errors import ConfigError
+
+# ------------------------------------------------------------------------------ accepted
+
+
+def _group(reason: str, *keys: str) -> dict[str, str]:
+    return dict.fromkeys(keys, reason)
+
+
+ACCEPTED: dict[str, str] = {
+    **_group(
+        "Java/Netty memory allocator setting: Vellum runs on Python's allocator",
+        "allocatorExitOnOutOfMemory", "allocatorLeakDetectionPolicy", "allocatorOutOfMemoryPolicy",
+        "allocatorPoolingConcurrency", "allocatorPoolingPolicy", "byteBufAllocatorSizeInitial",
+        "byteBufAllocatorSizeMax", "byteBufAllocatorSizeMin", "nettyUsePooledBuffers",
+    ),
+    **_group(
+        "Java thread pool setting: a Vellum bookie serves the network on one asyncio loop, adds on "
+        "one ordered add thread per connection batch, reads on a small reader pool",
+        "numAddWorkerThreads", "numReadWorkerThreads", "numHighPriorityWorkerThreads",
+        "numLongPollWorkerThreads", "numJournalCallbackThreads", "numOfMemtableFlushThreads",
+        "serverNumAcceptorThreads", "serverNumIOThreads", "enableBusyWait",
+        "readWorkerThreadsThrottlingEnabled", "maxPendingAddRequestsPerThread",
+        "maxPendingReadRequestsPerThread", "enableTaskExecutionStats", "taskExecutionWarnTimeMicros",
+        "preserveMdcForTaskExecution", "requestTimerNumTicks", "requestTimerTickDurationMs",
+        "numIOThreads", "numWorkerThreads",
+    ),
+    **_group(
+        "Netty socket setting: Vellum uses the operating system's TCP defaults (TCP_NODELAY on)",
+        "serverTcpKeepCnt", "serverTcpKeepIdle", "serverTcpKeepIntvl", "serverTcpLinger",
+        "serverTcpNoDelay", "serverSockKeepalive", "serverWriteBufferHighWaterMark",
+        "serverWriteBufferLowWaterMark", "enableLocalTransport", "disableServerSocketBind",
+        "allowEphemeralPorts", "allowLoopback", "listeningInterface", "closeChannelOnResponseTimeout",
+        "waitTimeoutOnResponseBackpressureMs",
+    ),
+    **_group(
+        "stats provider setting: Vellum exports Prometheus metrics on the admin HTTP port (/metrics)",
+        "statsProviderClass", "enableStatistics", "codahaleStatsCSVEndpoint",
+        "codahaleStatsGraphiteEndpoint", "codahaleStatsJmxEndpoint", "codahaleStatsOutputFrequencySeconds",
+        "codahaleStatsPrefix", "codahaleStatsSlf4jEndpoint", "prometheusStatsHttpAddress",
+        "prometheusStatsHttpPort", "prometheusStatsLatencyRolloverSeconds", "exposeDefaultJVMMetrics",
+        "limitStatsLogging", "sanityCheckMetricsEnabled",
+    ),
+    **_group(
+        "admin HTTP implementation class: Vellum's admin HTTP server is built in (aiohttp)",
+        "httpServerClass",
+    ),
+    **_group(
+        "setting of InterleavedLedgerStorage / SortedLedgerStorage index files: Vellum stores "
+        "ledgers the DbLedgerStorage way (entry logs + RocksDB index)",
+        "fileInfoCacheInitialCapacity", "fileInfoFormatVersionToWrite", "fileInfoMaxIdleTime",
+        "openFileLimit", "pageSize", "pageLimit", "skipListArenaChunkSize", "skipListArenaMaxAllocSize",
+        "skipListSizeLimit", "sortedLedgerStorageEnabled", "readBufferSizeBytes", "writeBufferSizeBytes",
+        "entryLogPerLedgerCounterLimitsMultFactor",
+    ),
+    **_group(
+        "RocksDB tuning file or option: Vellum opens RocksDB (rocksdict) with its own options",
+        "defaultRocksdbConf", "entryLocationRocksdbConf", "ledgerMetadataRocksdbConf",
+        "entryLocationCompactionInterval", "dbStorage_rocksDB_blockCacheSize", "dbStorage_rocksDB_blockSize",
+        "dbStorage_rocksDB_bloomFilterBitsPerKey", "dbStorage_rocksDB_checksum_type",
+        "dbStorage_rocksDB_format_version", "dbStorage_rocksDB_logLevel", "dbStorage_rocksDB_logPath",
+        "dbStorage_rocksDB_lz4CompressionEnabled", "dbStorage_rocksDB_maxSizeInLevel1MB",
+        "dbStorage_rocksDB_numFilesInLevel0", "dbStorage_rocksDB_numLevels", "dbStorage_rocksDB_sstSizeInMB",
+        "dbStorage_rocksDB_writeBufferSizeMB",
+    ),
+    **_group(
+        "direct I/O entry logger: not implemented yet; Vellum writes entry logs with buffered I/O "
+        "and fsync, which is as durable",
+        "dbStorage_directIOEntryLogger", "dbStorage_directIOEntryLoggerMaxFdCacheTimeSeconds",
+        "dbStorage_directIOEntryLoggerReadBufferSizeMB", "dbStorage_directIOEntryLoggerTotalReadBufferSizeMB",
+        "dbStorage_directIOEntryLoggerTotalWriteBufferSizeMB",
+    ),
+    **_group(
+        "journal tuning of the Java implementation: Vellum's journal groups commits on "
+        "journalMaxGroupWaitMSec / journalBufferedWritesThreshold / journalFlushWhenQueueEmpty, "
+        "always writes entries to the journal and never reuses journal files",
+        "journalAdaptiveGroupWrites", "journalChannelProvider", "journalMaxMemorySizeMb",
+        "journalPageCacheFlushIntervalMSec", "journalReuseFiles", "journalWriteData",
+        "skipReplayJournalInvalidRecord",
+    ),
+    **_group(
+        "GC and compaction tuning Vellum does not offer: it compacts with compactionRateByEntries / "
+        "compactionRateByBytes and keeps entry-log metadata in memory",
+        "compactionRate", "compactionMaxOutstandingRequests", "useTransactionalCompaction",
+        "useTargetEntryLogSizeForGc", "gcMetadataOpRateLimit", "gcEntryLogMetadataCacheEnabled",
+        "gcEntryLogMetadataCachePath", "gcOverreplicatedLedgerWaitTime",
+        "gcOverreplicatedLedgerMaxConcurrentRequests", "verifyMetadataOnGC",
+    ),
+    **_group(
+        "AutoRecovery / data-integrity setting: Vellum has no auditor or replication worker yet, so "
+        "ledgers are not re-replicated automatically (the key is kept for when it has)",
+        "autoRecoveryDaemonEnabled", "auditorPeriodicBookieCheckInterval", "auditorPeriodicCheckInterval",
+        "auditorLedgerVerificationPercentage", "auditorReplicasCheckInterval",
+        "auditorMaxNumberOfConcurrentOpenLedgerOperations",
+        "auditorAcquireConcurrentOpenLedgerOperationsTimeOutMSec", "lostBookieRecoveryDelay",
+        "openLedgerRereplicationGracePeriod", "rereplicationEntryBatchSize", "rwRereplicateBackoffMs",
+        "lockReleaseOfFailedLedgerGracePeriod", "replicationRateByBytes",
+        "storeSystemTimeAsLedgerUnderreplicatedMarkTime", "inFlightReadEntryNumInLedgerChecker",
+        "dataIntegrityChecking", "dataIntegrityStampMissingCookies", "localConsistencyCheckOnStartup",
+        "localScrubInterval", "localScrubRateLimit", "zkReplicationTaskRateLimit",
+    ),
+    **_group(
+        "metadata-driver setting of the Java implementation: Vellum's drivers are chosen by "
+        "metadataServiceUri (zk://, zk+flat://, zk+hierarchical://, sqlite:///)",
+        "zkRetryBackoffStartMs", "zkRetryBackoffMaxMs", "zkRetryBackoffMaxRetries", "zkRequestRateLimit",
+        "registrationManagerClass", "registrationClientClass", "metastoreImplClass",
+        "metastoreMaxEntriesPerScan", "ledgerManagerFactoryDisableClassCheck",
+        "allowShadedLedgerManagerFactoryClass", "shadedLedgerManagerFactoryClassPrefix",
+        "ledgerMetadataVersion", "storeSystemTimeAsLedgerCreationTime", "ledgerIdFormatterClass",
+        "entryFormatterClass",
+    ),
+    **_group(
+        "disk-space setting of the Java implementation: Vellum uses diskUsageThreshold / "
+        "diskUsageWarnThreshold / diskUsageLwmThreshold and turns read-only when every ledger dir is full",
+        "minUsableSizeForEntryLogCreation", "minUsableSizeForHighPriorityWrites",
+        "minUsableSizeForIndexFileCreation", "readOnlyModeOnAnyDiskFullEnabled",
+        "allowMultipleDirsUnderSameDiskPartition", "persistBookieStatusEnabled",
+    ),
+    **_group(
+        "bookie lifecycle setting of the Java implementation (component stack, health checks, "
+        "startup users, batch-read bound): not used by Vellum",
+        "extraServerComponents", "ignoreExtraServerComponentsStartupFailures", "bookieDeathWatchInterval",
+        "enableHealthCheck", "permittedStartupUsers", "maxBatchReadSize", "available", "standard", "system",
+        "org.apache.bookkeeper.conf.readsystemproperties",
+    ),
+    **_group(
+        "DistributedLog / table-service setting: not part of Vellum",
+        "dlog.bkcAckQuorumSize", "dlog.bkcEnsembleSize", "dlog.bkcWriteQuorumSize",
+        "storage.cluster.controller.schedule.interval.ms", "storage.range.store.dirs",
+        "storage.serve.readonly.tables", "storageserver.grpc.port",
+    ),
+    **_group(
+        "TLS setting: used only with tlsProviderFactoryClass, which Vellum refuses until it has TLS",
+        "tlsCertFilesRefreshDurationSeconds", "tlsCertificatePath", "tlsClientAuthentication",
+        "tlsEnabledCipherSuites", "tlsEnabledProtocols", "tlsKeyStore", "tlsKeyStorePasswordPath",
+        "tlsKeyStoreType", "tlsProvider", "tlsTrustStore", "tlsTrustStorePasswordPath", "tlsTrustStoreType",
+        "httpServerKeyStorePassword", "httpServerKeyStorePath", "httpServerTrustStorePassword",
+        "httpServerTrustStorePath",
+    ),
+    **_group(
+        "client setting (placement, speculative reads, quarantine, timeouts, connection pool): read by "
+        "clients; in a bookie's file it is ignored",
+        "addEntryQuorumTimeoutSec", "batchReadEnabled", "bookieAddressResolverEnabled",
+        "bookieConnectionErrorQuarantineEnabled", "bookieErrorThresholdPerInterval",
+        "bookieFailureHistoryExpirationMSec", "bookieHealthCheckEnabled", "bookieHealthCheckIntervalSeconds",
+        "bookieQuarantineRatio", "bookieQuarantineTimeSeconds", "clientConnectTimeoutMillis",
+        "clientKeyStore", "clientKeyStorePasswordPath", "clientKeyStoreType", "clientReceiveBufferSize",
+        "clientRole", "clientSendBufferSize", "clientSockKeepalive", "clientTcpNoDelay",
+        "clientTcpUserTimeoutMillis", "clientTrustStore", "clientTrustStorePasswordPath",
+        "clientTrustStoreType", "clientWriteBufferHighWaterMark", "clientWriteBufferLowWaterMark",
+        "delayEnsembleChange", "desiredNumZonesPerWriteQuorum", "disableEnsembleChangeFeatureName",
+        "diskWeightBasedPlacementEnabled", "enableBookieAddressTracking", "enableBookieFailureTracking",
+        "enableDigestTypeAutodetection", "enableParallelRecoveryRead", "enforceMinNumFaultDomainsForWrite",
+        "enforceStrictZoneawarePlacement", "firstSpeculativeReadLACTimeout", "firstSpeculativeReadTimeout",
+        "getBookieInfoIntervalSeconds", "getBookieInfoRetryIntervalSeconds", "getBookieInfoTimeoutSecs",
+        "ignoreLocalNodeInPlacementPolicy", "maxSpeculativeReadLACTimeout", "maxSpeculativeReadTimeout",
+        "minNumZonesPerWriteQuorum", "networkTopologyScriptNumberArgs", "networkTopologyStabilizePeriodSeconds",
+        "numChannelsPerBookie", "opportunisticStriping", "passwd", "pcbcTimeoutTimerNumTicks",
+        "pcbcTimeoutTimerTickDurationMs", "readReorderThresholdPendingRequests", "readTimeout",
+        "recoveryBatchReadEnabled", "reorderReadSequenceEnabled", "reppDnsResolverClass",
+        "startTLSTimeoutSecs", "stickyReadSEnabled", "tcpKeepCnt", "tcpKeepIdle", "tcpKeepIntvl", "throttle",
+        "timeoutMonitorIntervalSec", "timeoutTaskIntervalMillis", "timeoutTimerNumTicks",
+        "timeoutTimerTickDurationMs", "tlsHostnameVerificationEnabled", "useV2WireProtocol",
+        "waitTimeoutOnBackpressureMs",
+    ),
+}
+
+# ------------------------------------------------------------------------------ refused
+
+
+def _blank(value: str) -> bool:
+    return value.strip() in ("", "null")
+
+
+def _false(value: str) -> bool:
+    return value.strip().lower() in ("", "false", "0", "no", "off")
+
+
+def _db_ledger_storage(value: str) -> bool:
+    return _blank(value) or value.strip().rsplit(".", 1)[-1] == "DbLedgerStorage"
+
+
+#: key -> (is this value fine?, why other values are refused and what to do). A key here is
+#: also in ``ACCEPTED`` (or honoured): the values that pass are accepted as not used.
+REFUSED_WHEN: dict[str, tuple[Callable[[str], bool], str]] = {
+    "ledgerStorageClass": (
+        _db_ledger_storage,
+        "Vellum stores ledgers the DbLedgerStorage way (entry logs + RocksDB index) and cannot read "
+        "or write InterleavedLedgerStorage / SortedLedgerStorage index files; set "
+        "ledgerStorageClass=org.apache.bookkeeper.bookie.storage.ldb.DbLedgerStorage or remove the key",
+    ),
+    "tlsProviderFactoryClass": (
+        _blank,
+        "Vellum does not speak TLS yet: starting without it would serve clear text to clients that "
+        "expect TLS. Remove the key to run without TLS",
+    ),
+    "bookieAuthProviderFactoryClass": (
+        _blank,
+        "Vellum has no authentication providers yet: starting would accept every client. Remove the "
+        "key to run without authentication",
+    ),
+    "clientAuthProviderFactoryClass": (
+        _blank,
+        "Vellum has no authentication providers yet. Remove the key to run without authentication",
+    ),
+    "authorizedRoles": (
+        _blank,
+        "Vellum has no role-based authorization yet: starting would let every client in. Remove the key",
+    ),
+    "zkEnableSecurity": (
+        _false,
+        "Vellum does not set ZooKeeper ACLs yet: the ledger and cookie znodes would be open to every "
+        "ZooKeeper client. Set zkEnableSecurity=false or remove the key",
+    ),
+    "httpServerTlsEnable": (
+        _false,
+        "Vellum's admin HTTP server has no TLS yet. Set httpServerTlsEnable=false or remove the key",
+    ),
+    "useHostNameAsBookieID": (
+        _false,
+        "Vellum names a bookie advertisedAddress:bookiePort or bookieId; set bookieId to the host "
+        "name instead (the id is bound to the disks by the cookie)",
+    ),
+    "useShortHostName": (
+        _false,
+        "Vellum names a bookie advertisedAddress:bookiePort or bookieId; set bookieId instead",
+    ),
+}
+for _key in REFUSED_WHEN:
+    ACCEPTED.setdefault(_key, "setting Vellum does not offer; accepted with the values it leaves off")
+
+# ------------------------------------------------------------------------------ aliases
+
+#: Older spellings mapped onto Vellum's settings (see ``resolve_aliases``).
+ALIASES = ("zkServers", "zkLedgersRootPath", "ledgerManagerFactoryClass", "journalDirectory")
+
+_LEDGER_MANAGER_SCHEMES = {
+    "HierarchicalLedgerManagerFactory": "zk+hierarchical",
+    "LongHierarchicalLedgerManagerFactory": "zk+longhierarchical",
+    "FlatLedgerManagerFactory": "zk+flat",
+    "LegacyHierarchicalLedgerManagerFactory": "zk+hierarchical",
+}
+
+
+def resolve_aliases(values: Mapping[str, Any], *, where: str = "") -> dict[str, Any]:
+    """Map the older keys onto Vellum's: ``zkServers`` (+ ``zkLedgersRootPath``, default
+    ``/ledgers``, + ``ledgerManagerFactoryClass``) becomes ``metadataServiceUri``;
+    ``journalDirectory`` becomes ``journalDirectories``. Both spellings given and disagreeing is
+    an error naming both. Returns a new dict without the alias keys."""
+    out = {k: v for k, v in values.items() if k not in ALIASES}
+    at = f" in {where}" if where else ""
+    def text(key: str) -> str:
+        return str(values.get(key, "")).strip()
+
+    servers = text("zkServers")
+    manager = text("ledgerManagerFactoryClass")
+    scheme = "zk"
+    if manager:
+        short = manager.rsplit(".", 1)[-1]
+        if short not in _LEDGER_MANAGER_SCHEMES:
+            raise ConfigError(
+                f"ledgerManagerFactoryClass={manager!r}{at} is not a ledger manager Vellum knows "
+                f"(one of {', '.join(sorted(_LEDGER_MANAGER_SCHEMES))})"
+            )
+        scheme = _LEDGER_MANAGER_SCHEMES[short]
+    if servers:
+        root = text("zkLedgersRootPath") or "/ledgers"
+        uri = f"{scheme}://{servers.replace(',', ';')}{root}"
+        given = text("metadataServiceUri")
+        if given and given != uri and not _same_zk_uri(given, uri):
+            raise ConfigError(
+                f"zkServers/zkLedgersRootPath{at} say {uri} but metadataServiceUri says {given}: keep one "
+                "of them (metadataServiceUri is the current spelling)"
+            )
+        out["metadataServiceUri"] = given or uri
+    journal = text("journalDirectory")
+    if journal:
+        given = text("journalDirectories")
+        if given and [p.strip() for p in given.split(",")] != [journal]:
+            raise ConfigError(
+                f"journalDirectory={journal}{at} disagrees with journalDirectories={given}: keep "
+                "journalDirectories (the current spelling)"
+            )
+        out["journalDirectories"] = given or journal
+    return out
+
+
+def _same_zk_uri(a: str, b: str) -> bool:
+    """The same ensemble and root, whatever the ZooKeeper URI scheme variant and host separator."""
+
+    def norm(u: str) -> tuple[str, str]:
+        rest = u.split("://", 1)[-1]
+        hosts, _, path = rest.partition("/")
+        return ",".join(sorted(h.strip() for h in hosts.replace(";", ",").split(","))), "/" + path.rstrip("/")
+
+    return a.split("://", 1)[0].startswith("zk") and b.split("://", 1)[0].startswith("zk") and norm(a) == norm(b)
+
+
+def check_refused(key: str, value: str, *, where: str = "") -> None:
+    """Raise ConfigError if ``value`` of ``key`` asks for something Vellum cannot honour."""
+    rule = REFUSED_WHEN.get(key)
+    if rule is not None and not rule[0](value):
+        at = f" in {where}" if where else ""
+        raise ConfigError(f"{key}={value}{at} is refused: {rule[1]}")
