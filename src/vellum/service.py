@@ -151,7 +151,11 @@ class BookieService:
         return Cookie.decode(stored.value, where=f"metadata cookie of {self.bookie_id}")
 
     def _check_store_cookie(self, local: Cookie) -> None:
-        """The store keeps a copy of each bookie's cookie: a wiped disk must not rejoin silently."""
+        """The store keeps a copy of each bookie's cookie: a wiped disk must not rejoin silently.
+
+        ``local`` is what the disks say now (stamped from the configuration); the store's copy is
+        the older one, so under ``allowStorageExpansion`` the disks may list more ledger dirs
+        than the store, and both copies then move to the expanded cookie."""
         assert self.store is not None and self.bookie_id is not None
         reg = self.store.registration
         stored = reg.get_cookie(self.bookie_id)
@@ -160,7 +164,7 @@ class BookieService:
             return
         remote = Cookie.decode(stored.value, where=f"metadata cookie of {self.bookie_id}")
         try:
-            remote.verify_matches(local, allow_expansion=self.config.allow_storage_expansion)
+            local.verify_matches(remote, allow_expansion=self.config.allow_storage_expansion)
         except CookieError as e:
             raise CookieError(f"cookie on disk differs from the metadata store's copy: {e}") from None
         if remote != local:

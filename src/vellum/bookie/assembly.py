@@ -26,6 +26,7 @@ from pathlib import Path
 
 from vellum.bookie.bookie import Bookie
 from vellum.bookie.metrics import BookieMetrics, process_bookie_metrics
+from vellum.bookie.routing import LedgerRouter
 from vellum.config import ServerConfig
 from vellum.errors import IncorrectParameterError
 from vellum.format.cookie import Cookie
@@ -153,12 +154,14 @@ def open_bookie(
         ]
         marks = read_last_marks(ledger_dirs, len(journals))
         replayed = 0
+        router = LedgerRouter(storages)
         for journal, mark in zip(journals, marks):
             say(f"replaying journal {journal.journal_dir} from {mark}")
-            replayed += _replay_into(journal, mark, storages)
+            replayed += _replay_into(journal, mark, router)
         checkpointer = Checkpointer(journals, storages, dirs, initial_marks=marks)
         gc_threads = _make_gc_threads(config, storages, dirs, ledger_lister, gc_step_hook)
         bookie = Bookie(
+            router=router,
             journals=journals,
             storages=storages,
             dirs=dirs,
@@ -274,13 +277,14 @@ class _EntryLogRotationOnFullDir(LedgerDirsListener):
                 log.exception("sealing the entry logs of full ledger dir %s failed", dir)
 
 
-def _replay_into(journal: Journal, mark: LogMark, storages: Sequence[LedgerStorage]) -> int:
-    """Re-apply journal records after ``mark`` to ledger storage (idempotent)."""
+def _replay_into(journal: Journal, mark: LogMark, router: LedgerRouter) -> int:
+    """Re-apply journal records after ``mark`` to ledger storage (idempotent), each to the
+    storage that holds its ledger (rule 13: a ledger dir added since must not take them)."""
     count = 0
 
     def apply(record: JournalRecord) -> None:
         nonlocal count
-        storage = storages[record.ledger_id % len(storages)]
+        storage = router.storage_of(record.ledger_id)
         kind = record.kind
         if kind in (RecordKind.ENTRY, RecordKind.MASTER_KEY) and storage.is_deleted(record.ledger_id):
             # GC deleted the ledger after these records were journaled, and its tombstone is

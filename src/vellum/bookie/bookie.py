@@ -2,7 +2,9 @@
 
 A ``Bookie`` composes parts that are testable alone: one ``Journal`` per journal dir, one
 ``LedgerStorage`` per ledger dir, a ``LedgerDirsManager`` and a ``Checkpointer``. A ledger maps
-to journal ``ledger_id % len(journals)`` and to storage ``ledger_id % len(storages)``.
+to journal ``ledger_id % len(journals)`` (journal dirs never change: the cookie fixes them) and
+to the storage that holds it (``bookie/routing.py``: where its data is, so that added ledger
+dirs never reroute an existing ledger, rule 13).
 
 Invariants (design.md rules 1, 3, 4, 7):
 - an add is acknowledged (its callback called without error) only after the journal fsync that
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vellum.bookie.metrics import BookieMetrics
+from vellum.bookie.routing import LedgerRouter
 from vellum.errors import (
     IncorrectParameterError,
     LedgerFencedError,
@@ -142,11 +145,13 @@ class Bookie:
         read_only_mode_enabled: bool = True,
         force_read_only: bool = False,
         gc_threads: Sequence[GarbageCollectorThread] = (),
+        router: LedgerRouter | None = None,
     ) -> None:
         if not journals or not storages:
             raise IncorrectParameterError("a bookie needs at least one journal and one ledger storage")
         self._journals = list(journals)
         self._storages = list(storages)
+        self._router = router if router is not None else LedgerRouter(self._storages)
         self._dirs = dirs
         self._checkpointer = checkpointer
         self._read_only_mode_enabled = read_only_mode_enabled
@@ -168,7 +173,7 @@ class Bookie:
 
     # ----------------------------------------------------------------------------------- routing
     def _storage(self, ledger_id: int) -> LedgerStorage:
-        return self._storages[ledger_id % len(self._storages)]
+        return self._router.storage_of(ledger_id)
 
     def _journal(self, ledger_id: int) -> Journal:
         return self._journals[ledger_id % len(self._journals)]
@@ -258,7 +263,7 @@ class Bookie:
         journal = self._journals[ledger_id % len(self._journals)]
         # The write cache gets the entry before the journal does: a checkpoint mark taken after
         # the journal write can then never skip it.
-        self._storages[ledger_id % len(self._storages)].add_entry(entry)
+        self._router.storage_of(ledger_id).add_entry(entry)
         self.adds_total += 1
         if lac >= 0:
             self._lacs.advance(ledger_id, lac)
@@ -359,7 +364,7 @@ class Bookie:
         """The entry if it is in memory (write or read-ahead cache), without touching the disk."""
         if entry_id < 0:
             return None
-        found = self._storages[ledger_id % len(self._storages)].get_cached_entry(ledger_id, entry_id)
+        found = self._router.storage_of(ledger_id).get_cached_entry(ledger_id, entry_id)
         if found is not None:
             self.reads_total += 1
         return found
@@ -437,6 +442,7 @@ class Bookie:
         with self._key_lock:
             self._ledger_state.pop(ledger_id, None)
         self._lacs.forget(ledger_id)
+        self._router.forget(ledger_id)
 
     def ledgers(self) -> list[int]:
         out: set[int] = set()
