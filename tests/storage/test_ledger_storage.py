@@ -7,10 +7,10 @@ import os
 import struct
 import threading
 from pathlib import Path
-from typing import Any
 
 import crc32c
 import pytest
+from storage_support import open_storage
 
 from vellum.errors import (
     NoSuchEntryError,
@@ -20,25 +20,11 @@ from vellum.errors import (
     UnauthorizedAccessError,
 )
 from vellum.storage.entry_logger import FileOps
-from vellum.storage.ledger_storage import LedgerStorage
 
 
 def make_entry(ledger_id: int, entry_id: int, payload: bytes = b"") -> bytes:
     ids = struct.pack(">qq", ledger_id, entry_id)
     return ids + struct.pack(">I", crc32c.crc32c(ids + payload)) + payload
-
-
-def open_storage(path: Path, index_dir: Path | None = None, **kw: Any) -> LedgerStorage:
-    args: dict[str, Any] = dict(
-        log_size_limit=1 << 20,
-        write_cache_max_bytes=1 << 20,
-        read_cache_max_bytes=1 << 20,
-        read_ahead_batch_size=10,
-        max_throttle_time_ms=10_000,
-        preallocate=False,
-    )
-    args.update(kw)
-    return LedgerStorage(path, index_dir, **args)
 
 
 def test_add_read_before_and_after_flush_and_reopen(tmp_path: Path) -> None:

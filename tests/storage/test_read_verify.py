@@ -10,9 +10,9 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Any
 
 import pytest
+from storage_support import open_storage
 
 from vellum import errors as E
 from vellum.errors import CorruptEntryError, NoSuchEntryError
@@ -26,19 +26,6 @@ LEDGER = 7
 ENTRIES = 20
 BAD = 12
 PASSWORD = b"pw"
-
-
-def open_storage(path: Path, **kw: Any) -> LedgerStorage:
-    args: dict[str, Any] = dict(
-        log_size_limit=1 << 20,
-        write_cache_max_bytes=1 << 20,
-        read_cache_max_bytes=1 << 20,
-        read_ahead_batch_size=10,
-        max_throttle_time_ms=10_000,
-        preallocate=False,
-    )
-    args.update(kw)
-    return LedgerStorage(path, None, **args)
 
 
 def payload(entry_id: int) -> bytes:
