@@ -31,7 +31,7 @@ from vellum.http.admin_http import AdminHttpServer
 from vellum.http.gc_routes import gc_routes
 from vellum.ids import BookieId, LedgerId, bookie_id_for
 from vellum.meta import open_metadata_store
-from vellum.meta.api import LedgerManager, MetadataStore, SessionEvent
+from vellum.meta.api import LedgerManager, MetadataStore, SessionEvent, Versioned
 from vellum.server.bookie_server import BookieServer, ServerLimits
 from vellum.server.metrics import process_server_metrics
 
@@ -93,13 +93,15 @@ class BookieService:
         self.bookie_id = bookie_id_of(cfg, cfg.bookie_port)
         # Read before the disks are looked at: a bookie whose disks were all wiped must be
         # refused before it stamps fresh cookies (which would let the next start through).
-        store_cookie = await asyncio.to_thread(self._read_store_cookie)
+        stored = await asyncio.to_thread(store.registration.get_cookie, self.bookie_id)
+        store_cookie = None if stored is None else Cookie.decode(
+            stored.value, where=f"metadata cookie of {self.bookie_id}")
         self.opened = await asyncio.to_thread(
             open_bookie, cfg, bookie_id=self.bookie_id, instance_id=instance_id, progress=log.info,
             ledger_lister=MetadataLedgerLister(store.ledgers), store_cookie=store_cookie,
             metrics=process_bookie_metrics(),  # the registry the admin HTTP server exports
         )
-        await asyncio.to_thread(self._check_store_cookie, self.opened.cookie)
+        await asyncio.to_thread(self._check_store_cookie, self.opened.cookie, stored, store_cookie)
         bookie = self.opened.bookie
         self._async_bookie = AsyncBookie(bookie, loop)
         self.server = BookieServer(
@@ -143,26 +145,18 @@ class BookieService:
     def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[[], None]) -> None:
         loop.call_soon_threadsafe(fn)
 
-    def _read_store_cookie(self) -> Cookie | None:
-        assert self.store is not None and self.bookie_id is not None
-        stored = self.store.registration.get_cookie(self.bookie_id)
-        if stored is None:
-            return None
-        return Cookie.decode(stored.value, where=f"metadata cookie of {self.bookie_id}")
-
-    def _check_store_cookie(self, local: Cookie) -> None:
+    def _check_store_cookie(self, local: Cookie, stored: Versioned[bytes] | None, remote: Cookie | None) -> None:
         """The store keeps a copy of each bookie's cookie: a wiped disk must not rejoin silently.
 
-        ``local`` is what the disks say now (stamped from the configuration); the store's copy is
-        the older one, so under ``allowStorageExpansion`` the disks may list more ledger dirs
-        than the store, and both copies then move to the expanded cookie."""
+        ``local`` is what the disks say now (stamped from the configuration); ``stored`` /
+        ``remote`` is the store's copy as read before the disks were opened, the older one, so
+        under ``allowStorageExpansion`` the disks may list more ledger dirs than it, and both
+        copies then move to the expanded cookie (a CAS on the version read)."""
         assert self.store is not None and self.bookie_id is not None
         reg = self.store.registration
-        stored = reg.get_cookie(self.bookie_id)
-        if stored is None:
+        if stored is None or remote is None:
             reg.put_cookie(self.bookie_id, local.encode(), None)
             return
-        remote = Cookie.decode(stored.value, where=f"metadata cookie of {self.bookie_id}")
         try:
             local.verify_matches(remote, allow_expansion=self.config.allow_storage_expansion)
         except CookieError as e:
