@@ -400,16 +400,16 @@ def _convert(cls: type, name: str, key: str, raw: Any) -> Any:
     return text
 
 
-def _other_side(cls: type) -> dict[str, str]:
-    """Keys of the other configuration class (a client key in a bookie's file, or the reverse):
-    one file often serves both, as BookKeeper's does."""
-    if cls is ServerConfig:
-        return {f.metadata["key"]: "client setting: read by Vellum's client, not by a bookie"
-                for f in dataclasses.fields(ClientConfig)}
-    if cls is ClientConfig:
-        return {f.metadata["key"]: "bookie setting: read by a bookie, not by a client"
-                for f in dataclasses.fields(ServerConfig)}
-    return {}
+def _keys_read_elsewhere(cls: type, reason: str) -> dict[str, str]:
+    return {f.metadata["key"]: reason for f in dataclasses.fields(cls)}
+
+
+#: Keys of the other configuration class, accepted in a file that serves both sides (a client
+#: key in a bookie's file, or the reverse), as BookKeeper's files often do.
+_OTHER_SIDE: dict[type, dict[str, str]] = {
+    ServerConfig: _keys_read_elsewhere(ClientConfig, "client setting: read by Vellum's client, not by a bookie"),
+    ClientConfig: _keys_read_elsewhere(ServerConfig, "bookie setting: read by a bookie, not by a client"),
+}
 
 
 def build_config(
@@ -441,7 +441,7 @@ def build_config(
     for key, raw in values.items():
         name = by_key.get(key)
         if name is None:
-            reason = config_keys.ACCEPTED.get(key) or _other_side(cls).get(key)
+            reason = config_keys.ACCEPTED.get(key) or _OTHER_SIDE.get(cls, {}).get(key)
             if reason is not None:
                 config_keys.check_refused(key, str(raw), where=where(key).removeprefix(" in "))
                 if accepted is not None:

@@ -251,8 +251,24 @@ REFUSED_WHEN: dict[str, tuple[Callable[[str], bool], str]] = {
         "Vellum names a bookie advertisedAddress:bookiePort or bookieId; set bookieId instead",
     ),
 }
-for _key in REFUSED_WHEN:
-    ACCEPTED.setdefault(_key, "setting Vellum does not offer; accepted with the values it leaves off")
+ACCEPTED.update({
+    **_group(
+        "Vellum always stores ledgers the DbLedgerStorage way (entry logs + RocksDB index)",
+        "ledgerStorageClass",
+    ),
+    **_group(
+        "security setting left off (TLS, authentication, authorization, ZooKeeper ACLs are not "
+        "implemented yet): accepted only with the value that keeps it off",
+        "tlsProviderFactoryClass", "bookieAuthProviderFactoryClass", "clientAuthProviderFactoryClass",
+        "authorizedRoles", "zkEnableSecurity", "httpServerTlsEnable",
+    ),
+    **_group(
+        "bookie id from the host name: accepted only when off (Vellum's id is advertisedAddress:bookiePort "
+        "or bookieId)",
+        "useHostNameAsBookieID", "useShortHostName",
+    ),
+})
+assert set(REFUSED_WHEN) <= set(ACCEPTED), "a refused key also needs its accepted reason"
 
 # ------------------------------------------------------------------------------ aliases
 

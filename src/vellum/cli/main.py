@@ -54,7 +54,7 @@ def config_show(conf_file: str | None, only_diff: bool, as_json: bool, markdown:
     (Vellum uses it), accepted (a BookKeeper key Vellum does not use, with the reason) or default."""
     accepted: dict[str, str] = {}
     cfg: ServerConfig = load_server_config(conf_file, accepted=accepted)
-    in_file = set(parse_conf_file(conf_file)) if conf_file else set()
+    raw = parse_conf_file(conf_file) if conf_file else {}
     rows = describe(cfg)
     if markdown:
         click.echo("| key | default | description |\n|---|---|---|")
@@ -62,10 +62,9 @@ def config_show(conf_file: str | None, only_diff: bool, as_json: bool, markdown:
             shown = ",".join(default) if isinstance(default, tuple) else default
             click.echo(f"| `{key}` | `{shown}` | {doc} |")
         return
-    raw = parse_conf_file(conf_file) if conf_file else {}
     table: list[tuple[str, str, object, object, str]] = []
     for key, _n, value, default, doc in rows:
-        status = "honoured" if value != default or key in in_file else "default"
+        status = "honoured" if value != default or key in raw else "default"
         if only_diff and value == default:
             continue
         table.append((key, status, value, "" if value == default else default, doc))
