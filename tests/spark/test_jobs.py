@@ -10,15 +10,17 @@ from typing import Any
 from vellum.testing.local_cluster import LocalCluster
 
 
-def _logged_ledgers(cluster: LocalCluster) -> set[int]:
+def _logged_ledgers(cluster: LocalCluster) -> dict[str, set[int]]:
+    """Per bookie (its ledger dir's label), the ledgers its entry logs hold records of."""
     from vellum.spark.jobs import Liveness, find_ledger_dirs, scan_log
     from vellum.storage.entry_logger import parse_log_file_name
 
-    seen: set[int] = set()
+    seen: dict[str, set[int]] = {}
     for label, cur in find_ledger_dirs([cluster.base_dir]):
+        held = seen.setdefault(label, set())
         for p in cur.iterdir():
             if parse_log_file_name(p.name) is not None:
-                seen.update(r["ledgerId"] for r in scan_log(label, p, Liveness(frozenset())))
+                held.update(r["ledgerId"] for r in scan_log(label, p, Liveness(frozenset())))
     return seen
 
 
@@ -36,9 +38,10 @@ def test_gc_report_and_replica_check(spark: Any, cluster: LocalCluster, bk: Any,
         lh.close()
         ids.append(int(lh.ledger_id))
     keep_a, drop_b, keep_c = ids
-    # bookies flush their write caches to entry logs at the next checkpoint (flushInterval 1 s)
+    # bookies flush their write caches to entry logs at the next checkpoint (flushInterval 1 s);
+    # with E3 W2 every bookie holds every ledger, so wait for each of them, not for the union
     deadline = time.monotonic() + 60
-    while not set(ids) <= _logged_ledgers(cluster):
+    while not (len(held := _logged_ledgers(cluster)) == 3 and all(set(ids) <= h for h in held.values())):
         assert time.monotonic() < deadline, "entries never reached the entry logs"
         time.sleep(0.5)
     bk.delete_ledger(drop_b)
