@@ -26,7 +26,12 @@ def test_back_pressure_is_retried_on_the_same_bookie_without_ensemble_change(tmp
     # Four bookies, ensemble of three: a spare exists, so treating back-pressure as a failure
     # would show up as an ensemble change in the metadata.
     async def main() -> None:
-        async with client_cluster(tmp_path, 4, bookie_overrides={"max_adds_in_progress_limit": 50}) as cc:
+        # The add timeout bounds how long one add may stay refused before it counts as a failed
+        # write (by design, then the ensemble changes): long enough here that a loaded machine
+        # cannot turn this test's deliberate back-pressure into a failure (the 2 s of the shared
+        # fixture did, now and then, on CI).
+        async with client_cluster(tmp_path, 4, bookie_overrides={"max_adds_in_progress_limit": 50},
+                                  add_entry_timeout_s=30.0) as cc:
             lh = await cc.bk.create_ledger(ensemble_size=3, write_quorum_size=2, ack_quorum_size=2)
             first_ensemble = lh.metadata.ensembles[0]
             rejected_before = _served("REJECTED", "ADD")
