@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
+from vellum.format import entrylog as fmt
 from vellum.format.entry import DigestManager, DigestType
+from vellum.storage.entry_logger import parse_log_file_name
 from vellum.storage.ledger_storage import LedgerStorage
 
 KEY = b"master-key"
@@ -64,3 +66,21 @@ class FakeLister:
     def ledger_exists(self, ledger_id: int) -> bool:
         self.exists_calls += 1
         return ledger_id in self.live
+
+
+def sealed_logs(ledger_dir: Path) -> dict[int, set[int]]:
+    """Ledgers of each sealed log (header points at a ledgers map), read from the files."""
+    out: dict[int, set[int]] = {}
+    for path in (ledger_dir / "current").glob("*.log"):
+        log_id = parse_log_file_name(path.name)
+        if log_id is None:
+            continue
+        data = path.read_bytes()
+        try:
+            header = fmt.decode_header(data[: fmt.HEADER_SIZE])
+            sizes = fmt.read_ledgers_map(lambda off, n, d=data: d[off : off + n], len(data))
+        except Exception:
+            continue
+        if header.has_ledgers_map and sizes:
+            out[log_id] = set(sizes)
+    return out

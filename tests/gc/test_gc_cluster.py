@@ -17,17 +17,15 @@ import pytest
 from click.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).parent))
-from gc_support import log_bytes
+from gc_support import log_bytes, sealed_logs
 
 from vellum import errors as E
 from vellum.cli.main import cli
-from vellum.format import entrylog as fmt
 from vellum.format.entry import DigestManager, DigestType, master_key
 from vellum.ids import BookieId, LedgerId
 from vellum.meta import LedgerMetadata, open_metadata_store
 from vellum.proto import messages as m
 from vellum.standalone import write_bookie_conf
-from vellum.storage.entry_logger import parse_log_file_name
 from vellum.testing.local_cluster import LocalCluster
 from vellum.testing.wire import RawConnection
 
@@ -45,24 +43,6 @@ def _entry(lid: int, eid: int) -> bytes:
 
 
 Conn = RawConnection
-
-
-def _sealed_logs(ledger_dir: Path) -> dict[int, set[int]]:
-    """Ledgers of each sealed log (header points at a ledgers map), read from the files."""
-    out: dict[int, set[int]] = {}
-    for path in (ledger_dir / "current").glob("*.log"):
-        log_id = parse_log_file_name(path.name)
-        if log_id is None:
-            continue
-        data = path.read_bytes()
-        try:
-            header = fmt.decode_header(data[: fmt.HEADER_SIZE])
-            sizes = fmt.read_ledgers_map(lambda off, n, d=data: d[off : off + n], len(data))
-        except Exception:
-            continue
-        if header.has_ledgers_map and sizes:
-            out[log_id] = set(sizes)
-    return out
 
 
 def _http(cluster: LocalCluster, path: str, method: str = "GET", body: dict[str, Any] | None = None) -> Any:
@@ -181,8 +161,8 @@ def test_entry_log_per_ledger_bookie_process_reclaims_files(tmp_path: Path) -> N
         finally:
             conn.close()
         ledger_dir = cluster.ledger_dir(0)
-        cluster.wait_until(lambda: len(_sealed_logs(ledger_dir)) >= len(ledgers), what="closed ledgers' logs sealed")
-        for ledgers_in_log in _sealed_logs(ledger_dir).values():
+        cluster.wait_until(lambda: len(sealed_logs(ledger_dir)) >= len(ledgers), what="closed ledgers' logs sealed")
+        for ledgers_in_log in sealed_logs(ledger_dir).values():
             assert len(ledgers_in_log) == 1  # one ledger per log
         with open_metadata_store(uri) as store:
             for lid in ledgers[:5]:
@@ -198,7 +178,7 @@ def test_entry_log_per_ledger_bookie_process_reclaims_files(tmp_path: Path) -> N
         assert d["compactedBytes"] == 0 and d["deletedLedgers"] == 5
         dead_bytes = sum(4 + len(_entry(lid, e)) for lid in ledgers[:5] for e in range(ENTRIES))
         assert before - log_bytes(ledger_dir) >= dead_bytes
-        assert not [ls for ls in _sealed_logs(ledger_dir).values() if ls & set(ledgers[:5])]
+        assert not [ls for ls in sealed_logs(ledger_dir).values() if ls & set(ledgers[:5])]
         # The flag switched off across a restart, on the same data.
         cluster.terminate(0)
         spec = cluster._bookies[0].spec

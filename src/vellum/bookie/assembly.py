@@ -20,6 +20,7 @@ Invariants:
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,7 +113,9 @@ def open_bookie(
             lwm_threshold=config.disk_usage_lwm_threshold,
         )
         dirs.check()
-        per_dir_cache = config.db_storage_write_cache_max_size_mb * 1024 * 1024 // len(ledger_dirs)
+        write_cache = config.write_cache_max_bytes(memory_limit_bytes())
+        say(f"write cache {write_cache // (1024 * 1024)} MiB over {len(ledger_dirs)} ledger dir(s)")
+        per_dir_cache = write_cache // len(ledger_dirs)
         per_dir_read = config.db_storage_read_ahead_cache_max_size_mb * 1024 * 1024 // len(ledger_dirs)
         storages = [
             LedgerStorage(
@@ -154,7 +157,7 @@ def open_bookie(
         ]
         marks = read_last_marks(ledger_dirs, len(journals))
         replayed = 0
-        router = LedgerRouter(storages)
+        router = LedgerRouter(storages, dirs.is_writable)
         for journal, mark in zip(journals, marks):
             say(f"replaying journal {journal.journal_dir} from {mark}")
             replayed += _replay_into(journal, mark, router)
@@ -189,6 +192,20 @@ def open_bookie(
         for lock in locks:
             lock.release()
         raise
+
+
+def memory_limit_bytes() -> int:
+    """The memory this process may use: its cgroup's limit (v2, else v1) if one is set, else
+    the machine's physical memory (the base of ``dbStorage_writeCacheMaxSizeMb=0``)."""
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(limit_file).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            return min(physical, int(text))
+    return physical
 
 
 class _DirsListener(LedgerDirsListener):

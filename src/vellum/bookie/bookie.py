@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vellum.bookie.metrics import BookieMetrics
-from vellum.bookie.routing import LedgerRouter
+from vellum.bookie.routing import LedgerRouter, LedgerView
 from vellum.errors import (
     IncorrectParameterError,
     LedgerFencedError,
@@ -151,7 +151,7 @@ class Bookie:
             raise IncorrectParameterError("a bookie needs at least one journal and one ledger storage")
         self._journals = list(journals)
         self._storages = list(storages)
-        self._router = router if router is not None else LedgerRouter(self._storages)
+        self._router = router if router is not None else LedgerRouter(self._storages, dirs.is_writable)
         self._dirs = dirs
         self._checkpointer = checkpointer
         self._read_only_mode_enabled = read_only_mode_enabled
@@ -172,8 +172,8 @@ class Bookie:
         metrics.track(self)  # last: the collector may read this bookie from now on
 
     # ----------------------------------------------------------------------------------- routing
-    def _storage(self, ledger_id: int) -> LedgerStorage:
-        return self._router.storage_of(ledger_id)
+    def _storage(self, ledger_id: int) -> LedgerView:
+        return self._router.view(ledger_id)
 
     def _journal(self, ledger_id: int) -> Journal:
         return self._journals[ledger_id % len(self._journals)]
@@ -229,7 +229,8 @@ class Bookie:
                     storage = self._storage(ledger_id)
                     stored = storage.get_master_key(ledger_id)
                     if stored is None:
-                        storage.set_master_key(ledger_id, master_key)
+                        self._router.storage_for_write(ledger_id).set_master_key(ledger_id, master_key)
+                        storage = self._storage(ledger_id)
                         self._journal(ledger_id).log_master_key(ledger_id, master_key, _ignore_ok)
                         stored = master_key
                     state = _LedgerState(stored, storage.is_fenced(ledger_id))
@@ -263,7 +264,7 @@ class Bookie:
         journal = self._journals[ledger_id % len(self._journals)]
         # The write cache gets the entry before the journal does: a checkpoint mark taken after
         # the journal write can then never skip it.
-        self._router.storage_of(ledger_id).add_entry(entry)
+        self._router.storage_for_write(ledger_id).add_entry(entry)
         self.adds_total += 1
         if lac >= 0:
             self._lacs.advance(ledger_id, lac)
@@ -364,7 +365,7 @@ class Bookie:
         """The entry if it is in memory (write or read-ahead cache), without touching the disk."""
         if entry_id < 0:
             return None
-        found = self._router.storage_of(ledger_id).get_cached_entry(ledger_id, entry_id)
+        found = self._storage(ledger_id).get_cached_entry(ledger_id, entry_id)
         if found is not None:
             self.reads_total += 1
         return found

@@ -19,7 +19,8 @@ Responsibility: what "open with recovery" does to a ledger that is not CLOSED
    retryable ``LedgerRecoveryError`` (never guess: design.md rule 3).
 5. Each recovered entry is written back, byte for byte, to its write set with the RECOVERY_ADD
    flag (accepted by fenced bookies), so it reaches ``AQ`` copies; an ensemble change is allowed
-   and is CAS-ed against the IN_RECOVERY metadata.
+   and is CAS-ed against the IN_RECOVERY metadata. Then the advisory "ledger closed" note goes to
+   the bookies of the ensemble (seed 000; recovery-open and a named ledger's APPEND both pass here).
 6. Close by CAS: CLOSED, last entry = the last recovered entry (or the LAC), length from that
    entry's header. A concurrent recoverer that closed first wins: its result is accepted.
 
@@ -162,6 +163,10 @@ async def recover_tail(ctx: ClientContext, handle: LedgerHandle, password: bytes
         for w in writes:
             if w.done() and not w.cancelled():
                 w.exception()  # retrieved: the first failure was raised above
+    # Seed 000's advisory write close: the fenced ledger takes no more writes from its writer,
+    # so its bookies may seal its entry log at their next checkpoint (fire and forget).
+    for b in dict.fromkeys(ensemble + [str(x) for x in handle.metadata.last_ensemble]):
+        ctx.bookie_client.ledger_closed(b, ledger_id)
     return entry_id - 1, length
 
 

@@ -358,6 +358,15 @@ class LedgerStorage:
             with self._cond:
                 self._closed_ledgers.add(ledger_id)
 
+    def active_log_count(self) -> int:
+        """Entry logs active in this dir, counting those the next flush opens for cached
+        entries (seed 000: a new ledger goes to the writable dir with the fewest)."""
+        with self._cond:
+            cached = self._caches.ledgers()
+        if self.entry_logger.entry_log_per_ledger:
+            return len(cached | set(self.entry_logger.active_ledgers()))
+        return 1 if cached or self.entry_logger.active_log_ids() else 0
+
     def rotate_entry_logs(self) -> None:
         """Seal every active entry log (the ledger dir became full: seed 000)."""
         with self._flush_lock:

@@ -102,6 +102,13 @@ class WriteCaches:
     def holds_ledger(self, ledger_id: int) -> bool:
         return ledger_id in self.active.last or (self.flushing is not None and ledger_id in self.flushing.last)
 
+    def ledgers(self) -> set[int]:
+        """The ledgers with cached entries."""
+        held = set(self.active.last)
+        if self.flushing is not None:
+            held.update(self.flushing.last)
+        return held
+
     def last_entry_id(self, ledger_id: int) -> int:
         """The ledger's greatest cached entry id, -1 if none."""
         last = self.active.last.get(ledger_id, INVALID_ENTRY_ID)
