@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -96,3 +97,17 @@ def test_operations_doc_lists_every_key() -> None:
     doc = (Path(__file__).resolve().parents[1] / "docs" / "operations.md").read_text()
     missing = [k for k in (f.metadata["key"] for f in ServerConfig.__dataclass_fields__.values()) if f"`{k}`" not in doc]
     assert missing == [], f"docs/operations.md does not document: {missing}"
+
+
+def test_write_cache_defaults_to_a_quarter_of_the_memory_the_bookie_may_use() -> None:
+    """Seed 003: dbStorage_writeCacheMaxSizeMb defaults to 25% of the bookie's memory; a set
+    value wins; the memory is the cgroup limit when one is set, else physical RAM."""
+    from vellum.bookie.assembly import memory_limit_bytes
+
+    gib = 1 << 30
+    assert ServerConfig().db_storage_write_cache_max_size_mb == 0
+    assert ServerConfig().write_cache_max_bytes(8 * gib) == 2 * gib
+    assert ServerConfig().write_cache_max_bytes(32 << 20) == 16 << 20   # a floor for tiny limits
+    assert ServerConfig(db_storage_write_cache_max_size_mb=64).write_cache_max_bytes(8 * gib) == 64 << 20
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert 0 < memory_limit_bytes() <= physical

@@ -150,9 +150,11 @@ class ServerConfig:
     )
     db_storage_write_cache_max_size_mb: int = _opt(
         "dbStorage_writeCacheMaxSizeMb",
-        64,
-        "write cache per bookie, split across ledger dirs and in two (BookKeeper: 25% of direct memory)",
-        lo=1,
+        0,
+        "write cache per bookie, split across ledger dirs and in two; 0 = 25% of the memory the "
+        "bookie may use (its cgroup limit, else the machine's RAM), as seed 003 and BookKeeper "
+        "(25% of direct memory) size it",
+        lo=0,
     )
     db_storage_read_ahead_cache_max_size_mb: int = _opt(
         "dbStorage_readAheadCacheMaxSizeMb",
@@ -291,6 +293,13 @@ class ServerConfig:
             raise ConfigError(
                 f"journalAlignmentSize ({self.journal_alignment_size_bytes}) must be a power of two"
             )
+
+    def write_cache_max_bytes(self, memory_bytes: int) -> int:
+        """The write cache of the whole bookie, for a process that may use ``memory_bytes``:
+        the configured size, or 25% of that memory when the key is 0 (at least 16 MiB)."""
+        if self.db_storage_write_cache_max_size_mb > 0:
+            return self.db_storage_write_cache_max_size_mb * 1024 * 1024
+        return max(16 * 1024 * 1024, memory_bytes // 4)
 
     @property
     def effective_index_directories(self) -> tuple[str, ...]:
