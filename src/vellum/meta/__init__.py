@@ -1,4 +1,4 @@
-"""Metadata: ledger metadata, bookie registration and ledger ids (seed 001; docs/metadata.md).
+"""Metadata: ledger metadata, bookie registration, ledger ids, AutoRecovery (seed 001; docs/metadata.md).
 
 Layer L2: imports only errors/ids/config (and kazoo/sqlite3). Two drivers implement
 ``meta.api``: ZooKeeper (``zk://``, BookKeeper's znode layout) and the embedded SQLite store
@@ -6,6 +6,7 @@ Layer L2: imports only errors/ids/config (and kazoo/sqlite3). Two drivers implem
 """
 
 from vellum.meta.api import (
+    AuditorElection,
     ClusterInfo,
     KeyValueStore,
     LayoutManager,
@@ -15,6 +16,8 @@ from vellum.meta.api import (
     MetadataStore,
     RegistrationManager,
     SessionEvent,
+    UnderReplicatedLedger,
+    UnderReplicationManager,
     Versioned,
     Watch,
 )
@@ -22,6 +25,7 @@ from vellum.meta.model import DigestType, LedgerLayout, LedgerMetadata, LedgerSt
 from vellum.meta.uri import MetadataUri, open_metadata_store, parse_metadata_uri
 
 __all__ = [
+    "AuditorElection",
     "ClusterInfo",
     "DigestType",
     "KeyValueStore",
@@ -36,6 +40,8 @@ __all__ = [
     "MetadataUri",
     "RegistrationManager",
     "SessionEvent",
+    "UnderReplicatedLedger",
+    "UnderReplicationManager",
     "Versioned",
     "Watch",
     "open_metadata_store",

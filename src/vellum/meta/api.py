@@ -3,7 +3,8 @@
 Responsibility: the contracts of BookKeeper's metadata roles, driver-independent:
 ``LedgerManager`` (ledger metadata with compare-and-set), ``LedgerIdGenerator``,
 ``RegistrationManager`` (bookie registration, cookies, instance id), ``LayoutManager``,
-``KeyValueStore`` (small versioned records for later features), and ``MetadataStore`` which
+``KeyValueStore`` (small versioned records for later features), ``UnderReplicationManager``
+(AutoRecovery's records, locks, switch and auditor election), and ``MetadataStore`` which
 owns one session and hands out the others.
 
 Invariants every driver keeps (the contract suite in tests/meta checks them):
@@ -15,6 +16,8 @@ Invariants every driver keeps (the contract suite in tests/meta checks them):
 - ledger ids from the generator are unique across every process sharing the store;
 - bookie registrations are ephemeral: they vanish when the owning session ends (expiry, close,
   crash); a store re-registers its bookies after it gets a new session;
+- so are re-replication locks and auditor election votes; a candidate whose vote died with its
+  session runs again (with a new vote) once the store has a new session;
 - watch callbacks run on a driver thread, never while the driver holds a lock, and must not block;
 - every method is safe to call from several threads; the calls block (the asyncio client runs
   them in a thread executor).
@@ -24,7 +27,7 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -225,6 +228,189 @@ class KeyValueStore(ABC):
 
 
 @dataclass(frozen=True)
+class UnderReplicatedLedger:
+    """A ledger the auditor marked for re-replication (BookKeeper's ``UnderreplicatedLedger``).
+
+    ``replicas`` are the missing bookies (sorted); ``ctime_ms`` is when the record was created or
+    last gained a replica (``-1`` if the writer stored none); ``version`` is the store's version,
+    the ``expected_version`` of ``mark_replicated``.
+    """
+
+    ledger_id: LedgerId
+    replicas: tuple[BookieId, ...]
+    ctime_ms: int
+    version: int
+
+
+DelayWatcher = Callable[[int | None], None]
+"""Called with the lost-bookie recovery delay (seconds, or None when unset)."""
+
+
+class AuditorElection(ABC):
+    """One candidacy in the auditor election (at most one leader per cluster at a time).
+
+    The lowest live vote leads. When the leader resigns or its session ends, the next candidate
+    leads and its ``on_leader`` runs (on a driver thread, must not block). A leader whose session
+    expires stops leading (``on_lost`` runs) and, once the store has a new session, runs again
+    with a new vote at the end of the line. As with any lease, a leader cut off from the store
+    learns that it lost only when its session is declared expired.
+    """
+
+    @property
+    @abstractmethod
+    def bookie_id(self) -> BookieId: ...
+
+    @property
+    @abstractmethod
+    def is_leader(self) -> bool:
+        """Whether this candidate is the auditor now."""
+
+    @abstractmethod
+    def leader(self) -> BookieId | None:
+        """The current auditor's bookie id (any candidate's), or None if nobody runs."""
+
+    @abstractmethod
+    def wait_leader(self, timeout_s: float) -> bool:
+        """Block until this candidate leads (True) or ``timeout_s`` passed / it resigned (False)."""
+
+    @abstractmethod
+    def resign(self) -> None:
+        """Withdraw the vote (the next candidate takes over); no callback runs after it. Idempotent."""
+
+    def __enter__(self) -> AuditorElection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.resign()
+
+
+class UnderReplicationManager(ABC):
+    """AutoRecovery's metadata: under-replicated ledgers, their locks, the global switch, the
+    lost-bookie recovery delay, audit timestamps and the auditor election (BookKeeper's
+    ``LedgerUnderreplicationManager`` and ``LedgerAuditorManager``).
+
+    Locks and votes belong to this store's session: they vanish when it ends. The records, the
+    switch, the delay and the timestamps are persistent.
+    """
+
+    # -- under-replicated ledgers ---------------------------------------------------------
+
+    @abstractmethod
+    def mark_under_replicated(self, ledger_id: LedgerId, missing_replicas: Iterable[str]) -> None:
+        """Create the record, or add the bookies to its replica set (idempotent; a new replica
+        bumps the version and the ctime, so a worker busy with the old version keeps the record)."""
+
+    @abstractmethod
+    def get_under_replicated(self, ledger_id: LedgerId) -> UnderReplicatedLedger | None: ...
+
+    @abstractmethod
+    def list_under_replicated(self) -> Iterator[UnderReplicatedLedger]:
+        """Every record, in ledger id order, read lazily."""
+
+    @abstractmethod
+    def acquire_ledger_to_rereplicate(
+        self, exclude: Collection[int] = (), *, worker_id: str | None = None
+    ) -> LedgerId | None:
+        """Take the lock of a record nobody holds (not in ``exclude``) for this session; its id,
+        or None when there is none or replication is disabled. Never blocks on other workers.
+
+        ``worker_id`` is written into the lock (``lock_owner``); default: this host's name.
+        """
+
+    @abstractmethod
+    def wait_for_work(self, timeout_s: float) -> bool:
+        """After an ``acquire_ledger_to_rereplicate`` of this thread found nothing: block until
+        something changed that may make a record available (a record marked, a lock released,
+        replication enabled: True) or ``timeout_s`` passed (False). True at once if this thread
+        never tried to acquire."""
+
+    @abstractmethod
+    def release_ledger(self, ledger_id: LedgerId) -> None:
+        """Give this session's lock back without finishing (idempotent)."""
+
+    @abstractmethod
+    def mark_replicated(self, ledger_id: LedgerId, expected_version: int | None = None) -> bool:
+        """Delete the record and release this session's lock; whether the record was deleted.
+
+        The record stays when its version is no longer ``expected_version`` (it was marked again,
+        e.g. a second bookie was lost). ``None``: the version seen when this session acquired the
+        ledger, or any version if it did not. Idempotent; call again after an unavailable store.
+        """
+
+    @abstractmethod
+    def is_locked(self, ledger_id: LedgerId) -> bool:
+        """Whether some live session holds the ledger's lock."""
+
+    @abstractmethod
+    def lock_owner(self, ledger_id: LedgerId) -> str | None:
+        """The worker id in the ledger's lock ("" if the lock names none), None if unlocked."""
+
+    # -- global switch and delay ----------------------------------------------------------
+
+    @abstractmethod
+    def disable_replication(self) -> None:
+        """Stop handing out work to replication workers (idempotent; the auditor keeps marking)."""
+
+    @abstractmethod
+    def enable_replication(self) -> None:
+        """Resume replication (idempotent)."""
+
+    @abstractmethod
+    def is_replication_enabled(self) -> bool: ...
+
+    @abstractmethod
+    def wait_replication_enabled(self, timeout_s: float) -> bool:
+        """Block until replication is enabled (True) or ``timeout_s`` passed (False)."""
+
+    @abstractmethod
+    def get_lost_bookie_recovery_delay(self) -> int | None:
+        """Seconds the auditor waits after losing a bookie; None when unset (config applies)."""
+
+    @abstractmethod
+    def set_lost_bookie_recovery_delay(self, seconds: int) -> None: ...
+
+    @abstractmethod
+    def watch_lost_bookie_recovery_delay(self, callback: DelayWatcher) -> Watch:
+        """Call ``callback`` at once with the current delay and after each change."""
+
+    # -- audit timestamps (ms since the epoch; None if never set) -------------------------
+
+    @abstractmethod
+    def get_check_all_ledgers_ctime(self) -> int | None: ...
+
+    @abstractmethod
+    def set_check_all_ledgers_ctime(self, ctime_ms: int) -> None: ...
+
+    @abstractmethod
+    def get_placement_policy_check_ctime(self) -> int | None: ...
+
+    @abstractmethod
+    def set_placement_policy_check_ctime(self, ctime_ms: int) -> None: ...
+
+    @abstractmethod
+    def get_replicas_check_ctime(self) -> int | None: ...
+
+    @abstractmethod
+    def set_replicas_check_ctime(self, ctime_ms: int) -> None: ...
+
+    # -- auditor election -----------------------------------------------------------------
+
+    @abstractmethod
+    def elect_auditor(
+        self,
+        bookie_id: BookieId,
+        on_leader: Callable[[], None] | None = None,
+        *,
+        on_lost: Callable[[], None] | None = None,
+    ) -> AuditorElection:
+        """Run for auditor as ``bookie_id``; returns at once (``wait_leader`` to block)."""
+
+    @abstractmethod
+    def current_auditor(self) -> BookieId | None:
+        """The elected auditor's bookie id, or None; needs no candidacy."""
+
+
+@dataclass(frozen=True)
 class ClusterInfo:
     """What ``clusterinfo`` shows."""
 
@@ -260,6 +446,11 @@ class MetadataStore(ABC):
     @property
     @abstractmethod
     def kv(self) -> KeyValueStore: ...
+
+    @property
+    @abstractmethod
+    def underreplication(self) -> UnderReplicationManager:
+        """AutoRecovery's records, locks, switch and election (works before format too)."""
 
     @property
     @abstractmethod

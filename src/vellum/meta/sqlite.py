@@ -13,6 +13,18 @@ Schema (format version 1, in ``vellum_meta.format_version``)::
     sessions(session_id INTEGER PRIMARY KEY AUTOINCREMENT, owner, pid, timeout_s, expires_at)
     registrations(bookie_id PRIMARY KEY, read_only, session_id, data)
 
+AutoRecovery (tables created in older stores too, when opened)::
+
+    ur_ledgers(ledger_id INTEGER PRIMARY KEY, version, data)  under-replicated ledger; data =
+                                                             BookKeeper's text UnderreplicatedLedgerFormat
+    ur_locks(ledger_id INTEGER PRIMARY KEY, session_id, owner)  re-replication lock of a session
+    auditor_votes(seq INTEGER PRIMARY KEY AUTOINCREMENT, session_id, bookie_id)  lowest live seq leads
+    system['underreplication/disable']                       row exists = replication disabled
+    system['underreplication/lostBookieRecoveryDelay']       seconds, decimal text
+    system['underreplication/checkallledgersctime']          ms since the epoch, decimal text (also
+          .../placementpolicycheckctime, .../replicascheckctime)
+    counters['ur_changes']                                   bumped when work may have become available
+
 Invariants:
 - every write is one ``BEGIN IMMEDIATE`` transaction (WAL journal, ``busy_timeout``), so a
   ``kill -9`` of any process at any instant leaves either the old or the new state; the
@@ -24,8 +36,9 @@ Invariants:
   does after a lost reply, so that a caller's retry means the same on both drivers;
 - a version starts at 0 and grows by one per write (like a znode's ``stat.version``);
 - a session is a row with a lease (``expires_at``, wall-clock seconds) that the owner's
-  heartbeat thread renews every third of the timeout. A registration is live only while its
-  session's lease is unexpired; anyone may purge expired sessions. A heartbeat that finds its own
+  heartbeat thread renews every third of the timeout. A registration, re-replication lock or
+  auditor vote is live only while its session's lease is unexpired; anyone may purge expired
+  sessions (with their rows). A heartbeat that finds its own
   lease expired (paused process, slow disk) treats the session as lost: listeners hear EXPIRED,
   a new session is created, registrations are re-created, listeners hear RECONNECTED;
 - watches are polled by one thread per store (``PRAGMA data_version`` tells whether any other
@@ -38,15 +51,17 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
 import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from vellum.errors import (
+    IncorrectParameterError,
     LedgerExistsError,
     MetadataStoreUnavailableError,
     MetadataVersionError,
@@ -55,8 +70,11 @@ from vellum.errors import (
 )
 from vellum.ids import BookieId, LedgerId
 from vellum.meta import paths as P
+from vellum.meta import underreplication as UR
 from vellum.meta.api import (
+    AuditorElection,
     BookiesWatcher,
+    DelayWatcher,
     KeyValueStore,
     LayoutManager,
     LedgerIdGenerator,
@@ -67,6 +85,8 @@ from vellum.meta.api import (
     RegistrationManager,
     SessionEvent,
     SessionListener,
+    UnderReplicatedLedger,
+    UnderReplicationManager,
     Versioned,
     Watch,
 )
@@ -77,6 +97,7 @@ from vellum.meta.model import (
     deserialize_ledger_metadata,
     serialize_ledger_metadata,
 )
+from vellum.meta.underreplication import ElectionState
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +114,17 @@ _SCHEMA = [
     "CREATE TABLE IF NOT EXISTS registrations(bookie_id TEXT PRIMARY KEY, read_only INTEGER NOT NULL,"
     " session_id INTEGER NOT NULL, data BLOB NOT NULL)",
     "CREATE INDEX IF NOT EXISTS registrations_by_session ON registrations(session_id)",
+]
+
+# AutoRecovery's tables: created in stores made before them too (CREATE ... IF NOT EXISTS), so
+# they need no format version of their own.
+_UR_SCHEMA = [
+    "CREATE TABLE IF NOT EXISTS ur_ledgers(ledger_id INTEGER PRIMARY KEY, version INTEGER NOT NULL, data BLOB NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS ur_locks(ledger_id INTEGER PRIMARY KEY, session_id INTEGER NOT NULL, owner TEXT NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS ur_locks_by_session ON ur_locks(session_id)",
+    "CREATE TABLE IF NOT EXISTS auditor_votes(seq INTEGER PRIMARY KEY AUTOINCREMENT, session_id INTEGER NOT NULL,"
+    " bookie_id TEXT NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS auditor_votes_by_session ON auditor_votes(session_id)",
 ]
 
 
@@ -549,6 +581,418 @@ class SqliteKeyValueStore(KeyValueStore):
         return [r[0] for r in rows]
 
 
+_UR_KEY = P.UNDERREPLICATION + "/"
+_UR_CHANGES = "ur_changes"
+
+
+def _leading_vote(db: _Db) -> tuple[int, str] | None:
+    """The lowest vote whose session's lease is unexpired: the auditor."""
+    rows = db.query(
+        "reading the auditor election",
+        "SELECT v.seq, v.bookie_id FROM auditor_votes v JOIN sessions s USING(session_id)"
+        " WHERE s.expires_at >= ? ORDER BY v.seq LIMIT 1",
+        (time.time(),),
+    )
+    return (int(rows[0][0]), str(rows[0][1])) if rows else None
+
+
+def _bump_ur_changes(c: sqlite3.Connection) -> None:
+    """Tell waiting replication workers that work may have become available."""
+    c.execute(
+        "INSERT INTO counters(name, value) VALUES(?, 1) ON CONFLICT(name) DO UPDATE SET value = value + 1",
+        (_UR_CHANGES,),
+    )
+
+
+class _SqliteAuditorElection(AuditorElection):
+    """A row in ``auditor_votes`` owned by the store's session; the lowest live one leads.
+
+    The store's poll thread re-reads the leading vote every poll interval (a lease can lapse
+    without any write) and the change reaches ``evaluate`` on the dispatcher thread.
+    """
+
+    def __init__(
+        self,
+        manager: SqliteUnderReplicationManager,
+        bookie_id: BookieId,
+        on_leader: Callable[[], None] | None,
+        on_lost: Callable[[], None] | None,
+    ) -> None:
+        self._manager = manager
+        self._store = manager._store
+        self._bookie_id = bookie_id
+        self.state = ElectionState(on_leader, on_lost, self._store._dispatch.submit)
+        self._lock = threading.RLock()
+        self._seq: int | None = None
+        self._watch: _PolledWatch | None = None
+
+    @property
+    def bookie_id(self) -> BookieId:
+        return self._bookie_id
+
+    @property
+    def is_leader(self) -> bool:
+        return self.state.is_leader
+
+    def leader(self) -> BookieId | None:
+        return self._manager.current_auditor()
+
+    def wait_leader(self, timeout_s: float) -> bool:
+        return self.state.wait(timeout_s)
+
+    def start(self) -> None:
+        self.vote()
+        self._watch = self._store._poller.add(_leading_vote, self.evaluate, key=lambda s: s, on_commit_only=False)
+        self.evaluate(self._watch.last)
+
+    def vote(self) -> None:
+        """A new vote under the store's current session (at the end of the line)."""
+        with self._lock, self._store._session_lock:
+            if self.state.closed:
+                return
+            with self._store._db.txn("voting for auditor") as c:
+                cur = c.execute(
+                    "INSERT INTO auditor_votes(session_id, bookie_id) VALUES(?, ?)",
+                    (self._store._session, self._bookie_id),
+                )
+                self._seq = int(cur.lastrowid or 0)
+
+    def evaluate(self, leading: tuple[int, str] | None) -> None:
+        with self._lock:
+            if self.state.closed:
+                return
+            mine = self._seq is not None and leading is not None and leading[0] == self._seq
+        if mine:
+            self.state.won()
+        else:
+            self.state.lost()
+
+    def session_expired(self) -> None:
+        with self._lock:
+            self._seq = None  # purged with the session
+        self.state.lost()
+
+    def resign(self) -> None:
+        if not self.state.close():
+            return
+        self._manager._forget(self)
+        if self._watch is not None:
+            self._watch.cancel()
+        with self._lock:
+            seq, self._seq = self._seq, None
+        if seq is not None:
+            with self._store._db.txn("withdrawing an auditor vote") as c:
+                c.execute("DELETE FROM auditor_votes WHERE seq = ?", (seq,))
+
+
+class SqliteUnderReplicationManager(UnderReplicationManager):
+    """AutoRecovery's records in ``ur_ledgers`` (data = BookKeeper's text record), locks in
+    ``ur_locks`` and votes in ``auditor_votes`` (both owned by a session, live while its lease
+    is), the switch, delay and timestamps as ``system`` rows under ``underreplication/``.
+
+    Waiting polls: ``counters['ur_changes']`` grows with every change that may free work (a
+    record marked, a lock released or purged, replication enabled); the switch is re-read.
+    """
+
+    def __init__(self, store: SqliteMetadataStore) -> None:
+        self._store = store
+        self._db = store._db
+        self._poll_s = store._poll_interval_s
+        self._lock = threading.Lock()
+        self._held: dict[int, int] = {}  # ledger id -> record version when this session locked it
+        self._elections: set[_SqliteAuditorElection] = set()
+        self._seen = threading.local()
+        self._closed = threading.Event()
+        store.add_session_listener(self._on_session)
+
+    def _where(self, ledger_id: int) -> str:
+        return f"{self._db.path} ur_ledgers[{ledger_id}]"
+
+    def _on_session(self, event: SessionEvent) -> None:
+        # On the dispatcher thread, after the heartbeat replaced an expired session.
+        with self._lock:
+            elections = list(self._elections)
+        for e in elections:
+            try:
+                if event is SessionEvent.EXPIRED:
+                    e.session_expired()
+                else:
+                    e.vote()
+                    e.evaluate(_leading_vote(self._db))
+            except Exception:
+                log.exception("auditor election of %s after a new session failed", e.bookie_id)
+
+    def _changes(self) -> int:
+        rows = self._db.query("polling for re-replication work", "SELECT value FROM counters WHERE name = ?",
+                              (_UR_CHANGES,))
+        return int(rows[0][0]) if rows else 0
+
+    def _poll_until(self, ready: Callable[[], bool], timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if ready():
+                return True
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self._closed.wait(min(self._poll_s, remaining)):
+                return False
+
+    def _upsert(self, name: str, value: bytes) -> None:
+        with self._db.txn(f"writing system[{_UR_KEY}{name}]") as c:
+            c.execute(
+                "INSERT INTO system(key, version, value) VALUES(?, 0, ?)"
+                " ON CONFLICT(key) DO UPDATE SET version = version + 1, value = excluded.value",
+                (_UR_KEY + name, value),
+            )
+
+    def _value(self, name: str) -> bytes | None:
+        v = _sys_get(self._db, _UR_KEY + name)
+        return None if v is None else v.value
+
+    # -- records --------------------------------------------------------------------------
+
+    def mark_under_replicated(self, ledger_id: LedgerId, missing_replicas: Iterable[str]) -> None:
+        P._check_id(ledger_id)
+        missing = [str(r) for r in missing_replicas]
+        where = self._where(ledger_id)
+        with self._db.txn(f"marking ledger {ledger_id} under-replicated") as c:
+            row = c.execute("SELECT data FROM ur_ledgers WHERE ledger_id = ?", (ledger_id,)).fetchone()
+            if row is None:
+                c.execute(
+                    "INSERT INTO ur_ledgers(ledger_id, version, data) VALUES(?, 0, ?)",
+                    (ledger_id, UR.encode_under_replicated(missing, UR.now_ms())),
+                )
+            else:
+                replicas, _ = UR.decode_under_replicated(row[0], where=where)
+                merged = UR.merge_replicas(replicas, missing)
+                if merged is None:
+                    return
+                c.execute(
+                    "UPDATE ur_ledgers SET version = version + 1, data = ? WHERE ledger_id = ?",
+                    (UR.encode_under_replicated(merged, UR.now_ms()), ledger_id),
+                )
+            _bump_ur_changes(c)
+
+    def _record(self, row: Any) -> UnderReplicatedLedger:
+        ledger_id = int(row[0])
+        replicas, ctime = UR.decode_under_replicated(row[2], where=self._where(ledger_id))
+        return UnderReplicatedLedger(LedgerId(ledger_id), tuple(BookieId(r) for r in replicas), ctime, int(row[1]))
+
+    def get_under_replicated(self, ledger_id: LedgerId) -> UnderReplicatedLedger | None:
+        rows = self._db.query(
+            f"reading under-replicated ledger {ledger_id}",
+            "SELECT ledger_id, version, data FROM ur_ledgers WHERE ledger_id = ?", (ledger_id,),
+        )
+        return self._record(rows[0]) if rows else None
+
+    def list_under_replicated(self) -> Iterator[UnderReplicatedLedger]:
+        after = -1
+        while True:
+            rows = self._db.query(
+                "listing under-replicated ledgers",
+                "SELECT ledger_id, version, data FROM ur_ledgers WHERE ledger_id > ? ORDER BY ledger_id LIMIT ?",
+                (after, _PAGE),
+            )
+            if not rows:
+                return
+            for row in rows:
+                yield self._record(row)
+            after = int(rows[-1][0])
+
+    # -- locks ----------------------------------------------------------------------------
+
+    def acquire_ledger_to_rereplicate(
+        self, exclude: Collection[int] = (), *, worker_id: str | None = None
+    ) -> LedgerId | None:
+        excluded = set(exclude)
+        owner = socket.gethostname() if worker_id is None else worker_id
+        with self._store._session_lock, self._db.txn("acquiring a ledger to re-replicate") as c:
+            row = c.execute("SELECT value FROM counters WHERE name = ?", (_UR_CHANGES,)).fetchone()
+            self._seen.gen = int(row[0]) if row else 0
+            if c.execute("SELECT 1 FROM system WHERE key = ?", (_UR_KEY + P.UR_DISABLE,)).fetchone():
+                return None
+            now = time.time()
+            after = -1
+            while True:
+                rows = c.execute(
+                    "SELECT u.ledger_id, u.version FROM ur_ledgers u WHERE u.ledger_id > ? AND NOT EXISTS"
+                    " (SELECT 1 FROM ur_locks l JOIN sessions s USING(session_id)"
+                    "  WHERE l.ledger_id = u.ledger_id AND s.expires_at >= ?)"
+                    " ORDER BY u.ledger_id LIMIT ?",
+                    (after, now, _PAGE),
+                ).fetchall()
+                for ledger_id, version in rows:
+                    if ledger_id in excluded:
+                        continue
+                    # A lock row of a dead session may still be there: it is replaced.
+                    c.execute(
+                        "INSERT OR REPLACE INTO ur_locks(ledger_id, session_id, owner) VALUES(?, ?, ?)",
+                        (ledger_id, self._store._session, owner),
+                    )
+                    with self._lock:
+                        self._held[int(ledger_id)] = int(version)
+                    return LedgerId(int(ledger_id))
+                if len(rows) < _PAGE:
+                    return None
+                after = int(rows[-1][0])
+
+    def wait_for_work(self, timeout_s: float) -> bool:
+        seen = getattr(self._seen, "gen", None)
+        if seen is None:
+            return True
+        return self._poll_until(lambda: self._changes() != seen, timeout_s)
+
+    def _delete_own_lock(self, c: sqlite3.Connection, ledger_id: int) -> bool:
+        return bool(c.execute(
+            "DELETE FROM ur_locks WHERE ledger_id = ? AND session_id = ?", (ledger_id, self._store._session)
+        ).rowcount)
+
+    def release_ledger(self, ledger_id: LedgerId) -> None:
+        with self._lock:
+            self._held.pop(ledger_id, None)
+        with self._store._session_lock, self._db.txn(f"releasing ledger {ledger_id}") as c:
+            if self._delete_own_lock(c, ledger_id):
+                _bump_ur_changes(c)
+
+    def mark_replicated(self, ledger_id: LedgerId, expected_version: int | None = None) -> bool:
+        with self._lock:
+            version = self._held.get(ledger_id) if expected_version is None else expected_version
+        with self._store._session_lock, self._db.txn(f"marking ledger {ledger_id} replicated") as c:
+            row = c.execute("SELECT version FROM ur_ledgers WHERE ledger_id = ?", (ledger_id,)).fetchone()
+            # A record marked again meanwhile (another bookie lost) stays for a new check.
+            deleted = row is not None and (version is None or int(row[0]) == version)
+            if deleted:
+                c.execute("DELETE FROM ur_ledgers WHERE ledger_id = ?", (ledger_id,))
+            if self._delete_own_lock(c, ledger_id) and not deleted:
+                _bump_ur_changes(c)
+        with self._lock:
+            self._held.pop(ledger_id, None)
+        return deleted
+
+    def _live_lock(self, ledger_id: int) -> list[Any]:
+        return self._db.query(
+            f"reading the lock of ledger {ledger_id}",
+            "SELECT l.owner FROM ur_locks l JOIN sessions s USING(session_id)"
+            " WHERE l.ledger_id = ? AND s.expires_at >= ?",
+            (ledger_id, time.time()),
+        )
+
+    def is_locked(self, ledger_id: LedgerId) -> bool:
+        return bool(self._live_lock(ledger_id))
+
+    def lock_owner(self, ledger_id: LedgerId) -> str | None:
+        rows = self._live_lock(ledger_id)
+        return str(rows[0][0]) if rows else None
+
+    # -- switch, delay, timestamps --------------------------------------------------------
+
+    def disable_replication(self) -> None:
+        with self._db.txn("disabling replication") as c:
+            c.execute("INSERT OR IGNORE INTO system(key, version, value) VALUES(?, 0, x'')", (_UR_KEY + P.UR_DISABLE,))
+
+    def enable_replication(self) -> None:
+        with self._db.txn("enabling replication") as c:
+            if c.execute("DELETE FROM system WHERE key = ?", (_UR_KEY + P.UR_DISABLE,)).rowcount:
+                _bump_ur_changes(c)
+
+    def is_replication_enabled(self) -> bool:
+        return self._value(P.UR_DISABLE) is None
+
+    def wait_replication_enabled(self, timeout_s: float) -> bool:
+        return self._poll_until(self.is_replication_enabled, timeout_s)
+
+    def get_lost_bookie_recovery_delay(self) -> int | None:
+        data = self._value(P.UR_LOST_BOOKIE_RECOVERY_DELAY)
+        where = f"{self._db.path} system[{_UR_KEY}{P.UR_LOST_BOOKIE_RECOVERY_DELAY}]"
+        return None if data is None else UR.decode_delay(data, where=where)
+
+    def set_lost_bookie_recovery_delay(self, seconds: int) -> None:
+        if seconds < 0:
+            raise IncorrectParameterError(f"lost bookie recovery delay must be >= 0 s, got {seconds}")
+        self._upsert(P.UR_LOST_BOOKIE_RECOVERY_DELAY, UR.encode_delay(seconds))
+
+    def watch_lost_bookie_recovery_delay(self, callback: DelayWatcher) -> Watch:
+        name = P.UR_LOST_BOOKIE_RECOVERY_DELAY
+        where = f"{self._db.path} system[{_UR_KEY}{name}]"
+
+        def fire(data: bytes | None) -> None:
+            try:
+                callback(None if data is None else UR.decode_delay(data, where=where))
+            except MetaStoreError:
+                log.exception("unreadable lost bookie recovery delay")
+
+        def probe(db: _Db) -> bytes | None:
+            v = _sys_get(db, _UR_KEY + name)
+            return None if v is None else v.value
+
+        w = self._store._poller.add(probe, fire, key=lambda s: s, on_commit_only=True)
+        fire(w.last)
+        return w
+
+    def _get_ctime(self, name: str) -> int | None:
+        data = self._value(name)
+        if data is None:
+            return None
+        try:
+            return int(data.decode("ascii"))
+        except (UnicodeDecodeError, ValueError):
+            raise MetaStoreError(f"{self._db.path} system[{_UR_KEY}{name}]: not a time: {data[:40]!r}") from None
+
+    def get_check_all_ledgers_ctime(self) -> int | None:
+        return self._get_ctime(P.UR_CHECK_ALL_LEDGERS_CTIME)
+
+    def set_check_all_ledgers_ctime(self, ctime_ms: int) -> None:
+        self._upsert(P.UR_CHECK_ALL_LEDGERS_CTIME, str(int(ctime_ms)).encode())
+
+    def get_placement_policy_check_ctime(self) -> int | None:
+        return self._get_ctime(P.UR_PLACEMENT_POLICY_CHECK_CTIME)
+
+    def set_placement_policy_check_ctime(self, ctime_ms: int) -> None:
+        self._upsert(P.UR_PLACEMENT_POLICY_CHECK_CTIME, str(int(ctime_ms)).encode())
+
+    def get_replicas_check_ctime(self) -> int | None:
+        return self._get_ctime(P.UR_REPLICAS_CHECK_CTIME)
+
+    def set_replicas_check_ctime(self, ctime_ms: int) -> None:
+        self._upsert(P.UR_REPLICAS_CHECK_CTIME, str(int(ctime_ms)).encode())
+
+    # -- auditor election -----------------------------------------------------------------
+
+    def elect_auditor(
+        self,
+        bookie_id: BookieId,
+        on_leader: Callable[[], None] | None = None,
+        *,
+        on_lost: Callable[[], None] | None = None,
+    ) -> AuditorElection:
+        election = _SqliteAuditorElection(self, bookie_id, on_leader, on_lost)
+        with self._lock:
+            if self._closed.is_set():
+                raise MetaStoreError("the metadata store is closed")
+            self._elections.add(election)
+        try:
+            election.start()
+        except BaseException:
+            election.resign()
+            raise
+        return election
+
+    def _forget(self, election: _SqliteAuditorElection) -> None:
+        with self._lock:
+            self._elections.discard(election)
+
+    def current_auditor(self) -> BookieId | None:
+        leading = _leading_vote(self._db)
+        return None if leading is None else BookieId(leading[1])
+
+    def close(self) -> None:
+        """Before the session ends: no callback runs after this, waiters return."""
+        self._closed.set()
+        with self._lock:
+            elections, self._elections = list(self._elections), set()
+        for e in elections:
+            e.state.close()
+
+
 class SqliteMetadataStore(MetadataStore):
     """The embedded store on ``path``; one session (lease + heartbeat thread) per instance."""
 
@@ -577,6 +1021,7 @@ class SqliteMetadataStore(MetadataStore):
         self._db = self._open_db()
         self._check_and_create_schema()
         self._dispatch = CallbackDispatcher("vellum-sqlite-events")
+        self._poll_interval_s = poll_interval_s
         self._poller = _Poller(self._open_db, poll_interval_s, self._dispatch)
         self._listeners: list[SessionListener] = []
         self._session_lock = threading.RLock()
@@ -587,6 +1032,7 @@ class SqliteMetadataStore(MetadataStore):
         self._registration = SqliteRegistrationManager(self)
         self._layout = SqliteLayoutManager(self._db)
         self._kv = SqliteKeyValueStore(self._db)
+        self._ur = SqliteUnderReplicationManager(self)
         self._stop = threading.Event()
         self._heartbeat_db = self._open_db()
         self._heartbeat = threading.Thread(target=self._heartbeat_loop, name="vellum-sqlite-lease", daemon=True)
@@ -615,8 +1061,10 @@ class SqliteMetadataStore(MetadataStore):
                         f"{self.path}: metadata store format version {version} is newer than this Vellum "
                         f"understands (up to {STORE_FORMAT_VERSION}); upgrade Vellum"
                     )
+                for stmt in _UR_SCHEMA:
+                    c.execute(stmt)
                 return
-            for stmt in _SCHEMA:
+            for stmt in _SCHEMA + _UR_SCHEMA:
                 c.execute(stmt)
             c.execute(
                 "INSERT INTO vellum_meta(key, value) VALUES('format_version', ?), ('created_at', ?)",
@@ -655,11 +1103,13 @@ class SqliteMetadataStore(MetadataStore):
                     "UPDATE sessions SET expires_at = ? WHERE session_id = ? AND expires_at >= ?",
                     (now + self.session_timeout_s, self._session, now),
                 ).rowcount
-                # Purge every expired session (ours included): their registrations go with them.
-                c.execute(
-                    "DELETE FROM registrations WHERE session_id IN (SELECT session_id FROM sessions WHERE expires_at < ?)",
-                    (now,),
-                )
+                # Purge every expired session (ours included): their registrations, re-replication
+                # locks and auditor votes go with them.
+                expired = "SELECT session_id FROM sessions WHERE expires_at < ?"
+                c.execute(f"DELETE FROM registrations WHERE session_id IN ({expired})", (now,))
+                c.execute(f"DELETE FROM auditor_votes WHERE session_id IN ({expired})", (now,))
+                if c.execute(f"DELETE FROM ur_locks WHERE session_id IN ({expired})", (now,)).rowcount:
+                    _bump_ur_changes(c)
                 c.execute("DELETE FROM sessions WHERE expires_at < ?", (now,))
             if renewed or self._closed:
                 return
@@ -714,6 +1164,10 @@ class SqliteMetadataStore(MetadataStore):
     def kv(self) -> KeyValueStore:
         return self._kv
 
+    @property
+    def underreplication(self) -> SqliteUnderReplicationManager:
+        return self._ur
+
     def is_formatted(self) -> bool:
         return self._layout.read_layout() is not None
 
@@ -724,7 +1178,7 @@ class SqliteMetadataStore(MetadataStore):
         instance_id = str(uuid.uuid4())
         with self._db.txn("formatting") as c:
             if force:
-                for table in ("ledgers", "system", "kv", "counters"):
+                for table in ("ledgers", "system", "kv", "counters", "ur_ledgers", "ur_locks"):
                     c.execute(f"DELETE FROM {table}")
                 c.execute("DELETE FROM registrations WHERE session_id != ?", (self._session,))
             elif c.execute(
@@ -740,13 +1194,17 @@ class SqliteMetadataStore(MetadataStore):
             if self._closed:
                 return
             self._closed = True
+        self._ur.close()
         self._stop.set()
         self._heartbeat.join(self.session_timeout_s + 5)
         self._poller.close()
         try:
-            # Like closing a ZooKeeper session: our registrations vanish at once.
+            # Like closing a ZooKeeper session: our registrations, locks and votes vanish at once.
             with self._db.txn("closing the session") as c:
                 c.execute("DELETE FROM registrations WHERE session_id = ?", (self._session,))
+                c.execute("DELETE FROM auditor_votes WHERE session_id = ?", (self._session,))
+                if c.execute("DELETE FROM ur_locks WHERE session_id = ?", (self._session,)).rowcount:
+                    _bump_ur_changes(c)
                 c.execute("DELETE FROM sessions WHERE session_id = ?", (self._session,))
         except Exception:
             log.exception("could not remove session %s from %s", self._session, self.path)
