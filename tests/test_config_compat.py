@@ -161,8 +161,14 @@ def test_pulsars_overrides_load(tmp_path: Path) -> None:
     [
         ("ledgerStorageClass=org.apache.bookkeeper.bookie.InterleavedLedgerStorage\n",
          r"bk_server.conf:1 is refused: Vellum stores ledgers the DbLedgerStorage way"),
-        ("bookiePort=3181\ntlsProviderFactoryClass=org.apache.bookkeeper.tls.TLSContextFactory\n",
-         r"tlsProviderFactoryClass=.*bk_server.conf:2 is refused: Vellum does not speak TLS yet"),
+        ("bookiePort=3181\ntlsProviderFactoryClass=com.example.MyTlsFactory\n",
+         r"tlsProviderFactoryClass=com.example.MyTlsFactory is refused: Vellum's TLS is BookKeeper's "
+         r"TLSContextFactory.* in .*bk_server.conf"),
+        ("tlsProviderFactoryClass=org.apache.bookkeeper.tls.TLSContextFactory\ntlsKeyStoreType=JKS\n"
+         "tlsKeyStore=/k.pem\ntlsCertificatePath=/c.pem\n",
+         r"tlsKeyStoreType=JKS is refused: Vellum reads PEM files only; convert the store"),
+        ("tlsProviderFactoryClass=org.apache.bookkeeper.tls.TLSContextFactory\n",
+         r"tlsProviderFactoryClass turns TLS on: set tlsCertificatePath and tlsKeyStore too"),
         ("zkEnableSecurity=true\n", r"zkEnableSecurity=true in .* is refused"),
         ("zkServers=zk1:2181\nmetadataServiceUri=zk://zk9:2181/ledgers\n",
          r"zkServers/zkLedgersRootPath in .* say zk://zk1:2181/ledgers but metadataServiceUri says zk://zk9"),

@@ -28,6 +28,12 @@ _T = TypeVar("_T")
 #: Where ``vellum standalone`` keeps its embedded metadata store; the shell's default ``--uri``.
 DEFAULT_DATA_DIR = "data/standalone"
 DEFAULT_METADATA_URI = f"sqlite:///./{DEFAULT_DATA_DIR}/metadata.db"
+#: The ``tlsProviderFactoryClass`` value that turns TLS on (BookKeeper's class name; Vellum has
+#: one TLS implementation, Python's ``ssl`` with PEM files, and no other factory).
+TLS_CONTEXT_FACTORY = "org.apache.bookkeeper.tls.TLSContextFactory"
+_TLS_ON_DOC = (
+    f"TLS on: {TLS_CONTEXT_FACTORY} (BookKeeper's class name; the short name works too); empty = no TLS"
+)
 
 
 def _opt(
@@ -254,9 +260,58 @@ class ServerConfig:
     http_server_host: str = _opt(
         "httpServerHost", "127.0.0.1", "admin HTTP bind address (BookKeeper: 0.0.0.0)"
     )
+    # --- TLS on the bookie port (START_TLS; PEM files) ---
+    tls_provider_factory_class: str = _opt(
+        "tlsProviderFactoryClass", "",
+        _TLS_ON_DOC + ". With TLS on, the bookie upgrades connections on START_TLS and refuses every "
+        "plaintext request (BookKeeper also serves plaintext)",
+    )
+    tls_provider: str = _opt(
+        "tlsProvider", "OpenSSL", "TLS implementation: always Python's ssl (OpenSSL); JDK is accepted",
+        choices=("OpenSSL", "JDK"),
+    )
+    tls_key_store_type: str = _opt("tlsKeyStoreType", "PEM", "format of tlsKeyStore: PEM only (BookKeeper: JKS)")
+    tls_key_store: str = _opt("tlsKeyStore", "", "the bookie's private key, PEM file")
+    tls_key_store_password_path: str = _opt(
+        "tlsKeyStorePasswordPath", "", "file holding the password of an encrypted tlsKeyStore"
+    )
+    tls_certificate_path: str = _opt("tlsCertificatePath", "", "the bookie's certificate (chain), PEM file")
+    tls_trust_store_type: str = _opt(
+        "tlsTrustStoreType", "PEM", "format of tlsTrustStore: PEM only (BookKeeper: JKS)"
+    )
+    tls_trust_store: str = _opt(
+        "tlsTrustStore", "", "CA certificate(s), PEM file, that client certificates must chain to (mutual TLS)"
+    )
+    tls_trust_store_password_path: str = _opt(
+        "tlsTrustStorePasswordPath", "",
+        "password file of a JKS/PKCS12 trust store; a PEM trust store has none (only watched for changes)",
+    )
+    tls_client_authentication: bool = _opt(
+        "tlsClientAuthentication", False,
+        "mutual TLS: require a client certificate signed by a tlsTrustStore CA; its CN and OU roles "
+        "become the connection's principal",
+    )
+    tls_cert_files_refresh_duration_s: int = _opt(
+        "tlsCertFilesRefreshDurationSeconds", 0,
+        "check the certificate, key and trust files this often and reload them when changed, for new "
+        "connections (0 = never)",
+        lo=0,
+    )
+    tls_enabled_protocols: tuple[str, ...] = _opt(
+        "tlsEnabledProtocols", [], "TLS versions to offer (TLSv1.2, TLSv1.3); empty = TLS 1.2 and later"
+    )
+    tls_enabled_cipher_suites: tuple[str, ...] = _opt(
+        "tlsEnabledCipherSuites", [], "TLS 1.2 cipher suites, OpenSSL names; empty = OpenSSL's defaults"
+    )
 
     def __post_init__(self) -> None:
         _validate_ranges(self)
+        _validate_tls(self)
+        if self.tls_enabled and not (self.tls_key_store and self.tls_certificate_path):
+            raise ConfigError("tlsProviderFactoryClass turns TLS on: set tlsCertificatePath and tlsKeyStore too "
+                              "(`vellum security issue-cert --role bookie` makes them)")
+        if self.tls_enabled and self.tls_client_authentication and not self.tls_trust_store:
+            raise ConfigError("tlsClientAuthentication=true needs tlsTrustStore (the CA certificate clients chain to)")
         if self.disk_usage_warn_threshold > self.disk_usage_threshold:
             raise ConfigError(
                 f"diskUsageWarnThreshold ({self.disk_usage_warn_threshold}) must not exceed "
@@ -305,6 +360,10 @@ class ServerConfig:
     def effective_index_directories(self) -> tuple[str, ...]:
         return self.index_directories or self.ledger_directories
 
+    @property
+    def tls_enabled(self) -> bool:
+        return bool(self.tls_provider_factory_class)
+
 
 @dataclass(frozen=True)
 class ClientConfig:
@@ -348,9 +407,75 @@ class ClientConfig:
         "networkTopologyScriptFileName", "", "rack-aware: file mapping bookie id -> /rack"
     )
     zk_timeout_ms: int = _opt("zkTimeout", 10000, "ZooKeeper session timeout", lo=100)
+    # --- TLS to bookies (START_TLS; PEM files). client* keys win over tls* ones, as in BookKeeper ---
+    tls_provider_factory_class: str = _opt(
+        "tlsProviderFactoryClass", "",
+        _TLS_ON_DOC + ". With TLS on, every bookie connection starts with START_TLS",
+    )
+    tls_provider: str = _opt(
+        "tlsProvider", "OpenSSL", "TLS implementation: always Python's ssl (OpenSSL); JDK is accepted",
+        choices=("OpenSSL", "JDK"),
+    )
+    tls_key_store_type: str = _opt("tlsKeyStoreType", "PEM", "format of tlsKeyStore: PEM only (BookKeeper: JKS)")
+    tls_key_store: str = _opt("tlsKeyStore", "", "the client's private key, PEM file (for mutual TLS)")
+    tls_key_store_password_path: str = _opt(
+        "tlsKeyStorePasswordPath", "", "file holding the password of an encrypted tlsKeyStore"
+    )
+    tls_certificate_path: str = _opt(
+        "tlsCertificatePath", "", "the client's certificate, PEM file, presented when set (for mutual TLS)"
+    )
+    tls_trust_store_type: str = _opt(
+        "tlsTrustStoreType", "PEM", "format of tlsTrustStore: PEM only (BookKeeper: JKS)"
+    )
+    tls_trust_store: str = _opt(
+        "tlsTrustStore", "", "CA certificate(s), PEM file, that bookie certificates must chain to (required)"
+    )
+    tls_trust_store_password_path: str = _opt(
+        "tlsTrustStorePasswordPath", "", "password file of a JKS/PKCS12 trust store; a PEM one has none"
+    )
+    client_key_store_type: str = _opt("clientKeyStoreType", "", "overrides tlsKeyStoreType on a client")
+    client_key_store: str = _opt("clientKeyStore", "", "overrides tlsKeyStore on a client")
+    client_key_store_password_path: str = _opt(
+        "clientKeyStorePasswordPath", "", "overrides tlsKeyStorePasswordPath on a client"
+    )
+    client_trust_store_type: str = _opt("clientTrustStoreType", "", "overrides tlsTrustStoreType on a client")
+    client_trust_store: str = _opt("clientTrustStore", "", "overrides tlsTrustStore on a client")
+    client_trust_store_password_path: str = _opt(
+        "clientTrustStorePasswordPath", "", "overrides tlsTrustStorePasswordPath on a client"
+    )
+    tls_client_authentication: bool = _opt(
+        "tlsClientAuthentication", False,
+        "the bookies require client certificates: refuse to start without tlsCertificatePath and tlsKeyStore "
+        "(Vellum presents a configured certificate either way)",
+    )
+    tls_hostname_verification_enabled: bool = _opt(
+        "tlsHostnameVerificationEnabled", False, "check that a bookie's certificate names the host connected to"
+    )
+    start_tls_timeout_s: float = _opt(
+        "startTLSTimeoutSecs", 10, "time for START_TLS and the TLS handshake on a new connection", lo=0.001
+    )
+    tls_cert_files_refresh_duration_s: int = _opt(
+        "tlsCertFilesRefreshDurationSeconds", 0,
+        "check the certificate, key and trust files this often and reload them when changed (0 = never)",
+        lo=0,
+    )
+    tls_enabled_protocols: tuple[str, ...] = _opt(
+        "tlsEnabledProtocols", [], "TLS versions to offer (TLSv1.2, TLSv1.3); empty = TLS 1.2 and later"
+    )
+    tls_enabled_cipher_suites: tuple[str, ...] = _opt(
+        "tlsEnabledCipherSuites", [], "TLS 1.2 cipher suites, OpenSSL names; empty = OpenSSL's defaults"
+    )
 
     def __post_init__(self) -> None:
         _validate_ranges(self)
+        _validate_tls(self)
+        if self.tls_enabled and not (self.client_trust_store or self.tls_trust_store):
+            raise ConfigError("tlsProviderFactoryClass turns TLS on: set tlsTrustStore too (the CA certificate "
+                              "bookie certificates chain to)")
+        if self.tls_enabled and self.tls_client_authentication and not (
+            (self.client_key_store or self.tls_key_store) and self.tls_certificate_path
+        ):
+            raise ConfigError("tlsClientAuthentication=true on a client needs tlsCertificatePath and tlsKeyStore")
         if not self.ensemble_size >= self.write_quorum_size >= self.ack_quorum_size:
             raise ConfigError(
                 "need ensembleSize >= writeQuorumSize >= ackQuorumSize, got "
@@ -358,7 +483,35 @@ class ClientConfig:
             )
 
 
+    @property
+    def tls_enabled(self) -> bool:
+        return bool(self.tls_provider_factory_class)
+
+
 # ---------------------------------------------------------------------------------------------
+
+
+def _validate_tls(obj: Any) -> None:
+    """The TLS keys shared by both sides: a known factory, PEM stores when TLS is on."""
+    factory = obj.tls_provider_factory_class.strip()
+    if factory and factory.rsplit(".", 1)[-1] != TLS_CONTEXT_FACTORY.rsplit(".", 1)[-1]:
+        raise ConfigError(
+            f"tlsProviderFactoryClass={factory} is refused: Vellum's TLS is BookKeeper's TLSContextFactory with "
+            f"PEM files; set tlsProviderFactoryClass={TLS_CONTEXT_FACTORY} or remove the key"
+        )
+    if not factory:
+        return
+    types = [("tlsKeyStoreType", obj.tls_key_store_type), ("tlsTrustStoreType", obj.tls_trust_store_type)]
+    types += [(k, getattr(obj, f)) for k, f in (("clientKeyStoreType", "client_key_store_type"),
+                                                 ("clientTrustStoreType", "client_trust_store_type"))
+              if getattr(obj, f, "")]
+    for key, value in types:
+        if value.strip().upper() != "PEM":
+            raise ConfigError(
+                f"{key}={value} is refused: Vellum reads PEM files only; convert the store (PKCS12: `openssl "
+                f"pkcs12 -in store.p12 -nodes -out store.pem`; JKS: `keytool -importkeystore -deststoretype "
+                f"PKCS12` first) and set {key}=PEM"
+            )
 
 
 def _validate_ranges(obj: Any) -> None:

@@ -11,7 +11,7 @@ load as it is. Every key any of those releases defines falls in one of three kin
   Netty, stats providers, other ledger storages) or to a part Vellum does not have yet; the key
   is read and ignored, and the bookie lists it once at start with the reason (``ACCEPTED``);
 - **refused for some values**: a value asks for something Vellum cannot do, and doing something
-  else silently would mislead the operator (TLS, authentication, another ledger storage):
+  else silently would mislead the operator (authentication, another ledger storage):
   ``REFUSED_WHEN`` names the values and says what Vellum does instead.
 
 A key no BookKeeper release defines is not here: it stays an error with "did you mean".
@@ -155,10 +155,8 @@ ACCEPTED: dict[str, str] = {
         "storage.serve.readonly.tables", "storageserver.grpc.port",
     ),
     **_group(
-        "TLS setting: used only with tlsProviderFactoryClass, which Vellum refuses until it has TLS",
-        "tlsCertFilesRefreshDurationSeconds", "tlsCertificatePath", "tlsClientAuthentication",
-        "tlsEnabledCipherSuites", "tlsEnabledProtocols", "tlsKeyStore", "tlsKeyStorePasswordPath",
-        "tlsKeyStoreType", "tlsProvider", "tlsTrustStore", "tlsTrustStorePasswordPath", "tlsTrustStoreType",
+        "admin HTTP TLS setting: used only with httpServerTlsEnable, which Vellum refuses until its admin "
+        "HTTP server has TLS (the bookie port's TLS is the tls* keys)",
         "httpServerKeyStorePassword", "httpServerKeyStorePath", "httpServerTrustStorePassword",
         "httpServerTrustStorePath",
     ),
@@ -169,10 +167,9 @@ ACCEPTED: dict[str, str] = {
         "bookieConnectionErrorQuarantineEnabled", "bookieErrorThresholdPerInterval",
         "bookieFailureHistoryExpirationMSec", "bookieHealthCheckEnabled", "bookieHealthCheckIntervalSeconds",
         "bookieQuarantineRatio", "bookieQuarantineTimeSeconds", "clientConnectTimeoutMillis",
-        "clientKeyStore", "clientKeyStorePasswordPath", "clientKeyStoreType", "clientReceiveBufferSize",
+        "clientReceiveBufferSize",
         "clientRole", "clientSendBufferSize", "clientSockKeepalive", "clientTcpNoDelay",
-        "clientTcpUserTimeoutMillis", "clientTrustStore", "clientTrustStorePasswordPath",
-        "clientTrustStoreType", "clientWriteBufferHighWaterMark", "clientWriteBufferLowWaterMark",
+        "clientTcpUserTimeoutMillis", "clientWriteBufferHighWaterMark", "clientWriteBufferLowWaterMark",
         "delayEnsembleChange", "desiredNumZonesPerWriteQuorum", "disableEnsembleChangeFeatureName",
         "diskWeightBasedPlacementEnabled", "enableBookieAddressTracking", "enableBookieFailureTracking",
         "enableDigestTypeAutodetection", "enableParallelRecoveryRead", "enforceMinNumFaultDomainsForWrite",
@@ -183,9 +180,9 @@ ACCEPTED: dict[str, str] = {
         "numChannelsPerBookie", "opportunisticStriping", "passwd", "pcbcTimeoutTimerNumTicks",
         "pcbcTimeoutTimerTickDurationMs", "readReorderThresholdPendingRequests", "readTimeout",
         "recoveryBatchReadEnabled", "reorderReadSequenceEnabled", "reppDnsResolverClass",
-        "startTLSTimeoutSecs", "stickyReadSEnabled", "tcpKeepCnt", "tcpKeepIdle", "tcpKeepIntvl", "throttle",
+        "stickyReadSEnabled", "tcpKeepCnt", "tcpKeepIdle", "tcpKeepIntvl", "throttle",
         "timeoutMonitorIntervalSec", "timeoutTaskIntervalMillis", "timeoutTimerNumTicks",
-        "timeoutTimerTickDurationMs", "tlsHostnameVerificationEnabled", "useV2WireProtocol",
+        "timeoutTimerTickDurationMs", "useV2WireProtocol",
         "waitTimeoutOnBackpressureMs",
     ),
 }
@@ -213,11 +210,6 @@ REFUSED_WHEN: dict[str, tuple[Callable[[str], bool], str]] = {
         "Vellum stores ledgers the DbLedgerStorage way (entry logs + RocksDB index) and cannot read "
         "or write InterleavedLedgerStorage / SortedLedgerStorage index files; set "
         "ledgerStorageClass=org.apache.bookkeeper.bookie.storage.ldb.DbLedgerStorage or remove the key",
-    ),
-    "tlsProviderFactoryClass": (
-        _blank,
-        "Vellum does not speak TLS yet: starting without it would serve clear text to clients that "
-        "expect TLS. Remove the key to run without TLS",
     ),
     "bookieAuthProviderFactoryClass": (
         _blank,
@@ -257,9 +249,9 @@ ACCEPTED.update({
         "ledgerStorageClass",
     ),
     **_group(
-        "security setting left off (TLS, authentication, authorization, ZooKeeper ACLs are not "
-        "implemented yet): accepted only with the value that keeps it off",
-        "tlsProviderFactoryClass", "bookieAuthProviderFactoryClass", "clientAuthProviderFactoryClass",
+        "security setting left off (authentication, authorization, ZooKeeper ACLs and admin HTTP TLS are "
+        "not implemented yet): accepted only with the value that keeps it off",
+        "bookieAuthProviderFactoryClass", "clientAuthProviderFactoryClass",
         "authorizedRoles", "zkEnableSecurity", "httpServerTlsEnable",
     ),
     **_group(

@@ -32,6 +32,7 @@ from vellum.http.gc_routes import gc_routes
 from vellum.ids import BookieId, LedgerId, bookie_id_for
 from vellum.meta import open_metadata_store
 from vellum.meta.api import LedgerManager, MetadataStore, SessionEvent, Versioned
+from vellum.security.tls import ReloadingContext, TlsSettings
 from vellum.server.bookie_server import BookieServer, ServerLimits
 from vellum.server.metrics import process_server_metrics
 
@@ -48,6 +49,26 @@ def default_metadata_uri(config: ServerConfig) -> str:
 
 def bookie_id_of(config: ServerConfig, port: int) -> BookieId:
     return BookieId(config.bookie_id) if config.bookie_id else bookie_id_for(config.advertised_address, port)
+
+
+def server_tls(config: ServerConfig) -> ReloadingContext | None:
+    """The bookie port's TLS context (reloaded on change), or ``None`` when TLS is off
+    (``tlsProviderFactoryClass`` empty). Bad files fail here, at start."""
+    if not config.tls_enabled:
+        return None
+    return ReloadingContext.for_server(TlsSettings(
+        key_store=config.tls_key_store,
+        certificate_path=config.tls_certificate_path,
+        trust_store=config.tls_trust_store,
+        key_store_password_path=config.tls_key_store_password_path,
+        trust_store_password_path=config.tls_trust_store_password_path,
+        key_store_type=config.tls_key_store_type,
+        trust_store_type=config.tls_trust_store_type,
+        client_authentication=config.tls_client_authentication,
+        enabled_protocols=config.tls_enabled_protocols,
+        enabled_cipher_suites=config.tls_enabled_cipher_suites,
+        refresh_s=config.tls_cert_files_refresh_duration_s,
+    ))
 
 
 def service_info(bookie_id: str, http_host: str, http_port: int) -> bytes:
@@ -87,6 +108,7 @@ class BookieService:
                 f"the metadata store {self.metadata_uri} is not formatted: run "
                 f"`vellum shell metaformat --uri {self.metadata_uri}` first"
             )
+        tls = server_tls(cfg)  # before the disks: a TLS mistake must not cost a journal replay
         instance_id = await asyncio.to_thread(store.registration.get_instance_id)
         if cfg.bookie_port == 0 and not cfg.bookie_id:
             raise CookieError("bookiePort=0 needs an explicit bookieId: the id is bound to the disks by the cookie")
@@ -114,6 +136,7 @@ class BookieService:
                 max_frame_size=cfg.netty_max_frame_size_bytes,
             ),
             metrics=process_server_metrics(),
+            tls=tls,
         )
         await self.server.start()
         if cfg.http_server_enabled:
@@ -133,10 +156,11 @@ class BookieService:
         bookie.add_state_listener(lambda _ro: self._call_soon(loop, self._reregister_soon))
         store.add_session_listener(self._on_session_event)
         log.info(
-            "bookie %s serving on %s:%d (http %s), metadata %s",
+            "bookie %s serving on %s:%d%s (http %s), metadata %s",
             self.bookie_id,
             cfg.bookie_bind_address,
             self.server.port,
+            (" with TLS only" + (" (mutual TLS)" if cfg.tls_client_authentication else "")) if tls else "",
             self.http.port if self.http else "off",
             self.metadata_uri,
         )

@@ -33,6 +33,8 @@ from vellum.proto.messages import (
     ReadLacResponse,
     ReadRequest,
     ReadResponse,
+    StartTlsRequest,
+    StartTlsResponse,
     StridedReadRequest,
     StridedReadResponse,
     TrimRequest,
@@ -116,6 +118,7 @@ STRATEGIES: dict[type[Message], st.SearchStrategy[Message]] = {
     LedgerClosedNote: st.builds(LedgerClosedNote, INT64, INT64),
     TrimRequest: st.builds(TrimRequest, INT64, INT64, INT64, KEYS),
     StridedReadRequest: st.builds(StridedReadRequest, INT64, INT64, INT64, POSITIVE_INT32, POSITIVE_INT32, INT64),
+    StartTlsRequest: st.builds(StartTlsRequest, INT64),
     # responses
     AddResponse: st.builds(AddResponse, STATUS, INT64, INT64),
     ReadResponse: read_responses(),
@@ -128,6 +131,7 @@ STRATEGIES: dict[type[Message], st.SearchStrategy[Message]] = {
     GetBookieInfoResponse: st.builds(GetBookieInfoResponse, INT64, STATUS, INT64, INT64),
     TrimResponse: st.builds(TrimResponse, INT64, STATUS, INT64),
     StridedReadResponse: strided_read_responses(),
+    StartTlsResponse: st.builds(StartTlsResponse, INT64, STATUS),
     ErrorResponse: st.builds(
         ErrorResponse,
         STATUS,

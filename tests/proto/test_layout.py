@@ -37,6 +37,8 @@ from vellum.proto.messages import (
     ReadLacResponse,
     ReadRequest,
     ReadResponse,
+    StartTlsRequest,
+    StartTlsResponse,
     StridedReadRequest,
     StridedReadResponse,
     TrimRequest,
@@ -100,6 +102,7 @@ VELLUM_REQUESTS: list[tuple[Message, bytes]] = [
     (LedgerClosedNote(9, 1), vellum(70, "qq", 9, 1)),
     (TrimRequest(9, 1, 100, KEY), vellum(71, "qqq20s", 9, 1, 100, KEY)),
     (StridedReadRequest(9, 1, 0, 3, 10, 65536), vellum(72, "qqqiiq", 9, 1, 0, 3, 10, 65536)),
+    (StartTlsRequest(9), vellum(73, "q", 9)),
 ]
 
 VELLUM_RESPONSES: list[tuple[Message, bytes]] = [
@@ -121,6 +124,8 @@ VELLUM_RESPONSES: list[tuple[Message, bytes]] = [
         vellum(72, "qiqq", 9, EOK, 1, 0, tail=struct.pack(">i", len(ENTRY)) + ENTRY),
     ),
     (StridedReadResponse(9, ENOENTRY, 1, 3), vellum(72, "qiqq", 9, ENOENTRY, 1, 3)),
+    (StartTlsResponse(9, EOK), vellum(73, "qi", 9, EOK)),
+    (StartTlsResponse(9, EBADREQ), vellum(73, "qi", 9, EBADREQ)),
     (ErrorResponse(EBADREQ), vellum(127, "qiiqq", -1, EBADREQ, -1, -1, -1)),
     (
         ErrorResponse(EBADREQ, 9, 68, 1, None),

@@ -1,4 +1,4 @@
-"""The ``vellum`` command: bookie, standalone, shell, config, bench, spark.
+"""The ``vellum`` command: bookie, standalone, shell, config, bench, spark, security.
 
 Each area registers its commands from its own module (``shell_<area>.py`` exposing
 ``register(shell)``, ``cmd_<name>.py`` exposing ``register(cli)``) so that areas stay
@@ -13,6 +13,7 @@ import click
 from vellum.cli import (
     cmd_bench,
     cmd_run,
+    cmd_security,
     cmd_spark,
     shell_bookie,
     shell_client,
@@ -91,6 +92,7 @@ shell_storage.register(shell)
 
 cmd_bench.register(cli)
 cmd_run.register(cli)
+cmd_security.register(cli)
 cmd_spark.register(cli)
 
 

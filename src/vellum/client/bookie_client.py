@@ -18,6 +18,19 @@ big answers land in buffers of their own, decoded without copying their entries)
   After a failed *connect* the bookie is not retried for a short, growing backoff (requests in
   that window fail at once) so a dead bookie is not hammered; a connection lost after it was up
   is retried immediately (the bookie may just have restarted).
+* TLS (a client made with ``tls``): the first frame on a new connection is START_TLS and nothing
+  else leaves until its answer; on EOK the connection is upgraded (``loop.start_tls``, the
+  context current at that moment, so rotated certificates apply to new connections), then
+  START_TLS is sent once more inside TLS and the bookie's EOK confirms that it accepted the
+  handshake (with TLS 1.3 the client's side completes before the bookie has checked the client
+  certificate, and a bookie that refuses it just closes); only then is the connection up. A
+  bookie that answers START_TLS with an error "does not offer TLS"; a failed handshake (the
+  bookie's certificate not from the trusted CA, expired) or a connection closed before the
+  confirmation (the bookie refused our certificate) fails the connection with
+  :class:`SecurityError` naming the bookie and the reason. A client without TLS that reaches a bookie requiring it gets the bookie's notice
+  (``ErrorResponse(EUA, opcode=START_TLS)``) and fails everything pending with a
+  :class:`SecurityError` saying the bookie requires TLS. Security failures back off like failed
+  connects.
 
 Matching answers to requests:
 
@@ -49,6 +62,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import struct
 from collections import deque
 from collections.abc import Callable
@@ -56,16 +70,19 @@ from typing import Any, Final, cast
 
 from vellum.errors import (
     EOK,
+    WIRE_STATUS_NAMES,
     BookieHandleNotAvailableError,
     ClientClosedError,
     FramingError,
     IncorrectParameterError,
+    SecurityError,
     TimeoutError_,
     VellumError,
     error_for_wire_status,
 )
 from vellum.proto import codec
 from vellum.proto import messages as m
+from vellum.security.tls import ReloadingContext
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +92,8 @@ _SWEEP_INTERVAL_S: Final = 0.05
 #: of the wait with what it has, so the answer is due shortly after ``timeout_ms``)
 LONG_POLL_MARGIN_S: Final = 5.0
 DEFAULT_TIMEOUT_S: Final = 5.0
+#: BookKeeper's startTLSTimeoutSecs default
+DEFAULT_START_TLS_TIMEOUT_S: Final = 10.0
 
 _ENTRY_IDS = struct.Struct(">qq")  # first 16 bytes of a stored entry: ledgerId, entryId
 
@@ -189,6 +208,10 @@ class _Connection(asyncio.BufferedProtocol):
         # deadlines in a deque increase); answered ones are dropped lazily by the sweep
         self.timeouts: dict[float, deque[_Pending]] = {}
         self.connect_task: asyncio.Task[None] | None = None
+        # TLS: the answer to our START_TLS (its status), awaited by _connect before the upgrade,
+        # then again for the confirmation inside TLS (tls_confirming)
+        self.tls_answer: asyncio.Future[int] | None = None
+        self.tls_confirming = False
         # done once the socket is gone (or was never opened); close() waits on it
         self.closed: asyncio.Future[None] = loop.create_future()
         self.closed.add_done_callback(lambda _f: client._all_conns.discard(self))
@@ -203,6 +226,8 @@ class _Connection(asyncio.BufferedProtocol):
                 self.loop.create_connection(lambda: self, self.host, self.port),
                 self.client._connect_timeout_s,
             )
+            if self.client._tls is not None and self.state == _CONNECTING:
+                await asyncio.wait_for(self._start_tls(self.client._tls), self.client._start_tls_timeout_s)
         except asyncio.CancelledError:
             # Cancelled by shutdown(), which has already failed the pending requests.
             if self.transport is not None:
@@ -210,8 +235,22 @@ class _Connection(asyncio.BufferedProtocol):
             elif not self.closed.done():
                 self.closed.set_result(None)
             raise
+        except (SecurityError, ssl.SSLError) as exc:
+            err = exc if isinstance(exc, SecurityError) else SecurityError(
+                f"TLS handshake with bookie {self.bookie_id} failed: {_ssl_reason(exc)}")
+            if self.state != _CLOSED:
+                self.client._connect_failed(self.bookie_id, str(err))
+                self.shutdown(err)
+            if not self.closed.done():
+                self.closed.set_result(None)
         except Exception as exc:  # OSError (refused, unreachable), TimeoutError
+            if self.state == _CLOSED:  # shut down meanwhile (connection lost during START_TLS)
+                if not self.closed.done():
+                    self.closed.set_result(None)
+                return
             reason = "timed out" if isinstance(exc, TimeoutError) else str(exc) or type(exc).__name__
+            if self.transport is not None and self.client._tls is not None:
+                reason = f"TLS negotiation {reason}"
             self.client._connect_failed(self.bookie_id, reason)
             self.shutdown(
                 BookieHandleNotAvailableError(f"cannot connect to bookie {self.bookie_id}: {reason}")
@@ -219,20 +258,70 @@ class _Connection(asyncio.BufferedProtocol):
             if not self.closed.done():
                 self.closed.set_result(None)
 
+    async def _start_tls(self, tls: ReloadingContext) -> None:
+        """START_TLS, then the handshake; the connection is up (``_up``) once both succeeded."""
+        transport = self.transport
+        assert transport is not None
+        answer = self.tls_answer = self.loop.create_future()
+        transport.write(codec.encode(m.StartTlsRequest(self.new_request_id())))
+        status = await answer
+        if status != EOK:
+            raise SecurityError(
+                f"bookie {self.bookie_id} does not offer TLS (it answered START_TLS with "
+                f"{WIRE_STATUS_NAMES.get(status, status)}), and this client is configured for TLS "
+                "(tlsProviderFactoryClass): turn TLS on at the bookie, or off at the client"
+            )
+        tls_transport = await self.loop.start_tls(transport, self, tls.get(), server_hostname=self.host)
+        if tls_transport is None or self.state == _CLOSED:
+            raise BookieHandleNotAvailableError(f"connection to bookie {self.bookie_id} closed during TLS setup")
+        self.transport = cast(asyncio.Transport, tls_transport)
+        # The bookie's EOK to a START_TLS inside TLS says it accepted the handshake.
+        self.tls_confirming = True
+        answer = self.tls_answer = self.loop.create_future()
+        self.transport.write(codec.encode(m.StartTlsRequest(self.new_request_id())))
+        status = await answer
+        if status != EOK:
+            raise SecurityError(f"bookie {self.bookie_id} did not confirm the TLS connection "
+                                f"({WIRE_STATUS_NAMES.get(status, status)})")
+        self.tls_confirming = False
+        self._up()
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # A cast, not an isinstance check: uvloop's TCPTransport does not subclass asyncio.Transport.
         self.transport = transport = cast(asyncio.Transport, transport)
         if self.state == _CLOSED:  # shut down while connecting
             transport.close()
             return
+        if self.client._tls is not None:
+            return  # up only after START_TLS and the handshake (_start_tls)
+        self._up()
+
+    def _up(self) -> None:
         self.state = _CONNECTED
         self.client._connect_succeeded(self.bookie_id)
         if self.out:
             self._flush()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        why = f": {exc}" if exc else " (closed by the bookie)"
-        self.shutdown(BookieHandleNotAvailableError(f"connection to bookie {self.bookie_id} lost{why}"))
+        if self.tls_confirming and self.state == _CONNECTING:
+            # TLS 1.3: our side of the handshake completed, then the bookie checked our
+            # certificate and closed (asyncio sends no alert): it refused this client.
+            alert = f" ({_ssl_text(exc)})" if isinstance(exc, ssl.SSLError) else ""
+            err = SecurityError(
+                f"bookie {self.bookie_id} refused this client's certificate{alert}: it closed the connection "
+                "right after the TLS handshake (mutual TLS: no certificate configured, not issued by a CA in "
+                "the bookie's tlsTrustStore, or expired); the bookie's log says which"
+            )
+            self.client._connect_failed(self.bookie_id, str(err))
+            self.shutdown(err)
+        elif isinstance(exc, ssl.SSLError) and self.state == _CONNECTING:
+            # The handshake failed (uvloop reports it here before start_tls raises).
+            err = SecurityError(f"TLS handshake with bookie {self.bookie_id} failed: {_ssl_reason(exc)}")
+            self.client._connect_failed(self.bookie_id, str(err))
+            self.shutdown(err)
+        else:
+            why = f": {exc}" if exc else " (closed by the bookie)"
+            self.shutdown(BookieHandleNotAvailableError(f"connection to bookie {self.bookie_id} lost{why}"))
         if not self.closed.done():
             self.closed.set_result(None)
 
@@ -255,6 +344,9 @@ class _Connection(asyncio.BufferedProtocol):
                     pending.append(p)
                     p = p.next
         self.adds, self.reads, self.by_id, self.timeouts = {}, {}, {}, {}
+        answer = self.tls_answer
+        if answer is not None and not answer.done():
+            answer.set_exception(exc)  # wakes _connect, which sees the connection closed
         for p in pending:
             if not p.done:
                 p.done = True
@@ -289,6 +381,9 @@ class _Connection(asyncio.BufferedProtocol):
         except FramingError as exc:
             self._bad_answer(str(exc))
             return
+        if self.state == _CONNECTING:
+            self._tls_answer(messages)
+            return
         for msg in messages:
             kind = type(msg)
             if kind is m.AddResponse:
@@ -303,6 +398,24 @@ class _Connection(asyncio.BufferedProtocol):
                 self._answer_by_id(msg)
             if self.state == _CLOSED:
                 return
+
+    def _tls_answer(self, messages: list[Any]) -> None:
+        """Frames before the connection is up: only the answer to our START_TLS may come."""
+        answer = self.tls_answer
+        if answer is None or answer.done() or len(messages) != 1 or self.decoder.buffered:
+            self._bad_answer(f"{len(messages)} unexpected frame(s) during START_TLS")
+            return
+        msg = messages[0]
+        if type(msg) is m.StartTlsResponse:
+            status = msg.status
+        elif type(msg) is m.ErrorResponse and msg.opcode == m.OP_START_TLS:
+            status = msg.status if msg.status != EOK else m.EBADREQ  # a bookie that does not know START_TLS
+        else:
+            self._bad_answer(f"a {type(msg).__name__} instead of the answer to START_TLS")
+            return
+        if status == EOK and self.transport is not None and not self.tls_confirming:
+            self.transport.pause_reading()  # the next bytes are TLS: start_tls reads them
+        answer.set_result(status)
 
     def eof_received(self) -> bool | None:
         return None  # let the transport close; connection_lost fails what is pending
@@ -368,6 +481,17 @@ class _Connection(asyncio.BufferedProtocol):
         p.finish(None, value)
 
     def _answer_error(self, msg: m.ErrorResponse) -> None:
+        if msg.opcode == m.OP_START_TLS and msg.request_id is None:
+            # The bookie's notice that it serves TLS connections only (it precedes its refusals).
+            err = SecurityError(
+                f"bookie {self.bookie_id} requires TLS and this client is configured without it: set "
+                "tlsProviderFactoryClass=org.apache.bookkeeper.tls.TLSContextFactory and tlsTrustStore "
+                "(plus tlsCertificatePath and tlsKeyStore if the bookie wants client certificates)"
+            )
+            log.warning("%s", err)
+            self.client._connect_failed(self.bookie_id, str(err))
+            self.shutdown(err)
+            return
         p: _Pending | None = None
         if msg.request_id is not None and msg.request_id in self.by_id:
             p = self.by_id.pop(msg.request_id)
@@ -419,6 +543,18 @@ class _Connection(asyncio.BufferedProtocol):
         p.finish(TimeoutError_(f"{p.describe()} timed out after {p.timeout_s:g}s"))
 
 
+def _ssl_text(exc: ssl.SSLError) -> str:
+    reason = str(getattr(exc, "verify_message", None) or exc.reason or exc)
+    if reason.isupper():  # OpenSSL's code, e.g. TLSV13_ALERT_CERTIFICATE_REQUIRED
+        reason = reason.replace("_", " ").lower()
+    return reason
+
+
+def _ssl_reason(exc: ssl.SSLError) -> str:
+    reason = _ssl_text(exc)
+    return f"the bookie refused this client ({reason})" if "alert" in reason else reason
+
+
 _RESPONSE_OPS: dict[type, int] = {
     m.BatchReadResponse: m.OP_BATCH_READ,
     m.StridedReadResponse: m.OP_READ_STRIDED,
@@ -445,10 +581,16 @@ class BookieClient:
         max_frame_size: int = m.DEFAULT_MAX_FRAME_SIZE,
         reconnect_backoff_s: float = 0.1,
         max_reconnect_backoff_s: float = 2.0,
+        tls: ReloadingContext | None = None,
+        start_tls_timeout_s: float = DEFAULT_START_TLS_TIMEOUT_S,
     ) -> None:
+        """``tls``: talk TLS to every bookie (START_TLS on each new connection), with the
+        context it holds when the connection is made."""
         if connect_timeout_s <= 0:
             raise IncorrectParameterError(f"connect_timeout_s must be > 0, got {connect_timeout_s}")
         self._connect_timeout_s = connect_timeout_s
+        self._tls = tls
+        self._start_tls_timeout_s = start_tls_timeout_s
         self._max_frame_size = max_frame_size
         self._backoff_initial_s = reconnect_backoff_s
         self._backoff_max_s = max_reconnect_backoff_s

@@ -44,11 +44,34 @@ from vellum.meta import open_metadata_store
 from vellum.meta.api import MetadataStore, Versioned, Watch
 from vellum.meta.model import DigestType as MetaDigestType
 from vellum.meta.model import LedgerMetadata, LedgerState
+from vellum.security.tls import ReloadingContext, TlsSettings
 
 log = logging.getLogger(__name__)
 
 #: where the embedded store lives when no metadataServiceUri is configured (config.py)
 DEFAULT_SQLITE_PATH = Path(DEFAULT_DATA_DIR) / "metadata.db"  # the standalone cluster's store
+
+
+def client_tls(config: ClientConfig) -> ReloadingContext | None:
+    """The client's TLS context for bookie connections (reloaded on change), or ``None`` when
+    TLS is off (``tlsProviderFactoryClass`` empty). ``client*`` keys win over ``tls*`` ones, as
+    in BookKeeper's ClientConfiguration. Bad files fail here."""
+    if not config.tls_enabled:
+        return None
+    return ReloadingContext.for_client(TlsSettings(
+        key_store=config.client_key_store or config.tls_key_store,
+        certificate_path=config.tls_certificate_path,
+        trust_store=config.client_trust_store or config.tls_trust_store,
+        key_store_password_path=config.client_key_store_password_path or config.tls_key_store_password_path,
+        trust_store_password_path=config.client_trust_store_password_path or config.tls_trust_store_password_path,
+        key_store_type=config.client_key_store_type or config.tls_key_store_type,
+        trust_store_type=config.client_trust_store_type or config.tls_trust_store_type,
+        client_authentication=config.tls_client_authentication,
+        enabled_protocols=config.tls_enabled_protocols,
+        enabled_cipher_suites=config.tls_enabled_cipher_suites,
+        hostname_verification=config.tls_hostname_verification_enabled,
+        refresh_s=config.tls_cert_files_refresh_duration_s,
+    ))
 
 
 class BookKeeper:
@@ -91,6 +114,7 @@ class BookKeeper:
         if self._closed:
             raise ClientClosedError("this BookKeeper client was closed")
         loop = asyncio.get_running_loop()
+        tls = await asyncio.to_thread(client_tls, self.config)  # bad TLS files fail before anything opens
         if self._store is None:
             self._store = await asyncio.to_thread(
                 open_metadata_store,
@@ -102,7 +126,7 @@ class BookKeeper:
         placement = self._placement
         if placement is None:
             placement = await asyncio.to_thread(_placement_from_config, self.config, store)
-        self._bookie_client = BookieClient()
+        self._bookie_client = BookieClient(tls=tls, start_tls_timeout_s=self.config.start_tls_timeout_s)
         ctx = self._ctx = ClientContext(store, self._bookie_client, placement, self.config,
                                         max_adds_in_flight=self._max_adds_in_flight)
         writable, read_only = await asyncio.to_thread(_list_bookies, store)

@@ -43,7 +43,10 @@ Ensemble change (write failure to bookie ``i``: dead, timeout, read-only...):
   members the writer keeps going without the failed bookie (entries under-replicated, like
   BookKeeper's delayed ensemble change) and retries the change every second; otherwise every
   pending and later add fails. At most ``maxNumEnsembleChanges`` changes per writer.
-A ``LedgerFencedError`` from a bookie fails the writer the same way.
+A ``LedgerFencedError`` from a bookie fails the writer the same way, and so does a
+``SecurityError`` (TLS refused either way, the bookie's certificate not trusted): that is this
+client's or the cluster's configuration, not a failed bookie, and replacing the bookie would
+only hide the reason behind a NotEnoughBookiesError.
 
 Delayed write failure (design.md rule 11): a write that fails or times out after its entry was
 already acknowledged (the other ``AQ`` bookies were faster) still marks that bookie failed and
@@ -84,6 +87,7 @@ from vellum.errors import (
     LedgerFencedError,
     LedgerRecoveryError,
     NotEnoughBookiesError,
+    SecurityError,
     TooManyRequestsError,
     UnauthorizedAccessError,
     VellumError,
@@ -348,7 +352,7 @@ class LedgerWriter:
                 "another client opened it with recovery"
             ))
             return
-        if isinstance(exc, (UnauthorizedAccessError, ClientClosedError)):
+        if isinstance(exc, (UnauthorizedAccessError, ClientClosedError, SecurityError)):
             self._fail(exc)
             return
         if self._view.ensemble[idx] != bookie or self._error is not None:

@@ -22,6 +22,7 @@ the full tables)::
     70   reqId ledger                                         (none: fire and forget)
     71   reqId ledger endEntryId key                          reqId rc ledger
     72   reqId ledger first int:stride int:maxCount maxSize   reqId rc ledger first {int:len entry}*
+    73   reqId                                                reqId rc   (START_TLS; TLS follows EOK)
     127  -                                                    reqId rc int:opcode ledger entry (flags =
                                                               mask of the known ids)
 
@@ -45,7 +46,7 @@ Invariants:
   tables each side decodes with are built from the registry.
 
 Size: this module is close to 1000 lines, and that size is earned. It is the byte layout of every
-frame, both ways: an encoder and a decoder per message type (24 of them), each a few lines
+frame, both ways: an encoder and a decoder per message type (26 of them), each a few lines
 against the struct table above, plus the stream framer (``FrameDecoder``) they share. Splitting
 it by frame would scatter that table, splitting encoders from decoders would separate the two
 halves of each layout that must be read together, and the framer's zero-copy ownership rules
@@ -77,6 +78,7 @@ from vellum.proto.messages import (
     OP_READ,
     OP_READ_LAC,
     OP_READ_STRIDED,
+    OP_START_TLS,
     OP_TRIM,
     OP_WRITE_LAC,
     OPCODE_NAMES,
@@ -104,6 +106,8 @@ from vellum.proto.messages import (
     ReadLacResponse,
     ReadRequest,
     ReadResponse,
+    StartTlsRequest,
+    StartTlsResponse,
     StridedReadRequest,
     StridedReadResponse,
     TrimRequest,
@@ -146,6 +150,8 @@ _TRIM_REQ = struct.Struct(">iIqqq20s")
 _ERROR_RESP = struct.Struct(">iIqiiqq")  # requestId, rc, opcode, ledgerId, entryId
 _STRIDED_REQ = struct.Struct(">iIqqqiiq")  # requestId, ledgerId, first, int stride, int count, maxSize
 _STRIDED_RESP = struct.Struct(">iIqiqq")  # requestId, rc, ledgerId, first + repeated [int len][entry]
+_START_TLS_REQ = _INFO_REQ  # requestId
+_START_TLS_RESP = struct.Struct(">iIqi")  # requestId, rc
 
 
 def _body(frame: struct.Struct) -> struct.Struct:
@@ -173,6 +179,7 @@ _TRIM_REQ_B = _body(_TRIM_REQ)
 _WRITE_LAC_REQ_B = _body(_WRITE_LAC_REQ)
 _STRIDED_REQ_B = _body(_STRIDED_REQ)
 _STRIDED_RESP_B = _body(_STRIDED_RESP)
+_START_TLS_RESP_B = _body(_START_TLS_RESP)
 
 # Header flags of an ERROR response: which of its ids are known.
 ERROR_HAS_REQUEST_ID = 0x1
@@ -419,6 +426,14 @@ def _enc_strided_resp(m: StridedReadResponse) -> list[BytesLike]:
     return parts
 
 
+def _enc_start_tls_req(m: StartTlsRequest) -> list[BytesLike]:
+    return [_START_TLS_REQ.pack(12, _V | (OP_START_TLS << 16), m.request_id)]
+
+
+def _enc_start_tls_resp(m: StartTlsResponse) -> list[BytesLike]:
+    return [_START_TLS_RESP.pack(16, _V | (OP_START_TLS << 16), m.request_id, m.status)]
+
+
 # Keyed by exact type: messages are final dataclasses, and a dict lookup beats isinstance chains.
 _ENCODERS: dict[type[Any], Callable[[Any], list[BytesLike]]] = {
     AddRequest: _enc_add_req,
@@ -444,6 +459,8 @@ _ENCODERS: dict[type[Any], Callable[[Any], list[BytesLike]]] = {
     StridedReadRequest: _enc_strided_req,
     StridedReadResponse: _enc_strided_resp,
     TrimResponse: _enc_trim_resp,
+    StartTlsRequest: _enc_start_tls_req,
+    StartTlsResponse: _enc_start_tls_resp,
     ErrorResponse: _enc_error_resp,
 }
 
@@ -686,6 +703,18 @@ def _dec_error_resp(body: memoryview, flags: int) -> Message:
     )
 
 
+def _dec_start_tls_req(body: memoryview, flags: int) -> Message:
+    _expect(body, 12, "START_TLS")
+    _, request_id = _INFO_REQ_B.unpack_from(body)
+    return StartTlsRequest(request_id)
+
+
+def _dec_start_tls_resp(body: memoryview, flags: int) -> Message:
+    _expect(body, 16, "START_TLS response")
+    _, request_id, status = _START_TLS_RESP_B.unpack_from(body)
+    return StartTlsResponse(request_id, status)
+
+
 _Decoder: TypeAlias = Callable[[memoryview, int], Message]
 
 # Keyed by message type like the encoders; the opcode tables each side decodes with are built
@@ -714,6 +743,8 @@ _DECODERS: dict[type[Any], _Decoder] = {
     TrimResponse: _resp_ledger_decoder(TrimResponse, "TRIM response"),
     StridedReadRequest: _dec_strided_req,
     StridedReadResponse: _dec_strided_resp,
+    StartTlsRequest: _dec_start_tls_req,
+    StartTlsResponse: _dec_start_tls_resp,
     ErrorResponse: _dec_error_resp,
 }
 

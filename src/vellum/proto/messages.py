@@ -55,6 +55,9 @@ OP_GET_BOOKIE_INFO = 69
 OP_LEDGER_CLOSED = 70
 OP_TRIM = 71
 OP_READ_STRIDED = 72
+#: BookKeeper's v3 START_TLS (OperationType 9) as a Vellum operation: upgrade the connection to
+#: TLS after the (plaintext) answer
+OP_START_TLS = 73
 #: response only: a request that could not be parsed or whose opcode is unknown
 OP_ERROR = 127
 
@@ -71,6 +74,7 @@ OPCODE_NAMES: dict[int, str] = {
     OP_LEDGER_CLOSED: "LEDGER_CLOSED",
     OP_TRIM: "TRIM",
     OP_READ_STRIDED: "READ_STRIDED",
+    OP_START_TLS: "START_TLS",
     OP_ERROR: "ERROR",
 }
 
@@ -428,6 +432,30 @@ class StridedReadResponse:
 
 
 @dataclass(frozen=True, slots=True)
+class StartTlsRequest:
+    """Ask the bookie to upgrade this connection to TLS (BookKeeper's v3 START_TLS).
+
+    The client sends it first on a new connection and nothing else until the answer; after an
+    ``EOK`` answer the next bytes either way are the TLS handshake, and every later frame
+    travels inside TLS."""
+
+    OPCODE: ClassVar[int] = OP_START_TLS
+
+    request_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class StartTlsResponse:
+    """``EOK``: the bookie starts the TLS handshake right after this frame; ``EBADREQ``: it
+    does not offer TLS (as BookKeeper answers when TLS is not configured)."""
+
+    OPCODE: ClassVar[int] = OP_START_TLS
+
+    request_id: int
+    status: int
+
+
+@dataclass(frozen=True, slots=True)
 class ErrorResponse:
     """Answer to a request that could not be parsed or has an unknown opcode/version.
 
@@ -507,6 +535,7 @@ Request: TypeAlias = (
     | LedgerClosedNote
     | TrimRequest
     | StridedReadRequest
+    | StartTlsRequest
 )
 Response: TypeAlias = (
     AddResponse
@@ -520,6 +549,7 @@ Response: TypeAlias = (
     | GetBookieInfoResponse
     | TrimResponse
     | StridedReadResponse
+    | StartTlsResponse
     | ErrorResponse
 )
 Message: TypeAlias = Request | Response

@@ -10,7 +10,18 @@ answers back. Invariants:
 - a frame with intact framing but bad contents gets an error answer and the connection keeps
   serving; broken framing (bad length) closes that connection only;
 - responses are coalesced: everything ready in one loop iteration leaves in one write;
-- the bookie is reached only through ``AsyncBookie`` (the thread<->loop seam), never directly.
+- the bookie is reached only through ``AsyncBookie`` (the thread<->loop seam), never directly;
+- with TLS configured (a ``ReloadingContext``), a connection is served only once it has been
+  upgraded: START_TLS (BookKeeper's v3 negotiation) is answered EOK in clear and the TLS
+  handshake follows (``loop.start_tls``, the context current at that moment, so rotated
+  certificates apply to new connections); every other request before that is answered EUA,
+  preceded once per connection by an ``ErrorResponse(EUA, opcode=START_TLS)`` notice that tells
+  the client TLS is required (logged once: "plaintext request refused: this bookie requires
+  TLS"). Bytes after START_TLS before its answer, or a failed handshake, close the connection.
+  START_TLS inside TLS is answered EOK: the client's confirmation that the handshake was accepted.
+  After a mutual-TLS handshake the peer certificate's CN and OU roles are kept on the
+  connection (``principal``, ``roles``) for authorization. Without TLS configured, START_TLS is
+  answered EBADREQ (BookKeeper's answer when TLS is not configured) and the connection serves on.
 
 Metrics: each server counts with plain ints on the loop thread (``server/metrics.py``), so
 that two servers in one process keep their own counts.
@@ -32,6 +43,7 @@ from vellum.errors import (
     ENOLEDGER,
     EOK,
     ETOOMANYREQUESTS,
+    EUA,
     FramingError,
     NoSuchEntryError,
     NoSuchLedgerError,
@@ -40,11 +52,14 @@ from vellum.errors import (
 )
 from vellum.proto import codec
 from vellum.proto import messages as m
+from vellum.security.tls import ReloadingContext, peer_principal
 from vellum.server.metrics import ServerCounters, ServerMetrics, process_server_metrics
 
 log = logging.getLogger(__name__)
 
 _LAC_OF_ENTRY = struct.Struct(">q")
+#: a TLS handshake that does not complete in this time closes the connection
+TLS_HANDSHAKE_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -83,7 +98,8 @@ class BookieConnection(asyncio.BufferedProtocol):
     """One client connection. Reads go straight into the frame decoder's buffers (an ADD of a
     big entry lands in a buffer of its own and is journaled and cached from there, uncopied)."""
 
-    def __init__(self, bookie: AsyncBookie, counters: _Counters, on_close: Callable[[BookieConnection], None]) -> None:
+    def __init__(self, bookie: AsyncBookie, counters: _Counters, on_close: Callable[[BookieConnection], None],
+                 tls: ReloadingContext | None = None) -> None:
         self._bookie = bookie
         self._counters = counters
         # The server's counters, held here so that counting a request costs one lookup.
@@ -112,8 +128,19 @@ class BookieConnection(asyncio.BufferedProtocol):
             m.GetBookieInfoRequest: self._on_bookie_info,
             m.LedgerClosedNote: self._on_ledger_closed,
             m.TrimRequest: self._on_trim,
+            m.StartTlsRequest: self._on_start_tls,
             m.BadFrame: self._on_bad_frame,
         }
+        self._tls = tls
+        # True while this bookie requires TLS and the connection is not upgraded yet: every
+        # request then goes through _before_tls instead of the handlers.
+        self._awaiting_tls = tls is not None
+        self._upgrading = False
+        self._early: list[Any] = []
+        self._refusal_noted = False
+        #: identity from the peer's certificate after a mutual-TLS handshake (for authorization)
+        self.principal: str | None = None
+        self.roles: tuple[str, ...] = ()
 
     # ---------------------------------------------------------------------------- transport
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -140,6 +167,18 @@ class BookieConnection(asyncio.BufferedProtocol):
             if self._transport is not None:
                 self._transport.close()
             return
+        if self._awaiting_tls:
+            if self._upgrading:
+                # Decrypted requests that arrived as the handshake completed, before the
+                # upgrade task resumed: served once the TLS transport is in place. (Reading in
+                # clear stopped at START_TLS, so these come through TLS.)
+                self._early += messages
+            else:
+                self._before_tls(messages)
+            return
+        self._dispatch(messages)
+
+    def _dispatch(self, messages: list[Any]) -> None:
         handlers = self._handlers
         adds: list[m.AddRequest] = []
         for msg in messages:
@@ -422,6 +461,81 @@ class BookieConnection(asyncio.BufferedProtocol):
         except Exception as e:
             self._send(m.TrimResponse(req.request_id, wire_status_for(e), req.ledger_id))
 
+    # ------------------------------------------------------------------------------- TLS
+    def _on_start_tls(self, req: m.StartTlsRequest) -> None:
+        self._requests["START_TLS"] += 1
+        if self._tls is not None:
+            # Inside TLS already: the client's confirmation that we accepted its handshake.
+            self._send(m.StartTlsResponse(req.request_id, EOK))
+            return
+        log.warning("START_TLS from %s refused: TLS is not configured on this bookie", self._peer())
+        self._send(m.StartTlsResponse(req.request_id, EBADREQ))
+
+    def _before_tls(self, messages: list[Any]) -> None:
+        """Requests on a connection that must be upgraded first: START_TLS starts the upgrade,
+        everything else is refused."""
+        for i, msg in enumerate(messages):
+            if type(msg) is m.StartTlsRequest:
+                self._requests["START_TLS"] += 1
+                if i + 1 < len(messages) or self._decoder.buffered:
+                    # Bytes sent in clear after START_TLS must never be taken as TLS traffic.
+                    self._close_for("data after START_TLS before its answer")
+                    return
+                if self._transport is not None:
+                    self._transport.pause_reading()  # nothing more in clear; start_tls resumes under TLS
+                self._upgrading = True
+                self._spawn(self._start_tls(msg))
+                return
+            self._refuse_plaintext(msg)
+
+    def _refuse_plaintext(self, msg: Any) -> None:
+        if not self._refusal_noted:
+            self._refusal_noted = True
+            log.warning("plaintext request refused: this bookie requires TLS (peer %s sent %s without START_TLS)",
+                        self._peer(), type(msg).__name__)
+            self._send(m.ErrorResponse(EUA, opcode=m.OP_START_TLS))
+        answer = _refusal(msg, EUA)
+        if answer is not None:
+            self._send(answer)
+
+    def _close_for(self, reason: str) -> None:
+        log.warning("closing connection %s: %s", self._peer(), reason)
+        self._flush()
+        if self._transport is not None:
+            self._transport.close()
+
+    async def _start_tls(self, req: m.StartTlsRequest) -> None:
+        transport = self._transport
+        assert self._tls is not None
+        if transport is None:
+            return
+        peer = self._peer()
+        try:
+            context = self._tls.get()
+            # The EOK answer leaves in clear, before any TLS record: written now, not coalesced.
+            self._flush()
+            transport.write(codec.encode(m.StartTlsResponse(req.request_id, EOK)))
+            tls_transport = await self._loop.start_tls(
+                transport, self, context, server_side=True, ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S,
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # ssl.SSLError, a timeout, the peer gone
+            log.warning("TLS handshake with %s failed: %s", peer, _tls_reason(e))
+            transport.close()
+            return
+        if tls_transport is None or self._transport is None:  # closed meanwhile
+            return
+        self._transport = cast(asyncio.Transport, tls_transport)
+        ssl_object = tls_transport.get_extra_info("ssl_object")
+        self.principal, self.roles = peer_principal(ssl_object)
+        self._awaiting_tls = self._upgrading = False
+        log.info("TLS connection from %s (%s%s)", peer, ssl_object.version() if ssl_object else "?",
+                 f", principal {self.principal!r}, roles {list(self.roles)}" if self.principal else "")
+        early, self._early = self._early, []
+        if early:
+            self._dispatch(early)
+
     def _on_bad_frame(self, bad: m.BadFrame) -> None:
         self._requests["BAD_FRAME"] += 1
         log.warning("bad frame from %s: %s", self._peer(), bad.reason)
@@ -430,13 +544,41 @@ class BookieConnection(asyncio.BufferedProtocol):
             self._send(answer)
 
 
+def _refusal(msg: Any, status: int) -> Any:
+    """The answer refusing ``msg`` with ``status``: a v2 op gets its own response type (a v2
+    client matches those), a Vellum op an ``ErrorResponse`` with its ids; a note gets none."""
+    kind = type(msg)
+    if kind is m.AddRequest:
+        return m.AddResponse(status, msg.ledger_id, msg.entry_id)
+    if kind is m.ReadRequest:
+        return m.ReadResponse(status, msg.ledger_id, msg.entry_id)
+    if kind is m.BatchReadRequest:
+        return m.BatchReadResponse(status, msg.ledger_id, msg.start_entry_id, msg.request_id)
+    if kind is m.LedgerClosedNote:
+        return None
+    if kind is m.BadFrame:
+        return msg.error_response()
+    return m.ErrorResponse(status, getattr(msg, "request_id", None), kind.OPCODE, getattr(msg, "ledger_id", None))
+
+
+def _tls_reason(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError):
+        return f"no handshake within {TLS_HANDSHAKE_TIMEOUT_S:g}s"
+    reason = str(getattr(exc, "verify_message", None) or getattr(exc, "reason", None) or exc or type(exc).__name__)
+    if reason.isupper():  # OpenSSL's code, e.g. PEER_DID_NOT_RETURN_A_CERTIFICATE
+        reason = reason.replace("_", " ").lower()
+    return reason
+
+
 class BookieServer:
     """Listens on (host, port) and serves the bookie protocol."""
 
     def __init__(self, bookie: AsyncBookie, *, host: str, port: int, limits: ServerLimits,
-                 metrics: ServerMetrics | None = None) -> None:
+                 metrics: ServerMetrics | None = None, tls: ReloadingContext | None = None) -> None:
         """``metrics`` exports this server's counts while it serves (default: the process's,
-        on the registry the admin HTTP server exports)."""
+        on the registry the admin HTTP server exports). ``tls``: serve TLS connections only
+        (START_TLS), with the context it holds when each connection upgrades."""
+        self._tls = tls
         self._bookie = bookie
         self._host = host
         self._port = port
@@ -453,7 +595,7 @@ class BookieServer:
         loop = asyncio.get_running_loop()
 
         def factory() -> BookieConnection:
-            conn = BookieConnection(self._bookie, self._counters, self._connections.discard)
+            conn = BookieConnection(self._bookie, self._counters, self._connections.discard, self._tls)
             self._connections.add(conn)  # tracked so that stop() can close it
             return conn
 
