@@ -152,7 +152,7 @@ def test_pulsars_overrides_load(tmp_path: Path) -> None:
     assert (cfg.journal_format_version_to_write, cfg.journal_alignment_size_bytes) == (5, 4096)
     assert (cfg.gc_wait_time_ms, cfg.flush_interval_ms, cfg.netty_max_frame_size_bytes) == (900000, 60000, 5253120)
     assert cfg.metadata_service_uri == "zk://zk1:2181;zk2:2181/ledgers"
-    assert "AutoRecovery" in accepted["autoRecoveryDaemonEnabled"]
+    assert cfg.auto_recovery_daemon_enabled and cfg.rereplication_entry_batch_size == 100  # honoured
     assert set(accepted) >= {"numJournalCallbackThreads", "numAddWorkerThreads", "useV2WireProtocol"}
 
 

@@ -252,6 +252,47 @@ class ServerConfig:
         "ledgerManagerType", "hierarchical", "ledger layout chosen at format time",
         choices=("flat", "hierarchical", "longhierarchical"),
     )
+    # --- AutoRecovery (auditor and replication workers) ---
+    auto_recovery_daemon_enabled: bool = _opt(
+        "autoRecoveryDaemonEnabled", False,
+        "run an auditor candidate and a replication worker inside the bookie (else: vellum autorecovery)",
+    )
+    lost_bookie_recovery_delay_s: int = _opt(
+        "lostBookieRecoveryDelay", 0,
+        "seconds a bookie must stay gone before its ledgers are marked under-replicated "
+        "(the value set with `vellum shell lostbookierecoverydelay` wins)", lo=0,
+    )
+    auditor_periodic_bookie_check_interval_s: int = _opt(
+        "auditorPeriodicBookieCheckInterval", 86400,
+        "seconds between scans of every ledger for fragments on unregistered bookies (0 = off)", lo=0,
+    )
+    auditor_periodic_check_interval_s: int = _opt(
+        "auditorPeriodicCheckInterval", 604800,
+        "seconds between checks that every bookie of every fragment holds its entries (0 = off)", lo=0,
+    )
+    auditor_ledger_verification_percentage: int = _opt(
+        "auditorLedgerVerificationPercentage", 0,
+        "share of ledgers whose entries the periodic check reads and verifies, not only lists", lo=0, hi=100,
+    )
+    auditor_replicas_check_interval_s: int = _opt(
+        "auditorReplicasCheckInterval", 0,
+        "seconds between replicas checks: every entry of every closed ledger read from every replica "
+        "and verified, which finds data lost or corrupted on bookies that are up (0 = off)", lo=0,
+    )
+    open_ledger_rereplication_grace_period_ms: int = _opt(
+        "openLedgerRereplicationGracePeriod", 30000,
+        "ms a replication worker leaves the open fragment of an unclosed ledger to its writer before "
+        "fencing the ledger to heal it", lo=0,
+    )
+    rereplication_entry_batch_size: int = _opt(
+        "rereplicationEntryBatchSize", 10, "entries a replication worker copies at once", lo=1,
+    )
+    replication_rate_by_bytes: int = _opt(
+        "replicationRateByBytes", -1, "bytes per second a replication worker copies at most (-1 = no bound)",
+    )
+    rw_rereplicate_backoff_ms: int = _opt(
+        "rwRereplicateBackoffMs", 5000, "ms before a replication worker retries a ledger it failed on", lo=0,
+    )
     # --- admin HTTP and stats ---
     http_server_enabled: bool = _opt(
         "httpServerEnabled", True, "run the admin HTTP server (BookKeeper: false)"

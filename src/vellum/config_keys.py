@@ -112,17 +112,19 @@ ACCEPTED: dict[str, str] = {
         "gcOverreplicatedLedgerMaxConcurrentRequests", "verifyMetadataOnGC",
     ),
     **_group(
-        "AutoRecovery / data-integrity setting: Vellum has no auditor or replication worker yet, so "
-        "ledgers are not re-replicated automatically (the key is kept for when it has)",
-        "autoRecoveryDaemonEnabled", "auditorPeriodicBookieCheckInterval", "auditorPeriodicCheckInterval",
-        "auditorLedgerVerificationPercentage", "auditorReplicasCheckInterval",
+        "AutoRecovery tuning of the Java implementation: Vellum's auditor checks ledgers one at a "
+        "time, a failed worker releases its lock at once (another worker or a retry after "
+        "rwRereplicateBackoffMs continues), and records always carry their mark time",
         "auditorMaxNumberOfConcurrentOpenLedgerOperations",
-        "auditorAcquireConcurrentOpenLedgerOperationsTimeOutMSec", "lostBookieRecoveryDelay",
-        "openLedgerRereplicationGracePeriod", "rereplicationEntryBatchSize", "rwRereplicateBackoffMs",
-        "lockReleaseOfFailedLedgerGracePeriod", "replicationRateByBytes",
+        "auditorAcquireConcurrentOpenLedgerOperationsTimeOutMSec",
+        "lockReleaseOfFailedLedgerGracePeriod",
         "storeSystemTimeAsLedgerUnderreplicatedMarkTime", "inFlightReadEntryNumInLedgerChecker",
+        "zkReplicationTaskRateLimit",
+    ),
+    **_group(
+        "data-integrity setting Vellum does not have yet",
         "dataIntegrityChecking", "dataIntegrityStampMissingCookies", "localConsistencyCheckOnStartup",
-        "localScrubInterval", "localScrubRateLimit", "zkReplicationTaskRateLimit",
+        "localScrubInterval", "localScrubRateLimit",
     ),
     **_group(
         "metadata-driver setting of the Java implementation: Vellum's drivers are chosen by "

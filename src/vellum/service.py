@@ -21,6 +21,8 @@ from pathlib import Path
 
 from vellum.admin.bookie_admin import BookieAdmin
 from vellum.admin.gc_admin import GcAdmin
+from vellum.autorecovery.daemon import AutoRecovery, AutoRecoveryThread
+from vellum.autorecovery.settings import AutoRecoverySettings
 from vellum.bookie.assembly import OpenedBookie, open_bookie
 from vellum.bookie.executor import AsyncBookie
 from vellum.bookie.metrics import process_bookie_metrics
@@ -97,6 +99,7 @@ class BookieService:
         self._async_bookie: AsyncBookie | None = None
         self._stopping = False
         self._registered_read_only: bool | None = None
+        self.autorecovery: AutoRecoveryThread | None = None
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -155,6 +158,10 @@ class BookieService:
         await asyncio.to_thread(self._register)
         bookie.add_state_listener(lambda _ro: self._call_soon(loop, self._reregister_soon))
         store.add_session_listener(self._on_session_event)
+        if cfg.auto_recovery_daemon_enabled:
+            self.autorecovery = AutoRecoveryThread(AutoRecovery(
+                self.metadata_uri, bookie_id=str(self.bookie_id), settings=AutoRecoverySettings.from_config(cfg)))
+            await asyncio.to_thread(self.autorecovery.start)
         log.info(
             "bookie %s serving on %s:%d%s (http %s), metadata %s",
             self.bookie_id,
@@ -217,6 +224,8 @@ class BookieService:
 
     async def stop(self) -> None:
         self._stopping = True
+        if self.autorecovery is not None:
+            await asyncio.to_thread(self.autorecovery.stop)
         if self.store is not None and self.bookie_id is not None and self._registered_read_only is not None:
             try:
                 await asyncio.to_thread(self.store.registration.unregister_bookie, self.bookie_id)
@@ -269,6 +278,28 @@ def run_bookie(config: ServerConfig, *, metadata_uri: str | None = None) -> int:
         await stop.wait()
         log.info("shutting down bookie %s", service.bookie_id)
         await service.stop()
+        return 0
+
+    return uvloop.run(main())
+
+
+def run_autorecovery(config: ServerConfig, *, metadata_uri: str | None = None, worker_id: str | None = None) -> int:
+    """``vellum autorecovery``: an auditor candidate and a replication worker, alone in this
+    process, until SIGTERM/SIGINT; returns the exit code. The candidate's id is the bookie id
+    of the configuration (as BookKeeper's AutoRecoveryMain) unless ``worker_id`` is given."""
+    import uvloop
+
+    uri = metadata_uri or default_metadata_uri(config)
+    ident = worker_id or str(bookie_id_of(config, config.bookie_port))
+
+    async def main() -> int:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        recovery = AutoRecovery(uri, bookie_id=ident, settings=AutoRecoverySettings.from_config(config))
+        print(f"READY autorecovery {ident} metadata={uri}", flush=True)
+        await recovery.run(stop)
         return 0
 
     return uvloop.run(main())

@@ -14,6 +14,7 @@ from vellum.config import load_server_config
 
 def register(cli: click.Group) -> None:
     cli.add_command(bookie)
+    cli.add_command(autorecovery)
     cli.add_command(standalone)
 
 
@@ -37,6 +38,25 @@ def bookie(conf_file: str | None, metadata_uri: str | None, verbose: bool) -> No
     config = load_server_config(conf_file, accepted=accepted)
     _say_accepted(conf_file, accepted)
     raise SystemExit(run_bookie(config, metadata_uri=metadata_uri))
+
+
+@click.command()
+@click.option("--conf", "conf_file", type=click.Path(dir_okay=False, exists=True),
+              help="bk_server.conf (AutoRecovery keys, metadataServiceUri)")
+@click.option("--metadata-uri", default=None, help="overrides metadataServiceUri")
+@click.option("--id", "worker_id", default=None, help="name in the auditor election and the locks "
+              "(default: the bookie id of the configuration)")
+@click.option("-v", "--verbose", is_flag=True)
+def autorecovery(conf_file: str | None, metadata_uri: str | None, worker_id: str | None, verbose: bool) -> None:
+    """Run an auditor candidate and a replication worker outside any bookie, until SIGTERM or
+    Ctrl-C (BookKeeper's `bookkeeper autorecovery`)."""
+    from vellum.service import run_autorecovery
+
+    _logging(verbose)
+    accepted: dict[str, str] = {}
+    config = load_server_config(conf_file, accepted=accepted)
+    _say_accepted(conf_file, accepted)
+    raise SystemExit(run_autorecovery(config, metadata_uri=metadata_uri, worker_id=worker_id))
 
 
 @click.command()

@@ -1,0 +1,201 @@
+"""A replication worker: heals under-replicated ledgers one at a time (BookKeeper's
+``ReplicationWorker``).
+
+Loop: take the lock of an under-replicated ledger nobody works on; find its bad fragments;
+replace each (copy, then one compare-and-set of the ledger's metadata); when none is left,
+delete the record (only if nobody marked it again meanwhile) and let go of the lock.
+
+A fragment is bad when its bookie is not registered (lost, decommissioned), or when the record
+names the bookie (the auditor found entries missing or corrupt there) and a verified read of
+the fragment from it fails. Replacing a fragment:
+1. pick a bookie for its position through the placement policy (not in the segment, not bad);
+2. copy the fragment's entries to it (``copier``: read from the surviving replicas, digest
+   verified, recovery adds, batched, throttled);
+3. CAS the segment with the new bookie in that position; on a conflict re-read and retry while
+   the segment still names the bad bookie there (a writer's ensemble change only adds segments;
+   the writer rebases over ours, see ``client/metadata_update``). If someone else replaced it,
+   the copy is left as extra replicas (GC of over-replicated ledgers is BookKeeper's business
+   too); nothing is ever copied twice into one fragment by one worker holding the lock.
+
+Open ledgers: the writer keeps writing meanwhile; closed segments are healed at once. The open
+segment (the last of an unclosed ledger) has no end yet: it is left to its writer, who replaces
+a failed bookie itself when it writes, for ``openLedgerRereplicationGracePeriod`` after the
+record was made; past that the worker fences and recovers the ledger (closing it), then heals
+the now closed segment. A ledger deleted meanwhile is done. Any failure releases the lock (the
+ledger is retried after ``rwRereplicateBackoffMs``, by this or another worker); a worker that
+dies loses its lock with its metadata session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import socket
+import time
+
+from vellum import stats
+from vellum.autorecovery.copier import FragmentCopier
+from vellum.autorecovery.fragments import Fragment, fragments, replace_bookie
+from vellum.autorecovery.settings import AutoRecoverySettings
+from vellum.client.bookkeeper import BookKeeper
+from vellum.client.recovery import recover_ledger
+from vellum.errors import MetadataVersionError, NoSuchLedgerError, VellumError
+from vellum.ids import LedgerId
+from vellum.meta.api import UnderReplicatedLedger, UnderReplicationManager, Versioned
+from vellum.meta.model import LedgerMetadata
+
+log = logging.getLogger(__name__)
+
+REREPLICATED = stats.counter("replication_worker_REREPLICATED_LEDGERS", "ledgers a replication worker healed")
+FRAGMENTS = stats.counter("replication_worker_REPLACED_FRAGMENTS", "fragments copied to a replacement bookie")
+FAILED = stats.counter("replication_worker_FAILED_LEDGERS", "attempts that left a ledger for a retry")
+
+_MAX_CAS = 50
+
+
+class Outcome(enum.Enum):
+    HEALED = "healed"        # nothing bad is left: the record may go
+    DEFERRED = "deferred"    # only the open fragment of an unclosed ledger is left, in its grace
+    FAILED = "failed"        # retry later
+
+
+class ReplicationWorker:
+    """See the module docstring. ``run`` until ``stop`` is set; ``heal`` one ledger."""
+
+    def __init__(self, bk: BookKeeper, settings: AutoRecoverySettings, *, worker_id: str | None = None) -> None:
+        self._bk = bk
+        self._settings = settings
+        self.worker_id = worker_id or socket.gethostname()
+        self._copier = FragmentCopier(bk.context.bookie_client, batch=settings.entry_batch_size,
+                                      rate_bytes=settings.rate_by_bytes, timeout_s=settings.request_timeout_s)
+        #: ledger -> monotonic time before which this worker leaves it alone
+        self._retry_after: dict[int, float] = {}
+        self.current: int | None = None
+
+    async def run(self, stop: asyncio.Event) -> None:
+        urm = self._bk.store.underreplication
+        while not stop.is_set():
+            now = time.monotonic()
+            self._retry_after = {lid: t for lid, t in self._retry_after.items() if t > now}
+            try:
+                lid = await asyncio.to_thread(urm.acquire_ledger_to_rereplicate, set(self._retry_after),
+                                              worker_id=self.worker_id)
+            except VellumError as exc:
+                log.warning("replication worker %s: cannot look for work: %s", self.worker_id, exc)
+                await _sleep_or_stop(stop, self._settings.backoff_ms / 1000)
+                continue
+            if lid is None:
+                await asyncio.to_thread(urm.wait_for_work, 1.0)
+                continue
+            self.current = int(lid)
+            try:
+                await self._process(urm, lid)
+            finally:
+                self.current = None
+
+    async def _process(self, urm: UnderReplicationManager, lid: LedgerId) -> None:
+        record = await asyncio.to_thread(urm.get_under_replicated, lid)
+        try:
+            outcome = await self.heal(int(lid), record)
+        except Exception as exc:  # every failure releases the lock for a retry
+            log.warning("replication worker %s: ledger %d left for a retry: %s", self.worker_id, lid, exc)
+            outcome = Outcome.FAILED
+        if outcome is Outcome.HEALED:
+            deleted = await asyncio.to_thread(urm.mark_replicated, lid)
+            REREPLICATED.inc()
+            log.info("replication worker %s: ledger %d re-replicated%s", self.worker_id, lid,
+                     "" if deleted else " (marked again meanwhile: the record stays)")
+            return
+        if outcome is Outcome.FAILED:
+            FAILED.inc()
+        delay = self._settings.backoff_ms / 1000 if outcome is Outcome.FAILED else 1.0
+        self._retry_after[int(lid)] = time.monotonic() + delay
+        await asyncio.to_thread(urm.release_ledger, lid)
+
+    async def heal(self, ledger_id: int, record: UnderReplicatedLedger | None) -> Outcome:
+        """Replace every bad fragment of the ledger (see the module docstring)."""
+        ctx = self._bk.context
+        suspects = {str(b) for b in record.replicas} if record is not None else set()
+        try:
+            current = await ctx.read_metadata(ledger_id)
+        except NoSuchLedgerError:
+            log.info("ledger %d was deleted: nothing to re-replicate", ledger_id)
+            return Outcome.HEALED
+        bad = await self._bad_fragments(ledger_id, current.value, suspects)
+        if any(f.is_open for f in bad):
+            marked_ms = record.ctime_ms if record is not None and record.ctime_ms > 0 else 0
+            waited_ms = time.time() * 1000 - marked_ms
+            if waited_ms < self._settings.open_ledger_grace_period_ms:
+                bad = [f for f in bad if not f.is_open]
+                for f in bad:
+                    await self._replace(ledger_id, f, suspects)
+                return Outcome.DEFERRED
+            log.info("ledger %d: its open fragment on %s is still bad after the %d ms grace period: "
+                     "fencing and recovering the ledger", ledger_id,
+                     ", ".join(f.bookie for f in bad if f.is_open), self._settings.open_ledger_grace_period_ms)
+            await recover_ledger(ctx, ledger_id, current.value.password)
+            current = await ctx.read_metadata(ledger_id)
+            bad = await self._bad_fragments(ledger_id, current.value, suspects)
+        for f in bad:
+            await self._replace(ledger_id, f, suspects)
+        return Outcome.HEALED
+
+    async def _bad_fragments(self, ledger_id: int, md: LedgerMetadata, suspects: set[str]) -> list[Fragment]:
+        ctx = self._bk.context
+        registered = set(ctx.writable_bookies) | set(ctx.read_only_bookies)
+        bad: list[Fragment] = []
+        for f in fragments(ledger_id, md):
+            lost = f.bookie not in registered
+            if lost or (f.bookie in suspects and not f.is_open
+                        and not await self._copier.holds(f, md, verify=True)):
+                bad.append(f)
+        return bad
+
+    async def _replace(self, ledger_id: int, fragment: Fragment, suspects: set[str]) -> None:
+        ctx = self._bk.context
+        current = await ctx.read_metadata(ledger_id)
+        md = current.value
+        if md.ensembles.get(fragment.first_entry, ())[fragment.index:fragment.index + 1] != (fragment.bookie,):
+            return  # someone replaced it already
+        # the fragment's end from the metadata read now (a recovery may have closed the ledger)
+        fresh = next(f for f in fragments(ledger_id, md)
+                     if f.first_entry == fragment.first_entry and f.index == fragment.index)
+        segment = [str(b) for b in md.ensembles[fragment.first_entry]]
+        target = ctx.placement.replace_bookie(
+            segment, fragment.index, md.write_quorum_size,
+            writable=ctx.writable_bookies, read_only=ctx.read_only_bookies,
+            exclude=set(segment) | suspects,
+        )
+        entries = len(fresh.entries(md.write_quorum_size))
+        log.info("ledger %d: copying fragment [%d..%s] of %s (%d entries) to %s", ledger_id, fresh.first_entry,
+                 fresh.last_entry, fresh.bookie, entries, target)
+        copied = await self._copier.copy(fresh, md, target)
+        await self._cas_replace(ledger_id, current, fresh, target)
+        FRAGMENTS.inc()
+        log.info("ledger %d: fragment at %d moved from %s to %s (%d bytes)", ledger_id, fresh.first_entry,
+                 fresh.bookie, target, copied)
+
+    async def _cas_replace(self, ledger_id: int, current: Versioned[LedgerMetadata], fragment: Fragment,
+                           target: str) -> None:
+        ctx = self._bk.context
+        for _ in range(_MAX_CAS):
+            md = current.value
+            segment = md.ensembles.get(fragment.first_entry)
+            if segment is None or str(segment[fragment.index]) != fragment.bookie:
+                log.info("ledger %d: fragment at %d was replaced by someone else", ledger_id, fragment.first_entry)
+                return
+            try:
+                await ctx.write_metadata(ledger_id, replace_bookie(md, fragment.first_entry, fragment.index, target),
+                                         current.version)
+                return
+            except MetadataVersionError:
+                current = await ctx.read_metadata(ledger_id)
+        raise MetadataVersionError(f"ledger {ledger_id}: replacing a fragment lost {_MAX_CAS} CAS races")
+
+
+async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
+    try:
+        await asyncio.wait_for(stop.wait(), seconds)
+    except TimeoutError:
+        pass
