@@ -30,6 +30,7 @@ from vellum.config import ServerConfig
 from vellum.errors import CookieError, MetaStoreError
 from vellum.format.cookie import Cookie
 from vellum.http.admin_http import AdminHttpServer
+from vellum.http.autorecovery_routes import autorecovery_routes
 from vellum.http.gc_routes import gc_routes
 from vellum.ids import BookieId, LedgerId, bookie_id_for
 from vellum.meta import open_metadata_store
@@ -152,7 +153,8 @@ class BookieService:
             )
             self.http = AdminHttpServer(
                 admin, host=cfg.http_server_host, port=cfg.http_server_port,
-                extra_routes=gc_routes(GcAdmin(bookie=bookie, bookie_id=self.bookie_id)),
+                extra_routes=gc_routes(GcAdmin(bookie=bookie, bookie_id=self.bookie_id))
+                + autorecovery_routes(store, self.metadata_uri, AutoRecoverySettings.from_config(cfg)),
             )
             await self.http.start()
         await asyncio.to_thread(self._register)

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from vellum.admin import recovery_admin
 from vellum.bookie.bookie import Bookie
 from vellum.config import ServerConfig
 from vellum.errors import IncorrectParameterError
@@ -68,10 +69,7 @@ class BookieAdmin:
     def cluster_info(self) -> dict[str, Any]:
         info = self._store.cluster_info()
         return {
-            "auditorElected": False,
-            "auditorId": "",
-            "clusterUnderReplicated": False,
-            "ledgerReplicationEnabled": False,
+            **recovery_admin.cluster_state(self._store),
             "totalBookiesCount": info.writable_bookies + info.read_only_bookies,
             "writableBookiesCount": info.writable_bookies,
             "readonlyBookiesCount": info.read_only_bookies,

@@ -2,7 +2,8 @@
 (BookKeeper's ``Auditor``). One per cluster, elected (``daemon``); it runs while it leads.
 
 What it does, every ``tick_s`` (1 s) while leading:
-- **lost bookies**: a bookie that was registered (writable or read-only) and is not any more
+- **lost bookies** (the configured ``lostBookieRecoveryDelay`` is stored in the metadata store
+  by the first auditor if none is there): a bookie that was registered (writable or read-only) and is not any more
   is *lost* from that moment; once it has been gone ``lostBookieRecoveryDelay`` seconds (the
   value set in the metadata store by ``vellum shell lostbookierecoverydelay`` wins over the
   configuration), every ledger with a fragment on it is marked under-replicated with that
@@ -74,6 +75,10 @@ class Auditor:
         def on_delay(delay: int | None) -> None:
             loop.call_soon_threadsafe(self._delay_changed, delay)
 
+        if await asyncio.to_thread(urm.get_lost_bookie_recovery_delay) is None:
+            # As BookKeeper's auditor: the configured delay becomes the cluster's, which the shell
+            # and HTTP then show and `triggeraudit` re-sets.
+            await asyncio.to_thread(urm.set_lost_bookie_recovery_delay, self._settings.lost_bookie_recovery_delay_s)
         watch = await asyncio.to_thread(urm.watch_lost_bookie_recovery_delay, on_delay)
         self._triggered = False  # the watch's first call is the current value, not a trigger
         try:

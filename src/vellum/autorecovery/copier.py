@@ -23,7 +23,14 @@ from collections.abc import Callable
 from vellum import stats
 from vellum.autorecovery.fragments import Fragment
 from vellum.client.bookie_client import BookieClient
-from vellum.errors import LedgerRecoveryError, NoSuchEntryError, NoSuchLedgerError, VellumError
+from vellum.errors import (
+    DigestMismatchError,
+    LedgerRecoveryError,
+    NoSuchEntryError,
+    NoSuchLedgerError,
+    ReadError,
+    VellumError,
+)
 from vellum.format.entry import DigestManager, DigestType, master_key
 from vellum.meta.model import LedgerMetadata
 
@@ -86,12 +93,14 @@ class FragmentCopier:
                     digest.verify(raw, entry_id)
                     return True
                 except (NoSuchEntryError, NoSuchLedgerError):
-                    return False
-                except VellumError as exc:
-                    if exc.retryable:
-                        raise  # the bookie did not answer: unknown, not "missing"
+                    return False  # the bookie answered: it does not have it
+                except (DigestMismatchError, ReadError) as exc:
+                    # The bookie answered with a copy that fails its digest, or EIO (it found its
+                    # stored copy corrupt): this replica needs repair.
                     log.warning("ledger %d entry %d on %s: %s", fragment.ledger_id, entry_id, fragment.bookie, exc)
                     return False
+                # Anything else (timeout, no connection, limbo's "unknown") leaves the answer
+                # unknown: raised, never taken for "missing".
 
         results = await asyncio.gather(*(intact(e) for e in entries))
         return all(results)

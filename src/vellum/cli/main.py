@@ -21,6 +21,7 @@ from vellum.cli import (
     shell_journal,
     shell_meta,
     shell_names,
+    shell_recovery,
     shell_storage,
 )
 from vellum.cli.output import emit_json, emit_table
@@ -88,6 +89,7 @@ shell_gc.register(shell)
 shell_journal.register(shell)
 shell_meta.register(shell)
 shell_names.register(shell)
+shell_recovery.register(shell)
 shell_storage.register(shell)
 
 cmd_bench.register(cli)

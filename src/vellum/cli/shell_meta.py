@@ -181,7 +181,7 @@ def register(shell: click.Group) -> None:
                     "writableBookies": info.writable_bookies,
                     "readOnlyBookies": info.read_only_bookies,
                     "ledgers": info.ledger_count,
-                    "auditor": "none",
+                    "auditor": store.underreplication.current_auditor() or "none",
                 },
                 title="cluster",
                 as_json=as_json,

@@ -360,6 +360,12 @@ class _Poller:
                 self._thread.start()
         return w
 
+    def probe_now(self, probe: Callable[[_Db], Any]) -> Any:
+        """``probe`` on the poller's connection (the state a watch just added starts from)."""
+        with self._lock:
+            assert self._db is not None
+            return probe(self._db)
+
     def remove(self, w: _PolledWatch) -> None:
         with self._lock:
             if w in self._watches:
@@ -914,18 +920,20 @@ class SqliteUnderReplicationManager(UnderReplicationManager):
         name = P.UR_LOST_BOOKIE_RECOVERY_DELAY
         where = f"{self._db.path} system[{_UR_KEY}{name}]"
 
-        def fire(data: bytes | None) -> None:
+        def fire(state: Versioned[bytes] | None) -> None:
             try:
-                callback(None if data is None else UR.decode_delay(data, where=where))
+                callback(None if state is None else UR.decode_delay(state.value, where=where))
             except MetaStoreError:
                 log.exception("unreadable lost bookie recovery delay")
 
-        def probe(db: _Db) -> bytes | None:
-            v = _sys_get(db, _UR_KEY + name)
-            return None if v is None else v.value
+        def probe(db: _Db) -> Versioned[bytes] | None:
+            return _sys_get(db, _UR_KEY + name)
 
-        w = self._store._poller.add(probe, fire, key=lambda s: s, on_commit_only=True)
-        fire(w.last)
+        # Keyed by version, not value: setting the same delay again fires too (ZooKeeper's data
+        # watch does), which is how `triggeraudit` reaches the auditor.
+        w = self._store._poller.add(probe, fire, key=lambda v: None if v is None else v.version,
+                                    on_commit_only=True)
+        fire(self._store._poller.probe_now(probe))
         return w
 
     def _get_ctime(self, name: str) -> int | None:
