@@ -27,6 +27,7 @@ from click.testing import CliRunner
 from vellum.autorecovery.fragments import bookies_of, fragments
 from vellum.cli.main import cli
 from vellum.client.bookkeeper import BookKeeper
+from vellum.client.named import NamedLedgers, OpenMode
 from vellum.format.entry import DigestManager, DigestType
 from vellum.ids import BookieId
 from vellum.meta import open_metadata_store
@@ -53,6 +54,35 @@ async def _write(uri: str, ledgers: int, entries: int, *, leave_open: int = 0) -
                 lh.abandon()  # a writer that went away without closing
             ids.append(lh.ledger_id)
     return ids
+
+
+async def _named_sessions(uri: str, name: str, sessions: int, per_session: int) -> list[int]:
+    """Three writer sessions of a named ledger, the last one left open (its writer went away)."""
+    ledgers = []
+    for n in range(sessions):
+        async with BookKeeper(uri) as bk:
+            names = NamedLedgers(bk)
+            mode = OpenMode.CREATE if n == 0 else OpenMode.APPEND
+            h = await names.open(name, mode, ensemble_size=3, write_quorum_size=2, ack_quorum_size=2)
+            for i in range(per_session):
+                await h.append(b"named %d" % (n * per_session + i))
+            assert h.ledger_id is not None
+            ledgers.append(h.ledger_id)
+            if n < sessions - 1:
+                await h.close()
+            await names.drain()
+    return ledgers
+
+
+async def _named_read_and_append(uri: str, name: str, count: int) -> None:
+    async with BookKeeper(uri) as bk:
+        names = NamedLedgers(bk)
+        h = await names.open(name, OpenMode.APPEND)  # fences and recovers the open segment
+        got = await h.read(0, count - 1)
+        assert [e.payload for e in got] == [b"named %d" % i for i in range(count)]
+        await h.append(b"after healing")
+        await h.close()
+        await names.drain()
 
 
 def _metadata(uri: str, ids: list[int]) -> dict[int, LedgerMetadata]:
@@ -105,11 +135,12 @@ def test_a_lost_bookie_is_marked_on_trigger_and_healed_when_enabled(tmp_path: Pa
     with LocalCluster(tmp_path / "c", bookies=5, bookie_conf=conf) as cluster:
         uri = cluster.metadata_uri
         ids = asyncio.run(_write(uri, 200, entries, leave_open=2))
+        named = asyncio.run(_named_sessions(uri, "events", 3, 15))
         _shell("autorecovery", "disable", "--uri", uri)
         _wait(lambda: _shell_json("whoisauditor", "--uri", uri)["auditor"] is not None, 30, "an auditor", cluster)
         victim_index = 2
         victim = cluster.bookie_ids[victim_index]
-        on_victim = _on(uri, ids, victim)
+        on_victim = _on(uri, ids + named, victim)
         assert len(on_victim) > 50
         cluster.kill(victim_index)
         shutil.rmtree(cluster.ledger_dir(victim_index))
@@ -134,12 +165,14 @@ def test_a_lost_bookie_is_marked_on_trigger_and_healed_when_enabled(tmp_path: Pa
             "lostBookieRecoveryDelay": 3600}
         listed = cluster.http_get(live, f"/api/v1/autorecovery/list_under_replicated_ledger?missingreplica={victim}")
         assert {r["ledgerId"] for r in listed} == on_victim
-        assert _on(uri, ids, victim) == on_victim  # switched off: nothing moved
+        assert _on(uri, ids + named, victim) == on_victim  # switched off: nothing moved
 
         _shell("autorecovery", "enable", "--uri", uri)
-        _wait(lambda: not _on(uri, ids, victim) and not _shell_json("listunderreplicated", "--uri", uri), 180,
+        _wait(lambda: not _on(uri, ids + named, victim) and not _shell_json("listunderreplicated", "--uri", uri), 180,
               "every ledger healed", cluster)
         asyncio.run(_check_replicas(uri, ids, {lid: entries - 1 for lid in ids}))
+        assert not _on(uri, named, victim)  # the named ledger's segments healed like any ledger
+        asyncio.run(_named_read_and_append(uri, "events", 45))
         metrics = "".join(str(cluster.http_get(i, "/metrics")) for i in range(5) if i != victim_index)
         assert "replication_worker_NUM_ENTRIES_WRITTEN_total" in metrics
 
