@@ -1,20 +1,20 @@
-"""Re-replication speed and its cost to foreground writes (issue 13).
+"""Re-replication speed and its cost to foreground writes (issue 13), side by side in slices.
 
-Five bookies with AutoRecovery in them (autoRecoveryDaemonEnabled=true, lostBookieRecoveryDelay=0,
-Pulsar's rereplicationEntryBatchSize=100). Steps:
-1. fill: closed ledgers E3 W2 A2 of ``--entry-kib`` entries, ``--fill-mb`` in all;
-2. foreground baseline: a writer (64 in flight, same entries, E3 W2 A2) in ``--seconds`` slices;
-3. a bookie is killed and its disks deleted; the auditor marks its ledgers, the workers copy;
-   the foreground writer keeps running in slices until no ledger names the bookie;
-4. foreground again after healing.
-Reported: the re-replication rate (bytes written to replacement bookies per second, from the
-bookies' replication_worker_NUM_BYTES_WRITTEN counters, from the first copied byte until no
-ledger names the lost bookie; detection, i.e. the lost bookie's session expiry, is reported
-apart as heal_seconds) against the
-foreground write rate before (target >= 0.5), and the foreground rate during re-replication
-against the mean of the rates before and after (target >= 0.7), each with p10..p90 of the slices.
+Five bookies with AutoRecovery inside (autoRecoveryDaemonEnabled=true, lostBookieRecoveryDelay=0,
+Pulsar's rereplicationEntryBatchSize=100). The cluster is filled with closed ledgers E3 W2 A2
+(``--entry-kib`` entries, ``--fill-mb`` in all), re-replication is switched off, one bookie is
+killed and its disks deleted, and the auditor marks its ledgers: a backlog to copy. Then slices
+of ``--seconds`` alternate in ABBA order, switching re-replication on and off with the global
+switch (as `vellum shell autorecovery enable|disable`; a ledger being copied finishes first):
 
-    ./run bench rereplication_bench [--fill-mb 200] [--entry-kib 16] [--seconds 1.0] [--json]
+- phase 1, speed: W = the foreground writer alone (64 in flight, same entries, E3 W2 A2; switch
+  off) against C = copying alone (switch on, no writer); C's rate is the bytes written to
+  replacement bookies (the bookies' replication_worker_NUM_BYTES_WRITTEN counters). Target:
+  C / W >= 0.5.
+- phase 2, cost: W against F = the foreground writer while copying (switch on). Target: F / W >= 0.7.
+Both report the median of per-pair ratios with p10..p90, and an A/A control (W against W).
+
+    ./run bench rereplication_bench [--fill-mb 600] [--entry-kib 16] [--pairs 6] [--seconds 1.0] [--json]
 """
 
 from __future__ import annotations
@@ -30,17 +30,19 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import uvloop
 
 from vellum.client import BookKeeper
-from vellum.meta import open_metadata_store
+from vellum.meta import MetadataStore
 from vellum.testing.local_cluster import LocalCluster
 
 CONF = {"autoRecoveryDaemonEnabled": "true", "lostBookieRecoveryDelay": "0", "rereplicationEntryBatchSize": "100",
         "openLedgerRereplicationGracePeriod": "1000", "journalMaxGroupWaitMSec": "2", "flushInterval": "10000"}
+Slice = Callable[[float], Awaitable[float]]
 
 
 def _pct(values: list[float], p: float) -> float:
@@ -60,28 +62,7 @@ def bytes_written(cluster: LocalCluster, skip: int) -> float:
     return total
 
 
-def ledgers_on(uri: str, bookie: str) -> int:
-    with open_metadata_store(uri) as store:
-        n = 0
-        for lid in store.ledgers.iter_ledger_ids():
-            md = store.ledgers.read_ledger(lid).value
-            n += any(bookie in map(str, e) for e in md.ensembles.values())
-        return n
-
-
-async def fill(bk: BookKeeper, total_bytes: int, size: int) -> None:
-    payload = os.urandom(size)
-    per_ledger = max(1, (8 << 20) // size)
-    written = 0
-    while written < total_bytes:
-        lh = await bk.create_ledger(ensemble_size=3, write_quorum_size=2, ack_quorum_size=2)
-        await slice_count(lh, payload, per_ledger)
-        await lh.close()
-        written += per_ledger * size
-
-
-async def slice_count(lh: Any, payload: bytes, count: int) -> None:
-    """Append ``count`` entries, 64 in flight."""
+async def append_n(lh: Any, payload: bytes, count: int) -> None:
     sem = asyncio.Semaphore(64)
 
     def on_done(_f: Any) -> None:
@@ -94,7 +75,8 @@ async def slice_count(lh: Any, payload: bytes, count: int) -> None:
         await sem.acquire()
 
 
-async def slice_rate(lh: Any, payload: bytes, seconds: float) -> float:
+async def write_for(lh: Any, payload: bytes, seconds: float) -> float:
+    """Bytes per second acknowledged by one writer, 64 in flight, for ``seconds``."""
     sem = asyncio.Semaphore(64)
     done = 0
 
@@ -112,76 +94,104 @@ async def slice_rate(lh: Any, payload: bytes, seconds: float) -> float:
     return done * len(payload) / (time.perf_counter() - t0)
 
 
+async def abba(a: Slice, b: Slice, pairs: int, seconds: float) -> dict[str, Any]:
+    ratios, ra, rb = [], [], []
+    for i in range(pairs):
+        order = [("a", a), ("b", b)] if i % 2 == 0 else [("b", b), ("a", a)]
+        rates = {}
+        for name, fn in order:
+            rates[name] = await fn(seconds)
+        ra.append(rates["a"])
+        rb.append(rates["b"])
+        ratios.append(rates["a"] / rates["b"] if rates["b"] else 0.0)
+    return {"a_median_mb_per_s": statistics.median(ra) / 1e6, "b_median_mb_per_s": statistics.median(rb) / 1e6,
+            "ratio_median": statistics.median(ratios), "ratio_p10": _pct(ratios, 0.1),
+            "ratio_p90": _pct(ratios, 0.9)}
+
+
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     size = args.entry_kib * 1024
-    report: dict[str, Any] = {"fill_mb": args.fill_mb, "entry_kib": args.entry_kib, "slice_seconds": args.seconds}
+    payload = os.urandom(size)
+    report: dict[str, Any] = {"fill_mb": args.fill_mb, "entry_kib": args.entry_kib, "pairs": args.pairs,
+                              "slice_seconds": args.seconds}
     root = Path(args.dir)
     root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=root) as tmp, \
             LocalCluster(Path(tmp) / "c", bookies=5, bookie_conf=CONF) as cluster:
         uri = cluster.metadata_uri
+        victim = 4
+        victim_id = cluster.bookie_ids[victim]
         async with BookKeeper(uri) as bk:
-            await fill(bk, args.fill_mb << 20, size)
+            store: MetadataStore = bk.store
+            urm = store.underreplication
+            per_ledger = max(1, (8 << 20) // size)
+            for _ in range(max(1, (args.fill_mb << 20) // (per_ledger * size))):
+                lh = await bk.create_ledger(ensemble_size=3, write_quorum_size=2, ack_quorum_size=2)
+                await append_n(lh, payload, per_ledger)
+                await lh.close()
             print("filled", file=sys.stderr)
-            victim = 4
-            victim_id = cluster.bookie_ids[victim]
             fg = await bk.create_ledger(ensemble_size=3, write_quorum_size=2, ack_quorum_size=2)
             while victim_id in map(str, fg.metadata.ensembles[0]):  # the foreground writer avoids the victim
                 await fg.close()
                 fg = await bk.create_ledger(ensemble_size=3, write_quorum_size=2, ack_quorum_size=2)
-            payload = os.urandom(size)
-            before = [await slice_rate(fg, payload, args.seconds) for _ in range(args.slices)]
-            on_victim = ledgers_on(uri, victim_id)
-            b0 = bytes_written(cluster, victim)
+            await asyncio.to_thread(urm.disable_replication)
             cluster.kill(victim)
             shutil.rmtree(cluster.ledger_dir(victim))
             shutil.rmtree(cluster.journal_dir(victim))
             t0 = time.monotonic()
-            copy_start: float | None = None
-            during: list[float] = []
-            while ledgers_on(uri, victim_id) > 0:
-                if copy_start is None:
-                    # The lost bookie's registration lasts until its session expires: copying
-                    # (and the foreground slices that count as "during") starts after that.
-                    if bytes_written(cluster, victim) > b0:
-                        copy_start = time.monotonic()
-                    else:
-                        await asyncio.sleep(0.1)
-                        continue
-                during.append(await slice_rate(fg, payload, args.seconds))
-                if time.monotonic() - t0 > args.timeout:
-                    raise SystemExit(f"not healed within {args.timeout}s")
-            heal_s = time.monotonic() - t0
-            copy_s = time.monotonic() - (copy_start if copy_start is not None else t0)
-            copied = bytes_written(cluster, victim) - b0
-            after = [await slice_rate(fg, payload, args.seconds) for _ in range(args.slices)]
+            while not await asyncio.to_thread(lambda: next(iter(urm.list_under_replicated()), None)):
+                await asyncio.sleep(0.2)
+            await asyncio.sleep(2.0)  # the auditor's marking pass completes
+            report["detection_seconds"] = time.monotonic() - t0
+            report["marked_ledgers"] = await asyncio.to_thread(lambda: sum(1 for _ in urm.list_under_replicated()))
+
+            async def switch(on: bool) -> None:
+                await asyncio.to_thread(urm.enable_replication if on else urm.disable_replication)
+
+            async def w_slice(seconds: float) -> float:
+                await switch(False)
+                return await write_for(fg, payload, seconds)
+
+            async def c_slice(seconds: float) -> float:
+                await switch(True)
+                b0 = await asyncio.to_thread(bytes_written, cluster, victim)
+                t = time.perf_counter()
+                await asyncio.sleep(seconds)
+                b1 = await asyncio.to_thread(bytes_written, cluster, victim)
+                return (b1 - b0) / (time.perf_counter() - t)
+
+            copied_during_f: list[float] = []
+
+            async def f_slice(seconds: float) -> float:
+                await switch(True)
+                b0 = await asyncio.to_thread(bytes_written, cluster, victim)
+                t = time.perf_counter()
+                rate = await write_for(fg, payload, seconds)
+                b1 = await asyncio.to_thread(bytes_written, cluster, victim)
+                copied_during_f.append((b1 - b0) / (time.perf_counter() - t))
+                return rate
+
+            report["aa_control (W vs W)"] = await abba(w_slice, w_slice, max(2, args.pairs // 2), args.seconds)
+            report["speed: copying alone (C) vs writing alone (W)"] = await abba(c_slice, w_slice, args.pairs,
+                                                                                 args.seconds)
+            report["cost: writing while copying (F) vs writing alone (W)"] = await abba(f_slice, w_slice, args.pairs,
+                                                                                       args.seconds)
+            # F slices count only while there was something to copy: shown, so a backlog that ran
+            # out (a too small --fill-mb) is seen.
+            report["copy_mb_per_s_during_F_slices"] = [round(c / 1e6, 1) for c in copied_during_f]
+            await switch(True)
+            report["backlog_left_ledgers"] = await asyncio.to_thread(
+                lambda: sum(1 for _ in urm.list_under_replicated()))
             await fg.close()
-    base = statistics.mean(before + after)
-    report.update({
-        "ledgers_on_lost_bookie": on_victim,
-        "heal_seconds": heal_s,
-        "copy_seconds": copy_s,
-        "bytes_rereplicated_mb": copied / 1e6,
-        "rereplication_mb_per_s": copied / copy_s / 1e6,
-        "foreground_before_mb_per_s": statistics.median(before) / 1e6,
-        "foreground_during_mb_per_s": statistics.median(during) / 1e6 if during else 0.0,
-        "foreground_after_mb_per_s": statistics.median(after) / 1e6,
-        "rereplication_over_write_rate": copied / copy_s / statistics.median(before),
-        "foreground_during_over_baseline": statistics.median(during) / base if during else 0.0,
-        "during_p10_p90": [_pct(during, 0.1) / base, _pct(during, 0.9) / base] if during else [],
-        "baseline_aa_before_over_after": statistics.median(before) / statistics.median(after),
-        "slices_during": len(during),
-    })
     return report
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--fill-mb", type=int, default=200)
+    ap.add_argument("--fill-mb", type=int, default=600)
     ap.add_argument("--entry-kib", type=int, default=16)
+    ap.add_argument("--pairs", type=int, default=6)
     ap.add_argument("--seconds", type=float, default=1.0)
-    ap.add_argument("--slices", type=int, default=6)
-    ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--dir", default="data/bench")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -190,7 +200,12 @@ def main() -> None:
         print(json.dumps(report, indent=2))
         return
     for key, value in report.items():
-        print(f"{key:34s} {value:,.3f}" if isinstance(value, float) else f"{key:34s} {value}")
+        if isinstance(value, dict):
+            print(key)
+            for k, v in value.items():
+                print(f"  {k:22s} {v:,.3f}")
+        else:
+            print(f"{key}: {value:,.3f}" if isinstance(value, float) else f"{key}: {value}")
 
 
 if __name__ == "__main__":

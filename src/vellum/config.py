@@ -44,11 +44,14 @@ def _opt(
     lo: float | None = None,
     hi: float | None = None,
     choices: tuple[str, ...] | None = None,
+    secret: bool = False,
 ) -> Any:
-    meta = {"key": key, "doc": doc, "lo": lo, "hi": hi, "choices": choices}
+    """A setting; a ``secret`` one (a password, a token) is never shown: not in ``repr`` nor
+    by ``describe`` (``vellum config show``)."""
+    meta = {"key": key, "doc": doc, "lo": lo, "hi": hi, "choices": choices, "secret": secret}
     if isinstance(default, list):
         default = tuple(default)
-    return field(default=default, metadata=meta)
+    return field(default=default, metadata=meta, repr=not secret)
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,15 @@ class ServerConfig:
     )
     allow_storage_expansion: bool = _opt(
         "allowStorageExpansion", False, "allow new ledger dirs to be added to a cookie"
+    )
+    data_integrity_checking: bool = _opt(
+        "dataIntegrityChecking", False,
+        "a bookie that may have lost data (dirs stamped over, unclean shutdown without journal fsync) marks "
+        "its ledgers limbo, answers 'unknown' for what it lacks and copies it back from the other replicas",
+    )
+    data_integrity_stamp_missing_cookies: bool = _opt(
+        "dataIntegrityStampMissingCookies", False,
+        "with dataIntegrityChecking: stamp over the cookies of wiped dirs instead of refusing to start",
     )
     # --- journal ---
     journal_format_version_to_write: int = _opt(
@@ -279,6 +291,11 @@ class ServerConfig:
         "seconds between replicas checks: every entry of every closed ledger read from every replica "
         "and verified, which finds data lost or corrupted on bookies that are up (0 = off)", lo=0,
     )
+    auditor_periodic_placement_policy_check_interval_s: int = _opt(
+        "auditorPeriodicPlacementPolicyCheckInterval", 0,
+        "seconds between placement checks: ledgers with an ensemble the placement policy would not "
+        "choose (e.g. a write quorum on too few racks) are counted and logged (0 = off)", lo=0,
+    )
     open_ledger_rereplication_grace_period_ms: int = _opt(
         "openLedgerRereplicationGracePeriod", 30000,
         "ms a replication worker leaves the open fragment of an unclosed ledger to its writer before "
@@ -344,10 +361,64 @@ class ServerConfig:
     tls_enabled_cipher_suites: tuple[str, ...] = _opt(
         "tlsEnabledCipherSuites", [], "TLS 1.2 cipher suites, OpenSSL names; empty = OpenSSL's defaults"
     )
+    # --- authentication and authorization on the bookie port (docs/security.md) ---
+    bookie_auth_provider_factory_class: tuple[str, ...] = _opt(
+        "bookieAuthProviderFactoryClass", [],
+        "authentication providers, comma list: tls (the mutual-TLS certificate; BookKeeper's "
+        "org.apache.bookkeeper.tls.BookieAuthZFactory) and/or token (signed tokens sent with AUTH); "
+        "empty = no authentication. With it on, unauthenticated connections are refused",
+    )
+    authorized_roles: tuple[str, ...] = _opt(
+        "authorizedRoles", [],
+        "roles (certificate OU 0:<role>, token roles claim) a client needs, comma list; empty = any "
+        "authenticated client. Include bookie for re-replication traffic",
+    )
+    token_secret_key_file: str = _opt(
+        "tokenSecretKeyFile", "", "HS256 secret (file) that verifies tokens (bookie port AUTH and admin HTTP)"
+    )
+    token_public_key_file: str = _opt(
+        "tokenPublicKeyFile", "", "RS256/ES256 public key or certificate (PEM file) that verifies tokens"
+    )
+    token_audience: str = _opt("tokenAudience", "vellum", "the aud claim tokens must carry")
+    # --- admin HTTP security ---
+    http_server_tls_enable: bool = _opt(
+        "httpServerTlsEnable", False, "serve the admin HTTP API over TLS (https) only"
+    )
+    http_server_key_store_path: str = _opt(
+        "httpServerKeyStorePath", "",
+        "admin HTTP TLS private key, PEM file (with the certificate in it unless httpServerCertificatePath)",
+    )
+    http_server_key_store_password: str = _opt(
+        "httpServerKeyStorePassword", "", "password of an encrypted httpServerKeyStorePath (BookKeeper's key)",
+        secret=True,
+    )
+    http_server_certificate_path: str = _opt(
+        "httpServerCertificatePath", "", "admin HTTP TLS certificate (chain), PEM file (Vellum's key)"
+    )
+    http_server_trust_store_path: str = _opt(
+        "httpServerTrustStorePath", "",
+        "CA certificate(s), PEM file: when set, admin HTTP clients must present a certificate from it",
+    )
+    http_server_token_required_for_reads: bool = _opt(
+        "httpServerTokenRequiredForReads", False,
+        "with a token key set, read-only admin endpoints need a token too (any role); mutating ones "
+        "always need one with the admin role. /heartbeat stays open",
+    )
+    # --- metadata store security ---
+    zk_enable_security: bool = _opt(
+        "zkEnableSecurity", False,
+        "ZooKeeper digest ACLs: authenticate with zkDigestAuthFile and create every znode readable and "
+        "writable by that identity only",
+    )
+    zk_digest_auth_file: str = _opt(
+        "zkDigestAuthFile", "", "file holding user:password, the cluster's ZooKeeper digest identity (Vellum's)"
+    )
 
     def __post_init__(self) -> None:
         _validate_ranges(self)
         _validate_tls(self)
+        _validate_server_auth(self)
+        _validate_zk_security(self)
         if self.tls_enabled and not (self.tls_key_store and self.tls_certificate_path):
             raise ConfigError("tlsProviderFactoryClass turns TLS on: set tlsCertificatePath and tlsKeyStore too "
                               "(`vellum security issue-cert --role bookie` makes them)")
@@ -404,6 +475,37 @@ class ServerConfig:
     @property
     def tls_enabled(self) -> bool:
         return bool(self.tls_provider_factory_class)
+
+    @property
+    def auth_providers(self) -> tuple[str, ...]:
+        """``bookieAuthProviderFactoryClass`` as Vellum's provider names (tls, token)."""
+        return tuple(dict.fromkeys(_auth_provider(v, "bookieAuthProviderFactoryClass")
+                                   for v in self.bookie_auth_provider_factory_class))
+
+    @property
+    def token_verification_enabled(self) -> bool:
+        return bool(self.token_secret_key_file or self.token_public_key_file)
+
+    def client_security_values(self) -> dict[str, Any]:
+        """``ClientConfig`` keys for this bookie's own client traffic (re-replication,
+        AutoRecovery): TLS with the bookie's certificate (role ``bookie``), authenticated by it,
+        and the same ZooKeeper identity. ``authorizedRoles`` must then include ``bookie``."""
+        out: dict[str, Any] = {
+            "zkEnableSecurity": self.zk_enable_security, "zkDigestAuthFile": self.zk_digest_auth_file,
+        }
+        if self.tls_enabled:
+            out.update({
+                "tlsProviderFactoryClass": self.tls_provider_factory_class,
+                "tlsKeyStore": self.tls_key_store, "tlsCertificatePath": self.tls_certificate_path,
+                "tlsKeyStorePasswordPath": self.tls_key_store_password_path,
+                "tlsTrustStore": self.tls_trust_store,
+                "tlsCertFilesRefreshDurationSeconds": self.tls_cert_files_refresh_duration_s,
+                "tlsEnabledProtocols": self.tls_enabled_protocols,
+                "tlsEnabledCipherSuites": self.tls_enabled_cipher_suites,
+            })
+            if "tls" in self.auth_providers:
+                out["clientAuthProviderFactoryClass"] = "tls"
+        return out
 
 
 @dataclass(frozen=True)
@@ -506,10 +608,39 @@ class ClientConfig:
     tls_enabled_cipher_suites: tuple[str, ...] = _opt(
         "tlsEnabledCipherSuites", [], "TLS 1.2 cipher suites, OpenSSL names; empty = OpenSSL's defaults"
     )
+    # --- authentication to bookies (docs/security.md) ---
+    client_auth_provider_factory_class: str = _opt(
+        "clientAuthProviderFactoryClass", "",
+        "authenticate each bookie connection: token (sends clientAuthToken / clientAuthTokenFile) or tls "
+        "(has the bookie check the client certificate at connect time; BookKeeper's "
+        "org.apache.bookkeeper.tls.BookieAuthZFactory); empty = send nothing",
+    )
+    client_auth_token: str = _opt(
+        "clientAuthToken", "", "the token itself (prefer clientAuthTokenFile)", secret=True
+    )
+    client_auth_token_file: str = _opt(
+        "clientAuthTokenFile", "", "file holding the token, re-read for each new connection (renewal)"
+    )
+    # --- metadata store security ---
+    zk_enable_security: bool = _opt(
+        "zkEnableSecurity", False, "ZooKeeper digest ACLs: authenticate with zkDigestAuthFile (as the bookies)"
+    )
+    zk_digest_auth_file: str = _opt(
+        "zkDigestAuthFile", "", "file holding user:password, the cluster's ZooKeeper digest identity (Vellum's)"
+    )
 
     def __post_init__(self) -> None:
         _validate_ranges(self)
         _validate_tls(self)
+        _validate_zk_security(self)
+        if self.client_auth_provider_factory_class.strip():
+            provider = _auth_provider(self.client_auth_provider_factory_class, "clientAuthProviderFactoryClass")
+            if provider == "token" and bool(self.client_auth_token) == bool(self.client_auth_token_file):
+                raise ConfigError("clientAuthProviderFactoryClass=token needs exactly one of clientAuthTokenFile "
+                                  "and clientAuthToken (`vellum security issue-token` makes a token)")
+            if provider == "tls" and not (self.tls_enabled and self.tls_certificate_path):
+                raise ConfigError("clientAuthProviderFactoryClass=tls needs TLS with a client certificate "
+                                  "(tlsProviderFactoryClass, tlsCertificatePath, tlsKeyStore)")
         if self.tls_enabled and not (self.client_trust_store or self.tls_trust_store):
             raise ConfigError("tlsProviderFactoryClass turns TLS on: set tlsTrustStore too (the CA certificate "
                               "bookie certificates chain to)")
@@ -530,6 +661,48 @@ class ClientConfig:
 
 
 # ---------------------------------------------------------------------------------------------
+
+#: Vellum's authentication providers by the names a file may use (BookKeeper's class names too)
+_AUTH_PROVIDERS = {
+    "tls": "tls", "bookieauthzfactory": "tls", "org.apache.bookkeeper.tls.bookieauthzfactory": "tls",
+    "token": "token", "tokenauthproviderfactory": "token", "vellum.security.auth.tokenauthproviderfactory": "token",
+}
+
+
+def _auth_provider(value: str, key: str) -> str:
+    name = _AUTH_PROVIDERS.get(value.strip().lower())
+    if name is None:
+        raise ConfigError(
+            f"{key}={value} is refused: Vellum's authentication providers are tls (mutual TLS; BookKeeper's "
+            "org.apache.bookkeeper.tls.BookieAuthZFactory) and token (signed tokens)"
+        )
+    return name
+
+
+def _validate_server_auth(cfg: ServerConfig) -> None:
+    providers = cfg.auth_providers
+    if cfg.authorized_roles and not providers:
+        raise ConfigError("authorizedRoles needs bookieAuthProviderFactoryClass (tls and/or token): roles come "
+                          "from an authenticated certificate or token")
+    if cfg.token_secret_key_file and cfg.token_public_key_file:
+        raise ConfigError("set one of tokenSecretKeyFile (HS256) and tokenPublicKeyFile (RS256/ES256), not both")
+    if "tls" in providers and not (cfg.tls_enabled and cfg.tls_client_authentication):
+        raise ConfigError("bookieAuthProviderFactoryClass=tls takes the principal from the client certificate: "
+                          "set tlsProviderFactoryClass and tlsClientAuthentication=true")
+    if "token" in providers and not cfg.token_verification_enabled:
+        raise ConfigError("bookieAuthProviderFactoryClass=token needs tokenSecretKeyFile or tokenPublicKeyFile "
+                          "(the key that verifies tokens)")
+    if cfg.http_server_tls_enable and not cfg.http_server_key_store_path:
+        raise ConfigError("httpServerTlsEnable=true needs httpServerKeyStorePath (PEM private key) and the "
+                          "certificate (in it, or httpServerCertificatePath)")
+    if cfg.http_server_token_required_for_reads and not cfg.token_verification_enabled:
+        raise ConfigError("httpServerTokenRequiredForReads=true needs tokenSecretKeyFile or tokenPublicKeyFile")
+
+
+def _validate_zk_security(obj: Any) -> None:
+    if obj.zk_enable_security and not obj.zk_digest_auth_file:
+        raise ConfigError("zkEnableSecurity=true needs zkDigestAuthFile (a file holding user:password, the "
+                          "cluster's ZooKeeper identity; Vellum uses digest ACLs, not SASL)")
 
 
 def _validate_tls(obj: Any) -> None:
@@ -715,9 +888,21 @@ def load_server_config(
     )
 
 
+def load_client_config(path: str | Path, **overrides: Any) -> ClientConfig:
+    """The client configuration from a ``key=value`` file (BookKeeper's client keys; bookie keys
+    in the same file are accepted, as in a shared ``bk_server.conf``) and ``overrides``."""
+    parsed = parse_conf_lines(path)
+    values: dict[str, Any] = {k: v for k, (v, _line) in parsed.items()}
+    values.update(overrides)
+    return build_config(ClientConfig, values, source=str(path), lines={k: line for k, (_v, line) in parsed.items()})
+
+
 def describe(config: Any) -> list[tuple[str, str, Any, Any, str]]:
     """Rows (key, field name, value, default, doc) for ``vellum config show``."""
     rows = []
     for f in dataclasses.fields(config):
-        rows.append((f.metadata["key"], f.name, getattr(config, f.name), f.default, f.metadata["doc"]))
+        value = getattr(config, f.name)
+        if f.metadata.get("secret") and value:
+            value = "(set, not shown)"
+        rows.append((f.metadata["key"], f.name, value, f.default, f.metadata["doc"]))
     return rows

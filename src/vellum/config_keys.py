@@ -11,7 +11,7 @@ load as it is. Every key any of those releases defines falls in one of three kin
   Netty, stats providers, other ledger storages) or to a part Vellum does not have yet; the key
   is read and ignored, and the bookie lists it once at start with the reason (``ACCEPTED``);
 - **refused for some values**: a value asks for something Vellum cannot do, and doing something
-  else silently would mislead the operator (authentication, another ledger storage):
+  else silently would mislead the operator (another ledger storage, a host-name bookie id):
   ``REFUSED_WHEN`` names the values and says what Vellum does instead.
 
 A key no BookKeeper release defines is not here: it stays an error with "did you mean".
@@ -123,8 +123,7 @@ ACCEPTED: dict[str, str] = {
     ),
     **_group(
         "data-integrity setting Vellum does not have yet",
-        "dataIntegrityChecking", "dataIntegrityStampMissingCookies", "localConsistencyCheckOnStartup",
-        "localScrubInterval", "localScrubRateLimit",
+        "localConsistencyCheckOnStartup", "localScrubInterval", "localScrubRateLimit",
     ),
     **_group(
         "metadata-driver setting of the Java implementation: Vellum's drivers are chosen by "
@@ -157,10 +156,8 @@ ACCEPTED: dict[str, str] = {
         "storage.serve.readonly.tables", "storageserver.grpc.port",
     ),
     **_group(
-        "admin HTTP TLS setting: used only with httpServerTlsEnable, which Vellum refuses until its admin "
-        "HTTP server has TLS (the bookie port's TLS is the tls* keys)",
-        "httpServerKeyStorePassword", "httpServerKeyStorePath", "httpServerTrustStorePassword",
-        "httpServerTrustStorePath",
+        "admin HTTP trust store password: Vellum's httpServerTrustStorePath is a PEM file, which has none",
+        "httpServerTrustStorePassword",
     ),
     **_group(
         "client setting (placement, speculative reads, quarantine, timeouts, connection pool): read by "
@@ -213,28 +210,6 @@ REFUSED_WHEN: dict[str, tuple[Callable[[str], bool], str]] = {
         "or write InterleavedLedgerStorage / SortedLedgerStorage index files; set "
         "ledgerStorageClass=org.apache.bookkeeper.bookie.storage.ldb.DbLedgerStorage or remove the key",
     ),
-    "bookieAuthProviderFactoryClass": (
-        _blank,
-        "Vellum has no authentication providers yet: starting would accept every client. Remove the "
-        "key to run without authentication",
-    ),
-    "clientAuthProviderFactoryClass": (
-        _blank,
-        "Vellum has no authentication providers yet. Remove the key to run without authentication",
-    ),
-    "authorizedRoles": (
-        _blank,
-        "Vellum has no role-based authorization yet: starting would let every client in. Remove the key",
-    ),
-    "zkEnableSecurity": (
-        _false,
-        "Vellum does not set ZooKeeper ACLs yet: the ledger and cookie znodes would be open to every "
-        "ZooKeeper client. Set zkEnableSecurity=false or remove the key",
-    ),
-    "httpServerTlsEnable": (
-        _false,
-        "Vellum's admin HTTP server has no TLS yet. Set httpServerTlsEnable=false or remove the key",
-    ),
     "useHostNameAsBookieID": (
         _false,
         "Vellum names a bookie advertisedAddress:bookiePort or bookieId; set bookieId to the host "
@@ -249,12 +224,6 @@ ACCEPTED.update({
     **_group(
         "Vellum always stores ledgers the DbLedgerStorage way (entry logs + RocksDB index)",
         "ledgerStorageClass",
-    ),
-    **_group(
-        "security setting left off (authentication, authorization, ZooKeeper ACLs and admin HTTP TLS are "
-        "not implemented yet): accepted only with the value that keeps it off",
-        "bookieAuthProviderFactoryClass", "clientAuthProviderFactoryClass",
-        "authorizedRoles", "zkEnableSecurity", "httpServerTlsEnable",
     ),
     **_group(
         "bookie id from the host name: accepted only when off (Vellum's id is advertisedAddress:bookiePort "

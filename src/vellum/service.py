@@ -4,8 +4,11 @@ registration, started and stopped in order. Running several bookie processes on 
 (``vellum standalone``, the test clusters) is ``standalone.py``'s job, not this module's.
 
 Start order: metadata store (the cluster must be formatted) -> local storage (locks, cookies
-checked against the store's copy, journal replay) -> network server -> admin HTTP ->
-registration (writable or read-only; re-registered when the state or the session changes).
+checked against the store's copy, journal replay) -> limbo marking if the bookie may have lost
+data (``dataIntegrityChecking``: every ledger of this bookie in the store, before anything is
+served; ``admin/integrity_check.py``) -> network server -> admin HTTP -> registration (writable
+or read-only; re-registered when the state or the session changes) -> the background integrity
+check while any ledger is limbo (its own client, on this loop).
 Stop order is the reverse: deregister first so clients stop choosing this bookie, then close
 the server, then the clean storage shutdown (final checkpoint, unclean-shutdown marker removed).
 """
@@ -16,26 +19,31 @@ import asyncio
 import json
 import logging
 import signal
+import ssl
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from vellum.admin.bookie_admin import BookieAdmin
 from vellum.admin.gc_admin import GcAdmin
+from vellum.admin.integrity_check import IntegrityCheck, mark_ledgers_limbo
 from vellum.autorecovery.daemon import AutoRecovery, AutoRecoveryThread
 from vellum.autorecovery.settings import AutoRecoverySettings
 from vellum.bookie.assembly import OpenedBookie, open_bookie
 from vellum.bookie.executor import AsyncBookie
 from vellum.bookie.metrics import process_bookie_metrics
-from vellum.config import ServerConfig
+from vellum.client.bookkeeper import BookKeeper
+from vellum.config import ClientConfig, ServerConfig, build_config
 from vellum.errors import CookieError, MetaStoreError
 from vellum.format.cookie import Cookie
-from vellum.http.admin_http import AdminHttpServer
+from vellum.http.admin_http import AdminHttpServer, HttpSecurity
 from vellum.http.autorecovery_routes import autorecovery_routes
 from vellum.http.gc_routes import gc_routes
 from vellum.ids import BookieId, LedgerId, bookie_id_for
 from vellum.meta import open_metadata_store
 from vellum.meta.api import LedgerManager, MetadataStore, SessionEvent, Versioned
+from vellum.security.auth import BookieAuthenticator
 from vellum.security.tls import ReloadingContext, TlsSettings
+from vellum.security.tokens import TokenVerifier
 from vellum.server.bookie_server import BookieServer, ServerLimits
 from vellum.server.metrics import process_server_metrics
 
@@ -74,7 +82,52 @@ def server_tls(config: ServerConfig) -> ReloadingContext | None:
     ))
 
 
-def service_info(bookie_id: str, http_host: str, http_port: int) -> bytes:
+def token_verifier(config: ServerConfig) -> TokenVerifier | None:
+    """The key that verifies tokens (bookie port AUTH, admin HTTP), or ``None`` if none is set."""
+    if config.token_secret_key_file:
+        return TokenVerifier.from_secret_file(config.token_secret_key_file)
+    if config.token_public_key_file:
+        return TokenVerifier.from_public_key_file(config.token_public_key_file)
+    return None
+
+
+def server_auth(config: ServerConfig, verifier: TokenVerifier | None) -> BookieAuthenticator | None:
+    """The bookie port's authentication (``bookieAuthProviderFactoryClass``, ``authorizedRoles``),
+    or ``None`` when it is off."""
+    if not config.auth_providers:
+        return None
+    if "token" in config.auth_providers and not config.tls_enabled:
+        log.warning("token authentication without TLS: tokens travel in clear and can be replayed by "
+                    "anyone on the network; set tlsProviderFactoryClass")
+    return BookieAuthenticator(config.auth_providers, authorized_roles=config.authorized_roles,
+                               token_verifier=verifier, audience=config.token_audience)
+
+
+def bookie_client_config(config: ServerConfig, what: str) -> ClientConfig:
+    """The client a bookie (or AutoRecovery) talks to other bookies with: the bookie's own
+    certificate (role ``bookie``) and ZooKeeper identity (``client_security_values``)."""
+    return build_config(ClientConfig, config.client_security_values(), source=what)
+
+
+def http_tls(config: ServerConfig) -> ssl.SSLContext | None:
+    """The admin HTTP server's TLS context (``httpServerTlsEnable``; certificates reloaded for
+    new connections like the bookie port's), or ``None``."""
+    if not config.http_server_tls_enable:
+        return None
+    holder = ReloadingContext.for_server(TlsSettings(
+        key_store=config.http_server_key_store_path,
+        certificate_path=config.http_server_certificate_path or config.http_server_key_store_path,
+        key_store_password=config.http_server_key_store_password,
+        trust_store=config.http_server_trust_store_path,
+        client_authentication=bool(config.http_server_trust_store_path),
+        enabled_protocols=config.tls_enabled_protocols,
+        enabled_cipher_suites=config.tls_enabled_cipher_suites,
+        refresh_s=config.tls_cert_files_refresh_duration_s,
+    ))
+    return holder.switching_context()
+
+
+def service_info(bookie_id: str, http_host: str, http_port: int, scheme: str = "http") -> bytes:
     """Registration data: where the admin HTTP API listens (for tools such as gc-report), like
     BookKeeper's BookieServiceInfo. A wildcard bind address is published as the bookie id's
     host; an IPv6 literal in brackets."""
@@ -83,7 +136,7 @@ def service_info(bookie_id: str, http_host: str, http_port: int) -> bytes:
         host = str(bookie_id).rsplit(":", 1)[0]
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"  # IPv6 literal
-    return json.dumps({"httpAddress": f"http://{host}:{http_port}"}).encode()
+    return json.dumps({"httpAddress": f"{scheme}://{host}:{http_port}"}).encode()
 
 
 class BookieService:
@@ -100,12 +153,17 @@ class BookieService:
         self._async_bookie: AsyncBookie | None = None
         self._stopping = False
         self._registered_read_only: bool | None = None
+        self._integrity_task: asyncio.Task[None] | None = None
+        self._integrity_client: BookKeeper | None = None
         self.autorecovery: AutoRecoveryThread | None = None
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         cfg = self.config
-        self.store = await asyncio.to_thread(open_metadata_store, self.metadata_uri)
+        self.store = await asyncio.to_thread(
+            open_metadata_store, self.metadata_uri,
+            zk_digest_auth_file=cfg.zk_digest_auth_file if cfg.zk_enable_security else "",
+        )
         store = self.store
         if not await asyncio.to_thread(store.is_formatted):
             raise MetaStoreError(
@@ -113,6 +171,8 @@ class BookieService:
                 f"`vellum shell metaformat --uri {self.metadata_uri}` first"
             )
         tls = server_tls(cfg)  # before the disks: a TLS mistake must not cost a journal replay
+        verifier = token_verifier(cfg)
+        auth = server_auth(cfg, verifier)
         instance_id = await asyncio.to_thread(store.registration.get_instance_id)
         if cfg.bookie_port == 0 and not cfg.bookie_id:
             raise CookieError("bookiePort=0 needs an explicit bookieId: the id is bound to the disks by the cookie")
@@ -128,6 +188,9 @@ class BookieService:
             metrics=process_bookie_metrics(),  # the registry the admin HTTP server exports
         )
         await asyncio.to_thread(self._check_store_cookie, self.opened.cookie, stored, store_cookie)
+        if self.opened.integrity_check_needed is not None:
+            # Before anything is served: no answer of this bookie may deny an entry it lost.
+            await asyncio.to_thread(mark_ledgers_limbo, self.opened, store.ledgers, self.bookie_id)
         bookie = self.opened.bookie
         self._async_bookie = AsyncBookie(bookie, loop)
         self.server = BookieServer(
@@ -141,6 +204,7 @@ class BookieService:
             ),
             metrics=process_server_metrics(),
             tls=tls,
+            auth=auth,
         )
         await self.server.start()
         if cfg.http_server_enabled:
@@ -154,25 +218,50 @@ class BookieService:
             self.http = AdminHttpServer(
                 admin, host=cfg.http_server_host, port=cfg.http_server_port,
                 extra_routes=gc_routes(GcAdmin(bookie=bookie, bookie_id=self.bookie_id))
-                + autorecovery_routes(store, self.metadata_uri, AutoRecoverySettings.from_config(cfg)),
+                + autorecovery_routes(store, self.metadata_uri, AutoRecoverySettings.from_config(cfg),
+                                      bookie_client_config(cfg, "the bookie's admin HTTP client")),
+                security=HttpSecurity(verifier=verifier, audience=cfg.token_audience,
+                                      tokens_for_reads=cfg.http_server_token_required_for_reads),
+                ssl_context=http_tls(cfg),
             )
             await self.http.start()
         await asyncio.to_thread(self._register)
         bookie.add_state_listener(lambda _ro: self._call_soon(loop, self._reregister_soon))
         store.add_session_listener(self._on_session_event)
+        await self._start_integrity_check()
         if cfg.auto_recovery_daemon_enabled:
             self.autorecovery = AutoRecoveryThread(AutoRecovery(
-                self.metadata_uri, bookie_id=str(self.bookie_id), settings=AutoRecoverySettings.from_config(cfg)))
+                self.metadata_uri, bookie_id=str(self.bookie_id), settings=AutoRecoverySettings.from_config(cfg),
+                client_config=bookie_client_config(cfg, "the bookie's AutoRecovery client")))
             await asyncio.to_thread(self.autorecovery.start)
         log.info(
             "bookie %s serving on %s:%d%s (http %s), metadata %s",
             self.bookie_id,
             cfg.bookie_bind_address,
             self.server.port,
-            (" with TLS only" + (" (mutual TLS)" if cfg.tls_client_authentication else "")) if tls else "",
+            ((" with TLS only" + (" (mutual TLS)" if cfg.tls_client_authentication else "")) if tls else "")
+            + (f", authentication {'+'.join(cfg.auth_providers)}, authorized roles "
+               f"{list(cfg.authorized_roles) or 'any'}" if auth else ""),
             self.http.port if self.http else "off",
             self.metadata_uri,
         )
+
+    async def _start_integrity_check(self) -> None:
+        """Copy back the limbo ledgers' entries in the background (``dataIntegrityChecking``)."""
+        assert self.opened is not None and self._async_bookie is not None and self.store is not None
+        bookie = self.opened.bookie
+        if not bookie.limbo:
+            return
+        if not self.config.data_integrity_checking:
+            log.warning("%d ledger(s) are limbo (answered as unknown) but dataIntegrityChecking=false: nothing "
+                        "copies them back; set it to true", len(bookie.limbo))
+            return
+        client_config = bookie_client_config(self.config, "the bookie's integrity-check client")
+        self._integrity_client = await BookKeeper(config=client_config, store=self.store).start()
+        check = IntegrityCheck(bookie=bookie, async_bookie=self._async_bookie, client=self._integrity_client,
+                               bookie_id=str(self.bookie_id))
+        self._integrity_task = asyncio.get_running_loop().create_task(check.run(), name="integrity-check")
+        self._integrity_task.add_done_callback(_report_integrity_end)
 
     @staticmethod
     def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[[], None]) -> None:
@@ -210,7 +299,7 @@ class BookieService:
     def _service_info(self) -> bytes:
         if self.http is None or self.bookie_id is None:
             return b""
-        return service_info(self.bookie_id, self.config.http_server_host, self.http.port)
+        return service_info(self.bookie_id, self.config.http_server_host, self.http.port, self.http.scheme)
 
     def _reregister_soon(self) -> None:
         if not self._stopping:
@@ -226,6 +315,11 @@ class BookieService:
 
     async def stop(self) -> None:
         self._stopping = True
+        if self._integrity_task is not None:
+            self._integrity_task.cancel()
+            await asyncio.gather(self._integrity_task, return_exceptions=True)
+        if self._integrity_client is not None:
+            await self._integrity_client.close()
         if self.autorecovery is not None:
             await asyncio.to_thread(self.autorecovery.stop)
         if self.store is not None and self.bookie_id is not None and self._registered_read_only is not None:
@@ -243,6 +337,12 @@ class BookieService:
             await asyncio.to_thread(self.opened.close)
         if self.store is not None:
             await asyncio.to_thread(self.store.close)
+
+
+def _report_integrity_end(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("integrity check stopped: %r; limbo ledgers stay limbo until the next start",
+                  task.exception(), exc_info=task.exception())
 
 
 class MetadataLedgerLister:
@@ -299,7 +399,8 @@ def run_autorecovery(config: ServerConfig, *, metadata_uri: str | None = None, w
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        recovery = AutoRecovery(uri, bookie_id=ident, settings=AutoRecoverySettings.from_config(config))
+        recovery = AutoRecovery(uri, bookie_id=ident, settings=AutoRecoverySettings.from_config(config),
+                                client_config=bookie_client_config(config, "the AutoRecovery client"))
         print(f"READY autorecovery {ident} metadata={uri}", flush=True)
         await recovery.run(stop)
         return 0

@@ -7,6 +7,12 @@ they are registered, and stop them (SIGTERM, then SIGKILL after a grace period).
 writing and the command line. Each bookie process is composed by ``service.py``; nothing here
 runs in a bookie's process.
 
+With ``tls`` (``vellum standalone --tls``) the cluster is secured (``StandaloneSecurity``): a
+CA and certificates are made once under ``<data dir>/security`` (kept across restarts), the
+bookies serve mutual TLS only, authenticate by certificate or token and authorize the roles
+client, bookie and admin; their admin HTTP is https with mutating calls needing an admin token;
+a client configuration file and an admin token (renewed at each start) are written there.
+
 Invariants: bookie ``i`` listens on ``port_base + i`` (its id is ``127.0.0.1:<port>``, tied to
 its disks by the cookie), so a restart with the same data dir is the same bookie; a bookie
 that exits during start fails ``start()`` with the tail of its log.
@@ -22,7 +28,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from vellum.config import TLS_CONTEXT_FACTORY
 from vellum.meta import open_metadata_store
+from vellum.security import pki, tokens
 
 
 @dataclass
@@ -84,27 +92,104 @@ def format_if_needed(metadata_uri: str) -> str:
         return store.registration.get_instance_id() or ""
 
 
+#: lifetime of the admin token ``vellum standalone --tls`` writes at each start
+ADMIN_TOKEN_TTL_S = 7 * 24 * 3600.0
+
+
+@dataclass(frozen=True)
+class StandaloneSecurity:
+    """The files of a secured standalone cluster, under ``<data dir>/security``."""
+
+    directory: Path
+    ca: Path
+    bookie: pki.CertificateFiles
+    client: pki.CertificateFiles
+    token_secret: Path
+    admin_token: Path
+    client_conf: Path
+
+    @classmethod
+    def prepare(cls, data_dir: Path, metadata_uri: str) -> StandaloneSecurity:
+        """Make the CA, a bookie and a client certificate and the token secret if they are not
+        there yet; (re)write the admin token and the client configuration."""
+        d = data_dir / "security"
+        ca_dir = d / "ca"
+        if not (ca_dir / pki.CA_CERT_FILE).exists():
+            authority = pki.create_ca("Vellum standalone CA")
+            pki.write_ca(authority, ca_dir)
+            pki.write_certificate(pki.issue_certificate(authority, name="standalone-bookie", role="bookie"),
+                                  d / "bookie", stem="bookie")
+            pki.write_certificate(pki.issue_certificate(authority, name="standalone-client", role="client"),
+                                  d / "client", stem="client")
+            tokens.write_secret_file(d / "token-secret", overwrite=True)
+        bookie = pki.CertificateFiles(d / "bookie" / "bookie.cert.pem", d / "bookie" / "bookie.key.pem",
+                                      d / "bookie" / pki.CA_CERT_FILE)
+        client = pki.CertificateFiles(d / "client" / "client.cert.pem", d / "client" / "client.key.pem",
+                                      d / "client" / pki.CA_CERT_FILE)
+        admin_token = d / "admin.token"
+        token = tokens.TokenSigner.from_secret_file(d / "token-secret").issue(
+            "standalone-admin", ["admin"], ttl_s=ADMIN_TOKEN_TTL_S)
+        pki.write_file_atomic(admin_token, token.encode() + b"\n", mode=0o600)
+        sec = cls(d, ca_dir / pki.CA_CERT_FILE, bookie, client, d / "token-secret", admin_token, d / "client.conf")
+        values = {"metadataServiceUri": metadata_uri, **sec.client_keys()}
+        pki.write_file_atomic(sec.client_conf, "".join(f"{k}={v}\n" for k, v in values.items()).encode(), mode=0o600)
+        return sec
+
+    def bookie_keys(self) -> dict[str, str]:
+        """The ``bk_server.conf`` keys of a secured bookie."""
+        return {
+            "tlsProviderFactoryClass": TLS_CONTEXT_FACTORY,
+            "tlsKeyStoreType": "PEM", "tlsKeyStore": str(self.bookie.key),
+            "tlsCertificatePath": str(self.bookie.cert),
+            "tlsTrustStoreType": "PEM", "tlsTrustStore": str(self.ca),
+            "tlsClientAuthentication": "true",
+            "tlsCertFilesRefreshDurationSeconds": "60",
+            "bookieAuthProviderFactoryClass": "tls,token",
+            "authorizedRoles": "client,bookie,admin",
+            "tokenSecretKeyFile": str(self.token_secret),
+            "httpServerTlsEnable": "true",
+            "httpServerKeyStorePath": str(self.bookie.key),
+            "httpServerCertificatePath": str(self.bookie.cert),
+        }
+
+    def client_keys(self) -> dict[str, str]:
+        """The client keys that connect to it (the ``client`` certificate)."""
+        return {
+            "tlsProviderFactoryClass": TLS_CONTEXT_FACTORY,
+            "tlsTrustStore": str(self.ca),
+            "tlsCertificatePath": str(self.client.cert),
+            "tlsKeyStore": str(self.client.key),
+            "clientAuthProviderFactoryClass": "tls",
+        }
+
+
 class Standalone:
     """Supervises N bookie processes sharing one embedded metadata store."""
 
     def __init__(self, data_dir: Path, *, bookies: int, port_base: int, http_port_base: int,
-                 metadata_uri: str | None = None) -> None:
+                 metadata_uri: str | None = None, tls: bool = False) -> None:
         self.data_dir = data_dir.resolve()
         self.metadata_uri = metadata_uri or f"sqlite:///{self.data_dir / 'metadata.db'}"
         self.specs = process_specs(self.data_dir, bookies=bookies, port_base=port_base,
                                    http_port_base=http_port_base)
+        self.tls = tls
+        self.security: StandaloneSecurity | None = None
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
 
     def start(self, timeout_s: float = 60.0) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         format_if_needed(self.metadata_uri)
+        if self.tls:
+            self.security = StandaloneSecurity.prepare(self.data_dir, self.metadata_uri)
+            for spec in self.specs:
+                spec.extra = {**self.security.bookie_keys(), **spec.extra}
         for spec in self.specs:
             write_bookie_conf(spec, self.metadata_uri)
-            log_file = open(spec.base / "bookie.log", "ab")  # noqa: SIM115 - owned by the child
-            self.procs[spec.index] = subprocess.Popen(
-                bookie_command(spec.conf_file), stdout=log_file, stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+            with open(spec.base / "bookie.log", "ab") as log_file:  # the child keeps its own copy
+                self.procs[spec.index] = subprocess.Popen(
+                    bookie_command(spec.conf_file), stdout=log_file, stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
         self.wait_registered(len(self.specs), timeout_s)
 
     def wait_registered(self, count: int, timeout_s: float) -> None:

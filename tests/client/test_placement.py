@@ -249,3 +249,19 @@ def test_rack_mapping_from_the_metadata_store(tmp_path: Path) -> None:
         policy = _placement_from_config(ClientConfig(ensemble_placement_policy="rackaware"), store)
         ensemble = policy.new_ensemble(2, 2, 2, writable=["a:1", "b:1", "c:1"], read_only=[])
     assert {"/r1", "/r2"} == {"/r1" if b in ("a:1", "c:1") else "/r2" for b in ensemble}
+
+
+def test_adheres_tells_the_auditor_which_existing_ensembles_the_policy_would_not_choose() -> None:
+    """The auditor's placement check: a write quorum on one rack while two racks exist does not
+    adhere; the default policy only asks for distinct members."""
+    mapping = {"a:1": "/r1", "b:1": "/r1", "c:1": "/r2", "d:1": "/r2"}
+    policy = RackawarePlacementPolicy.from_mapping(mapping)
+    bookies = list(mapping)
+    assert policy.adheres(["a:1", "c:1", "b:1", "d:1"], 2, bookies=bookies)      # every window: 2 racks
+    assert not policy.adheres(["a:1", "b:1", "c:1", "d:1"], 2, bookies=bookies)  # window a, b: one rack
+    assert policy.adheres(["a:1", "b:1"], 2, bookies=["a:1", "b:1"])              # one rack is all there is
+    assert not policy.adheres(["a:1", "a:1"], 2, bookies=bookies)
+    assert DefaultPlacementPolicy().adheres(["a:1", "b:1"], 2, bookies=bookies)
+    for _ in range(20):  # what the policy itself picks always adheres
+        ensemble = policy.new_ensemble(4, 2, 2, writable=bookies, read_only=())
+        assert policy.adheres(ensemble, 2, bookies=bookies)

@@ -16,6 +16,8 @@ from vellum.proto.messages import (
     RESPONSE_TYPES,
     AddRequest,
     AddResponse,
+    AuthRequest,
+    AuthResponse,
     BatchReadRequest,
     BatchReadResponse,
     ErrorResponse,
@@ -119,6 +121,7 @@ STRATEGIES: dict[type[Message], st.SearchStrategy[Message]] = {
     TrimRequest: st.builds(TrimRequest, INT64, INT64, INT64, KEYS),
     StridedReadRequest: st.builds(StridedReadRequest, INT64, INT64, INT64, POSITIVE_INT32, POSITIVE_INT32, INT64),
     StartTlsRequest: st.builds(StartTlsRequest, INT64),
+    AuthRequest: st.builds(AuthRequest, INT64, st.text(max_size=20), SMALL_BYTES),
     # responses
     AddResponse: st.builds(AddResponse, STATUS, INT64, INT64),
     ReadResponse: read_responses(),
@@ -132,6 +135,7 @@ STRATEGIES: dict[type[Message], st.SearchStrategy[Message]] = {
     TrimResponse: st.builds(TrimResponse, INT64, STATUS, INT64),
     StridedReadResponse: strided_read_responses(),
     StartTlsResponse: st.builds(StartTlsResponse, INT64, STATUS),
+    AuthResponse: st.builds(AuthResponse, INT64, STATUS, st.text(max_size=40)),
     ErrorResponse: st.builds(
         ErrorResponse,
         STATUS,

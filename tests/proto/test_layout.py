@@ -10,7 +10,7 @@ import struct
 
 import pytest
 
-from vellum.errors import EBADREQ, EFENCED, ENOENTRY, EOK
+from vellum.errors import EBADREQ, EFENCED, ENOENTRY, EOK, EUA
 from vellum.proto import Side, decode_body, encode
 from vellum.proto.messages import (
     FLAG_DO_FENCING,
@@ -20,6 +20,8 @@ from vellum.proto.messages import (
     RESPONSE_TYPES,
     AddRequest,
     AddResponse,
+    AuthRequest,
+    AuthResponse,
     BatchReadRequest,
     BatchReadResponse,
     ErrorResponse,
@@ -103,6 +105,7 @@ VELLUM_REQUESTS: list[tuple[Message, bytes]] = [
     (TrimRequest(9, 1, 100, KEY), vellum(71, "qqq20s", 9, 1, 100, KEY)),
     (StridedReadRequest(9, 1, 0, 3, 10, 65536), vellum(72, "qqqiiq", 9, 1, 0, 3, 10, 65536)),
     (StartTlsRequest(9), vellum(73, "q", 9)),
+    (AuthRequest(9, "token", b"abc"), vellum(74, "qi5si", 9, 5, b"token", 3, tail=b"abc")),
 ]
 
 VELLUM_RESPONSES: list[tuple[Message, bytes]] = [
@@ -126,6 +129,7 @@ VELLUM_RESPONSES: list[tuple[Message, bytes]] = [
     (StridedReadResponse(9, ENOENTRY, 1, 3), vellum(72, "qiqq", 9, ENOENTRY, 1, 3)),
     (StartTlsResponse(9, EOK), vellum(73, "qi", 9, EOK)),
     (StartTlsResponse(9, EBADREQ), vellum(73, "qi", 9, EBADREQ)),
+    (AuthResponse(9, EUA, "no"), vellum(74, "qii", 9, EUA, 2, tail=b"no")),
     (ErrorResponse(EBADREQ), vellum(127, "qiiqq", -1, EBADREQ, -1, -1, -1)),
     (
         ErrorResponse(EBADREQ, 9, 68, 1, None),

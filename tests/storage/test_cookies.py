@@ -9,8 +9,20 @@ import pytest
 
 from vellum.errors import CookieError, CorruptionError
 from vellum.format.cookie import Cookie
-from vellum.storage.cookies import check_or_stamp_cookies, cookie_path, read_cookie, write_cookie
+from vellum.storage.cookies import (
+    CookieCheck,
+    check_cookies,
+    check_or_stamp_cookies,
+    cookie_path,
+    read_cookie,
+    write_cookie,
+)
 from vellum.storage.dirs import current_dir
+from vellum.storage.markers import (
+    clear_integrity_check_needed,
+    integrity_check_needed,
+    mark_integrity_check_needed,
+)
 
 BOOKIE = "127.0.0.1:3181"
 INSTANCE = "instance-1"
@@ -171,3 +183,61 @@ def test_write_cookie_creates_current(tmp_path: Path) -> None:
     c = Cookie(BOOKIE, ("/j",), ("/l",))
     write_cookie(tmp_path / "x", c)
     assert read_cookie(tmp_path / "x") == c
+
+
+# -- dataIntegrityStampMissingCookies: stamp over wiped dirs, leave the marker first ------------
+
+
+def check(d: dict[str, list[Path]], **kw: object) -> CookieCheck:
+    return check_cookies(BOOKIE, d["journal"], d["ledger"], d["index"], INSTANCE, **kw)  # type: ignore[arg-type]
+
+
+def test_every_dir_wiped_is_stamped_over_with_stamp_missing(dirs: dict[str, list[Path]]) -> None:
+    stored = stamp(dirs)
+    for d in dirs["journal"] + dirs["ledger"]:
+        shutil.rmtree(d)
+    with pytest.raises(CookieError, match="none of its directories"):
+        check(dirs, store_cookie=stored)
+    assert integrity_check_needed(dirs["ledger"]) is None
+    result = check(dirs, store_cookie=stored, stamp_missing=True)
+    assert result.cookie == stored
+    assert set(result.stamped_over) == {str(d) for d in dirs["journal"] + dirs["ledger"]}
+    assert all(read_cookie(d) == stored for d in dirs["journal"] + dirs["ledger"])
+    assert "every directory lost its cookie" in (integrity_check_needed(dirs["ledger"]) or "")
+    # The next start finds cookies everywhere: nothing stamped over (the marker tells the rest).
+    assert check(dirs, store_cookie=stored, stamp_missing=True).stamped_over == ()
+
+
+def test_a_crash_between_marker_and_stamp_is_stamped_over_again(dirs: dict[str, list[Path]]) -> None:
+    stored = stamp(dirs)
+    for d in dirs["journal"] + dirs["ledger"]:
+        shutil.rmtree(d)
+    mark_integrity_check_needed(dirs["ledger"], "crashed before the stamp")  # not counted as data
+    assert check(dirs, store_cookie=stored, stamp_missing=True).stamped_over
+
+
+def test_stamp_missing_still_refuses_foreign_and_data_dirs(dirs: dict[str, list[Path]]) -> None:
+    stored = stamp(dirs)
+    for d in dirs["journal"] + dirs["ledger"]:
+        shutil.rmtree(d)
+    other = Cookie("10.0.0.9:3181", stored.journal_dirs, stored.ledger_dirs, INSTANCE)
+    with pytest.raises(CookieError, match="does not match"):
+        check(dirs, store_cookie=other, stamp_missing=True)
+    assert read_cookie(dirs["ledger"][0]) is None and integrity_check_needed(dirs["ledger"]) is None
+    current_dir(dirs["ledger"][0]).mkdir(parents=True)
+    (current_dir(dirs["ledger"][0]) / "0.log").write_bytes(b"x")
+    with pytest.raises(CookieError, match="holds data"):
+        check(dirs, store_cookie=stored, stamp_missing=True)
+
+
+def test_wiped_journal_or_ledger_dir_is_stamped_over_with_stamp_missing(dirs: dict[str, list[Path]]) -> None:
+    stored = stamp(dirs)
+    for wiped in (dirs["journal"][0], dirs["ledger"][1]):
+        shutil.rmtree(wiped)
+        with pytest.raises(CookieError, match="wiped"):
+            check(dirs)
+        result = check(dirs, stamp_missing=True)
+        assert result.cookie == stored and result.stamped_over == (str(wiped),)
+        assert read_cookie(wiped) == stored
+        assert str(wiped) in (integrity_check_needed(dirs["ledger"]) or "")
+        clear_integrity_check_needed(dirs["ledger"])

@@ -64,7 +64,11 @@ class BookieAdmin:
 
     def ledger_metadata(self, ledger_id: int) -> dict[str, Any]:
         versioned = self._store.ledgers.read_ledger(LedgerId(ledger_id))
-        return versioned.value.to_json_dict()
+        shown = versioned.value.to_json_dict()
+        # The password (the master key's source) is a secret: whoever holds it may write and
+        # fence the ledger. Say whether there is one, never what it is.
+        shown["password"] = "(redacted)" if versioned.value.password else ""
+        return shown
 
     def cluster_info(self) -> dict[str, Any]:
         info = self._store.cluster_info()

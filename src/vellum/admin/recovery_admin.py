@@ -28,6 +28,7 @@ from vellum.autorecovery.settings import AutoRecoverySettings
 from vellum.autorecovery.worker import Outcome, ReplicationWorker
 from vellum.client.bookkeeper import BookKeeper
 from vellum.client.placement import PlacementPolicy
+from vellum.config import ClientConfig
 from vellum.errors import (
     DigestMismatchError,
     IllegalOpError,
@@ -209,10 +210,11 @@ class _OnlyThisBookie(PlacementPolicy):
         raise NotEnoughBookiesError(f"the sanity check uses bookie {self._bookie} only")
 
 
-async def bookie_sanity(metadata_uri: str, bookie: str, entries: int = 10) -> None:
+async def bookie_sanity(metadata_uri: str, bookie: str, entries: int = 10, *,
+                        config: ClientConfig | None = None) -> None:
     """Write ``entries`` to a ledger on ``bookie`` alone, read them back, delete the ledger
     (BookKeeper's ``bookiesanity``). Raises what went wrong."""
-    async with BookKeeper(metadata_uri, placement=_OnlyThisBookie(bookie)) as bk:
+    async with BookKeeper(metadata_uri, config=config, placement=_OnlyThisBookie(bookie)) as bk:
         lh = await bk.create_ledger(ensemble_size=1, write_quorum_size=1, ack_quorum_size=1)
         try:
             payloads = [f"bookiesanity {i}".encode() for i in range(entries)]

@@ -20,6 +20,10 @@ What it does, every ``tick_s`` (1 s) while leading:
 - **replicas check** (every ``auditorReplicasCheckInterval``): every closed fragment of every
   ledger is read from its bookie and each entry's digest verified: this finds entries lost or
   corrupted on bookies that are up (a wiped dir, a flipped bit).
+- **placement check** (every ``auditorPeriodicPlacementPolicyCheckInterval``): ledgers with a
+  segment the placement policy would not choose (``PlacementPolicy.adheres``: a write quorum on
+  fewer racks than it could span) are counted (``auditor_PLACEMENT_POLICY_NOT_ADHERING_LEDGERS``)
+  and logged; they are not re-replicated (their copies are all there).
 The audit times are stored (``checkallledgersctime``, ``replicascheckctime``) so a newly elected
 auditor continues the schedule instead of starting over.
 
@@ -50,6 +54,8 @@ log = logging.getLogger(__name__)
 MARKED = stats.counter("auditor_MARKED_LEDGERS", "times the auditor marked a ledger under-replicated")
 LOST_BOOKIES = stats.gauge("auditor_LOST_BOOKIES", "bookies the auditor counts as lost")
 UNDER_REPLICATED = stats.gauge("auditor_NUM_UNDER_REPLICATED_LEDGERS", "under-replicated ledger records")
+NOT_ADHERING = stats.gauge("auditor_PLACEMENT_POLICY_NOT_ADHERING_LEDGERS",
+                           "ledgers the last placement check found not adhering to the placement policy")
 CHECKS = stats.counter("auditor_CHECKS", "audit passes completed", ("check",))
 
 
@@ -90,6 +96,8 @@ class Auditor:
                                                 self._settings.ledger_check_interval_s, now_wall)
             next_replicas = await self._next_time(urm.get_replicas_check_ctime,
                                                   self._settings.replicas_check_interval_s, now_wall)
+            next_placement = await self._next_time(urm.get_placement_policy_check_ctime,
+                                                   self._settings.placement_policy_check_interval_s, now_wall)
             ticks = 0
             while not stop.is_set():
                 now = time.monotonic()
@@ -114,6 +122,10 @@ class Auditor:
                     await self.replicas_check()
                     await asyncio.to_thread(urm.set_replicas_check_ctime, int(time.time() * 1000))
                     next_replicas = now + self._settings.replicas_check_interval_s
+                if next_placement is not None and now >= next_placement:
+                    await self.placement_check()
+                    await asyncio.to_thread(urm.set_placement_policy_check_ctime, int(time.time() * 1000))
+                    next_placement = now + self._settings.placement_policy_check_interval_s
                 LOST_BOOKIES.set(len(self.lost))
                 if ticks % 10 == 0:
                     UNDER_REPLICATED.set(await asyncio.to_thread(lambda: sum(1 for _ in urm.list_under_replicated())))
@@ -199,6 +211,24 @@ class Auditor:
                 log.warning("auditor: bookie %s holds ledger fragments but is not registered", b)
             self.lost.setdefault(b, now)
         CHECKS.labels("bookie").inc()
+
+    async def placement_check(self) -> int:
+        """Ledgers with an ensemble the placement policy would not choose today (e.g. a write
+        quorum on fewer racks than it could span) are counted and logged; how many."""
+        policy = self._bk.context.placement
+        registered = self._registered()
+        bad = 0
+        for lid, md in await self._ledgers():
+            for first, ensemble in md.ensembles.items():
+                members = [str(b) for b in ensemble]
+                if not policy.adheres(members, md.write_quorum_size, bookies=registered | set(members)):
+                    log.warning("auditor placement check: ledger %d segment at %d (%s) does not adhere to the "
+                                "placement policy", lid, first, ", ".join(members))
+                    bad += 1
+                    break
+        NOT_ADHERING.set(bad)
+        CHECKS.labels("placement").inc()
+        return bad
 
     async def ledger_check(self, *, verify_share: float = 0.0) -> int:
         """Closed fragments on registered bookies that miss entries are marked; how many."""

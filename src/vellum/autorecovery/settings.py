@@ -14,6 +14,7 @@ class AutoRecoverySettings:
     ledger_check_interval_s: int = 604800
     ledger_verification_percentage: int = 0
     replicas_check_interval_s: int = 0
+    placement_policy_check_interval_s: int = 0
     open_ledger_grace_period_ms: int = 30000
     entry_batch_size: int = 10
     rate_by_bytes: int = -1
@@ -30,6 +31,7 @@ class AutoRecoverySettings:
             ledger_check_interval_s=config.auditor_periodic_check_interval_s,
             ledger_verification_percentage=config.auditor_ledger_verification_percentage,
             replicas_check_interval_s=config.auditor_replicas_check_interval_s,
+            placement_policy_check_interval_s=config.auditor_periodic_placement_policy_check_interval_s,
             open_ledger_grace_period_ms=config.open_ledger_rereplication_grace_period_ms,
             entry_batch_size=config.rereplication_entry_batch_size,
             rate_by_bytes=config.replication_rate_by_bytes,

@@ -32,7 +32,7 @@ class BenchOptions:
     rate: float = 0.0  # entries/s; 0 = as fast as possible
     duration_s: float = 10.0
     max_entries: int = 0  # 0 = no limit
-    password: bytes = b""
+    password: bytes = field(default=b"", repr=False)
 
 
 @dataclass

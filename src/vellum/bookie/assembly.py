@@ -12,7 +12,14 @@ Invariants:
 - a journaled entry or key of a ledger whose deletion is durable (its tombstone) is not brought
   back by replay; a fence or explicit LAC of a ledger no longer in storage is skipped;
 - a bookie whose every disk lost its cookie, while the metadata store still has it, refuses to
-  start (rule 6, ``store_cookie``);
+  start (rule 6, ``store_cookie``), and so does one with a wiped dir, unless
+  ``dataIntegrityChecking`` and ``dataIntegrityStampMissingCookies``: then the cookies are
+  stamped over and ``OpenedBookie.integrity_check_needed`` says why; the composition root must
+  mark the bookie's ledgers limbo (``bookie/integrity.py``) before it serves anything (rule 12).
+  The need survives a crash (``INTEGRITY_CHECK_NEEDED`` in the ledger dirs); a bookie that
+  finds it with ``dataIntegrityChecking=false`` refuses to start. With
+  ``dataIntegrityChecking`` and ``journalSyncData=false``, an unclean shutdown is a need too
+  (acknowledged entries may not have reached the disk);
 - the dir locks are held from the start of ``open_bookie`` until ``OpenedBookie.close()``, and
   released if opening fails.
 """
@@ -29,17 +36,25 @@ from vellum.bookie.bookie import Bookie
 from vellum.bookie.metrics import BookieMetrics, process_bookie_metrics
 from vellum.bookie.routing import LedgerRouter
 from vellum.config import ServerConfig
-from vellum.errors import IncorrectParameterError
+from vellum.errors import CookieError, IncorrectParameterError
 from vellum.format.cookie import Cookie
 from vellum.format.journal import JournalRecord, RecordKind
-from vellum.format.lastmark import LogMark
+from vellum.format.lastmark import ZERO_MARK, LogMark
 from vellum.storage.checkpoint import Checkpointer, read_last_marks
-from vellum.storage.cookies import check_or_stamp_cookies
+from vellum.storage.cookies import check_cookies
 from vellum.storage.dirs import LedgerDirsListener, LedgerDirsManager
 from vellum.storage.gc import DiskState, GarbageCollectorThread, GcSettings, LedgerLister
 from vellum.storage.journal import Journal
 from vellum.storage.ledger_storage import LedgerStorage
-from vellum.storage.markers import DirLock, acquire_dir_locks, mark_clean, mark_dirty
+from vellum.storage.markers import (
+    DirLock,
+    acquire_dir_locks,
+    clear_integrity_check_needed,
+    integrity_check_needed,
+    mark_clean,
+    mark_dirty,
+    mark_integrity_check_needed,
+)
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +69,14 @@ class OpenedBookie:
     replayed_records: int
     _locks: list[DirLock]
     _ledger_dirs: list[Path]
+    #: why this bookie may have lost data and must mark its ledgers limbo before it serves
+    #: (None: nothing lost); ``integrity_marking_done()`` once the marking is durable
+    integrity_check_needed: str | None = None
+
+    def integrity_marking_done(self) -> None:
+        """Every ledger the bookie may have held is limbo and durable: drop the marker."""
+        clear_integrity_check_needed(self._ledger_dirs)
+        self.integrity_check_needed = None
 
     def close(self) -> None:
         try:
@@ -96,7 +119,7 @@ def open_bookie(
     bookie: Bookie | None = None
     locks = acquire_dir_locks(all_dirs)
     try:
-        cookie = check_or_stamp_cookies(
+        checked = check_cookies(
             bookie_id,
             journal_dirs,
             ledger_dirs,
@@ -104,8 +127,20 @@ def open_bookie(
             instance_id,
             allow_storage_expansion=config.allow_storage_expansion,
             store_cookie=store_cookie,
+            stamp_missing=config.data_integrity_checking and config.data_integrity_stamp_missing_cookies,
         )
+        cookie = checked.cookie
         unclean = mark_dirty(ledger_dirs)
+        if config.data_integrity_checking and unclean and not config.journal_sync_data:
+            mark_integrity_check_needed(
+                ledger_dirs, "unclean shutdown with journalSyncData=false: acknowledged entries may be lost")
+        integrity_need = integrity_check_needed(ledger_dirs)
+        if integrity_need is not None and not config.data_integrity_checking:
+            raise CookieError(
+                f"this bookie may have lost acknowledged data ({integrity_need}) and has not yet marked its "
+                "ledgers limbo (INTEGRITY_CHECK_NEEDED in its ledger dirs): start it with "
+                "dataIntegrityChecking=true so that it answers 'unknown' for them and copies them back"
+            )
         dirs = LedgerDirsManager(
             ledger_dirs,
             usage_threshold=config.disk_usage_threshold,
@@ -156,6 +191,9 @@ def open_bookie(
             for i, jd in enumerate(journal_dirs)
         ]
         marks = read_last_marks(ledger_dirs, len(journals))
+        # A journal dir stamped over lost its journals: nothing to replay there, and the marks
+        # the ledger dirs keep for it name files that are gone.
+        marks = [ZERO_MARK if str(jd) in checked.stamped_over else m for jd, m in zip(journal_dirs, marks)]
         replayed = 0
         router = LedgerRouter(storages, dirs.is_writable)
         for journal, mark in zip(journals, marks):
@@ -185,7 +223,7 @@ def open_bookie(
         for gc in gc_threads:
             gc.start()
         say(f"bookie ready ({replayed} journal records replayed)")
-        return OpenedBookie(bookie, cookie, unclean, replayed, locks, ledger_dirs)
+        return OpenedBookie(bookie, cookie, unclean, replayed, locks, ledger_dirs, integrity_need)
     except BaseException:
         if bookie is not None:
             bookie_metrics.untrack(bookie)  # it never started: no metrics of a bookie that is not there

@@ -14,7 +14,9 @@ Invariants (design.md rules 1, 3, 4, 7):
 - a fence is acknowledged only after the fence record is durable in the journal; once fenced,
   normal adds are refused (recovery adds are still accepted);
 - a read-only bookie refuses normal adds but serves reads, fences and recovery adds;
-- "no such entry" is answered only by the storage, which knows what it holds.
+- "no such entry" is answered only by the storage, which knows what it holds, and never for a
+  *limbo* ledger (one whose data this bookie may have lost, ``bookie/integrity.py``): there a
+  missing entry, the last entry and the LAC are "unknown" (design rule 12).
 
 All methods are synchronous and thread-safe; durability is reported through callbacks that run
 on journal threads. ``bookie/executor.py`` is the only place where results cross to asyncio.
@@ -32,6 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from vellum.bookie.integrity import LimboLedgers, unknown_state
 from vellum.bookie.metrics import BookieMetrics
 from vellum.bookie.routing import LedgerRouter, LedgerView
 from vellum.errors import (
@@ -40,6 +43,7 @@ from vellum.errors import (
     NoSuchEntryError,
     NoSuchLedgerError,
     UnauthorizedAccessError,
+    UnknownLedgerStateError,
     WriteOnReadOnlyBookieError,
 )
 from vellum.format.entry import BytesLike
@@ -160,6 +164,8 @@ class Bookie:
         self._key_lock = threading.Lock()
         self._ledger_state: dict[int, _LedgerState] = {}
         self._lacs = _LacWaiters()
+        #: ledgers whose data this bookie may have lost (rule 12), from the storages' flags
+        self.limbo = LimboLedgers(self._router, self._storages)
         # Plain counters on the hot path, read by ``metrics`` at scrape time.
         self.adds_total = 0
         self.reads_total = 0
@@ -337,11 +343,36 @@ class Bookie:
         state = self._ledger_state.get(ledger_id)
         return state.fenced if state is not None else self._storage(ledger_id).is_fenced(ledger_id)
 
+    # ------------------------------------------------------------------------------------ limbo
+    def mark_limbo(self, ledger_id: int, master_key: bytes) -> bool:
+        """Make the ledger limbo and fenced (``bookie/integrity.py``); durable at the next
+        checkpoint. False if it was deleted here."""
+        with self._key_lock:
+            marked = self.limbo.mark(ledger_id, master_key)
+            state = self._ledger_state.get(ledger_id)
+            if state is not None:
+                state.fenced = True
+        return marked
+
+    def clear_limbo(self, ledger_id: int) -> None:
+        """Every entry of the ledger this bookie should hold is back: answer normally again."""
+        self.limbo.clear(ledger_id)
+
+    def holds_entry(self, ledger_id: int, entry_id: int) -> bool:
+        """Does this bookie hold the entry (whatever the ledger's limbo state)?"""
+        return self.limbo.holds(ledger_id, entry_id)
+
+    @property
+    def limbo_ledger_count(self) -> int:
+        return len(self.limbo)
+
     # -------------------------------------------------------------------------------------- read
     def read_entry(self, ledger_id: int, entry_id: int) -> bytes | memoryview:
         """Read one entry; ``entry_id == -1`` reads the last entry this bookie has."""
         storage = self._storage(ledger_id)
         self.reads_total += 1
+        if ledger_id in self.limbo:
+            return self.limbo.read_entry(storage, ledger_id, entry_id)
         if entry_id == LAST_ADD_CONFIRMED:
             return storage.get_entry(ledger_id, LAST_ADD_CONFIRMED)
         return storage.get_entry(ledger_id, entry_id)
@@ -349,7 +380,12 @@ class Bookie:
     def read_entries(self, ledger_id: int, first: int, max_count: int, max_bytes: int) -> list[bytes | memoryview]:
         """Consecutive entries from ``first`` until a gap or a bound (BATCH_READ; see
         ``LedgerStorage.get_entries``)."""
-        got = self._storage(ledger_id).get_entries(ledger_id, first, max_count, max_bytes)
+        try:
+            got = self._storage(ledger_id).get_entries(ledger_id, first, max_count, max_bytes)
+        except (NoSuchEntryError, NoSuchLedgerError):
+            if ledger_id in self.limbo:
+                raise unknown_state(ledger_id, f"entry {first}") from None
+            raise
         self.reads_total += len(got)
         return got
 
@@ -357,7 +393,12 @@ class Bookie:
                      max_bytes: int) -> list[bytes | memoryview]:
         """Entries ``first, first + stride, ...`` until one is missing or a bound (READ_STRIDED;
         see ``LedgerStorage.get_strided``)."""
-        got = self._storage(ledger_id).get_strided(ledger_id, first, stride, max_count, max_bytes)
+        try:
+            got = self._storage(ledger_id).get_strided(ledger_id, first, stride, max_count, max_bytes)
+        except (NoSuchEntryError, NoSuchLedgerError):
+            if ledger_id in self.limbo:
+                raise unknown_state(ledger_id, f"entry {first}") from None
+            raise
         self.reads_total += len(got)
         return got
 
@@ -372,6 +413,8 @@ class Bookie:
 
     def last_add_confirmed(self, ledger_id: int) -> int:
         """The LAC this bookie knows: the max of piggy-backed LACs and the explicit LAC."""
+        if ledger_id in self.limbo:
+            raise unknown_state(ledger_id, "its LAC")
         lac = self._lacs.get(ledger_id)
         if lac is not None:
             return lac
@@ -390,11 +433,13 @@ class Bookie:
         """Long poll: ``fn(lac)`` once this bookie's LAC for the ledger passes ``previous_lac``."""
         try:
             self.last_add_confirmed(ledger_id)
-        except NoSuchLedgerError:
-            pass  # the writer may not have reached this bookie yet: wait for it
+        except (NoSuchLedgerError, UnknownLedgerStateError):
+            pass  # the writer may not have reached this bookie yet (or it is limbo): wait for it
         return self._lacs.watch(ledger_id, previous_lac, fn)
 
     def entry_ids(self, ledger_id: int) -> list[int]:
+        if ledger_id in self.limbo:
+            raise unknown_state(ledger_id, "the list of its entries")
         storage = self._storage(ledger_id)
         if not storage.ledger_exists(ledger_id):
             raise NoSuchLedgerError(f"ledger {ledger_id} not on this bookie")
@@ -411,6 +456,8 @@ class Bookie:
         self._journal(ledger_id).log_explicit_lac(ledger_id, lac_body, callback)
 
     def read_explicit_lac(self, ledger_id: int) -> bytes | None:
+        if ledger_id in self.limbo:
+            raise unknown_state(ledger_id, "its LAC")
         storage = self._storage(ledger_id)
         if not storage.ledger_exists(ledger_id):
             raise NoSuchLedgerError(f"ledger {ledger_id} not on this bookie")
@@ -437,6 +484,7 @@ class Bookie:
             self._ledger_state.pop(ledger_id, None)
             self._storage(ledger_id).delete_ledger(ledger_id)
         self._lacs.forget(ledger_id)
+        self.limbo.forget(ledger_id)
 
     def forget_ledger(self, ledger_id: int) -> None:
         """Drop the cached state of a ledger that GC removed from storage."""
@@ -444,6 +492,7 @@ class Bookie:
             self._ledger_state.pop(ledger_id, None)
         self._lacs.forget(ledger_id)
         self._router.forget(ledger_id)
+        self.limbo.forget(ledger_id)
 
     def ledgers(self) -> list[int]:
         out: set[int] = set()

@@ -47,6 +47,8 @@ class MeteredBookie(Protocol):
     def is_read_only(self) -> bool: ...
     @property
     def journals(self) -> Sequence[JournalCounts]: ...
+    @property
+    def limbo_ledger_count(self) -> int: ...
 
 
 _METRICS: tuple[stats.SourceMetric[MeteredBookie], ...] = (
@@ -63,6 +65,10 @@ _METRICS: tuple[stats.SourceMetric[MeteredBookie], ...] = (
                        labels=("journal",)),
     stats.SourceMetric("bookie_BOOKIE_ADD_ENTRY_REJECTED", "adds refused",
                        lambda b: {(k,): float(v) for k, v in b.adds_rejected.items()}, labels=("reason",)),
+    stats.SourceMetric("bookie_DATA_INTEGRITY_LIMBO_LEDGERS",
+                       "ledgers in limbo: this bookie may have lost data of them and answers 'unknown' "
+                       "(EUNKNOWNLEDGERSTATE) for what it does not hold until the integrity check copied it back",
+                       lambda b: {(): float(b.limbo_ledger_count)}, kind="gauge"),
 )
 
 

@@ -6,10 +6,14 @@ import logging
 import signal
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from vellum.config import load_server_config
+
+if TYPE_CHECKING:
+    from vellum.standalone import StandaloneSecurity
 
 
 def register(cli: click.Group) -> None:
@@ -65,13 +69,16 @@ def autorecovery(conf_file: str | None, metadata_uri: str | None, worker_id: str
 @click.option("--port-base", default=3181, show_default=True, help="bookie i listens on port-base + i")
 @click.option("--http-port-base", default=8080, show_default=True, help="admin HTTP of bookie i on this + i")
 @click.option("--metadata-uri", default=None, help="default: sqlite:///<data-dir>/metadata.db")
-def standalone(bookies: int, data_dir: str, port_base: int, http_port_base: int, metadata_uri: str | None) -> None:
+@click.option("--tls", is_flag=True, help="secured: mutual TLS, authentication and authorization on the bookie "
+              "ports, https and admin tokens on the admin HTTP (certificates made once under <data-dir>/security)")
+def standalone(bookies: int, data_dir: str, port_base: int, http_port_base: int, metadata_uri: str | None,
+               tls: bool) -> None:
     """Run N bookies with the embedded metadata store on this machine, until Ctrl-C."""
     from vellum.standalone import Standalone
 
     _logging(False)
     cluster = Standalone(Path(data_dir), bookies=bookies, port_base=port_base,
-                         http_port_base=http_port_base, metadata_uri=metadata_uri)
+                         http_port_base=http_port_base, metadata_uri=metadata_uri, tls=tls)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -81,18 +88,23 @@ def standalone(bookies: int, data_dir: str, port_base: int, http_port_base: int,
         click.echo("")
         click.echo("Vellum standalone is running.")
         click.echo(f"  metadata:  {cluster.metadata_uri}")
+        scheme = "https" if cluster.security else "http"
         for spec in cluster.specs:
-            click.echo(f"  bookie {spec.index}:  {spec.bookie_id}   admin http://127.0.0.1:{spec.http_port}/api/v1/bookie/info"
-                       f"   log {spec.base / 'bookie.log'}")
+            click.echo(f"  bookie {spec.index}:  {spec.bookie_id}   admin {scheme}://127.0.0.1:{spec.http_port}"
+                       f"/api/v1/bookie/info   log {spec.base / 'bookie.log'}")
         click.echo("")
-        click.echo("Connect from Python:")
-        click.echo("  import vellum")
-        click.echo(f"  bk = vellum.BookKeeper({cluster.metadata_uri!r})")
         e = min(3, bookies)
-        click.echo(f"  lh = bk.create_ledger(ensemble_size={e}, write_quorum_size={min(2, e)}, "
-                   f"ack_quorum_size={min(2, e)})")
-        click.echo("  lh.append(b'hello'); lh.close()")
-        click.echo(f"Or try: vellum shell simpletest --uri {cluster.metadata_uri}")
+        create = (f"  lh = bk.create_ledger(ensemble_size={e}, write_quorum_size={min(2, e)}, "
+                  f"ack_quorum_size={min(2, e)})")
+        if cluster.security is None:
+            click.echo("Connect from Python:")
+            click.echo("  import vellum")
+            click.echo(f"  bk = vellum.BookKeeper({cluster.metadata_uri!r})")
+            click.echo(create)
+            click.echo("  lh.append(b'hello'); lh.close()")
+            click.echo(f"Or try: vellum shell simpletest --uri {cluster.metadata_uri}")
+        else:
+            _say_how_to_connect_securely(cluster.metadata_uri, cluster.security, cluster.specs[0].http_port, create)
         click.echo("Press Ctrl-C to stop.")
         while not stop.wait(1.0):
             for i, proc in cluster.procs.items():
@@ -103,6 +115,26 @@ def standalone(bookies: int, data_dir: str, port_base: int, http_port_base: int,
         click.echo("stopping bookies ...")
         cluster.stop()
         click.echo("stopped.")
+
+
+def _say_how_to_connect_securely(uri: str, security: StandaloneSecurity, http_port: int, create: str) -> None:
+    click.echo(f"Secured: mutual TLS only, clients need a certificate from {security.ca}")
+    click.echo("with the role client, bookie or admin (or a token with one: bookieAuthProviderFactoryClass=tls,token).")
+    click.echo(f"Client configuration (these keys, also in {security.client_conf}):")
+    for key, value in security.client_keys().items():
+        click.echo(f"  {key}={value}")
+    click.echo("Connect from Python:")
+    click.echo("  import vellum")
+    click.echo("  from vellum.config import load_client_config")
+    click.echo(f"  bk = vellum.BookKeeper({uri!r}, config=load_client_config({str(security.client_conf)!r}))")
+    click.echo(create)
+    click.echo("  lh.append(b'hello'); lh.close()")
+    click.echo(f"Or try: vellum shell --client-conf {security.client_conf} simpletest --uri {uri}")
+    click.echo("Spark: .option('bookkeeper.<key>', <value>) for each key above (bookkeeper.tlsTrustStore, ...)")
+    click.echo(f"Admin HTTP (https; mutating calls need the admin token in {security.admin_token}, renewed at each "
+               "start):")
+    click.echo(f"  curl --cacert {security.ca} -H \"Authorization: Bearer $(cat {security.admin_token})\" "
+               f"-X PUT https://127.0.0.1:{http_port}/api/v1/bookie/gc")
 
 
 def _say_accepted(conf_file: str | None, accepted: dict[str, str]) -> None:

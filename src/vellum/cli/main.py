@@ -36,8 +36,13 @@ def cli() -> None:
 
 
 @cli.group()
-def shell() -> None:
+@click.option("--client-conf", type=click.Path(dir_okay=False, exists=True), envvar="VELLUM_CLIENT_CONF",
+              help="client settings (TLS, token, ZooKeeper identity) for commands that talk to bookies; "
+                   "default $VELLUM_CLIENT_CONF")
+@click.pass_context
+def shell(ctx: click.Context, client_conf: str | None) -> None:
     """Admin and inspection commands."""
+    ctx.ensure_object(dict)["client_conf"] = client_conf
 
 
 @cli.group()

@@ -8,6 +8,7 @@ import time
 import click
 from rich.progress import Progress
 
+from vellum.cli.client_options import open_shell_store, shell_client_config
 from vellum.cli.output import emit_json, emit_kv, emit_table
 from vellum.config import DEFAULT_METADATA_URI
 
@@ -40,7 +41,7 @@ def simpletest(uri: str, ensemble: int, write_quorum: int, ack_quorum: int, entr
     from vellum.client.blocking import BookKeeper
 
     t0 = time.perf_counter()
-    with BookKeeper(uri) as bk:
+    with BookKeeper(uri, config=shell_client_config()) as bk:
         lh = bk.create_ledger(ensemble_size=ensemble, write_quorum_size=write_quorum, ack_quorum_size=ack_quorum)
         payloads = [f"simpletest entry {i} ".encode() * 4 for i in range(entries)]
         futures = [lh.append_async(p) for p in payloads]
@@ -87,7 +88,7 @@ def readledger(uri: str, ledger_id: int, first: int, last: int, password: str, s
     from vellum.client.blocking import BookKeeper
     from vellum.format.records import is_packed, unpack
 
-    with BookKeeper(uri) as bk:
+    with BookKeeper(uri, config=shell_client_config()) as bk:
         lh = bk.open_ledger(ledger_id, password=password.encode(), recovery=False)
         packed = is_packed(lh.metadata.custom_metadata)
         lac = lh.last_add_confirmed
@@ -122,7 +123,7 @@ def recover(uri: str, ledger_id: int, password: str, as_json: bool) -> None:
     """Open a ledger with recovery: fence its last ensemble, recover the tail, close it."""
     from vellum.client.blocking import BookKeeper
 
-    with BookKeeper(uri) as bk:
+    with BookKeeper(uri, config=shell_client_config()) as bk:
         lh = bk.open_ledger(ledger_id, password=password.encode(), recovery=True)
         md = bk.ledger_metadata(ledger_id)
     result = {"ledgerId": ledger_id, "state": md.state.name, "lastEntryId": md.last_entry_id, "length": md.length,
@@ -145,9 +146,7 @@ def racks(uri: str, assignments: tuple[str, ...], mapping_file: str | None, as_j
     from vellum.client.bookkeeper import RACK_MAPPING_KEY
     from vellum.client.placement import load_rack_mapping, parse_rack_mapping
     from vellum.errors import ConfigError, MetadataVersionError
-    from vellum.meta import open_metadata_store
-
-    with open_metadata_store(uri) as store:
+    with open_shell_store(uri) as store:
         for _attempt in range(10):
             record = store.kv.get(RACK_MAPPING_KEY)
             mapping = parse_rack_mapping(record.value.decode(), source=RACK_MAPPING_KEY) if record else {}

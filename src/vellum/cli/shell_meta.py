@@ -15,12 +15,13 @@ from typing import Any
 
 import click
 
+from vellum.cli.client_options import open_shell_store
 from vellum.cli.output import emit_kv, emit_table
 from vellum.config import DEFAULT_METADATA_URI
 from vellum.errors import CookieError
 from vellum.format.cookie import Cookie
 from vellum.ids import BookieId, LedgerId
-from vellum.meta import MetadataStore, open_metadata_store
+from vellum.meta import MetadataStore
 
 DEFAULT_URI = DEFAULT_METADATA_URI
 
@@ -41,7 +42,7 @@ def _json_option(fn: Callable[..., Any]) -> Callable[..., Any]:
 def _open(uri: str) -> MetadataStore:
     if uri.startswith("sqlite:///./"):
         os.makedirs(os.path.dirname(uri[len("sqlite:///"):]) or ".", exist_ok=True)
-    return open_metadata_store(uri)
+    return open_shell_store(uri)
 
 
 def register(shell: click.Group) -> None:

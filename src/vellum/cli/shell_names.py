@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from vellum.cli.client_options import shell_client_config
 from vellum.cli.output import emit_json, emit_kv, emit_table
 from vellum.config import DEFAULT_METADATA_URI
 
@@ -45,7 +46,7 @@ def names_cmd(uri: str, prefix: str, as_json: bool) -> None:
     from vellum.client.blocking import BookKeeper
     from vellum.client.named_blocking import NamedLedgers
 
-    with BookKeeper(uri) as bk:
+    with BookKeeper(uri, config=shell_client_config()) as bk:
         found = NamedLedgers(bk).list(prefix)
     if as_json:
         emit_json(found)
@@ -62,7 +63,7 @@ def name_cmd(uri: str, name: str, as_json: bool) -> None:
     from vellum.client.blocking import BookKeeper
     from vellum.client.named_blocking import NamedLedgers
 
-    with BookKeeper(uri) as bk:
+    with BookKeeper(uri, config=shell_client_config()) as bk:
         info = NamedLedgers(bk).info(name)
     rec = info.record
     segments: list[dict[str, Any]] = [
@@ -109,7 +110,7 @@ def readname(uri: str, password: str, name: str, first: int | None, last: int, s
     from vellum.client.blocking import BookKeeper
     from vellum.client.named_blocking import NamedLedgers, OpenMode
 
-    with BookKeeper(uri) as bk:
+    with BookKeeper(uri, config=shell_client_config()) as bk:
         h = NamedLedgers(bk).open(name, OpenMode.READ_ONLY, password=password.encode())
         lac = h.read_last_add_confirmed()
         lo = h.start_entry_id if first is None else first
@@ -137,7 +138,7 @@ def shrink_cmd(uri: str, name: str, entry: int, force: bool, as_json: bool) -> N
     from vellum.client.blocking import BookKeeper
     from vellum.client.named_blocking import NamedLedgers
 
-    with BookKeeper(uri) as bk:
+    with BookKeeper(uri, config=shell_client_config()) as bk:
         named = NamedLedgers(bk)
         start = named.shrink(name, entry, force=force)
         rec = named.record(name).value

@@ -20,11 +20,12 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from vellum.admin import recovery_admin as ra
 from vellum.autorecovery.settings import AutoRecoverySettings
+from vellum.cli.client_options import open_shell_store, shell_client_config
 from vellum.cli.output import emit_json, emit_kv, emit_table
 from vellum.config import DEFAULT_METADATA_URI, ServerConfig, load_server_config
 from vellum.errors import VellumError
 from vellum.ids import BookieId
-from vellum.meta import MetadataStore, open_metadata_store
+from vellum.meta import MetadataStore
 
 
 def _uri_option(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -51,7 +52,7 @@ def _config(conf_file: str | None) -> ServerConfig:
 
 def _store(uri: str) -> MetadataStore:
     try:
-        return open_metadata_store(uri)
+        return open_shell_store(uri)
     except VellumError as e:
         raise click.ClickException(str(e)) from None
 
@@ -166,7 +167,7 @@ def recoverbookie(uri: str, conf_file: str | None, bookies: tuple[str, ...], as_
         def say(_what: str, done: int, total: int) -> None:
             progress.update(task, completed=done, total=total)
 
-        async with BookKeeper(uri) as bk:
+        async with BookKeeper(uri, config=shell_client_config()) as bk:
             return await ra.recover(bk, set(bookies), settings, progress=say)
 
     with _progress_bar() as progress:
@@ -196,7 +197,7 @@ def decommissionbookie(uri: str, bookie: str, timeout: float) -> None:
         def say(_what: str, done: int, total: int) -> None:
             progress.update(task, completed=done, total=total)
 
-        async with BookKeeper(uri) as bk:
+        async with BookKeeper(uri, config=shell_client_config()) as bk:
             return await ra.decommission(bk, bookie, timeout_s=timeout, progress=say)
 
     try:
@@ -249,7 +250,7 @@ def bookiesanity(uri: str, bookie: str, entries: int, as_json: bool) -> None:
     """Write entries to a ledger on one bookie only, read them back, delete the ledger."""
 
     async def main() -> None:
-        await ra.bookie_sanity(uri, bookie, entries)
+        await ra.bookie_sanity(uri, bookie, entries, config=shell_client_config())
 
     try:
         asyncio.run(main())

@@ -31,6 +31,12 @@ big answers land in buffers of their own, decoded without copying their entries)
   (``ErrorResponse(EUA, opcode=START_TLS)``) and fails everything pending with a
   :class:`SecurityError` saying the bookie requires TLS. Security failures back off like failed
   connects.
+* Authentication (a client made with ``auth``, a ``ClientAuth``): after START_TLS (if any) the
+  connection sends AUTH (a token, or ``tls`` to have its certificate checked) and nothing else
+  until the answer; the connection is up only on EOK. A refusal (EUA with the bookie's reason),
+  and the bookie's notice ``AuthResponse(AUTH_NOTICE_ID, EUA, reason)`` that precedes the
+  refusal of a request on an unauthenticated connection, fail everything pending with a
+  :class:`SecurityError` naming the bookie and carrying that reason.
 
 Matching answers to requests:
 
@@ -82,6 +88,7 @@ from vellum.errors import (
 )
 from vellum.proto import codec
 from vellum.proto import messages as m
+from vellum.security.auth import ClientAuth
 from vellum.security.tls import ReloadingContext
 
 log = logging.getLogger(__name__)
@@ -212,6 +219,8 @@ class _Connection(asyncio.BufferedProtocol):
         # then again for the confirmation inside TLS (tls_confirming)
         self.tls_answer: asyncio.Future[int] | None = None
         self.tls_confirming = False
+        # the answer to our AUTH, awaited by _connect
+        self.auth_answer: asyncio.Future[m.AuthResponse] | None = None
         # done once the socket is gone (or was never opened); close() waits on it
         self.closed: asyncio.Future[None] = loop.create_future()
         self.closed.add_done_callback(lambda _f: client._all_conns.discard(self))
@@ -228,6 +237,10 @@ class _Connection(asyncio.BufferedProtocol):
             )
             if self.client._tls is not None and self.state == _CONNECTING:
                 await asyncio.wait_for(self._start_tls(self.client._tls), self.client._start_tls_timeout_s)
+            if self.client._auth is not None and self.state == _CONNECTING:
+                await asyncio.wait_for(self._authenticate(self.client._auth), self.client._start_tls_timeout_s)
+            if self.state == _CONNECTING and (self.client._tls is not None or self.client._auth is not None):
+                self._up()
         except asyncio.CancelledError:
             # Cancelled by shutdown(), which has already failed the pending requests.
             if self.transport is not None:
@@ -251,6 +264,8 @@ class _Connection(asyncio.BufferedProtocol):
             reason = "timed out" if isinstance(exc, TimeoutError) else str(exc) or type(exc).__name__
             if self.transport is not None and self.client._tls is not None:
                 reason = f"TLS negotiation {reason}"
+            elif self.transport is not None and self.client._auth is not None:
+                reason = f"authentication {reason}"
             self.client._connect_failed(self.bookie_id, reason)
             self.shutdown(
                 BookieHandleNotAvailableError(f"cannot connect to bookie {self.bookie_id}: {reason}")
@@ -284,7 +299,17 @@ class _Connection(asyncio.BufferedProtocol):
             raise SecurityError(f"bookie {self.bookie_id} did not confirm the TLS connection "
                                 f"({WIRE_STATUS_NAMES.get(status, status)})")
         self.tls_confirming = False
-        self._up()
+
+    async def _authenticate(self, auth: ClientAuth) -> None:
+        """AUTH with ``auth``'s provider; returns once the bookie accepted it (a refusal is
+        turned into a SecurityError and the connection shut down by ``_handshake_answer``)."""
+        transport = self.transport
+        assert transport is not None
+        payload = auth.payload()
+        answer = self.auth_answer = self.loop.create_future()
+        transport.write(codec.encode(m.AuthRequest(self.new_request_id(), auth.plugin, payload)))
+        reply = await answer
+        log.debug("bookie %s: %s", self.bookie_id, reply.message)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # A cast, not an isinstance check: uvloop's TCPTransport does not subclass asyncio.Transport.
@@ -292,8 +317,8 @@ class _Connection(asyncio.BufferedProtocol):
         if self.state == _CLOSED:  # shut down while connecting
             transport.close()
             return
-        if self.client._tls is not None:
-            return  # up only after START_TLS and the handshake (_start_tls)
+        if self.client._tls is not None or self.client._auth is not None:
+            return  # up only after START_TLS and the handshake, and AUTH (_connect)
         self._up()
 
     def _up(self) -> None:
@@ -344,9 +369,9 @@ class _Connection(asyncio.BufferedProtocol):
                     pending.append(p)
                     p = p.next
         self.adds, self.reads, self.by_id, self.timeouts = {}, {}, {}, {}
-        answer = self.tls_answer
-        if answer is not None and not answer.done():
-            answer.set_exception(exc)  # wakes _connect, which sees the connection closed
+        for answer in (self.tls_answer, self.auth_answer):
+            if answer is not None and not answer.done():
+                answer.set_exception(exc)  # wakes _connect, which sees the connection closed
         for p in pending:
             if not p.done:
                 p.done = True
@@ -365,7 +390,8 @@ class _Connection(asyncio.BufferedProtocol):
         out = self.out
         if out and self.transport is not None and self.state == _CONNECTED:
             self.out = []
-            self.transport.writelines(out)
+            # A TLS transport makes TLS records of each buffer: small frames go joined.
+            self.transport.writelines(codec.coalesce(out) if self.client._tls is not None else out)
 
     def new_request_id(self) -> int:
         self.next_request_id += 1
@@ -382,7 +408,7 @@ class _Connection(asyncio.BufferedProtocol):
             self._bad_answer(str(exc))
             return
         if self.state == _CONNECTING:
-            self._tls_answer(messages)
+            self._handshake_answer(messages)
             return
         for msg in messages:
             kind = type(msg)
@@ -394,10 +420,40 @@ class _Connection(asyncio.BufferedProtocol):
                 self._bad_answer(msg.reason)
             elif kind is m.ErrorResponse:
                 self._answer_error(msg)
+            elif kind is m.AuthResponse:
+                self._refused(msg.message)
             else:
                 self._answer_by_id(msg)
             if self.state == _CLOSED:
                 return
+
+    def _handshake_answer(self, messages: list[Any]) -> None:
+        """Frames before the connection is up: the answer to our START_TLS or AUTH."""
+        if not messages:
+            return  # a partial frame so far
+        if len(messages) == 1:
+            msg = messages[0]
+            kind = type(msg)
+            answer = self.auth_answer
+            if kind is m.AuthResponse:
+                if msg.status != EOK or msg.request_id == m.AUTH_NOTICE_ID:
+                    self._refused(msg.message)
+                elif answer is not None and not answer.done() and not self.decoder.buffered:
+                    answer.set_result(msg)
+                else:
+                    self._bad_answer("an unexpected AUTH answer")
+                return
+            if kind is m.ErrorResponse and msg.opcode == m.OP_AUTH and answer is not None:
+                self._refused("it does not know AUTH (a bookie without authentication support)")
+                return
+        self._tls_answer(messages)
+
+    def _refused(self, reason: str) -> None:
+        """The bookie refused this client's authentication (or the lack of it): fail all."""
+        err = SecurityError(f"bookie {self.bookie_id} refused this client: {reason or 'EUA'}")
+        log.warning("%s", err)
+        self.client._connect_failed(self.bookie_id, str(err))
+        self.shutdown(err)
 
     def _tls_answer(self, messages: list[Any]) -> None:
         """Frames before the connection is up: only the answer to our START_TLS may come."""
@@ -583,13 +639,16 @@ class BookieClient:
         max_reconnect_backoff_s: float = 2.0,
         tls: ReloadingContext | None = None,
         start_tls_timeout_s: float = DEFAULT_START_TLS_TIMEOUT_S,
+        auth: ClientAuth | None = None,
     ) -> None:
         """``tls``: talk TLS to every bookie (START_TLS on each new connection), with the
-        context it holds when the connection is made."""
+        context it holds when the connection is made. ``auth``: authenticate each new
+        connection (AUTH) before using it; ``start_tls_timeout_s`` bounds each of the two steps."""
         if connect_timeout_s <= 0:
             raise IncorrectParameterError(f"connect_timeout_s must be > 0, got {connect_timeout_s}")
         self._connect_timeout_s = connect_timeout_s
         self._tls = tls
+        self._auth = auth
         self._start_tls_timeout_s = start_tls_timeout_s
         self._max_frame_size = max_frame_size
         self._backoff_initial_s = reconnect_backoff_s

@@ -44,6 +44,7 @@ from vellum.meta import open_metadata_store
 from vellum.meta.api import MetadataStore, Versioned, Watch
 from vellum.meta.model import DigestType as MetaDigestType
 from vellum.meta.model import LedgerMetadata, LedgerState
+from vellum.security.auth import TLS, ClientAuth, provider_name
 from vellum.security.tls import ReloadingContext, TlsSettings
 
 log = logging.getLogger(__name__)
@@ -72,6 +73,17 @@ def client_tls(config: ClientConfig) -> ReloadingContext | None:
         hostname_verification=config.tls_hostname_verification_enabled,
         refresh_s=config.tls_cert_files_refresh_duration_s,
     ))
+
+
+def client_auth(config: ClientConfig) -> ClientAuth | None:
+    """What the client authenticates bookie connections with (``clientAuthProviderFactoryClass``),
+    or ``None``. A token file that cannot be read fails here."""
+    provider = config.client_auth_provider_factory_class.strip()
+    if not provider:
+        return None
+    if provider_name(provider) == TLS:
+        return ClientAuth.certificate()
+    return ClientAuth.token(token=config.client_auth_token, token_file=config.client_auth_token_file)
 
 
 class BookKeeper:
@@ -115,18 +127,20 @@ class BookKeeper:
             raise ClientClosedError("this BookKeeper client was closed")
         loop = asyncio.get_running_loop()
         tls = await asyncio.to_thread(client_tls, self.config)  # bad TLS files fail before anything opens
+        auth = await asyncio.to_thread(client_auth, self.config)
         if self._store is None:
             self._store = await asyncio.to_thread(
                 open_metadata_store,
                 self._uri,
                 default_sqlite_path=DEFAULT_SQLITE_PATH,
                 session_timeout_s=self.config.zk_timeout_ms / 1000.0,
+                zk_digest_auth_file=self.config.zk_digest_auth_file if self.config.zk_enable_security else "",
             )
         store = self._store
         placement = self._placement
         if placement is None:
             placement = await asyncio.to_thread(_placement_from_config, self.config, store)
-        self._bookie_client = BookieClient(tls=tls, start_tls_timeout_s=self.config.start_tls_timeout_s)
+        self._bookie_client = BookieClient(tls=tls, start_tls_timeout_s=self.config.start_tls_timeout_s, auth=auth)
         ctx = self._ctx = ClientContext(store, self._bookie_client, placement, self.config,
                                         max_adds_in_flight=self._max_adds_in_flight)
         writable, read_only = await asyncio.to_thread(_list_bookies, store)

@@ -117,7 +117,7 @@ class NamedLedgerRecord:
 
     name: str
     digest_type: DigestType
-    password: bytes
+    password: bytes = field(repr=False)  # never in a log line or error message
     ensemble_size: int
     write_quorum_size: int
     ack_quorum_size: int

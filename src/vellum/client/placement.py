@@ -90,6 +90,11 @@ class PlacementPolicy(ABC):
     ) -> str:
         """A bookie to take position ``index`` of ``ensemble``, not already in it."""
 
+    def adheres(self, ensemble: Sequence[str], write_quorum: int, *, bookies: Collection[str]) -> bool:
+        """Whether an existing ensemble meets this policy, given the cluster's ``bookies`` (the
+        auditor's placement check). Distinct members are all the default policy asks."""
+        return len(set(ensemble)) == len(ensemble)
+
 
 class DefaultPlacementPolicy(PlacementPolicy):
     """BookKeeper's DefaultEnsemblePlacementPolicy: uniformly random among the candidates."""
@@ -185,6 +190,17 @@ class RackawarePlacementPolicy(PlacementPolicy):
             enforce=enforce,
             rng=rng,
         )
+
+    def adheres(self, ensemble: Sequence[str], write_quorum: int, *, bookies: Collection[str]) -> bool:
+        """Every write quorum window spans ``min(minNumRacksPerWriteQuorum, WQ, racks of the
+        cluster's bookies)`` racks (the bound ``new_ensemble`` aims for)."""
+        if len(set(ensemble)) != len(ensemble):
+            return False
+        size = len(ensemble)
+        racks = [self.rack(b) for b in ensemble]
+        need = min(self._min_racks, write_quorum, len({self.rack(b) for b in bookies} | set(racks)))
+        return all(len({racks[(start + i) % size] for i in range(write_quorum)}) >= need
+                   for start in range(size))
 
     def rack(self, bookie_id: str) -> str:
         try:

@@ -16,7 +16,9 @@ Responsibility: what "open with recovery" does to a ledger that is not CLOSED
    of the entry's write set in the last ensemble: an entry is recovered on one positive,
    digest-verified answer; it is absent when explicit negatives reach quorum coverage
    ``(WQ - AQ) + 1`` (then it cannot have been acknowledged); anything else aborts with the
-   retryable ``LedgerRecoveryError`` (never guess: design.md rule 3).
+   retryable ``LedgerRecoveryError`` (never guess: design.md rule 3). "Unknown"
+   (EUNKNOWNLEDGERSTATE, from a bookie that may have lost the ledger's data: its ledger is
+   limbo, rule 12) counts as neither positive nor negative, here and in fencing, like a timeout.
 5. Each recovered entry is written back, byte for byte, to its write set with the RECOVERY_ADD
    flag (accepted by fenced bookies), so it reaches ``AQ`` copies; an ensemble change is allowed
    and is CAS-ed against the IN_RECOVERY metadata. Then the advisory "ledger closed" note goes to

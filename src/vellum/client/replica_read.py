@@ -43,7 +43,9 @@ log = logging.getLogger(__name__)
 
 _F = TypeVar("_F", bound="asyncio.Future[Any]")
 
-#: errors that mean "this bookie does not have it" (explicit negatives for coverage)
+#: errors that mean "this bookie does not have it" (explicit negatives for coverage). Never
+#: ``UnknownLedgerStateError`` (EUNKNOWNLEDGERSTATE): a bookie whose ledger is limbo may have lost
+#: the entry, so its answer is neither yes nor no, like a timeout (design.md rule 12)
 NEGATIVE_ANSWERS = (NoSuchEntryError, NoSuchLedgerError)
 
 #: rounds over a write set whose replicas all pushed back (TooManyRequestsError) before giving up

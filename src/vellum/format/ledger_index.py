@@ -34,7 +34,7 @@ skipped, missing required fields reported as corruption. Pure: no I/O.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from vellum.errors import CorruptionError
 from vellum.ids import INT64_MAX
@@ -141,7 +141,7 @@ class LedgerData:
 
     exists: bool = True
     fenced: bool = False
-    master_key: bytes = b""
+    master_key: bytes = field(default=b"", repr=False)
     explicit_lac: bytes | None = None
     limbo: bool | None = None
     #: Vellum's ``vellumDigestType`` (field 100): see the module docstring

@@ -5,13 +5,29 @@ Paths and JSON shapes follow BookKeeper's REST API (``/heartbeat``, ``/metrics``
 is done by ``admin.BookieAdmin`` in a thread, so a slow metadata store never blocks the loop.
 Errors come back as JSON ``{"error": "..."}`` with 400 (bad parameter), 404 (unknown ledger)
 or 500.
+
+Security (``HttpSecurity``, docs/security.md), applied by one middleware to every route, the
+ones other modules add included:
+
+* with a token verification key, every mutating request (PUT, POST, DELETE, PATCH: GC,
+  compaction suspend/resume, the read-only switch, AutoRecovery switches, decommission...)
+  needs ``Authorization: Bearer <token>`` carrying the ``admin`` role: 401 without a valid
+  token, 403 without the role; with ``tokens_for_reads`` every other request needs a valid
+  token too (any role). ``/heartbeat`` is always open (liveness probes). Refusals are logged
+  with the peer, the method, the path and the reason, never the token;
+* TLS is the server's ``ssl_context`` (``httpServerTlsEnable``);
+* no response carries a password or a master key: JSON keys naming one are redacted
+  (``"(redacted)"``) on the way out, whatever the handler put there.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import ssl
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -22,11 +38,105 @@ from vellum.errors import (
     IncorrectParameterError,
     NoSuchLedgerError,
     NoSuchLedgerOnMetadataServerError,
+    SecurityError,
     VellumError,
 )
+from vellum.security.tokens import DEFAULT_AUDIENCE, TokenVerifier
 from vellum.stats import REGISTRY
 
+log = logging.getLogger(__name__)
+
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+#: the role a token needs for mutating endpoints
+ADMIN_ROLE = "admin"
+#: paths open whatever the settings (liveness probes)
+OPEN_PATHS = frozenset({"/heartbeat"})
+_MUTATING = frozenset({"PUT", "POST", "DELETE", "PATCH"})
+_REDACTED = "(redacted)"
+
+
+@dataclass(frozen=True)
+class HttpSecurity:
+    """Who may call the admin API: ``verifier`` checks bearer tokens (None: no token checks);
+    mutating calls need ``ADMIN_ROLE``; ``tokens_for_reads`` makes reads need a token too."""
+
+    verifier: TokenVerifier | None = None
+    audience: str = DEFAULT_AUDIENCE
+    tokens_for_reads: bool = False
+
+
+def _secret_key(name: str) -> bool:
+    low = name.lower().replace("_", "").replace("-", "")
+    return "password" in low or "passwd" in low or "masterkey" in low
+
+
+def redact(data: Any) -> tuple[Any, bool]:
+    """``data`` with every value under a password / master key key replaced; and whether
+    anything was."""
+    if isinstance(data, dict):
+        out: dict[Any, Any] = {}
+        changed = False
+        for k, v in data.items():
+            if isinstance(k, str) and _secret_key(k):
+                out[k] = _REDACTED
+                changed = changed or v != _REDACTED
+            else:
+                out[k], c = redact(v)
+                changed = changed or c
+        return out, changed
+    if isinstance(data, list):
+        items = [redact(v) for v in data]
+        return [v for v, _ in items], any(c for _, c in items)
+    return data, False
+
+
+def _bearer(request: web.Request) -> str | None:
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip()
+
+
+def _refuse(request: web.Request, status: int, reason: str) -> web.Response:
+    log.warning("admin HTTP %s %s from %s refused: %s", request.method, request.path, request.remote, reason)
+    headers = {"WWW-Authenticate": 'Bearer realm="vellum"'} if status == 401 else None
+    return web.Response(text=json.dumps({"error": reason}), status=status, content_type="application/json",
+                        headers=headers)
+
+
+def security_middleware(security: HttpSecurity) -> Any:
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        verifier = security.verifier
+        if verifier is not None and request.path not in OPEN_PATHS:
+            mutating = request.method in _MUTATING
+            if mutating or security.tokens_for_reads:
+                token = _bearer(request)
+                if token is None:
+                    need = f"a token with the {ADMIN_ROLE} role" if mutating else "a token"
+                    return _refuse(request, 401, f"this call needs {need}: send 'Authorization: Bearer <token>' "
+                                                 "(`vellum security issue-token`)")
+                try:
+                    claims = verifier.verify(token, audience=security.audience)
+                except SecurityError as e:
+                    return _refuse(request, 401, str(e))
+                if mutating and ADMIN_ROLE not in claims.roles:
+                    return _refuse(request, 403, f"principal {claims.subject!r} (roles {list(claims.roles)}) "
+                                                 f"lacks the {ADMIN_ROLE} role this call needs")
+        response = await handler(request)
+        if isinstance(response, web.Response) and response.content_type == "application/json" and response.text:
+            try:
+                data = json.loads(response.text)
+            except ValueError:
+                return response
+            clean, changed = redact(data)
+            if changed:
+                response.text = json.dumps(clean, indent=2)
+        return response
+
+    return middleware
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
@@ -68,7 +178,8 @@ def _bool(value: Any, name: str) -> bool:
     raise IncorrectParameterError(f"{name} must be a boolean, got {value!r}")
 
 
-def build_app(admin: BookieAdmin, extra_routes: list[web.RouteDef] | None = None) -> web.Application:
+def build_app(admin: BookieAdmin, extra_routes: list[web.RouteDef] | None = None,
+              security: HttpSecurity | None = None) -> web.Application:
     """The aiohttp application; ``extra_routes`` lets later features (GC) add their paths."""
 
     def guarded(fn: Callable[[web.Request], Awaitable[Any]]) -> Handler:
@@ -131,7 +242,7 @@ def build_app(admin: BookieAdmin, extra_routes: list[web.RouteDef] | None = None
         st = admin.state()
         return web.Response(text="OK\n" if st["running"] else "not ready\n", status=200 if st["running"] else 503)
 
-    app = web.Application()
+    app = web.Application(middlewares=[security_middleware(security or HttpSecurity())])
     app.add_routes(
         [
             web.get("/heartbeat", heartbeat),
@@ -156,12 +267,18 @@ class AdminHttpServer:
     """Runs ``build_app`` on (host, port) on the current event loop."""
 
     def __init__(
-        self, admin: BookieAdmin, *, host: str, port: int, extra_routes: list[web.RouteDef] | None = None
+        self, admin: BookieAdmin, *, host: str, port: int, extra_routes: list[web.RouteDef] | None = None,
+        security: HttpSecurity | None = None, ssl_context: ssl.SSLContext | None = None,
     ) -> None:
-        self._app = build_app(admin, extra_routes)
+        self._app = build_app(admin, extra_routes, security)
         self._host = host
         self._port = port
+        self._ssl = ssl_context
         self._runner: web.AppRunner | None = None
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self._ssl is not None else "http"
 
     @property
     def port(self) -> int:
@@ -170,7 +287,7 @@ class AdminHttpServer:
     async def start(self) -> None:
         self._runner = web.AppRunner(self._app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self._host, self._port, reuse_address=True)
+        site = web.TCPSite(self._runner, self._host, self._port, reuse_address=True, ssl_context=self._ssl)
         await site.start()
         server = site._server  # the bound socket tells the real port when 0 was asked
         sockets = getattr(server, "sockets", None)

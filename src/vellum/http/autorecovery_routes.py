@@ -30,6 +30,7 @@ from aiohttp import web
 from vellum.admin import recovery_admin as ra
 from vellum.autorecovery.settings import AutoRecoverySettings
 from vellum.client.bookkeeper import BookKeeper
+from vellum.config import ClientConfig
 from vellum.ids import BookieId
 from vellum.meta.api import MetadataStore
 
@@ -53,7 +54,9 @@ async def _body(request: web.Request) -> dict[str, Any]:
     return data
 
 
-def autorecovery_routes(store: MetadataStore, metadata_uri: str, settings: AutoRecoverySettings) -> list[web.RouteDef]:
+def autorecovery_routes(store: MetadataStore, metadata_uri: str, settings: AutoRecoverySettings,
+                        client_config: ClientConfig | None = None) -> list[web.RouteDef]:
+    """``client_config``: the client the long operations open (the bookie's own, with its TLS)."""
     tasks: set[asyncio.Task[Any]] = set()
 
     def background(what: str, coro: Coroutine[Any, Any, Any]) -> None:
@@ -122,7 +125,7 @@ def autorecovery_routes(store: MetadataStore, metadata_uri: str, settings: AutoR
             return _json({"error": f"bookie {bookie} is still registered: stop it first"}, 409)
 
         async def run() -> int:
-            async with BookKeeper(metadata_uri) as bk:
+            async with BookKeeper(metadata_uri, config=client_config) as bk:
                 return await ra.decommission(bk, bookie)
 
         background(f"decommission of {bookie}", run())
@@ -136,7 +139,7 @@ def autorecovery_routes(store: MetadataStore, metadata_uri: str, settings: AutoR
         delete_cookie = bool(body.get("delete_cookie", False))
 
         async def run() -> dict[int, str]:
-            async with BookKeeper(metadata_uri) as bk:
+            async with BookKeeper(metadata_uri, config=client_config) as bk:
                 results = await ra.recover(bk, set(src), settings)
                 if delete_cookie and not any(v.startswith("failed") for v in results.values()):
                     for b in src:

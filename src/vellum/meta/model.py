@@ -60,7 +60,7 @@ class LedgerMetadata:
     ack_quorum_size: int
     ensembles: Mapping[int, tuple[BookieId, ...]]
     digest_type: DigestType = DigestType.CRC32C
-    password: bytes = b""
+    password: bytes = field(default=b"", repr=False)
     state: LedgerState = LedgerState.OPEN
     last_entry_id: int = -1
     length: int = 0

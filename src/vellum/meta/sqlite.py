@@ -1001,6 +1001,31 @@ class SqliteUnderReplicationManager(UnderReplicationManager):
             e.state.close()
 
 
+def secure_store_file(path: str) -> None:
+    """Create the store file with mode 0600 if it does not exist (SQLite gives its -wal and -shm
+    files the same mode); refuse one that group or others may write: whoever can write it can
+    rewrite every ledger's metadata (ensembles, state, passwords) and the bookie cookies."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        pass
+    except OSError as e:
+        raise MetadataStoreUnavailableError(f"{path}: cannot create the metadata store: {e.strerror or e}") from None
+    else:
+        os.close(fd)
+    for name in (path, path + "-wal", path + "-shm"):
+        try:
+            mode = os.stat(name).st_mode
+        except FileNotFoundError:
+            continue
+        if mode & 0o022:
+            raise MetaStoreError(
+                f"{name} is writable by group or others (mode {mode & 0o777:04o}): anyone with those rights "
+                f"could rewrite ledger metadata and cookies. Fix it with `chmod 600 {path} {path}-wal {path}-shm` "
+                "(the files that exist) and start again"
+            )
+
+
 class SqliteMetadataStore(MetadataStore):
     """The embedded store on ``path``; one session (lease + heartbeat thread) per instance."""
 
@@ -1026,6 +1051,7 @@ class SqliteMetadataStore(MetadataStore):
         parent = Path(self.path).parent
         if not parent.is_dir():
             raise MetadataStoreUnavailableError(f"{self.path}: directory {parent} does not exist")
+        secure_store_file(self.path)
         self._db = self._open_db()
         self._check_and_create_schema()
         self._dispatch = CallbackDispatcher("vellum-sqlite-events")

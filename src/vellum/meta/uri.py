@@ -79,8 +79,12 @@ def open_metadata_store(
     session_timeout_s: float = 10.0,
     connect_timeout_s: float = 10.0,
     poll_interval_s: float = 0.1,
+    zk_digest_auth_file: str = "",
 ) -> MetadataStore:
-    """Open (connect to) the store ``uri`` names; does not format it."""
+    """Open (connect to) the store ``uri`` names; does not format it. ``zk_digest_auth_file``:
+    a ZooKeeper store authenticates with the ``user:password`` in it and creates znodes readable
+    and writable by that identity only (``zkEnableSecurity``); ignored by the SQLite store,
+    which is protected by its file mode."""
     if not uri:
         if default_sqlite_path is None:
             raise ConfigError("metadataServiceUri is empty and no default SQLite path was given")
@@ -93,7 +97,7 @@ def open_metadata_store(
         return SqliteMetadataStore(
             parsed.path, session_timeout_s=session_timeout_s, poll_interval_s=poll_interval_s, uri=uri
         )
-    from vellum.meta.zk import ZkMetadataStore
+    from vellum.meta.zk import ZkMetadataStore, read_digest_file
 
     return ZkMetadataStore(
         parsed.hosts,
@@ -102,4 +106,5 @@ def open_metadata_store(
         session_timeout_s=session_timeout_s,
         connect_timeout_s=connect_timeout_s,
         uri=uri,
+        digest_auth=read_digest_file(zk_digest_auth_file) if zk_digest_auth_file else "",
     )

@@ -52,6 +52,12 @@ Invariants:
   create with a generated id that exhausts the budget is remembered: the next ``create_ledger``
   of this store adopts it (same metadata) or removes it, so nobody is left holding no id to an
   existing ledger;
+- with a digest identity (``digest_auth`` = ``user:password``, BookKeeper's ``zkEnableSecurity``
+  with Vellum's ``zkDigestAuthFile``) the session authenticates with it and every znode this
+  store creates gets the ACL ``digest:user:<hash>:cdrwa`` and nothing else: only sessions with
+  the cluster's identity (bookies, trusted clients, tools given the file) can read or write
+  ledgers, cookies and registrations. A store that finds the root closed to its session says
+  which setting to fix; one that finds it open to everyone while secured warns;
 - under-replication locks and auditor votes are ephemeral: they end with the session. A lost
   session ends leadership at once (``on_lost``); after a new session, or a reconnection (kazoo
   drops watches on a disconnection), every candidacy runs its election step again.
@@ -67,12 +73,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import random
 import socket
 import threading
 import time
 import uuid
 from collections.abc import Callable, Collection, Iterable, Iterator
+from pathlib import Path
 from typing import Any, NoReturn
 
 from kazoo.client import KazooClient, KazooState
@@ -81,6 +89,7 @@ from kazoo.exceptions import (
     ConnectionClosedError,
     ConnectionLoss,
     KazooException,
+    NoAuthError,
     NodeExistsError,
     NoNodeError,
     NotEmptyError,
@@ -90,8 +99,10 @@ from kazoo.exceptions import (
 )
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import EventType, WatchedEvent, ZnodeStat
+from kazoo.security import make_digest_acl
 
 from vellum.errors import (
+    ConfigError,
     IncorrectParameterError,
     LedgerExistsError,
     LedgerIdOverflowError,
@@ -1418,6 +1429,23 @@ class ZkUnderReplicationManager(UnderReplicationManager):
             self._cond.notify_all()
 
 
+def read_digest_file(path: str) -> str:
+    """The ``user:password`` digest identity in ``path`` (surrounding whitespace ignored). The
+    file is a secret: refused if group or others may read or write it."""
+    try:
+        st = os.stat(path)
+        text = Path(path).read_text().strip()
+    except OSError as e:
+        raise ConfigError(f"cannot read zkDigestAuthFile {path}: {e.strerror or e}") from None
+    if st.st_mode & 0o077:
+        raise ConfigError(f"zkDigestAuthFile {path} is open to group/others (mode {st.st_mode & 0o777:04o}): it "
+                          f"holds the cluster's ZooKeeper password; run `chmod 600 {path}`")
+    user, sep, password = text.partition(":")
+    if not sep or not user or not password or "\n" in text:
+        raise ConfigError(f"zkDigestAuthFile {path} must hold one line user:password")
+    return text
+
+
 class ZkMetadataStore(MetadataStore):
     """A kazoo session on ``hosts`` with the metadata under ``root``."""
 
@@ -1431,7 +1459,10 @@ class ZkMetadataStore(MetadataStore):
         connect_timeout_s: float = 10.0,
         op_retry_s: float | None = None,
         uri: str = "",
+        digest_auth: str = "",
     ) -> None:
+        """``digest_auth``: ``user:password``, the cluster's ZooKeeper identity (see the module
+        docstring); empty = no authentication, znodes open to every client (world ACL)."""
         self.uri = uri or f"zk://{hosts}{root}"
         self.hosts = hosts
         self.root = root.rstrip("/") or "/ledgers"
@@ -1439,10 +1470,18 @@ class ZkMetadataStore(MetadataStore):
         # How long ledger create/delete keep retrying lost replies: a session timeout is how
         # long ZooKeeper itself waits before it gives up on a silent client.
         self._op_retry_s = session_timeout_s if op_retry_s is None else op_retry_s
+        security: dict[str, Any] = {}
+        self._digest_user = ""
+        if digest_auth:
+            user, _, password = digest_auth.partition(":")
+            self._digest_user = user
+            security = {"auth_data": [("digest", digest_auth)],
+                        "default_acl": [make_digest_acl(user, password, all=True)]}
         self._client = KazooClient(
             hosts=hosts,
             timeout=session_timeout_s,
             connection_retry={"max_tries": -1, "delay": 0.1, "max_delay": 1.0},
+            **security,
         )
         self._dispatch = CallbackDispatcher("vellum-zk-events")
         self._listeners: list[SessionListener] = []
@@ -1460,12 +1499,44 @@ class ZkMetadataStore(MetadataStore):
                 f"cannot reach ZooKeeper at {hosts} (metadata root {self.root}) within "
                 f"{connect_timeout_s:g}s: {type(e).__name__}"
             ) from None
+        try:
+            self._check_access()
+        except BaseException:
+            self._client.stop()
+            self._client.close()
+            self._dispatch.close()
+            raise
         self._idgen = ZkLedgerIdGenerator(self._client, self.root, self._op_retry_s)
         self._registration = ZkRegistrationManager(self._client, self.root, session_timeout_s)
         self._layout = ZkLayoutManager(self._client, self.root)
         self._kv = ZkKeyValueStore(self._client, self.root)
         self._ur = ZkUnderReplicationManager(self._client, self.root, self._dispatch, self._op_retry_s)
         self._client.add_listener(self._on_state)
+
+    def _check_access(self) -> None:
+        """Can this session read the root? Say which setting to fix if not; warn if a secured
+        store finds it open to everyone (formatted before zkEnableSecurity was on)."""
+        try:
+            if self._client.exists(self.root) is None:
+                return
+            self._client.get_children(self.root)
+            acls, _ = self._client.get_acls(self.root)
+        except NoAuthError:
+            if self._digest_user:
+                raise MetaStoreError(
+                    f"ZooKeeper refused the digest identity {self._digest_user!r} on {self.root} ({self.hosts}): "
+                    "zkDigestAuthFile holds another identity than the one the cluster was formatted with"
+                ) from None
+            raise MetaStoreError(
+                f"{self.root} on {self.hosts} is protected by ZooKeeper ACLs: set zkEnableSecurity=true and "
+                "zkDigestAuthFile (the cluster's user:password)"
+            ) from None
+        except KazooException as e:
+            raise MetadataStoreUnavailableError(f"cannot read {self.root} on {self.hosts}: {type(e).__name__}") from None
+        if self._digest_user and any(a.id.scheme == "world" for a in acls):
+            log.warning("zkEnableSecurity is on but %s on %s is open to every ZooKeeper client (formatted without "
+                        "it?): restrict it, e.g. zkCli.sh setAcl -R %s digest:%s:<hash>:cdrwa", self.root,
+                        self.hosts, self.root, self._digest_user)
 
     # -- session --------------------------------------------------------------------------
 

@@ -5,7 +5,7 @@ One protocol, documented byte by byte in ``docs/protocol.md``:
 * a frame is ``int32 frameLen`` + body; the body starts with the header int
   ``(2 << 24) | (opcode << 16) | flags`` (BookKeeper v2 packing);
 * ADD (1), READ (2) and BATCH_READ (7) keep BookKeeper v2's byte layout exactly;
-* Vellum's own operations (64..73, ERROR 127) put an int64 request id right after the header.
+* Vellum's own operations (64..74, ERROR 127) put an int64 request id right after the header.
 
 Two modules: ``messages`` names every frame as a value object (constants, one dataclass per
 message, and the registry of message types: ``REQUEST_TYPES`` / ``RESPONSE_TYPES``), and

@@ -23,6 +23,7 @@ the full tables)::
     71   reqId ledger endEntryId key                          reqId rc ledger
     72   reqId ledger first int:stride int:maxCount maxSize   reqId rc ledger first {int:len entry}*
     73   reqId                                                reqId rc   (START_TLS; TLS follows EOK)
+    74   reqId int:n pluginName int:m payload                 reqId rc int:n message (AUTH; UTF-8 texts)
     127  -                                                    reqId rc int:opcode ledger entry (flags =
                                                               mask of the known ids)
 
@@ -46,7 +47,7 @@ Invariants:
   tables each side decodes with are built from the registry.
 
 Size: this module is close to 1000 lines, and that size is earned. It is the byte layout of every
-frame, both ways: an encoder and a decoder per message type (26 of them), each a few lines
+frame, both ways: an encoder and a decoder per message type (30 of them), each a few lines
 against the struct table above, plus the stream framer (``FrameDecoder``) they share. Splitting
 it by frame would scatter that table, splitting encoders from decoders would separate the two
 halves of each layout that must be read together, and the framer's zero-copy ownership rules
@@ -65,9 +66,12 @@ from vellum.errors import EBADVERSION, EOK, FramingError, IncorrectParameterErro
 from vellum.proto.messages import (
     FLAG_DO_FENCING,
     MASTER_KEY_LENGTH,
+    MAX_AUTH_MESSAGE,
+    MAX_AUTH_NAME,
     MESSAGE_TYPES,
     MIN_ENTRY_SIZE,
     OP_ADD,
+    OP_AUTH,
     OP_BATCH_READ,
     OP_ERROR,
     OP_FORCE_LEDGER,
@@ -87,6 +91,8 @@ from vellum.proto.messages import (
     RESPONSE_TYPES,
     AddRequest,
     AddResponse,
+    AuthRequest,
+    AuthResponse,
     BadFrame,
     BatchReadRequest,
     BatchReadResponse,
@@ -152,6 +158,8 @@ _STRIDED_REQ = struct.Struct(">iIqqqiiq")  # requestId, ledgerId, first, int str
 _STRIDED_RESP = struct.Struct(">iIqiqq")  # requestId, rc, ledgerId, first + repeated [int len][entry]
 _START_TLS_REQ = _INFO_REQ  # requestId
 _START_TLS_RESP = struct.Struct(">iIqi")  # requestId, rc
+_AUTH_REQ = struct.Struct(">iIqi")  # requestId, nameLen + name + [int len][payload]
+_AUTH_RESP = struct.Struct(">iIqii")  # requestId, rc, messageLen + message
 
 
 def _body(frame: struct.Struct) -> struct.Struct:
@@ -180,6 +188,8 @@ _WRITE_LAC_REQ_B = _body(_WRITE_LAC_REQ)
 _STRIDED_REQ_B = _body(_STRIDED_REQ)
 _STRIDED_RESP_B = _body(_STRIDED_RESP)
 _START_TLS_RESP_B = _body(_START_TLS_RESP)
+_AUTH_REQ_B = _body(_AUTH_REQ)
+_AUTH_RESP_B = _body(_AUTH_RESP)
 
 # Header flags of an ERROR response: which of its ids are known.
 ERROR_HAS_REQUEST_ID = 0x1
@@ -434,6 +444,25 @@ def _enc_start_tls_resp(m: StartTlsResponse) -> list[BytesLike]:
     return [_START_TLS_RESP.pack(16, _V | (OP_START_TLS << 16), m.request_id, m.status)]
 
 
+def _utf8(text: str, limit: int, what: str) -> bytes:
+    data = text.encode("utf-8")
+    if len(data) > limit:
+        raise IncorrectParameterError(f"AUTH {what} of {len(data)} bytes exceeds {limit}")
+    return data
+
+
+def _enc_auth_req(m: AuthRequest) -> list[BytesLike]:
+    name = _utf8(m.auth_plugin_name, MAX_AUTH_NAME, "plugin name")
+    payload = m.payload
+    return [_AUTH_REQ.pack(20 + len(name) + len(payload), _V | (OP_AUTH << 16), m.request_id, len(name)),
+            name, _INT.pack(len(payload)), payload]
+
+
+def _enc_auth_resp(m: AuthResponse) -> list[BytesLike]:
+    message = _utf8(m.message, MAX_AUTH_MESSAGE, "message")
+    return [_AUTH_RESP.pack(20 + len(message), _V | (OP_AUTH << 16), m.request_id, m.status, len(message)), message]
+
+
 # Keyed by exact type: messages are final dataclasses, and a dict lookup beats isinstance chains.
 _ENCODERS: dict[type[Any], Callable[[Any], list[BytesLike]]] = {
     AddRequest: _enc_add_req,
@@ -461,6 +490,8 @@ _ENCODERS: dict[type[Any], Callable[[Any], list[BytesLike]]] = {
     TrimResponse: _enc_trim_resp,
     StartTlsRequest: _enc_start_tls_req,
     StartTlsResponse: _enc_start_tls_resp,
+    AuthRequest: _enc_auth_req,
+    AuthResponse: _enc_auth_resp,
     ErrorResponse: _enc_error_resp,
 }
 
@@ -479,6 +510,29 @@ def encode_parts(msg: Message) -> list[BytesLike]:
         return encoder(msg)
     except struct.error as exc:
         raise IncorrectParameterError(f"cannot encode {msg!r:.200}: {exc}") from exc
+
+
+#: ``coalesce`` joins buffers below this size; bigger ones (entry payloads) go out as they are
+COALESCE_BELOW = 16 * 1024
+
+
+def coalesce(parts: list[BytesLike]) -> list[BytesLike]:
+    """``parts`` with every run of small buffers joined into one (big ones untouched, uncopied).
+    For TLS transports, which make TLS records of each buffer they are given: a 1 KiB add is
+    four parts, and four records cost far more than one."""
+    out: list[BytesLike] = []
+    run: list[BytesLike] = []
+    for part in parts:
+        if len(part) < COALESCE_BELOW:
+            run.append(part)
+            continue
+        if run:
+            out.append(b"".join(run) if len(run) > 1 else run[0])
+            run = []
+        out.append(part)
+    if run:
+        out.append(b"".join(run) if len(run) > 1 else run[0])
+    return out
 
 
 def encode(msg: Message) -> bytes:
@@ -715,6 +769,37 @@ def _dec_start_tls_resp(body: memoryview, flags: int) -> Message:
     return StartTlsResponse(request_id, status)
 
 
+def _text(data: memoryview, limit: int, what: str) -> str:
+    if len(data) > limit:
+        raise _Malformed(f"AUTH {what} of {len(data)} bytes exceeds {limit}")
+    try:
+        return str(bytes(data), "utf-8")
+    except UnicodeDecodeError:
+        raise _Malformed(f"AUTH {what} is not UTF-8") from None
+
+
+def _dec_auth_req(body: memoryview, flags: int) -> Message:
+    if len(body) < 20:
+        raise _Malformed(f"AUTH frame body of {len(body)} bytes, expected at least 20")
+    _, request_id, name_len = _AUTH_REQ_B.unpack_from(body)
+    if name_len < 0 or 16 + name_len + 4 > len(body):
+        raise _Malformed(f"AUTH plugin name length {name_len} does not fit the frame")
+    name = _text(body[16:16 + name_len], MAX_AUTH_NAME, "plugin name")
+    (payload_len,) = _INT.unpack_from(body, 16 + name_len)
+    if payload_len != len(body) - 20 - name_len:
+        raise _Malformed(f"AUTH payload length {payload_len} does not match the frame")
+    return AuthRequest(request_id, name, bytes(body[20 + name_len:]))
+
+
+def _dec_auth_resp(body: memoryview, flags: int) -> Message:
+    if len(body) < 20:
+        raise _Malformed(f"AUTH response body of {len(body)} bytes, expected at least 20")
+    _, request_id, status, length = _AUTH_RESP_B.unpack_from(body)
+    if length != len(body) - 20:
+        raise _Malformed(f"AUTH response message length {length} does not match the frame")
+    return AuthResponse(request_id, status, _text(body[20:], MAX_AUTH_MESSAGE, "message"))
+
+
 _Decoder: TypeAlias = Callable[[memoryview, int], Message]
 
 # Keyed by message type like the encoders; the opcode tables each side decodes with are built
@@ -745,6 +830,8 @@ _DECODERS: dict[type[Any], _Decoder] = {
     StridedReadResponse: _dec_strided_resp,
     StartTlsRequest: _dec_start_tls_req,
     StartTlsResponse: _dec_start_tls_resp,
+    AuthRequest: _dec_auth_req,
+    AuthResponse: _dec_auth_resp,
     ErrorResponse: _dec_error_resp,
 }
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar, TypeAlias, get_args
 
 from vellum.errors import EBADREQ
@@ -58,6 +58,9 @@ OP_READ_STRIDED = 72
 #: BookKeeper's v3 START_TLS (OperationType 9) as a Vellum operation: upgrade the connection to
 #: TLS after the (plaintext) answer
 OP_START_TLS = 73
+#: authenticate the connection (BookKeeper's AUTH: v2 opcode 3 / v3 OperationType 5, which carry
+#: a protobuf ``AuthMessage{authPluginName, payload}``; Vellum carries the same two fields)
+OP_AUTH = 74
 #: response only: a request that could not be parsed or whose opcode is unknown
 OP_ERROR = 127
 
@@ -75,6 +78,7 @@ OPCODE_NAMES: dict[int, str] = {
     OP_TRIM: "TRIM",
     OP_READ_STRIDED: "READ_STRIDED",
     OP_START_TLS: "START_TLS",
+    OP_AUTH: "AUTH",
     OP_ERROR: "ERROR",
 }
 
@@ -113,7 +117,7 @@ class AddRequest:
 
     OPCODE: ClassVar[int] = OP_ADD
 
-    master_key: BytesLike
+    master_key: BytesLike = field(repr=False)  # never in a log line or error message
     entry: BytesLike
     flags: int = 0
 
@@ -154,7 +158,7 @@ class ReadRequest:
     ledger_id: int
     entry_id: int
     flags: int = 0
-    master_key: BytesLike | None = None
+    master_key: BytesLike | None = field(default=None, repr=False)
 
     @property
     def is_fencing(self) -> bool:
@@ -186,7 +190,7 @@ class BatchReadRequest:
     max_count: int
     max_size: int
     flags: int = 0
-    master_key: BytesLike | None = None
+    master_key: BytesLike | None = field(default=None, repr=False)
 
     @property
     def is_fencing(self) -> bool:
@@ -267,7 +271,7 @@ class WriteLacRequest:
     request_id: int
     ledger_id: int
     lac: int
-    master_key: BytesLike
+    master_key: BytesLike = field(repr=False)  # never in a log line or error message
     lac_body: BytesLike
 
 
@@ -388,7 +392,7 @@ class TrimRequest:
     request_id: int
     ledger_id: int
     end_entry_id: int
-    master_key: BytesLike
+    master_key: BytesLike = field(repr=False)  # never in a log line or error message
 
 
 @dataclass(frozen=True, slots=True)
@@ -453,6 +457,40 @@ class StartTlsResponse:
 
     request_id: int
     status: int
+
+
+#: the longest ``auth_plugin_name`` / ``AuthResponse.message`` (UTF-8 bytes) a frame may carry
+MAX_AUTH_NAME = 255
+MAX_AUTH_MESSAGE = 4096
+#: ``AuthResponse.request_id`` of a bookie's unsolicited refusal notice (clients number from 1)
+AUTH_NOTICE_ID = 0
+
+
+@dataclass(frozen=True, slots=True)
+class AuthRequest:
+    """Authenticate this connection with the bookie's ``auth_plugin_name`` provider
+    (``token``: ``payload`` is a signed token; ``tls``: empty payload, "check the identity of
+    my client certificate"). Sent after START_TLS (if any) and before any other request."""
+
+    OPCODE: ClassVar[int] = OP_AUTH
+
+    request_id: int
+    auth_plugin_name: str
+    payload: BytesLike = field(default=b"", repr=False)  # a token: never in a log line
+
+
+@dataclass(frozen=True, slots=True)
+class AuthResponse:
+    """``EOK``: authenticated and authorized, ``message`` names the principal; ``EUA``: refused,
+    ``message`` says why, and the bookie closes the connection. With ``request_id ==
+    AUTH_NOTICE_ID`` it is the notice a bookie sends before refusing a request on a connection
+    that has not authenticated (then it closes)."""
+
+    OPCODE: ClassVar[int] = OP_AUTH
+
+    request_id: int
+    status: int
+    message: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -536,6 +574,7 @@ Request: TypeAlias = (
     | TrimRequest
     | StridedReadRequest
     | StartTlsRequest
+    | AuthRequest
 )
 Response: TypeAlias = (
     AddResponse
@@ -550,6 +589,7 @@ Response: TypeAlias = (
     | TrimResponse
     | StridedReadResponse
     | StartTlsResponse
+    | AuthResponse
     | ErrorResponse
 )
 Message: TypeAlias = Request | Response

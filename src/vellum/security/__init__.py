@@ -1,6 +1,6 @@
 """Security building blocks (layer L2): certificates, TLS contexts and signed tokens.
 
-Three modules, each usable alone; none knows about configuration, the wire protocol or the
+Four modules, each usable alone; none knows about configuration, the wire protocol or the
 bookie (the layers above translate their settings into plain arguments):
 
 * ``pki``: a small certificate authority (``cryptography``): create a CA, issue certificates
@@ -11,6 +11,9 @@ bookie (the layers above translate their settings into plain arguments):
   change (certificate rotation without a restart), and ``peer_principal`` for a connection.
 * ``tokens``: signed, expiring JWTs (pyjwt; HS256 secret file, or RS256 / ES256 key pair)
   carrying a principal (``sub``) and roles.
+* ``auth``: the authentication providers of the bookie port (``tls``: the mutual-TLS
+  certificate; ``token``) and ``authorizedRoles``: who a connection is and whether it may be
+  served (``BookieAuthenticator``), and what a client sends (``ClientAuth``).
 
 Roles travel in a certificate the way BookKeeper's ``CertUtils`` reads them: in the subject's
 OU, as ``0:<role>[,<role>...]`` (code ``0`` = role names; other ``<code>:<value>`` parts,

@@ -42,7 +42,7 @@ import os
 import ssl
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from cryptography import x509
@@ -77,6 +77,9 @@ class TlsSettings:
     enabled_cipher_suites: tuple[str, ...] = ()
     hostname_verification: bool = False
     refresh_s: float = 0.0
+    #: the key's password itself, when it is configured in clear (BookKeeper's
+    #: ``httpServerKeyStorePassword``); ``key_store_password_path`` wins
+    key_store_password: str = field(default="", repr=False)
 
     def watched_files(self) -> tuple[str, ...]:
         """The files whose change triggers a reload (BookKeeper watches the same five)."""
@@ -147,6 +150,8 @@ def _ciphers(ctx: ssl.SSLContext, suites: tuple[str, ...]) -> None:
 
 def _load_chain(ctx: ssl.SSLContext, settings: TlsSettings) -> None:
     password = _password(settings.key_store_password_path)
+    if password is None and settings.key_store_password:
+        password = settings.key_store_password
 
     def no_password() -> str:
         # Without this callback OpenSSL would prompt on the terminal for an encrypted key.
@@ -250,6 +255,20 @@ class ReloadingContext:
     def for_client(cls, settings: TlsSettings, *, clock: Callable[[], float] = time.monotonic) -> ReloadingContext:
         return cls(lambda: client_context(settings), settings.watched_files(), settings.refresh_s,
                    clock=clock, what="client TLS")
+
+    def switching_context(self) -> ssl.SSLContext:
+        """A server context for code that takes one fixed ``SSLContext`` (aiohttp): each new
+        connection is switched, during its handshake, to the context current then (rotated
+        certificates apply to new connections, as with ``get()``)."""
+        base = self.get()
+
+        def switch(ssl_object: ssl.SSLObject | ssl.SSLSocket, _name: str | None, _ctx: ssl.SSLContext) -> None:
+            current = self.get()
+            if current is not base:
+                ssl_object.context = current
+
+        base.sni_callback = switch
+        return base
 
     def _stamp_all(self) -> tuple[tuple[int, int, int] | None, ...]:
         return tuple(_stamp(f) for f in self._files)

@@ -22,6 +22,14 @@ answers back. Invariants:
   After a mutual-TLS handshake the peer certificate's CN and OU roles are kept on the
   connection (``principal``, ``roles``) for authorization. Without TLS configured, START_TLS is
   answered EBADREQ (BookKeeper's answer when TLS is not configured) and the connection serves on.
+- with authentication configured (a ``BookieAuthenticator``: ``bookieAuthProviderFactoryClass``,
+  ``authorizedRoles``), a connection is served only once it is authenticated and authorized:
+  by its mutual-TLS certificate (``tls`` provider, decided right after the handshake) or by an
+  AUTH request (a token, or ``tls`` to confirm the certificate). Until then only START_TLS and
+  AUTH are answered; any other request gets the notice ``AuthResponse(AUTH_NOTICE_ID, EUA,
+  reason)``, its own EUA answer, and the connection is closed (logged with the peer and the
+  reason). A refused AUTH is answered EUA with the reason, then the connection is closed.
+  Without authentication configured, AUTH is answered EOK ("authentication is off").
 
 Metrics: each server counts with plain ints on the loop thread (``server/metrics.py``), so
 that two servers in one process keep their own counts.
@@ -47,11 +55,13 @@ from vellum.errors import (
     FramingError,
     NoSuchEntryError,
     NoSuchLedgerError,
+    SecurityError,
     VellumError,
     wire_status_for,
 )
 from vellum.proto import codec
 from vellum.proto import messages as m
+from vellum.security.auth import BookieAuthenticator, Identity
 from vellum.security.tls import ReloadingContext, peer_principal
 from vellum.server.metrics import ServerCounters, ServerMetrics, process_server_metrics
 
@@ -99,7 +109,7 @@ class BookieConnection(asyncio.BufferedProtocol):
     big entry lands in a buffer of its own and is journaled and cached from there, uncopied)."""
 
     def __init__(self, bookie: AsyncBookie, counters: _Counters, on_close: Callable[[BookieConnection], None],
-                 tls: ReloadingContext | None = None) -> None:
+                 tls: ReloadingContext | None = None, auth: BookieAuthenticator | None = None) -> None:
         self._bookie = bookie
         self._counters = counters
         # The server's counters, held here so that counting a request costs one lookup.
@@ -129,6 +139,7 @@ class BookieConnection(asyncio.BufferedProtocol):
             m.LedgerClosedNote: self._on_ledger_closed,
             m.TrimRequest: self._on_trim,
             m.StartTlsRequest: self._on_start_tls,
+            m.AuthRequest: self._on_auth,
             m.BadFrame: self._on_bad_frame,
         }
         self._tls = tls
@@ -141,6 +152,14 @@ class BookieConnection(asyncio.BufferedProtocol):
         #: identity from the peer's certificate after a mutual-TLS handshake (for authorization)
         self.principal: str | None = None
         self.roles: tuple[str, ...] = ()
+        self._auth = auth
+        # False while authentication is on and this connection has not proved an authorized
+        # identity: every request then goes through _before_auth.
+        self._authorized = auth is None
+        self._cert_identity: Identity | None = None
+        #: who the connection is authenticated as (None without authentication)
+        self.identity: Identity | None = None
+        self._closing = False
 
     # ---------------------------------------------------------------------------- transport
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -176,7 +195,13 @@ class BookieConnection(asyncio.BufferedProtocol):
             else:
                 self._before_tls(messages)
             return
-        self._dispatch(messages)
+        self._serve(messages)
+
+    def _serve(self, messages: list[Any]) -> None:
+        if self._authorized:
+            self._dispatch(messages)
+        elif not self._closing:
+            self._before_auth(messages)
 
     def _dispatch(self, messages: list[Any]) -> None:
         handlers = self._handlers
@@ -218,7 +243,8 @@ class BookieConnection(asyncio.BufferedProtocol):
         self._flush_scheduled = False
         if self._out and self._transport is not None:
             out, self._out = self._out, []
-            self._transport.writelines(out)
+            # A TLS transport makes TLS records of each buffer: small answers go joined.
+            self._transport.writelines(codec.coalesce(out) if self._tls is not None else out)
 
     def _spawn(self, coro: Any) -> None:
         task = self._loop.create_task(coro)
@@ -532,9 +558,77 @@ class BookieConnection(asyncio.BufferedProtocol):
         self._awaiting_tls = self._upgrading = False
         log.info("TLS connection from %s (%s%s)", peer, ssl_object.version() if ssl_object else "?",
                  f", principal {self.principal!r}, roles {list(self.roles)}" if self.principal else "")
+        if self._auth is not None:
+            self._cert_identity = self._auth.from_certificate(self.principal, self.roles)
+            if self._cert_identity is not None:
+                try:
+                    self._auth.authorize(self._cert_identity)
+                except SecurityError:
+                    pass  # not yet: a token may follow (AUTH); refused at the first other request
+                else:
+                    self._authenticated(self._cert_identity)
         early, self._early = self._early, []
         if early:
-            self._dispatch(early)
+            self._serve(early)
+
+    # ------------------------------------------------------------------------------ AUTH
+    def _authenticated(self, identity: Identity) -> None:
+        self.identity = identity
+        self._authorized = True
+        log.info("connection from %s authenticated: %s", self._peer(), identity.describe())
+
+    def _on_auth(self, req: m.AuthRequest) -> None:
+        self._requests["AUTH"] += 1
+        if self._auth is None:
+            self._send(m.AuthResponse(req.request_id, EOK, "authentication is off on this bookie"))
+            return
+        try:
+            identity = self._auth.from_auth(req.auth_plugin_name, bytes(req.payload), self._cert_identity)
+            self._auth.authorize(identity)
+        except SecurityError as e:
+            self._refuse_auth(req.request_id, f"authentication refused: {e}", "AUTH")
+            return
+        self._authenticated(identity)
+        self._send(m.AuthResponse(req.request_id, EOK, _clip(f"authenticated as {identity.principal!r}")))
+
+    def _before_auth(self, messages: list[Any]) -> None:
+        """Requests on a connection that has not authenticated: START_TLS and AUTH are
+        answered, anything else is refused and the connection closed."""
+        for i, msg in enumerate(messages):
+            kind = type(msg)
+            if kind is m.StartTlsRequest:
+                self._on_start_tls(msg)
+            elif kind is m.AuthRequest:
+                self._on_auth(msg)
+                if not self._authorized:
+                    return  # refused: closing
+                rest = messages[i + 1:]
+                if rest:
+                    self._dispatch(rest)
+                return
+            else:
+                assert self._auth is not None
+                try:
+                    self._auth.authorize(self.identity or self._cert_identity)
+                    reason = "not authenticated"
+                except SecurityError as e:
+                    reason = str(e)
+                self._requests[m.OPCODE_NAMES.get(getattr(kind, "OPCODE", -1), kind.__name__)] += 1
+                answer = _refusal(msg, EUA)
+                self._refuse_auth(m.AUTH_NOTICE_ID, f"request refused: {reason}", kind.__name__, answer)
+                return
+
+    def _refuse_auth(self, request_id: int, reason: str, what: str, answer: Any = None) -> None:
+        """Answer EUA with ``reason`` (and ``answer``, the refused request's own EUA), log it,
+        and close the connection once the answers are written."""
+        log.warning("%s from %s refused, closing the connection: %s", what, self._peer(), reason)
+        self._send(m.AuthResponse(request_id, EUA, _clip(reason)))
+        if answer is not None:
+            self._send(answer)
+        self._closing = True
+        self._flush()
+        if self._transport is not None:
+            self._transport.close()
 
     def _on_bad_frame(self, bad: m.BadFrame) -> None:
         self._requests["BAD_FRAME"] += 1
@@ -561,6 +655,11 @@ def _refusal(msg: Any, status: int) -> Any:
     return m.ErrorResponse(status, getattr(msg, "request_id", None), kind.OPCODE, getattr(msg, "ledger_id", None))
 
 
+def _clip(text: str) -> str:
+    """``text`` cut to what an AUTH response may carry (UTF-8 bytes, whole characters)."""
+    return text.encode()[:m.MAX_AUTH_MESSAGE].decode(errors="ignore")
+
+
 def _tls_reason(exc: BaseException) -> str:
     if isinstance(exc, TimeoutError):
         return f"no handshake within {TLS_HANDSHAKE_TIMEOUT_S:g}s"
@@ -574,11 +673,14 @@ class BookieServer:
     """Listens on (host, port) and serves the bookie protocol."""
 
     def __init__(self, bookie: AsyncBookie, *, host: str, port: int, limits: ServerLimits,
-                 metrics: ServerMetrics | None = None, tls: ReloadingContext | None = None) -> None:
+                 metrics: ServerMetrics | None = None, tls: ReloadingContext | None = None,
+                 auth: BookieAuthenticator | None = None) -> None:
         """``metrics`` exports this server's counts while it serves (default: the process's,
         on the registry the admin HTTP server exports). ``tls``: serve TLS connections only
-        (START_TLS), with the context it holds when each connection upgrades."""
+        (START_TLS), with the context it holds when each connection upgrades. ``auth``: serve
+        only authenticated, authorized connections."""
         self._tls = tls
+        self._auth = auth
         self._bookie = bookie
         self._host = host
         self._port = port
@@ -595,7 +697,7 @@ class BookieServer:
         loop = asyncio.get_running_loop()
 
         def factory() -> BookieConnection:
-            conn = BookieConnection(self._bookie, self._counters, self._connections.discard, self._tls)
+            conn = BookieConnection(self._bookie, self._counters, self._connections.discard, self._tls, self._auth)
             self._connections.add(conn)  # tracked so that stop() can close it
             return conn
 

@@ -18,7 +18,7 @@ Invariants:
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from vellum.client.blocking import BookKeeper, LedgerHandle
@@ -53,7 +53,7 @@ class Span:
     base: int
     first: int
     last: int
-    password: bytes
+    password: bytes = field(repr=False)  # never in a log line or error message
 
 
 def _avg(length: int, entries: int) -> int:

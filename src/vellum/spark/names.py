@@ -18,7 +18,7 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from vellum.client.blocking import BookKeeper, LedgerHandle
@@ -50,7 +50,7 @@ class NameView:
     start_entry_id: int
     end: int  # global id after the last readable entry
     segments: tuple[SegmentView, ...]
-    password: bytes
+    password: bytes = field(repr=False)  # never in a log line or error message
     custom_metadata: dict[str, bytes]
     avg_entry_bytes: int
 

@@ -20,7 +20,7 @@ import difflib
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from vellum.errors import IncorrectParameterError
 
@@ -180,7 +180,7 @@ class ReadOptions:
     fail_on_data_loss: bool
     lac_poll_interval_ms: int
     arrow_batch_entries: int
-    password: bytes
+    password: bytes = field(repr=False)  # never in a log line or error message
     client_properties: tuple[tuple[str, str], ...]
 
     @property
@@ -285,7 +285,7 @@ class WriteOptions:
     write_quorum_size: int | None
     ack_quorum_size: int | None
     digest_type: str | None
-    password: bytes
+    password: bytes = field(repr=False)  # never in a log line or error message
     max_in_flight: int
     client_properties: tuple[tuple[str, str], ...]
     #: rows packed into one entry (1 = plain entries, one row each; see vellum.format.records)

@@ -26,7 +26,7 @@ import math
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -65,7 +65,7 @@ class EntryRange:
     base: int
     first: int
     last: int
-    password: bytes
+    password: bytes = field(repr=False)  # never in a log line or error message
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,17 @@ At start the bookie calls ``check_or_stamp_cookies``:
 - a dir without a cookie that already holds files in ``current/``: refused (data whose owner
   cannot be proven).
 
+With ``stamp_missing`` (``dataIntegrityChecking`` and ``dataIntegrityStampMissingCookies``,
+as BookKeeper's ``DataIntegrityCookieValidation``) the two "wiped" refusals above become a
+stamp over the missing cookies: every dir wiped while the store holds the cookie, or a journal,
+ledger or index dir the stored cookie lists that lost its cookie. The dirs stamped over are
+reported (``CookieCheck.stamped_over``) and, before any cookie is written, the
+``INTEGRITY_CHECK_NEEDED`` marker goes to every ledger dir (``storage/markers.py``): the bookie
+may have acknowledged entries it no longer holds, and must mark its ledgers limbo before it
+serves (design rule 12), even if it crashes between the stamp and that marking. A dir that holds
+data without a cookie, a foreign or mismatching cookie and a new dir without
+``allowStorageExpansion`` are refused as before.
+
 Cookies of an older layout (3, 4) that match are re-stamped in the current layout (5).
 Every stamp is durable (temp file, fsync, rename, fsync dir). The metadata-store copy of the
 cookie (``/ledgers/cookies/<bookieId>``) is read by the layer above and passed in; after the
@@ -28,18 +39,30 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from vellum.errors import CookieError, StorageError
 from vellum.format.cookie import VERSION_FILENAME, Cookie
 from vellum.storage.dirs import current_dir
 from vellum.storage.durable import fsync_dir, write_file_durably
+from vellum.storage.markers import INTEGRITY_CHECK_FILENAME, mark_integrity_check_needed
 
 log = logging.getLogger(__name__)
 
 # Files the bookie itself may create in a fresh ``current/`` before or while cookies are
 # stamped (the dir lock, the unclean-shutdown marker, a torn stamp); they do not count as data.
-_IGNORED_IN_FRESH_DIR = {".lock", "DIRTY", "DIRTY.tmp", VERSION_FILENAME + ".tmp"}
+_IGNORED_IN_FRESH_DIR = {".lock", "DIRTY", "DIRTY.tmp", VERSION_FILENAME + ".tmp",
+                         INTEGRITY_CHECK_FILENAME, INTEGRITY_CHECK_FILENAME + ".tmp"}
+
+
+@dataclass(frozen=True)
+class CookieCheck:
+    """What ``check_cookies`` found: the cookie now on every disk, and the dirs whose missing
+    cookie was stamped over (their data is lost; empty unless ``stamp_missing``)."""
+
+    cookie: Cookie
+    stamped_over: tuple[str, ...] = ()
 
 
 def cookie_path(dir: Path | str) -> Path:
@@ -106,6 +129,25 @@ def check_or_stamp_cookies(
     disk. ``index_dirs`` empty means the index lives in the ledger dirs. ``store_cookie`` is the
     metadata store's copy for this bookie id (None if the cluster has never seen it). Raises
     CookieError naming the offending dir; CorruptionError if a VERSION file is unreadable."""
+    return check_cookies(
+        bookie_id, journal_dirs, ledger_dirs, index_dirs, instance_id,
+        allow_storage_expansion=allow_storage_expansion, store_cookie=store_cookie,
+    ).cookie
+
+
+def check_cookies(
+    bookie_id: str,
+    journal_dirs: Sequence[Path | str],
+    ledger_dirs: Sequence[Path | str],
+    index_dirs: Sequence[Path | str],
+    instance_id: str | None,
+    *,
+    allow_storage_expansion: bool = False,
+    store_cookie: Cookie | None = None,
+    stamp_missing: bool = False,
+) -> CookieCheck:
+    """``check_or_stamp_cookies``, and with ``stamp_missing`` the wiped dirs are stamped over
+    instead of refused (see the module docstring); ``CookieCheck.stamped_over`` names them."""
     journals = tuple(str(d) for d in journal_dirs)
     ledgers = tuple(str(d) for d in ledger_dirs)
     indexes = tuple(str(d) for d in index_dirs) or None
@@ -129,6 +171,21 @@ def check_or_stamp_cookies(
                 "away or restore the cookie"
             )
 
+    if not stamped and store_cookie is not None and stamp_missing:
+        # Every disk was wiped: the same bookie (the store's cookie must describe it), with
+        # nothing of what it held. Marked before the first stamp (see the module docstring).
+        try:
+            expected.verify_matches(store_cookie, allow_expansion=allow_storage_expansion)
+        except CookieError as e:
+            raise CookieError(f"the metadata store's cookie of {bookie_id} does not match this bookie: {e}") from None
+        log.warning("every directory of bookie %s lost its cookie while the metadata store holds it: "
+                    "stamping over %s (dataIntegrityStampMissingCookies); its ledgers go limbo",
+                    bookie_id, ", ".join(all_dirs))
+        mark_integrity_check_needed(ledgers, f"every directory lost its cookie: {', '.join(all_dirs)}")
+        for d in all_dirs:
+            write_cookie(d, expected)
+        return CookieCheck(expected, tuple(all_dirs))
+
     if not stamped and store_cookie is not None:
         raise CookieError(
             f"the metadata store holds a cookie for bookie {bookie_id} but none of its directories "
@@ -145,7 +202,7 @@ def check_or_stamp_cookies(
         log.info("fresh bookie %s: stamping cookies in %s", bookie_id, ", ".join(all_dirs))
         for d in all_dirs:
             write_cookie(d, expected)
-        return expected
+        return CookieCheck(expected)
 
     # Every stamped dir must describe this bookie (exactly, or as a subset under expansion).
     for d, c in stamped.items():
@@ -161,10 +218,20 @@ def check_or_stamp_cookies(
         raise CookieError(f"the bookie's directories carry different cookies ({listing}); fix them by hand")
     stored = next(iter(stamped.values()))
 
+    stamped_over: tuple[str, ...] = ()
     if missing:
         known = set(stored.ledger_dirs) | set(stored.index_dirs or ())
         wiped = [d for d in missing if d in known or d in journals]
-        if wiped or not allow_storage_expansion:
+        new_dirs = [d for d in missing if d not in wiped]
+        if stamp_missing and wiped and (allow_storage_expansion or not new_dirs):
+            # A wiped journal (entries acknowledged since the last checkpoint are gone) or a
+            # wiped ledger/index dir (its ledgers are gone): stamped over, ledgers go limbo.
+            log.warning("%s lost its cookie while %s has one: stamping over it "
+                        "(dataIntegrityStampMissingCookies); the bookie's ledgers go limbo",
+                        ", ".join(wiped), cookie_path(next(iter(stamped))))
+            mark_integrity_check_needed(ledgers, f"directories lost their cookie: {', '.join(wiped)}")
+            stamped_over = tuple(wiped)
+        elif wiped or not allow_storage_expansion:
             bad = wiped or missing
             raise CookieError(
                 f"no cookie in {', '.join(str(cookie_path(d)) for d in bad)} while "
@@ -173,11 +240,12 @@ def check_or_stamp_cookies(
                 "with empty dirs"
                 + ("" if wiped else ", or set allowStorageExpansion=true to add a new ledger dir")
             )
-        log.warning("storage expansion: stamping new dirs %s for bookie %s", missing, bookie_id)
+        if new_dirs:
+            log.warning("storage expansion: stamping new dirs %s for bookie %s", new_dirs, bookie_id)
     elif stored.ledger_dirs == expected.ledger_dirs and (stored.index_dirs or None) == indexes and (
         stored.layout_version == expected.layout_version
     ):
-        return stored
+        return CookieCheck(stored)
 
     # Expansion (new dirs, or dirs added to the configuration whose cookie was re-stamped
     # elsewhere): stamp the expanded cookie everywhere; new dirs first so a crash midway leaves
@@ -186,7 +254,7 @@ def check_or_stamp_cookies(
         write_cookie(d, expected)
     for d in stamped:
         write_cookie(d, expected)
-    return expected
+    return CookieCheck(expected, stamped_over)
 
 
 def verify_cookie_file(dir: Path | str) -> Cookie:

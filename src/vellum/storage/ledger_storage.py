@@ -703,9 +703,16 @@ class LedgerStorage:
             return self._ledger(ledger_id).explicit_lac
 
     def set_limbo(self, ledger_id: int, limbo: bool) -> None:
+        """Mark (or clear) the ledger *limbo*: this bookie may have lost entries of it
+        (``bookie/integrity.py``). Durable at the next ``flush()``."""
         with self._cond:
             self._check_open()
             self._put_ledger(ledger_id, _replace(self._ledger(ledger_id), limbo=limbo))
+
+    def limbo_ledgers(self) -> list[int]:
+        """The ledgers marked limbo, ascending."""
+        with self._cond:
+            return sorted(lid for lid, data in self._ledgers.items() if data.limbo)
 
     def delete_ledger(self, ledger_id: int) -> None:
         """Forget the ledger: cached entries and index entries; its ledger data becomes a fenced

@@ -7,6 +7,10 @@ lock that keeps two processes off the same directories.
 - ``<ledgerDir>/current/BOOKIE_STATUS`` (``persistBookieStatusEnabled``): one line
   ``<layoutVersion>,<READ_ONLY|READ_WRITE>,<lastUpdateTimeMillis>,<manual true|false>\\n``,
   layout version 1, written to every ledger dir; on read the newest valid copy wins.
+- ``<ledgerDir>/current/INTEGRITY_CHECK_NEEDED``: written (durably, in every ledger dir)
+  before the cookies of a bookie that lost data are stamped over (``dataIntegrityChecking``),
+  removed once every ledger it may have held is marked limbo (``bookie/integrity.py``). Found at
+  start -> the marking was interrupted and must run again before the bookie serves.
 - ``<dir>/current/.lock``: an exclusive ``fcntl.flock`` held for the life of the bookie (or of
   an offline tool such as ``rebuild-index``); the holder's PID is written into the file so the
   error for a second process names it. The kernel drops the lock when the holder dies, so a
@@ -25,11 +29,12 @@ from types import TracebackType
 
 from vellum.errors import CorruptionError, StorageError
 from vellum.storage.dirs import current_dir
-from vellum.storage.durable import remove_file, write_file_durably
+from vellum.storage.durable import fsync_dir, remove_file, write_file_durably
 
 log = logging.getLogger(__name__)
 
 DIRTY_FILENAME = "DIRTY"
+INTEGRITY_CHECK_FILENAME = "INTEGRITY_CHECK_NEEDED"
 BOOKIE_STATUS_FILENAME = "BOOKIE_STATUS"
 LOCK_FILENAME = ".lock"
 BOOKIE_STATUS_LAYOUT_VERSION = 1
@@ -76,6 +81,46 @@ def mark_clean(dirs: Sequence[Path | str]) -> None:
 
 def is_dirty(dir: Path | str) -> bool:
     return (current_dir(dir) / DIRTY_FILENAME).exists()
+
+
+# -- lost data: the limbo marking is pending ----------------------------------------------
+
+
+def mark_integrity_check_needed(dirs: Sequence[Path | str], reason: str) -> None:
+    """Write ``current/INTEGRITY_CHECK_NEEDED`` (the reason, one line) durably in every ledger
+    dir: the bookie may have lost data, and its ledgers must be marked limbo before it serves."""
+    for d in dirs:
+        cur = current_dir(d)
+        try:
+            if not cur.is_dir():  # a wiped dir may be gone (as in write_cookie)
+                cur.mkdir(parents=True, exist_ok=True)
+                fsync_dir(cur.parent)
+        except OSError as e:
+            raise StorageError(f"cannot create {cur}: {e.strerror or e}") from e
+        write_file_durably(cur / INTEGRITY_CHECK_FILENAME, reason.encode("utf-8") + b"\n")
+
+
+def integrity_check_needed(dirs: Sequence[Path | str]) -> str | None:
+    """The reason written by ``mark_integrity_check_needed`` if any ledger dir holds the marker."""
+    for d in dirs:
+        path = current_dir(d) / INTEGRITY_CHECK_FILENAME
+        try:
+            return path.read_bytes().decode("utf-8", "replace").strip() or "unknown"
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            raise StorageError(f"cannot read {path}: {e.strerror or e}") from e
+    return None
+
+
+def clear_integrity_check_needed(dirs: Sequence[Path | str]) -> None:
+    """Remove the marker from every ledger dir (the limbo marking is durable)."""
+    for d in dirs:
+        path = current_dir(d) / INTEGRITY_CHECK_FILENAME
+        try:
+            remove_file(path)
+        except OSError as e:
+            raise StorageError(f"cannot remove {path}: {e.strerror or e}") from e
 
 
 # -- bookie status ------------------------------------------------------------------------

@@ -1,0 +1,39 @@
+"""The client settings of ``vellum shell`` commands: ``vellum shell --client-conf FILE ...``
+(or ``$VELLUM_CLIENT_CONF``), a ``key=value`` file with BookKeeper's client keys, e.g. the TLS
+keys (``tlsProviderFactoryClass``, ``tlsTrustStore``, ``tlsCertificatePath``, ``tlsKeyStore``),
+the token ones (``clientAuthProviderFactoryClass=token``, ``clientAuthTokenFile``) and the
+ZooKeeper identity (``zkEnableSecurity``, ``zkDigestAuthFile``). ``vellum standalone --tls``
+writes one. Commands that open a client call ``shell_client_config()``; commands that open the
+metadata store directly call ``open_shell_store(uri)`` (the ZooKeeper identity of that file).
+"""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from vellum.config import ClientConfig, load_client_config
+from vellum.meta import MetadataStore, open_metadata_store
+
+ENV = "VELLUM_CLIENT_CONF"
+
+
+def shell_client_config() -> ClientConfig | None:
+    """The ``--client-conf`` file given to ``vellum shell`` (else ``$VELLUM_CLIENT_CONF``), loaded;
+    ``None`` when neither is set."""
+    path = None
+    ctx = click.get_current_context(silent=True)
+    while ctx is not None and path is None:
+        if isinstance(ctx.obj, dict):
+            path = ctx.obj.get("client_conf")
+        ctx = ctx.parent
+    path = path or os.environ.get(ENV)
+    return load_client_config(path) if path else None
+
+
+def open_shell_store(uri: str) -> MetadataStore:
+    """The metadata store ``uri``, with the ZooKeeper identity of the shell's client settings."""
+    config = shell_client_config()
+    digest = config.zk_digest_auth_file if config is not None and config.zk_enable_security else ""
+    return open_metadata_store(uri, zk_digest_auth_file=digest)
