@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from vellum.admin.bookie_admin import BookieAdmin
-from vellum.admin.gc_admin import GcAdmin
+from vellum.admin.gc_admin import DiskThresholds, GcAdmin
 from vellum.admin.integrity_check import IntegrityCheck, mark_ledgers_limbo
 from vellum.autorecovery.daemon import AutoRecovery, AutoRecoveryThread
 from vellum.autorecovery.settings import AutoRecoverySettings
@@ -217,7 +217,10 @@ class BookieService:
             )
             self.http = AdminHttpServer(
                 admin, host=cfg.http_server_host, port=cfg.http_server_port,
-                extra_routes=gc_routes(GcAdmin(bookie=bookie, bookie_id=self.bookie_id))
+                extra_routes=gc_routes(GcAdmin(
+                    bookie=bookie, bookie_id=self.bookie_id,
+                    disk_thresholds=DiskThresholds(cfg.disk_usage_warn_threshold, cfg.disk_usage_threshold,
+                                                   cfg.disk_usage_lwm_threshold)))
                 + autorecovery_routes(store, self.metadata_uri, AutoRecoverySettings.from_config(cfg),
                                       bookie_client_config(cfg, "the bookie's admin HTTP client")),
                 security=HttpSecurity(verifier=verifier, audience=cfg.token_audience,

@@ -3,21 +3,63 @@
 Shapes follow BookKeeper's REST services (``TriggerGCService``, ``GCDetailsService``,
 ``SuspendCompactionService``, ``ResumeCompactionService``): force GC, "is a forced GC in
 progress", per-GC-thread details, suspend / resume compaction; plus Vellum's per-entry-log
-usage view. Blocking but quick: each call only reads or flips GC-thread state.
+usage view and the disk usage of each ledger and journal dir (``disk_usage``: what the
+operator console draws against the warn and full thresholds). Blocking but quick: each call only
+reads or flips GC-thread state, or measures a dir.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import shutil
+from dataclasses import dataclass
+from importlib import metadata as package_metadata
+from pathlib import Path
 from typing import Any
 
 from vellum.bookie.bookie import Bookie
 
 
+@dataclass(frozen=True)
+class DiskThresholds:
+    """``diskUsageWarnThreshold``, ``diskUsageThreshold`` (full) and ``diskUsageLwmThreshold``."""
+
+    warn: float
+    full: float
+    lwm: float
+
+
+def _files_of(directory: Path, suffix: str) -> tuple[int, int]:
+    """(count, bytes) of the ``*suffix`` files in ``directory/current``; files that vanish
+    while they are listed (GC, journal rolling) are skipped."""
+    count = size = 0
+    current = directory / "current"
+    try:
+        entries = list(current.iterdir())
+    except OSError:
+        return 0, 0
+    for p in entries:
+        if p.name.endswith(suffix):
+            try:
+                size += p.stat().st_size
+            except OSError:
+                continue
+            count += 1
+    return count, size
+
+
+def _vellum_version() -> str:
+    try:
+        return package_metadata.version("vellum")
+    except package_metadata.PackageNotFoundError:
+        return "unknown"
+
+
 class GcAdmin:
-    def __init__(self, *, bookie: Bookie, bookie_id: str) -> None:
+    def __init__(self, *, bookie: Bookie, bookie_id: str, disk_thresholds: DiskThresholds | None = None) -> None:
         self._bookie = bookie
         self.bookie_id = bookie_id
+        self._thresholds = disk_thresholds
 
     def trigger_gc(self, force_major: bool | None = None, force_minor: bool | None = None) -> str:
         """``forceGC(major, minor)`` on every GC thread; a flag left None means "not suspended"."""
@@ -56,3 +98,28 @@ class GcAdmin:
             for row in gc.log_usage():
                 out.append({"ledgerDir": str(gc.storage.ledger_dir), **row})
         return out
+
+    def disk_usage(self) -> dict[str, Any]:
+        """Per ledger dir: filesystem size, used bytes and usage, GC's view of its state (ok /
+        warn / full), entry logs and their bytes; per journal dir: journal files and bytes; the
+        thresholds when known (else null); the Vellum version of this bookie."""
+        dirs: list[dict[str, Any]] = []
+        for gc in self._bookie.gc_threads:
+            d = Path(gc.storage.ledger_dir)
+            try:
+                du = shutil.disk_usage(d)
+                total, used, free = du.total, du.used, du.free
+            except OSError:
+                total = used = free = 0
+            logs, log_bytes = _files_of(d, ".log")
+            dirs.append({"ledgerDir": str(d), "totalBytes": total, "usedBytes": used, "freeBytes": free,
+                         "usage": round(used / total, 4) if total else None, "diskState": gc.disk_state().value,
+                         "entryLogs": logs, "entryLogBytes": log_bytes})
+        journals: list[dict[str, Any]] = []
+        for j in self._bookie.journals:
+            files, size = _files_of(Path(j.journal_dir), ".txn")
+            journals.append({"journalDir": str(j.journal_dir), "journalFiles": files, "journalBytes": size})
+        t = self._thresholds
+        return {"ledgerDirs": dirs, "journalDirs": journals,
+                "warnThreshold": t.warn if t else None, "fullThreshold": t.full if t else None,
+                "lwmThreshold": t.lwm if t else None, "version": _vellum_version()}

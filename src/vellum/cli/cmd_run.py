@@ -13,7 +13,8 @@ import click
 from vellum.config import load_server_config
 
 if TYPE_CHECKING:
-    from vellum.standalone import StandaloneSecurity
+    from vellum.console.server import ConsoleThread
+    from vellum.standalone import Standalone, StandaloneSecurity
 
 
 def register(cli: click.Group) -> None:
@@ -71,8 +72,11 @@ def autorecovery(conf_file: str | None, metadata_uri: str | None, worker_id: str
 @click.option("--metadata-uri", default=None, help="default: sqlite:///<data-dir>/metadata.db")
 @click.option("--tls", is_flag=True, help="secured: mutual TLS, authentication and authorization on the bookie "
               "ports, https and admin tokens on the admin HTTP (certificates made once under <data-dir>/security)")
+@click.option("--console-port", default=8090, show_default=True,
+              help="port of the operator console (vellum console) started with the bookies; 0: any free port")
+@click.option("--no-console", is_flag=True, help="do not start the operator console")
 def standalone(bookies: int, data_dir: str, port_base: int, http_port_base: int, metadata_uri: str | None,
-               tls: bool) -> None:
+               tls: bool, console_port: int, no_console: bool) -> None:
     """Run N bookies with the embedded metadata store on this machine, until Ctrl-C."""
     from vellum.standalone import Standalone
 
@@ -83,11 +87,16 @@ def standalone(bookies: int, data_dir: str, port_base: int, http_port_base: int,
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     click.echo(f"starting {bookies} bookies in {cluster.data_dir} ...")
+    console = None
     try:
         cluster.start()
+        if not no_console:
+            console = _start_console(cluster, console_port)
         click.echo("")
         click.echo("Vellum standalone is running.")
         click.echo(f"  metadata:  {cluster.metadata_uri}")
+        if console is not None:
+            click.echo(f"  console:   {console.url}/   (operator console: cluster, ledgers, storage & GC, recovery)")
         scheme = "https" if cluster.security else "http"
         for spec in cluster.specs:
             click.echo(f"  bookie {spec.index}:  {spec.bookie_id}   admin {scheme}://127.0.0.1:{spec.http_port}"
@@ -112,9 +121,35 @@ def standalone(bookies: int, data_dir: str, port_base: int, http_port_base: int,
                     click.echo(f"bookie {i} exited with code {proc.returncode}; see its log", err=True)
                     stop.set()
     finally:
+        if console is not None:
+            console.stop()
         click.echo("stopping bookies ...")
         cluster.stop()
         click.echo("stopped.")
+
+
+def _start_console(cluster: Standalone, port: int) -> ConsoleThread | None:
+    """The operator console on ``port`` (docs/console.md), with the admin token and the CA of a
+    secured cluster; a console that cannot start is reported, the bookies run on."""
+    from vellum.config import ClientConfig, load_client_config
+    from vellum.console.cluster import ConsoleSettings
+    from vellum.console.server import ConsoleThread, read_admin_token
+
+    sec = cluster.security
+    settings = ConsoleSettings(
+        cluster.metadata_uri,
+        admin_token=read_admin_token(sec.admin_token) if sec is not None else None,
+        client_config=load_client_config(sec.client_conf) if sec is not None else ClientConfig(),
+        http_ca_file=str(sec.ca) if sec is not None else "",
+    )
+    console = ConsoleThread(settings, port=port)
+    try:
+        console.start()
+    except Exception as e:  # a busy port must not stop the bookies
+        console.stop()
+        click.echo(f"the operator console did not start on port {port}: {e} (use --console-port)", err=True)
+        return None
+    return console
 
 
 def _say_how_to_connect_securely(uri: str, security: StandaloneSecurity, http_port: int, create: str) -> None:

@@ -1,4 +1,4 @@
-"""The ``vellum`` command: bookie, standalone, shell, config, bench, spark, security.
+"""The ``vellum`` command: bookie, standalone, shell, config, bench, spark, security, console.
 
 Each area registers its commands from its own module (``shell_<area>.py`` exposing
 ``register(shell)``, ``cmd_<name>.py`` exposing ``register(cli)``) so that areas stay
@@ -12,6 +12,7 @@ import click
 
 from vellum.cli import (
     cmd_bench,
+    cmd_console,
     cmd_run,
     cmd_security,
     cmd_spark,
@@ -98,6 +99,7 @@ shell_recovery.register(shell)
 shell_storage.register(shell)
 
 cmd_bench.register(cli)
+cmd_console.register(cli)
 cmd_run.register(cli)
 cmd_security.register(cli)
 cmd_spark.register(cli)

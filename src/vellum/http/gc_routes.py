@@ -8,7 +8,9 @@ BookKeeper's paths and JSON:
 - ``PUT /api/v1/bookie/gc/suspend_compaction`` body ``{"suspendMajor": bool, "suspendMinor": bool}``,
   ``GET`` answers ``{isMajorGcSuspended, isMinorGcSuspended}``;
 - ``PUT /api/v1/bookie/gc/resume_compaction`` body ``{"resumeMajor": bool, "resumeMinor": bool}``.
-Vellum's own: ``GET /api/v1/bookie/entrylogs`` (per-log size, live bytes, usage, ledgers).
+Vellum's own: ``GET /api/v1/bookie/entrylogs`` (per-log size, live bytes, usage, ledgers) and
+``GET /api/v1/bookie/disk_usage`` (per ledger dir usage and state, journal and entry-log bytes,
+thresholds, version: what the operator console draws).
 """
 
 from __future__ import annotations
@@ -94,6 +96,9 @@ def gc_routes(admin: GcAdmin) -> list[web.RouteDef]:
     async def entrylogs(_r: web.Request) -> web.Response:
         return _json(await asyncio.to_thread(admin.entry_log_usage))
 
+    async def disk_usage(_r: web.Request) -> web.Response:
+        return _json(await asyncio.to_thread(admin.disk_usage))
+
     return [
         web.put("/api/v1/bookie/gc", gc_put),
         web.get("/api/v1/bookie/gc", gc_get),
@@ -102,4 +107,5 @@ def gc_routes(admin: GcAdmin) -> list[web.RouteDef]:
         web.put("/api/v1/bookie/gc/suspend_compaction", suspend_put),
         web.put("/api/v1/bookie/gc/resume_compaction", resume_put),
         web.get("/api/v1/bookie/entrylogs", entrylogs),
+        web.get("/api/v1/bookie/disk_usage", disk_usage),
     ]

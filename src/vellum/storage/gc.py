@@ -281,6 +281,10 @@ class GarbageCollectorThread:
         with self._cond:
             return self._in_force_gc
 
+    def disk_state(self) -> DiskState:
+        """The state of this thread's ledger dir as GC sees it (ok, above warn, full)."""
+        return self._disk_state()
+
     def suspend(self, *, major: bool = False, minor: bool = False) -> None:
         with self._cond:
             if major:

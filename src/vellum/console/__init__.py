@@ -1,0 +1,7 @@
+"""console layer: the operator console, a web view of the whole cluster (issue 17, docs/console.md).
+
+Server-rendered pages (aiohttp + Jinja2 templates) over the metadata store, the bookies' admin
+HTTP API (found through their registrations) and Vellum's client; a vendored chart library
+(uPlot) served by the console itself. Read-only unless an admin token is configured; mutating
+actions go to the bookies' admin HTTP API with that token, like the shell's.
+"""
