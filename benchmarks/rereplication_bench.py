@@ -7,14 +7,16 @@ killed and its disks deleted, and the auditor marks its ledgers: a backlog to co
 of ``--seconds`` alternate in ABBA order, switching re-replication on and off with the global
 switch (as `vellum shell autorecovery enable|disable`; a ledger being copied finishes first):
 
-- phase 1, speed: W = the foreground writer alone (64 in flight, same entries, E3 W2 A2; switch
+- phase 1, cost (first, while the backlog is largest): see below;
+- phase 2, speed: W = the foreground writer alone (64 in flight, same entries, E3 W2 A2; switch
   off) against C = copying alone (switch on, no writer); C's rate is the bytes written to
   replacement bookies (the bookies' replication_worker_NUM_BYTES_WRITTEN counters). Target:
   C / W >= 0.5.
-- phase 2, cost: W against F = the foreground writer while copying (switch on). Target: F / W >= 0.7.
+- cost: W against F = the foreground writer while copying (switch on). Target: F / W >= 0.7.
 Both report the median of per-pair ratios with p10..p90, and an A/A control (W against W).
 
-    ./run bench rereplication_bench [--fill-mb 600] [--entry-kib 16] [--pairs 6] [--seconds 1.0] [--json]
+    ./run bench rereplication_bench [--fill-mb 1000] [--entry-kib 16] [--pairs 6] [--seconds 1.0]
+                                    [--rate-mb N] [--json]
 """
 
 from __future__ import annotations
@@ -114,10 +116,14 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     payload = os.urandom(size)
     report: dict[str, Any] = {"fill_mb": args.fill_mb, "entry_kib": args.entry_kib, "pairs": args.pairs,
                               "slice_seconds": args.seconds}
+    conf = dict(CONF)
+    if args.rate_mb > 0:  # replicationRateByBytes, per worker (one worker per bookie)
+        conf["replicationRateByBytes"] = str(int(args.rate_mb * 1e6))
+        report["replicationRateByBytes_per_worker"] = conf["replicationRateByBytes"]
     root = Path(args.dir)
     root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=root) as tmp, \
-            LocalCluster(Path(tmp) / "c", bookies=5, bookie_conf=CONF) as cluster:
+            LocalCluster(Path(tmp) / "c", bookies=5, bookie_conf=conf) as cluster:
         uri = cluster.metadata_uri
         victim = 4
         victim_id = cluster.bookie_ids[victim]
@@ -172,10 +178,10 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 return rate
 
             report["aa_control (W vs W)"] = await abba(w_slice, w_slice, max(2, args.pairs // 2), args.seconds)
-            report["speed: copying alone (C) vs writing alone (W)"] = await abba(c_slice, w_slice, args.pairs,
-                                                                                 args.seconds)
             report["cost: writing while copying (F) vs writing alone (W)"] = await abba(f_slice, w_slice, args.pairs,
                                                                                        args.seconds)
+            report["speed: copying alone (C) vs writing alone (W)"] = await abba(c_slice, w_slice, args.pairs,
+                                                                                 args.seconds)
             # F slices count only while there was something to copy: shown, so a backlog that ran
             # out (a too small --fill-mb) is seen.
             report["copy_mb_per_s_during_F_slices"] = [round(c / 1e6, 1) for c in copied_during_f]
@@ -192,6 +198,8 @@ def main() -> None:
     ap.add_argument("--entry-kib", type=int, default=16)
     ap.add_argument("--pairs", type=int, default=6)
     ap.add_argument("--seconds", type=float, default=1.0)
+    ap.add_argument("--rate-mb", type=float, default=0.0,
+                    help="throttle each worker (replicationRateByBytes) to this many MB/s; 0 = no bound")
     ap.add_argument("--dir", default="data/bench")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
