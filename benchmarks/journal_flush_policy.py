@@ -13,7 +13,6 @@ entries in flight; ~1 s slices alternate in ABBA order; reported: the median per
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Any
 import uvloop
 
 sys.path.insert(0, str(Path(__file__).parent))
+from bench_common import emit
 from redis_compare import abba, bookie_pids, vellum_slice_factory
 
 from vellum.client import BookKeeper
@@ -60,16 +60,7 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     report = uvloop.run(main_async(args))
-    if args.json:
-        print(json.dumps(report, indent=2))
-        return
-    for key, value in report.items():
-        if isinstance(value, dict):
-            print(key)
-            for k, v in value.items():
-                print(f"  {k:26s} {v:,.3f}")
-        else:
-            print(f"{key}: {value}")
+    emit(report, as_json=args.json)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import shutil
 import socket
@@ -33,6 +32,9 @@ from typing import Any
 import redis.asyncio as aioredis
 import uvloop
 
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_common import cpu_seconds, emit, pct
+
 from vellum.client import BookKeeper
 from vellum.testing.local_cluster import LocalCluster
 
@@ -43,16 +45,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _pct(values: list[float], p: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, round(p * (len(s) - 1))))] if s else 0.0
 
 
 class RedisServer:
@@ -156,7 +148,7 @@ async def abba(a: Slice, b: Slice, pairs: int, seconds: float, a_pids: list[int]
             cpu[name] += sum(cpu_seconds(p) for p in pids) - c0
             count[name] += n
             rates[name] = n / el
-            (p99a if name == "a" else p99b).append(_pct(lat, 0.99) * 1e3)
+            (p99a if name == "a" else p99b).append(pct(lat, 0.99) * 1e3)
         ra.append(rates["a"])
         rb.append(rates["b"])
         ratios.append(rates["a"] / rates["b"])
@@ -164,8 +156,8 @@ async def abba(a: Slice, b: Slice, pairs: int, seconds: float, a_pids: list[int]
         "a_median_per_s": statistics.median(ra),
         "b_median_per_s": statistics.median(rb),
         "ratio_a_over_b_median": statistics.median(ratios),
-        "ratio_p10": _pct(ratios, 0.1),
-        "ratio_p90": _pct(ratios, 0.9),
+        "ratio_p10": pct(ratios, 0.1),
+        "ratio_p90": pct(ratios, 0.9),
         "a_p99_ms_median": statistics.median(p99a),
         "b_p99_ms_median": statistics.median(p99b),
         "a_cpu_s_per_1000": 1000 * cpu["a"] / max(1, count["a"]),
@@ -221,7 +213,7 @@ async def tail_latency(bk: BookKeeper, reader: BookKeeper, rate: float, seconds:
 
     await asyncio.gather(write(), asyncio.wait_for(tail(), seconds + 30))
     await lh.close()
-    return {"p50_ms": _pct(lat, 0.5) * 1e3, "p99_ms": _pct(lat, 0.99) * 1e3, "entries": float(len(lat)),
+    return {"p50_ms": pct(lat, 0.5) * 1e3, "p99_ms": pct(lat, 0.99) * 1e3, "entries": float(len(lat)),
             "rate_per_s": rate}
 
 
@@ -287,16 +279,7 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     report = uvloop.run(main_async(args))
-    if args.json:
-        print(json.dumps(report, indent=2))
-        return
-    for key, value in report.items():
-        if isinstance(value, dict):
-            print(key)
-            for k, v in value.items():
-                print(f"  {k:26s} {v:,.3f}")
-        else:
-            print(f"{key}: {value:,.3f}" if isinstance(value, float) else f"{key}: {value}")
+    emit(report, as_json=args.json)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import re
 import shutil
@@ -38,6 +37,9 @@ from typing import Any
 
 import uvloop
 
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_common import emit, pct
+
 from vellum.client import BookKeeper
 from vellum.meta import MetadataStore
 from vellum.testing.local_cluster import LocalCluster
@@ -45,11 +47,6 @@ from vellum.testing.local_cluster import LocalCluster
 CONF = {"autoRecoveryDaemonEnabled": "true", "lostBookieRecoveryDelay": "0", "rereplicationEntryBatchSize": "100",
         "openLedgerRereplicationGracePeriod": "1000", "journalMaxGroupWaitMSec": "2", "flushInterval": "10000"}
 Slice = Callable[[float], Awaitable[float]]
-
-
-def _pct(values: list[float], p: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, round(p * (len(s) - 1))))] if s else 0.0
 
 
 def bytes_written(cluster: LocalCluster, skip: int) -> float:
@@ -107,8 +104,8 @@ async def abba(a: Slice, b: Slice, pairs: int, seconds: float) -> dict[str, Any]
         rb.append(rates["b"])
         ratios.append(rates["a"] / rates["b"] if rates["b"] else 0.0)
     return {"a_median_mb_per_s": statistics.median(ra) / 1e6, "b_median_mb_per_s": statistics.median(rb) / 1e6,
-            "ratio_median": statistics.median(ratios), "ratio_p10": _pct(ratios, 0.1),
-            "ratio_p90": _pct(ratios, 0.9)}
+            "ratio_median": statistics.median(ratios), "ratio_p10": pct(ratios, 0.1),
+            "ratio_p90": pct(ratios, 0.9)}
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
@@ -204,16 +201,7 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     report = uvloop.run(main_async(args))
-    if args.json:
-        print(json.dumps(report, indent=2))
-        return
-    for key, value in report.items():
-        if isinstance(value, dict):
-            print(key)
-            for k, v in value.items():
-                print(f"  {k:22s} {v:,.3f}")
-        else:
-            print(f"{key}: {value:,.3f}" if isinstance(value, float) else f"{key}: {value}")
+    emit(report, as_json=args.json)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import sys
@@ -32,17 +31,15 @@ from typing import Any
 
 import uvloop
 
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_common import emit, pct
+
 from vellum.client import BookKeeper
 from vellum.config import TLS_CONTEXT_FACTORY, ClientConfig
 from vellum.security import pki
 from vellum.testing.local_cluster import LocalCluster
 
 Slice = Callable[[float], Awaitable[tuple[int, float]]]
-
-
-def _pct(values: list[float], p: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, round(p * (len(s) - 1))))] if s else 0.0
 
 
 async def slice_factory(bk: BookKeeper, size: int, inflight: int) -> Slice:
@@ -101,8 +98,8 @@ async def abba(a: Slice, b: Slice, pairs: int, seconds: float, size: int) -> dic
         "a_median_MB_per_s": statistics.median(ra) * size / 1e6,
         "b_median_MB_per_s": statistics.median(rb) * size / 1e6,
         "ratio_b_over_a_median": statistics.median(ratios),
-        "ratio_p10": _pct(ratios, 0.1),
-        "ratio_p90": _pct(ratios, 0.9),
+        "ratio_p10": pct(ratios, 0.1),
+        "ratio_p90": pct(ratios, 0.9),
     }
 
 
@@ -157,16 +154,7 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     report = uvloop.run(main_async(args))
-    if args.json:
-        print(json.dumps(report, indent=2))
-        return
-    for key, value in report.items():
-        if isinstance(value, dict):
-            print(key)
-            for k, v in value.items():
-                print(f"  {k:24s} {v:,.3f}")
-        else:
-            print(f"{key}: {value}")
+    emit(report, as_json=args.json)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ from vellum.errors import (
     SecurityError,
     VellumError,
 )
+from vellum.http.json_io import json_response, parse_json_object
 from vellum.security.tokens import DEFAULT_AUDIENCE, TokenVerifier
 from vellum.stats import REGISTRY
 
@@ -139,8 +140,7 @@ def security_middleware(security: HttpSecurity) -> Any:
     return middleware
 
 
-def _json(data: Any, status: int = 200) -> web.Response:
-    return web.Response(text=json.dumps(data, indent=2), status=status, content_type="application/json")
+_json = json_response
 
 
 def _error(message: str, status: int) -> web.Response:
@@ -148,16 +148,7 @@ def _error(message: str, status: int) -> web.Response:
 
 
 async def _body(request: web.Request) -> dict[str, Any]:
-    text = await request.text()
-    if not text.strip():
-        return {}
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise IncorrectParameterError(f"request body is not JSON: {e}") from None
-    if not isinstance(data, dict):
-        raise IncorrectParameterError("request body must be a JSON object")
-    return data
+    return parse_json_object(await request.text())
 
 
 def _int_param(request: web.Request, name: str) -> int:

@@ -20,7 +20,6 @@ Long operations run as tasks of the server; their outcome is logged.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Coroutine
 from typing import Any
@@ -31,27 +30,11 @@ from vellum.admin import recovery_admin as ra
 from vellum.autorecovery.settings import AutoRecoverySettings
 from vellum.client.bookkeeper import BookKeeper
 from vellum.config import ClientConfig
+from vellum.http.json_io import json_body, json_response
 from vellum.ids import BookieId
 from vellum.meta.api import MetadataStore
 
 log = logging.getLogger(__name__)
-
-
-def _json(data: Any, status: int = 200) -> web.Response:
-    return web.Response(text=json.dumps(data, indent=2), status=status, content_type="application/json")
-
-
-async def _body(request: web.Request) -> dict[str, Any]:
-    text = await request.text()
-    if not text.strip():
-        return {}
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise web.HTTPBadRequest(text=f"request body is not JSON: {e}") from None
-    if not isinstance(data, dict):
-        raise web.HTTPBadRequest(text="request body must be a JSON object")
-    return data
 
 
 def autorecovery_routes(store: MetadataStore, metadata_uri: str, settings: AutoRecoverySettings,
@@ -72,70 +55,70 @@ def autorecovery_routes(store: MetadataStore, metadata_uri: str, settings: AutoR
         task.add_done_callback(tasks.discard)
 
     async def status_get(_r: web.Request) -> web.Response:
-        return _json({"enabled": await asyncio.to_thread(ra.status, store)})
+        return json_response({"enabled": await asyncio.to_thread(ra.status, store)})
 
     async def status_put(r: web.Request) -> web.Response:
-        body = await _body(r)
+        body = await json_body(r)
         raw = r.query.get("enabled", body.get("enabled"))
         if isinstance(raw, str) and raw.lower() in ("true", "false"):
             raw = raw.lower() == "true"
         if not isinstance(raw, bool):
-            return _json({"error": "give enabled=true or enabled=false"}, 400)
+            return json_response({"error": "give enabled=true or enabled=false"}, 400)
         await asyncio.to_thread(ra.set_enabled, store, raw)
-        return _json({"enabled": raw})
+        return json_response({"enabled": raw})
 
     async def list_ur(r: web.Request) -> web.Response:
         rows = await asyncio.to_thread(ra.list_under_replicated, store,
                                        missing_replica=r.query.get("missingreplica"),
                                        excluding_missing_replica=r.query.get("excludingmissingreplica"))
         if not rows:
-            return _json({"error": "no under-replicated ledgers"}, 404)
-        return _json([row.to_json() for row in rows])
+            return json_response({"error": "no under-replicated ledgers"}, 404)
+        return json_response([row.to_json() for row in rows])
 
     async def who(_r: web.Request) -> web.Response:
         auditor = await asyncio.to_thread(ra.who_is_auditor, store)
         if auditor is None:
-            return _json({"error": "no auditor is elected"}, 404)
-        return _json({"Auditor": auditor})
+            return json_response({"error": "no auditor is elected"}, 404)
+        return json_response({"Auditor": auditor})
 
     async def trigger(_r: web.Request) -> web.Response:
         delay = await asyncio.to_thread(ra.trigger_audit, store, settings.lost_bookie_recovery_delay_s)
-        return _json({"triggered": True, "lostBookieRecoveryDelay": delay})
+        return json_response({"triggered": True, "lostBookieRecoveryDelay": delay})
 
     async def delay_get(_r: web.Request) -> web.Response:
         delay = await asyncio.to_thread(ra.get_lost_bookie_recovery_delay, store, settings.lost_bookie_recovery_delay_s)
-        return _json({"lostBookieRecoveryDelay": delay})
+        return json_response({"lostBookieRecoveryDelay": delay})
 
     async def delay_put(r: web.Request) -> web.Response:
-        body = await _body(r)
+        body = await json_body(r)
         value = body.get("delay_seconds")
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            return _json({"error": "body must be {\"delay_seconds\": N} with N >= 0"}, 400)
+            return json_response({"error": "body must be {\"delay_seconds\": N} with N >= 0"}, 400)
         await asyncio.to_thread(ra.set_lost_bookie_recovery_delay, store, value)
-        return _json({"lostBookieRecoveryDelay": value})
+        return json_response({"lostBookieRecoveryDelay": value})
 
     async def decommission(r: web.Request) -> web.Response:
-        body = await _body(r)
+        body = await json_body(r)
         bookie = body.get("bookie_src")
         if not isinstance(bookie, str) or not bookie:
-            return _json({"error": "body must be {\"bookie_src\": \"host:port\"}"}, 400)
+            return json_response({"error": "body must be {\"bookie_src\": \"host:port\"}"}, 400)
         reg = store.registration
         registered = await asyncio.to_thread(lambda: reg.list_bookies() | reg.list_bookies(read_only=True))
         if BookieId(bookie) in registered:
-            return _json({"error": f"bookie {bookie} is still registered: stop it first"}, 409)
+            return json_response({"error": f"bookie {bookie} is still registered: stop it first"}, 409)
 
         async def run() -> int:
             async with BookKeeper(metadata_uri, config=client_config) as bk:
                 return await ra.decommission(bk, bookie)
 
         background(f"decommission of {bookie}", run())
-        return _json({"decommissioning": bookie})
+        return json_response({"decommissioning": bookie})
 
     async def recover(r: web.Request) -> web.Response:
-        body = await _body(r)
+        body = await json_body(r)
         src = body.get("bookie_src")
         if not isinstance(src, list) or not src or not all(isinstance(b, str) for b in src):
-            return _json({"error": "body must be {\"bookie_src\": [\"host:port\", ...]}"}, 400)
+            return json_response({"error": "body must be {\"bookie_src\": [\"host:port\", ...]}"}, 400)
         delete_cookie = bool(body.get("delete_cookie", False))
 
         async def run() -> dict[int, str]:
@@ -148,7 +131,7 @@ def autorecovery_routes(store: MetadataStore, metadata_uri: str, settings: AutoR
                 return results
 
         background(f"recovery of {', '.join(src)}", run())
-        return _json({"recovering": src})
+        return json_response({"recovering": src})
 
     return [
         web.get("/api/v1/autorecovery/status", status_get),

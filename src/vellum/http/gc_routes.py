@@ -16,29 +16,12 @@ thresholds, version: what the operator console draws).
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 from aiohttp import web
 
 from vellum.admin.gc_admin import GcAdmin
-
-
-def _json(data: Any, status: int = 200) -> web.Response:
-    return web.Response(text=json.dumps(data, indent=2), status=status, content_type="application/json")
-
-
-async def _body(request: web.Request) -> dict[str, Any] | web.Response:
-    text = await request.text()
-    if not text.strip():
-        return {}
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        return _json({"error": f"request body is not JSON: {e}"}, 400)
-    if not isinstance(data, dict):
-        return _json({"error": "request body must be a JSON object"}, 400)
-    return data
+from vellum.http.json_io import json_body, json_response
 
 
 def _flag(body: dict[str, Any], name: str, default: bool | None) -> bool | None:
@@ -52,52 +35,46 @@ def _flag(body: dict[str, Any], name: str, default: bool | None) -> bool | None:
 
 def gc_routes(admin: GcAdmin) -> list[web.RouteDef]:
     async def gc_put(r: web.Request) -> web.Response:
-        body = await _body(r)
-        if isinstance(body, web.Response):
-            return body
+        body = await json_body(r)
         try:
             major = _flag(body, "forceMajor", None)
             minor = _flag(body, "forceMinor", None)
         except ValueError as e:
-            return _json({"error": str(e)}, 400)
-        return _json(admin.trigger_gc(major, minor))
+            return json_response({"error": str(e)}, 400)
+        return json_response(admin.trigger_gc(major, minor))
 
     async def gc_get(_r: web.Request) -> web.Response:
-        return _json(admin.is_in_force_gc())
+        return json_response(admin.is_in_force_gc())
 
     async def gc_details(_r: web.Request) -> web.Response:
-        return _json(admin.gc_details())
+        return json_response(admin.gc_details())
 
     async def suspend_get(_r: web.Request) -> web.Response:
-        return _json(admin.suspension())
+        return json_response(admin.suspension())
 
     async def suspend_put(r: web.Request) -> web.Response:
-        body = await _body(r)
-        if isinstance(body, web.Response):
-            return body
+        body = await json_body(r)
         try:
             major = bool(_flag(body, "suspendMajor", False))
             minor = bool(_flag(body, "suspendMinor", False))
         except ValueError as e:
-            return _json({"error": str(e)}, 400)
-        return _json(admin.suspend_compaction(major, minor))
+            return json_response({"error": str(e)}, 400)
+        return json_response(admin.suspend_compaction(major, minor))
 
     async def resume_put(r: web.Request) -> web.Response:
-        body = await _body(r)
-        if isinstance(body, web.Response):
-            return body
+        body = await json_body(r)
         try:
             major = bool(_flag(body, "resumeMajor", False))
             minor = bool(_flag(body, "resumeMinor", False))
         except ValueError as e:
-            return _json({"error": str(e)}, 400)
-        return _json(admin.resume_compaction(major, minor))
+            return json_response({"error": str(e)}, 400)
+        return json_response(admin.resume_compaction(major, minor))
 
     async def entrylogs(_r: web.Request) -> web.Response:
-        return _json(await asyncio.to_thread(admin.entry_log_usage))
+        return json_response(await asyncio.to_thread(admin.entry_log_usage))
 
     async def disk_usage(_r: web.Request) -> web.Response:
-        return _json(await asyncio.to_thread(admin.disk_usage))
+        return json_response(await asyncio.to_thread(admin.disk_usage))
 
     return [
         web.put("/api/v1/bookie/gc", gc_put),

@@ -97,7 +97,7 @@ from vellum.meta.model import (
     deserialize_ledger_metadata,
     serialize_ledger_metadata,
 )
-from vellum.meta.underreplication import ElectionState
+from vellum.meta.underreplication import Candidacy
 
 log = logging.getLogger(__name__)
 
@@ -610,7 +610,7 @@ def _bump_ur_changes(c: sqlite3.Connection) -> None:
     )
 
 
-class _SqliteAuditorElection(AuditorElection):
+class _SqliteAuditorElection(Candidacy):
     """A row in ``auditor_votes`` owned by the store's session; the lowest live one leads.
 
     The store's poll thread re-reads the leading vote every poll interval (a lease can lapse
@@ -624,27 +624,11 @@ class _SqliteAuditorElection(AuditorElection):
         on_leader: Callable[[], None] | None,
         on_lost: Callable[[], None] | None,
     ) -> None:
+        super().__init__(bookie_id, manager.current_auditor, on_leader, on_lost, manager._store._dispatch.submit)
         self._manager = manager
         self._store = manager._store
-        self._bookie_id = bookie_id
-        self.state = ElectionState(on_leader, on_lost, self._store._dispatch.submit)
-        self._lock = threading.RLock()
         self._seq: int | None = None
         self._watch: _PolledWatch | None = None
-
-    @property
-    def bookie_id(self) -> BookieId:
-        return self._bookie_id
-
-    @property
-    def is_leader(self) -> bool:
-        return self.state.is_leader
-
-    def leader(self) -> BookieId | None:
-        return self._manager.current_auditor()
-
-    def wait_leader(self, timeout_s: float) -> bool:
-        return self.state.wait(timeout_s)
 
     def start(self) -> None:
         self.vote()

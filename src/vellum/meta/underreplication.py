@@ -38,6 +38,8 @@ import time
 from collections.abc import Callable, Iterable
 
 from vellum.errors import MetaStoreError
+from vellum.ids import BookieId
+from vellum.meta.api import AuditorElection
 
 UNASSIGNED_CTIME = -1
 """``ctime_ms`` of a record written without one (BookKeeper's ``UNASSIGNED_CTIME``)."""
@@ -354,3 +356,35 @@ class ElectionState:
                     return False
                 self._cond.wait(remaining)
             return self._leader
+
+
+class Candidacy(AuditorElection):
+    """What every driver's candidacy shares: the candidate's id, its ``ElectionState`` and the
+    reads on them (``leader`` asks the store). A driver adds voting and ``resign``."""
+
+    def __init__(
+        self,
+        bookie_id: BookieId,
+        current_auditor: Callable[[], BookieId | None],
+        on_leader: Callable[[], None] | None,
+        on_lost: Callable[[], None] | None,
+        submit: Callable[[Callable[[], None]], None],
+    ) -> None:
+        self._bookie_id = bookie_id
+        self._current_auditor = current_auditor
+        self.state = ElectionState(on_leader, on_lost, submit)
+        self._lock = threading.RLock()
+
+    @property
+    def bookie_id(self) -> BookieId:
+        return self._bookie_id
+
+    @property
+    def is_leader(self) -> bool:
+        return self.state.is_leader
+
+    def leader(self) -> BookieId | None:
+        return self._current_auditor()
+
+    def wait_leader(self, timeout_s: float) -> bool:
+        return self.state.wait(timeout_s)

@@ -140,7 +140,7 @@ from vellum.meta.model import (
     deserialize_ledger_metadata,
     serialize_ledger_metadata,
 )
-from vellum.meta.underreplication import ElectionState
+from vellum.meta.underreplication import Candidacy
 
 log = logging.getLogger(__name__)
 
@@ -842,7 +842,7 @@ class ZkKeyValueStore(KeyValueStore):
         return keys[:limit] if limit is not None else keys
 
 
-class _ZkAuditorElection(AuditorElection):
+class _ZkAuditorElection(Candidacy):
     """BookKeeper's ``ZkLedgerAuditorManager``: an EPHEMERAL_SEQUENTIAL ``V_`` vote; the lowest
     leads; every other candidate watches only its predecessor (no herd on a change), the leader
     watches its own vote (deleted under it: it runs again). Election steps run under ``_lock``,
@@ -855,27 +855,11 @@ class _ZkAuditorElection(AuditorElection):
         on_leader: Callable[[], None] | None,
         on_lost: Callable[[], None] | None,
     ) -> None:
+        super().__init__(bookie_id, manager.current_auditor, on_leader, on_lost, manager._dispatch.submit)
         self._manager = manager
         self._client = manager._client
         self._dir = manager._election
-        self._bookie_id = bookie_id
-        self.state = ElectionState(on_leader, on_lost, manager._dispatch.submit)
-        self._lock = threading.RLock()
         self._vote: str | None = None
-
-    @property
-    def bookie_id(self) -> BookieId:
-        return self._bookie_id
-
-    @property
-    def is_leader(self) -> bool:
-        return self.state.is_leader
-
-    def leader(self) -> BookieId | None:
-        return self._manager.current_auditor()
-
-    def wait_leader(self, timeout_s: float) -> bool:
-        return self.state.wait(timeout_s)
 
     def run(self) -> None:
         """Vote (if this session has no vote) and see where the vote stands; arm one watch."""

@@ -1,0 +1,35 @@
+"""What the side-by-side benchmarks share: percentiles, process CPU time, and printing or
+emitting a report (``--json`` for scripts). Imported by path (``benchmarks/`` is not a package)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+
+def pct(values: list[float], p: float) -> float:
+    """The ``p`` quantile (0..1) of ``values`` by nearest rank; 0.0 for none."""
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(p * (len(s) - 1))))] if s else 0.0
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (from /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def emit(report: dict[str, Any], *, as_json: bool) -> None:
+    """Print ``report``: JSON, or one line per figure with nested dicts indented."""
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return
+    for key, value in report.items():
+        if isinstance(value, dict):
+            print(key)
+            for k, v in value.items():
+                print(f"  {k:26s} {v:,.3f}" if isinstance(v, float) else f"  {k:26s} {v}")
+        else:
+            print(f"{key}: {value:,.3f}" if isinstance(value, float) else f"{key}: {value}")
