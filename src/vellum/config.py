@@ -413,6 +413,34 @@ class ServerConfig:
     zk_digest_auth_file: str = _opt(
         "zkDigestAuthFile", "", "file holding user:password, the cluster's ZooKeeper digest identity (Vellum's)"
     )
+    # --- TLS to ZooKeeper (Vellum's keys: BookKeeper passes ZooKeeper's zookeeper.client.secure and
+    # zookeeper.ssl.* Java system properties instead; docs/security.md section 5) ---
+    zk_tls_enabled: bool = _opt(
+        "zkTlsEnabled", False,
+        "connect to ZooKeeper with TLS; metadataServiceUri names its secureClientPort (ZooKeeper's "
+        "zookeeper.client.secure)",
+    )
+    zk_tls_trust_store: str = _opt(
+        "zkTlsTrustStore", "",
+        "CA certificate(s), PEM file, that ZooKeeper's certificate must chain to (zookeeper.ssl.trustStore.location)",
+    )
+    zk_tls_certificate_path: str = _opt(
+        "zkTlsCertificatePath", "",
+        "client certificate (chain), PEM file, presented to ZooKeeper (needed when its ssl.clientAuth=need, its "
+        "default); with the key in it unless zkTlsKeyStore",
+    )
+    zk_tls_key_store: str = _opt(
+        "zkTlsKeyStore", "",
+        "private key of zkTlsCertificatePath, PEM file (zookeeper.ssl.keyStore.location holds both)",
+    )
+    zk_tls_key_store_password_path: str = _opt(
+        "zkTlsKeyStorePasswordPath", "", "file holding the password of an encrypted zkTlsKeyStore"
+    )
+    zk_tls_hostname_verification_enabled: bool = _opt(
+        "zkTlsHostnameVerificationEnabled", True,
+        "check that ZooKeeper's certificate names the host in metadataServiceUri (ZooKeeper's "
+        "zookeeper.ssl.hostnameVerification, on by default)",
+    )
 
     def __post_init__(self) -> None:
         _validate_ranges(self)
@@ -489,9 +517,14 @@ class ServerConfig:
     def client_security_values(self) -> dict[str, Any]:
         """``ClientConfig`` keys for this bookie's own client traffic (re-replication,
         AutoRecovery): TLS with the bookie's certificate (role ``bookie``), authenticated by it,
-        and the same ZooKeeper identity. ``authorizedRoles`` must then include ``bookie``."""
+        and the same ZooKeeper identity and TLS (``zkTls*``). ``authorizedRoles`` must then
+        include ``bookie``."""
         out: dict[str, Any] = {
             "zkEnableSecurity": self.zk_enable_security, "zkDigestAuthFile": self.zk_digest_auth_file,
+            **{f.metadata["key"]: getattr(self, f.name) for f in dataclasses.fields(self)
+               if f.name.startswith("zk_tls_")},
+            # the bookie port's and ZooKeeper's certificates follow their files alike
+            "tlsCertFilesRefreshDurationSeconds": self.tls_cert_files_refresh_duration_s,
         }
         if self.tls_enabled:
             out.update({
@@ -499,7 +532,6 @@ class ServerConfig:
                 "tlsKeyStore": self.tls_key_store, "tlsCertificatePath": self.tls_certificate_path,
                 "tlsKeyStorePasswordPath": self.tls_key_store_password_path,
                 "tlsTrustStore": self.tls_trust_store,
-                "tlsCertFilesRefreshDurationSeconds": self.tls_cert_files_refresh_duration_s,
                 "tlsEnabledProtocols": self.tls_enabled_protocols,
                 "tlsEnabledCipherSuites": self.tls_enabled_cipher_suites,
             })
@@ -628,6 +660,34 @@ class ClientConfig:
     zk_digest_auth_file: str = _opt(
         "zkDigestAuthFile", "", "file holding user:password, the cluster's ZooKeeper digest identity (Vellum's)"
     )
+    # --- TLS to ZooKeeper (Vellum's keys: BookKeeper passes ZooKeeper's zookeeper.client.secure and
+    # zookeeper.ssl.* Java system properties instead; docs/security.md section 5) ---
+    zk_tls_enabled: bool = _opt(
+        "zkTlsEnabled", False,
+        "connect to ZooKeeper with TLS; metadataServiceUri names its secureClientPort (ZooKeeper's "
+        "zookeeper.client.secure)",
+    )
+    zk_tls_trust_store: str = _opt(
+        "zkTlsTrustStore", "",
+        "CA certificate(s), PEM file, that ZooKeeper's certificate must chain to (zookeeper.ssl.trustStore.location)",
+    )
+    zk_tls_certificate_path: str = _opt(
+        "zkTlsCertificatePath", "",
+        "client certificate (chain), PEM file, presented to ZooKeeper (needed when its ssl.clientAuth=need, its "
+        "default); with the key in it unless zkTlsKeyStore",
+    )
+    zk_tls_key_store: str = _opt(
+        "zkTlsKeyStore", "",
+        "private key of zkTlsCertificatePath, PEM file (zookeeper.ssl.keyStore.location holds both)",
+    )
+    zk_tls_key_store_password_path: str = _opt(
+        "zkTlsKeyStorePasswordPath", "", "file holding the password of an encrypted zkTlsKeyStore"
+    )
+    zk_tls_hostname_verification_enabled: bool = _opt(
+        "zkTlsHostnameVerificationEnabled", True,
+        "check that ZooKeeper's certificate names the host in metadataServiceUri (ZooKeeper's "
+        "zookeeper.ssl.hostnameVerification, on by default)",
+    )
 
     def __post_init__(self) -> None:
         _validate_ranges(self)
@@ -703,6 +763,11 @@ def _validate_zk_security(obj: Any) -> None:
     if obj.zk_enable_security and not obj.zk_digest_auth_file:
         raise ConfigError("zkEnableSecurity=true needs zkDigestAuthFile (a file holding user:password, the "
                           "cluster's ZooKeeper identity; Vellum uses digest ACLs, not SASL)")
+    if obj.zk_tls_enabled and not obj.zk_tls_trust_store:
+        raise ConfigError("zkTlsEnabled=true needs zkTlsTrustStore (the CA certificate ZooKeeper's certificate "
+                          "chains to)")
+    if obj.zk_tls_key_store_password_path and not (obj.zk_tls_key_store or obj.zk_tls_certificate_path):
+        raise ConfigError("zkTlsKeyStorePasswordPath needs zkTlsKeyStore (the encrypted key it unlocks)")
 
 
 def _validate_tls(obj: Any) -> None:

@@ -32,6 +32,7 @@ from vellum.bookie.assembly import OpenedBookie, open_bookie
 from vellum.bookie.executor import AsyncBookie
 from vellum.bookie.metrics import process_bookie_metrics
 from vellum.client.bookkeeper import BookKeeper
+from vellum.client.metadata_security import open_configured_store
 from vellum.config import ClientConfig, ServerConfig, build_config
 from vellum.errors import CookieError, MetaStoreError
 from vellum.format.cookie import Cookie
@@ -39,7 +40,6 @@ from vellum.http.admin_http import AdminHttpServer, HttpSecurity
 from vellum.http.autorecovery_routes import autorecovery_routes
 from vellum.http.gc_routes import gc_routes
 from vellum.ids import BookieId, LedgerId, bookie_id_for
-from vellum.meta import open_metadata_store
 from vellum.meta.api import LedgerManager, MetadataStore, SessionEvent, Versioned
 from vellum.security.auth import BookieAuthenticator
 from vellum.security.tls import ReloadingContext, TlsSettings
@@ -161,8 +161,7 @@ class BookieService:
         loop = asyncio.get_running_loop()
         cfg = self.config
         self.store = await asyncio.to_thread(
-            open_metadata_store, self.metadata_uri,
-            zk_digest_auth_file=cfg.zk_digest_auth_file if cfg.zk_enable_security else "",
+            open_configured_store, self.metadata_uri, cfg,
         )
         store = self.store
         if not await asyncio.to_thread(store.is_formatted):

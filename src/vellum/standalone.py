@@ -28,7 +28,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vellum.config import TLS_CONTEXT_FACTORY
+from vellum.client.metadata_security import open_configured_store
+from vellum.config import TLS_CONTEXT_FACTORY, ClientConfig
 from vellum.meta import open_metadata_store
 from vellum.security import pki, tokens
 
@@ -84,9 +85,10 @@ def bookie_command(conf_file: Path) -> list[str]:
     return [sys.executable, "-m", "vellum.cli.main", "bookie", "--conf", str(conf_file)]
 
 
-def format_if_needed(metadata_uri: str) -> str:
-    """Format the metadata store unless it is; returns the cluster's instance id."""
-    with open_metadata_store(metadata_uri) as store:
+def format_if_needed(metadata_uri: str, config: ClientConfig | None = None) -> str:
+    """Format the metadata store unless it is; returns the cluster's instance id. ``config``:
+    the ZooKeeper identity and TLS to open it with (``zkEnableSecurity``, ``zkTls*``)."""
+    with open_configured_store(metadata_uri, config or ClientConfig()) as store:
         if not store.is_formatted():
             return store.format()
         return store.registration.get_instance_id() or ""

@@ -2,9 +2,10 @@
 (or ``$VELLUM_CLIENT_CONF``), a ``key=value`` file with BookKeeper's client keys, e.g. the TLS
 keys (``tlsProviderFactoryClass``, ``tlsTrustStore``, ``tlsCertificatePath``, ``tlsKeyStore``),
 the token ones (``clientAuthProviderFactoryClass=token``, ``clientAuthTokenFile``) and the
-ZooKeeper identity (``zkEnableSecurity``, ``zkDigestAuthFile``). ``vellum standalone --tls``
+ZooKeeper identity (``zkEnableSecurity``, ``zkDigestAuthFile``) and TLS to ZooKeeper (``zkTlsEnabled``,
+``zkTlsTrustStore``, ``zkTlsCertificatePath``, ``zkTlsKeyStore``). ``vellum standalone --tls``
 writes one. Commands that open a client call ``shell_client_config()``; commands that open the
-metadata store directly call ``open_shell_store(uri)`` (the ZooKeeper identity of that file).
+metadata store directly call ``open_shell_store(uri)`` (the ZooKeeper identity and TLS of that file).
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ import os
 
 import click
 
+from vellum.client.metadata_security import open_configured_store
 from vellum.config import ClientConfig, load_client_config
-from vellum.meta import MetadataStore, open_metadata_store
+from vellum.meta import MetadataStore
 
 ENV = "VELLUM_CLIENT_CONF"
 
@@ -33,7 +35,5 @@ def shell_client_config() -> ClientConfig | None:
 
 
 def open_shell_store(uri: str) -> MetadataStore:
-    """The metadata store ``uri``, with the ZooKeeper identity of the shell's client settings."""
-    config = shell_client_config()
-    digest = config.zk_digest_auth_file if config is not None and config.zk_enable_security else ""
-    return open_metadata_store(uri, zk_digest_auth_file=digest)
+    """The metadata store ``uri``, with the ZooKeeper identity and TLS of the shell's client settings."""
+    return open_configured_store(uri, shell_client_config() or ClientConfig())

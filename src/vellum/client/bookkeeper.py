@@ -28,6 +28,7 @@ from typing import Any
 
 from vellum.client.bookie_client import BookieClient
 from vellum.client.ledger import READER, WRITER, ClientContext, LedgerHandle
+from vellum.client.metadata_security import open_configured_store
 from vellum.client.placement import PlacementPolicy, parse_rack_mapping, placement_policy_for
 from vellum.client.recovery import recover_ledger
 from vellum.config import DEFAULT_DATA_DIR, ClientConfig
@@ -40,7 +41,6 @@ from vellum.errors import (
 )
 from vellum.format.entry import DigestType
 from vellum.ids import BookieId, LedgerId
-from vellum.meta import open_metadata_store
 from vellum.meta.api import MetadataStore, Versioned, Watch
 from vellum.meta.model import DigestType as MetaDigestType
 from vellum.meta.model import LedgerMetadata, LedgerState
@@ -130,11 +130,11 @@ class BookKeeper:
         auth = await asyncio.to_thread(client_auth, self.config)
         if self._store is None:
             self._store = await asyncio.to_thread(
-                open_metadata_store,
+                open_configured_store,
                 self._uri,
+                self.config,
                 default_sqlite_path=DEFAULT_SQLITE_PATH,
                 session_timeout_s=self.config.zk_timeout_ms / 1000.0,
-                zk_digest_auth_file=self.config.zk_digest_auth_file if self.config.zk_enable_security else "",
             )
         store = self._store
         placement = self._placement

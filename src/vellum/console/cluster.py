@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 
 from vellum.admin import recovery_admin
 from vellum.client.bookkeeper import BookKeeper
+from vellum.client.metadata_security import open_configured_store
 from vellum.client.named_record import KEY_PREFIX, NamedLedgerRecord, deserialize_record
 from vellum.config import ClientConfig
 from vellum.console import replicas
@@ -45,7 +46,7 @@ from vellum.console.promtext import MetricsFormatError, MetricsHistory, parse_me
 from vellum.errors import NoSuchLedgerError, VellumError
 from vellum.format.entry import parse_entry_header
 from vellum.ids import BookieId, LedgerId
-from vellum.meta import open_metadata_store, parse_metadata_uri
+from vellum.meta import parse_metadata_uri
 from vellum.meta.api import MetadataStore
 from vellum.meta.model import LedgerMetadata, LedgerState
 
@@ -396,7 +397,7 @@ class ClusterConsole:
         parsed = parse_metadata_uri(uri)
         if parsed.driver == "sqlite" and not Path(parsed.path).exists():
             raise SourceUnavailable(f"no metadata store at {parsed.path} (the sqlite file does not exist)")
-        store = open_metadata_store(uri, connect_timeout_s=self.settings.meta_timeout_s)
+        store = open_configured_store(uri, self.settings.client_config, connect_timeout_s=self.settings.meta_timeout_s)
         try:
             if not store.is_formatted():
                 raise SourceUnavailable(f"the metadata store {uri} is not formatted "

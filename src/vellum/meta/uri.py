@@ -16,9 +16,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from vellum.errors import ConfigError
 from vellum.meta.api import MetadataStore
+
+if TYPE_CHECKING:
+    from vellum.meta.zk_tls import ZkTls
 
 _ZK_SCHEMES = {"zk": None, "zk+hierarchical": "hierarchical", "zk+flat": "flat",
                "zk+longhierarchical": "longhierarchical"}
@@ -80,11 +84,13 @@ def open_metadata_store(
     connect_timeout_s: float = 10.0,
     poll_interval_s: float = 0.1,
     zk_digest_auth_file: str = "",
+    zk_tls: ZkTls | None = None,
 ) -> MetadataStore:
     """Open (connect to) the store ``uri`` names; does not format it. ``zk_digest_auth_file``:
     a ZooKeeper store authenticates with the ``user:password`` in it and creates znodes readable
-    and writable by that identity only (``zkEnableSecurity``); ignored by the SQLite store,
-    which is protected by its file mode."""
+    and writable by that identity only (``zkEnableSecurity``); ``zk_tls``: a ZooKeeper store
+    connects with TLS (``zkTlsEnabled``; ``vellum.client.metadata_security`` builds it from a
+    configuration). Both are ignored by the SQLite store, which is protected by its file mode."""
     if not uri:
         if default_sqlite_path is None:
             raise ConfigError("metadataServiceUri is empty and no default SQLite path was given")
@@ -107,4 +113,5 @@ def open_metadata_store(
         connect_timeout_s=connect_timeout_s,
         uri=uri,
         digest_auth=read_digest_file(zk_digest_auth_file) if zk_digest_auth_file else "",
+        tls=zk_tls,
     )

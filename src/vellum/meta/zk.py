@@ -58,6 +58,11 @@ Invariants:
   the cluster's identity (bookies, trusted clients, tools given the file) can read or write
   ledgers, cookies and registrations. A store that finds the root closed to its session says
   which setting to fix; one that finds it open to everyone while secured warns;
+- with ``tls`` (``zkTlsEnabled``, ``meta/zk_tls.py``) every connection of the session is TLS with
+  the caller's context; a session that is not established within ``_DIAGNOSE_AFTER_S`` has its
+  connection probed, and a TLS mismatch (plaintext against a ``secureClientPort``, an untrusted
+  or refused certificate) ends the attempt at once with a ``MetaStoreError`` naming the address
+  and the setting to check, instead of retrying until the connect timeout;
 - under-replication locks and auditor votes are ephemeral: they end with the session. A lost
   session ends leadership at once (``on_lost``); after a new session, or a reconnection (kazoo
   drops watches on a disconnection), every candidacy runs its election step again.
@@ -141,6 +146,7 @@ from vellum.meta.model import (
     serialize_ledger_metadata,
 )
 from vellum.meta.underreplication import Candidacy
+from vellum.meta.zk_tls import TlsHandler, ZkTls, diagnose
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +155,8 @@ _CREATE_RETRIES = 100
 _RETRY_FIRST_DELAY_S = 0.01
 _RETRY_MAX_DELAY_S = 1.0
 _MAX_DOUBTFUL = 1024
+#: a session not established after this long has its connection probed for a TLS mismatch
+_DIAGNOSE_AFTER_S = 2.0
 
 
 def _unavailable(e: Exception, what: str) -> NoReturn:
@@ -1444,9 +1452,11 @@ class ZkMetadataStore(MetadataStore):
         op_retry_s: float | None = None,
         uri: str = "",
         digest_auth: str = "",
+        tls: ZkTls | None = None,
     ) -> None:
         """``digest_auth``: ``user:password``, the cluster's ZooKeeper identity (see the module
-        docstring); empty = no authentication, znodes open to every client (world ACL)."""
+        docstring); empty = no authentication, znodes open to every client (world ACL).
+        ``tls``: connect with TLS (ZooKeeper's ``secureClientPort``); ``None`` = plaintext."""
         self.uri = uri or f"zk://{hosts}{root}"
         self.hosts = hosts
         self.root = root.rstrip("/") or "/ledgers"
@@ -1461,6 +1471,10 @@ class ZkMetadataStore(MetadataStore):
             self._digest_user = user
             security = {"auth_data": [("digest", digest_auth)],
                         "default_acl": [make_digest_acl(user, password, all=True)]}
+        if tls is not None:
+            # use_ssl only for kazoo's log line: TlsHandler wraps the connections itself.
+            security.update(handler=TlsHandler(tls), use_ssl=True)
+        self._tls = tls
         self._client = KazooClient(
             hosts=hosts,
             timeout=session_timeout_s,
@@ -1474,16 +1488,7 @@ class ZkMetadataStore(MetadataStore):
         self._closed = False
         self._ledgers: ZkLedgerManager | None = None
         try:
-            self._client.start(timeout=connect_timeout_s)
-        except (KazooTimeoutError, KazooException, OSError) as e:
-            self._client.stop()
-            self._client.close()
-            self._dispatch.close()
-            raise MetadataStoreUnavailableError(
-                f"cannot reach ZooKeeper at {hosts} (metadata root {self.root}) within "
-                f"{connect_timeout_s:g}s: {type(e).__name__}"
-            ) from None
-        try:
+            self._start(connect_timeout_s)
             self._check_access()
         except BaseException:
             self._client.stop()
@@ -1496,6 +1501,30 @@ class ZkMetadataStore(MetadataStore):
         self._kv = ZkKeyValueStore(self._client, self.root)
         self._ur = ZkUnderReplicationManager(self._client, self.root, self._dispatch, self._op_retry_s)
         self._client.add_listener(self._on_state)
+
+    def _start(self, connect_timeout_s: float) -> None:
+        """Establish the session within ``connect_timeout_s``; a TLS mismatch fails early."""
+        tls_note = " over TLS" if self._tls is not None else ""
+        try:
+            connected = self._client.start_async()
+            first = min(connect_timeout_s, _DIAGNOSE_AFTER_S)
+            connected.wait(first)
+            if not self._client.connected:
+                problem = diagnose(self.hosts, self._tls)
+                if problem is not None:
+                    raise MetaStoreError(f"{problem} (metadata root {self.root})")
+                connected.wait(max(0.0, connect_timeout_s - first))
+        except (KazooException, OSError) as e:
+            raise MetadataStoreUnavailableError(
+                f"cannot reach ZooKeeper at {self.hosts}{tls_note} (metadata root {self.root}): {type(e).__name__}"
+            ) from None
+        if not self._client.connected:
+            hint = ("; check that it serves TLS there (its secureClientPort) and zkTlsTrustStore"
+                    if self._tls is not None else "")
+            raise MetadataStoreUnavailableError(
+                f"cannot reach ZooKeeper at {self.hosts}{tls_note} (metadata root {self.root}) within "
+                f"{connect_timeout_s:g}s: KazooTimeoutError{hint}"
+            )
 
     def _check_access(self) -> None:
         """Can this session read the root? Say which setting to fix if not; warn if a secured

@@ -19,7 +19,9 @@ Settings (BookKeeper key -> field):
   are always on, as Python's ``ssl`` cannot restrict them);
 * ``tlsHostnameVerificationEnabled`` -> ``hostname_verification`` (clients; off by default, as
   in BookKeeper: the CA is the cluster's own);
-* ``tlsCertFilesRefreshDurationSeconds`` -> ``refresh_s`` (``ReloadingContext``).
+* ``tlsCertFilesRefreshDurationSeconds`` -> ``refresh_s`` (``ReloadingContext``);
+* ``key_prefix``: how error messages spell the keys (``tls`` -> ``tlsKeyStore``; the ZooKeeper
+  connection's settings use ``zkTls`` -> ``zkTlsKeyStore``, ``zkTlsTrustStore``...).
 
 Invariants:
 
@@ -80,6 +82,12 @@ class TlsSettings:
     #: the key's password itself, when it is configured in clear (BookKeeper's
     #: ``httpServerKeyStorePassword``); ``key_store_password_path`` wins
     key_store_password: str = field(default="", repr=False)
+    #: the prefix of the key names in error messages (``tls`` + ``KeyStore``)
+    key_prefix: str = "tls"
+
+    def key(self, name: str) -> str:
+        """The configuration key ``name`` (``KeyStore``, ``TrustStore``...) as the user wrote it."""
+        return self.key_prefix + name
 
     def watched_files(self) -> tuple[str, ...]:
         """The files whose change triggers a reload (BookKeeper watches the same five)."""
@@ -101,13 +109,13 @@ def _check_types(settings: TlsSettings) -> None:
             )
 
 
-def _password(path: str) -> str | None:
+def _password(path: str, key: str = "tlsKeyStorePasswordPath") -> str | None:
     if not path:
         return None
     try:
         return Path(path).read_text().rstrip("\r\n")
     except OSError as e:
-        raise SecurityError(f"cannot read tlsKeyStorePasswordPath {path}: {e.strerror or e}") from None
+        raise SecurityError(f"cannot read {key} {path}: {e.strerror or e}") from None
 
 
 def _require_file(key: str, path: str, side: str) -> None:
@@ -149,14 +157,14 @@ def _ciphers(ctx: ssl.SSLContext, suites: tuple[str, ...]) -> None:
 
 
 def _load_chain(ctx: ssl.SSLContext, settings: TlsSettings) -> None:
-    password = _password(settings.key_store_password_path)
+    password = _password(settings.key_store_password_path, settings.key("KeyStorePasswordPath"))
     if password is None and settings.key_store_password:
         password = settings.key_store_password
 
     def no_password() -> str:
         # Without this callback OpenSSL would prompt on the terminal for an encrypted key.
-        raise SecurityError(f"tlsKeyStore={settings.key_store} is encrypted: set tlsKeyStorePasswordPath to a "
-                            "file holding its password")
+        raise SecurityError(f"{settings.key('KeyStore')}={settings.key_store} is encrypted: set "
+                            f"{settings.key('KeyStorePasswordPath')} to a file holding its password")
 
     try:
         ctx.load_cert_chain(settings.certificate_path, settings.key_store,
@@ -165,8 +173,9 @@ def _load_chain(ctx: ssl.SSLContext, settings: TlsSettings) -> None:
         raise
     except ssl.SSLError as e:
         raise SecurityError(
-            f"cannot load tlsCertificatePath={settings.certificate_path} with tlsKeyStore={settings.key_store}: "
-            f"{e.reason or e} (is the key the certificate's, and the password in tlsKeyStorePasswordPath right?)"
+            f"cannot load {settings.key('CertificatePath')}={settings.certificate_path} with "
+            f"{settings.key('KeyStore')}={settings.key_store}: {e.reason or e} (is the key the certificate's, and "
+            f"the password in {settings.key('KeyStorePasswordPath')} right?)"
         ) from None
     except OSError as e:
         raise SecurityError(f"cannot load the TLS certificate or key: {e}") from None
@@ -176,7 +185,7 @@ def _load_trust(ctx: ssl.SSLContext, settings: TlsSettings) -> None:
     try:
         ctx.load_verify_locations(cafile=settings.trust_store)
     except (ssl.SSLError, OSError) as e:
-        raise SecurityError(f"cannot load tlsTrustStore={settings.trust_store}: {e}") from None
+        raise SecurityError(f"cannot load {settings.key('TrustStore')}={settings.trust_store}: {e}") from None
 
 
 def server_context(settings: TlsSettings) -> ssl.SSLContext:
@@ -200,7 +209,7 @@ def server_context(settings: TlsSettings) -> ssl.SSLContext:
 def client_context(settings: TlsSettings) -> ssl.SSLContext:
     """The context a client (or a bookie talking to another bookie) connects with."""
     _check_types(settings)
-    _require_file("tlsTrustStore", settings.trust_store, "client")
+    _require_file(settings.key("TrustStore"), settings.trust_store, "client")
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     _protocols(ctx, settings.enabled_protocols)
     _ciphers(ctx, settings.enabled_cipher_suites)
@@ -208,8 +217,8 @@ def client_context(settings: TlsSettings) -> ssl.SSLContext:
     ctx.verify_mode = ssl.CERT_REQUIRED
     _load_trust(ctx, settings)
     if settings.certificate_path or settings.key_store:
-        _require_file("tlsCertificatePath", settings.certificate_path, "client")
-        _require_file("tlsKeyStore", settings.key_store, "client")
+        _require_file(settings.key("CertificatePath"), settings.certificate_path, "client")
+        _require_file(settings.key("KeyStore"), settings.key_store, "client")
         _load_chain(ctx, settings)
     elif settings.client_authentication:
         raise SecurityError("tlsClientAuthentication=true on the client needs tlsCertificatePath and tlsKeyStore")

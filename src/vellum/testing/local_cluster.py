@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vellum.meta import open_metadata_store
+from vellum.client.metadata_security import open_configured_store
+from vellum.config import ClientConfig, build_config
 from vellum.standalone import BookieProcessSpec, bookie_command, format_if_needed, write_bookie_conf
 
 
@@ -86,6 +87,11 @@ class LocalCluster:
         self._conf = {"journalMaxGroupWaitMSec": "1", "flushInterval": "1000", "diskCheckInterval": "200",
                       **(bookie_conf or {})}
         self._small_mb = small_ledger_dir_mb
+        #: how this process opens the metadata store: the bookies' ZooKeeper identity and TLS
+        #: (``zkEnableSecurity``, ``zkDigestAuthFile``, ``zkTls*`` of ``bookie_conf``)
+        self.metadata_config = build_config(
+            ClientConfig, {k: v for k, v in self._conf.items() if k.startswith(("zkEnableSecurity", "zkDigest", "zkTls"))},
+            source="LocalCluster bookie_conf")
         self._bookies: list[_Bookie] = []
         taken: set[int] = set()  # two bookies on one port would share a bookie id (and cookie)
         for i in range(bookies):
@@ -107,7 +113,7 @@ class LocalCluster:
         self.stop()
 
     def start(self, timeout_s: float = 60.0) -> None:
-        format_if_needed(self.metadata_uri)
+        format_if_needed(self.metadata_uri, self.metadata_config)
         for b in self._bookies:
             if self._small_mb:
                 self._mount_small_ledger_dir(b)
@@ -175,7 +181,7 @@ class LocalCluster:
 
     def registered(self) -> tuple[frozenset[str], frozenset[str]]:
         """(writable, read-only) bookie ids registered in the metadata store."""
-        with open_metadata_store(self.metadata_uri) as store:
+        with open_configured_store(self.metadata_uri, self.metadata_config) as store:
             return store.registration.list_bookies(), store.registration.list_bookies(read_only=True)
 
     def wait_for_bookies(self, count: int, *, read_only: bool | None = None, timeout_s: float = 60.0) -> None:

@@ -13,6 +13,16 @@ Invariants:
 
 ``pause()``/``resume()`` send SIGSTOP/SIGCONT to the server, for tests that need ZooKeeper to
 stop answering without closing any socket.
+
+TLS (``tls=ZooKeeperTls(...)``): the server also serves a ``secureClientPort`` on 127.0.0.1 with
+Netty (``serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory``) and PEM stores
+(``ssl.keyStore.type=PEM``: one file with the private key and the certificate chain;
+``ssl.trustStore.type=PEM``: the CA certificate(s) client certificates must chain to), and
+``ssl.clientAuth`` (``need`` by default, ZooKeeper's default: mutual TLS). The plaintext
+``clientPort`` stays on as well (the start check uses it, and tests aim clients at the wrong
+port on purpose); ``secure_hosts`` / ``secure_uri()`` name the TLS one. ``TlsTestPki.create(dir)``
+makes the PEM files for it with ``vellum.security.pki`` (a CA, ZooKeeper's key store, client
+and bookie certificates, and a stranger's from another CA).
 """
 
 from __future__ import annotations
@@ -24,8 +34,11 @@ import socket
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+
+from vellum.security import pki
 
 ZK_SHARE = Path("/usr/share/zookeeper")
 JAVA_SHARE = Path("/usr/share/java")
@@ -36,6 +49,61 @@ SERVER_MAIN = "org.apache.zookeeper.server.ZooKeeperServerMain"
 # no binding there, so the server would log nothing; these two route slf4j into log4j 1.2,
 # which writes to the file our log4j.properties names.
 _LOGGING_JARS = ("slf4j-log4j12.jar", "log4j-1.2.jar")
+# The manifest also lacks three jars Netty's server (serverCnxnFactory=NettyServerCnxnFactory, which
+# the TLS port needs) loads: without netty-codec it fails with ClassNotFoundException on the first
+# connection. Debian ships them (libnetty-java).
+_NETTY_JARS = ("netty-codec.jar", "netty-resolver.jar", "netty-transport-native-unix-common.jar")
+
+
+@dataclass(frozen=True)
+class ZooKeeperTls:
+    """The server side of ZooKeeper's client TLS: ``key_store`` is a PEM file holding the
+    server's private key and certificate (chain), ``trust_store`` the CA certificate(s) of the
+    clients, ``client_auth`` ZooKeeper's ``ssl.clientAuth`` (need, want or none)."""
+
+    key_store: Path
+    trust_store: Path
+    client_auth: str = "need"
+
+
+@dataclass(frozen=True)
+class TlsTestPki:
+    """PEM files for a TLS ZooKeeper and its clients, all made with ``vellum.security.pki``:
+    ``ca`` issued ZooKeeper's certificate (for 127.0.0.1 and localhost; key and certificate in
+    one file, ``key_store``, ZooKeeper's PEM key store layout) and ``client`` / ``bookie``;
+    ``stranger`` is a client certificate from another CA (whose certificate is ``stranger.ca``)."""
+
+    ca: Path
+    key_store: Path
+    client: pki.CertificateFiles
+    bookie: pki.CertificateFiles
+    stranger: pki.CertificateFiles
+
+    @classmethod
+    def create(cls, base: Path) -> TlsTestPki:
+        ca = pki.create_ca("ZooKeeper test CA")
+        ca_files = pki.write_ca(ca, base / "ca")
+        server = pki.write_certificate(pki.issue_certificate(ca, name="zookeeper", role="bookie"), base / "zk")
+        key_store = base / "zk" / "zookeeper.keystore.pem"
+        pki.write_file_atomic(key_store, server.key.read_bytes() + server.cert.read_bytes(), mode=0o600)
+        other = pki.create_ca("Some other CA")
+        return cls(
+            ca=ca_files.cert,
+            key_store=key_store,
+            client=pki.write_certificate(pki.issue_certificate(ca, name="alice", role="client"), base / "client"),
+            bookie=pki.write_certificate(pki.issue_certificate(ca, name="bookie-1", role="bookie"), base / "bookie"),
+            stranger=pki.write_certificate(pki.issue_certificate(other, name="mallory", role="client"),
+                                           base / "stranger"),
+        )
+
+    def server_tls(self, client_auth: str = "need") -> ZooKeeperTls:
+        return ZooKeeperTls(key_store=self.key_store, trust_store=self.ca, client_auth=client_auth)
+
+    def client_keys(self, cert: pki.CertificateFiles | None = None, *, trust: Path | None = None) -> dict[str, str]:
+        """The ``zkTls*`` configuration keys of a client presenting ``cert`` (default: ``client``)."""
+        cert = cert or self.client
+        return {"zkTlsEnabled": "true", "zkTlsTrustStore": str(trust or self.ca),
+                "zkTlsCertificatePath": str(cert.cert), "zkTlsKeyStore": str(cert.key)}
 
 
 class ZooKeeperUnavailable(RuntimeError):
@@ -53,14 +121,17 @@ def find_java() -> str | None:
     return "/usr/bin/java" if os.access("/usr/bin/java", os.X_OK) else None
 
 
-def zookeeper_classpath() -> str:
-    """Classpath of Debian's server (zkEnv.sh: ``/usr/share/java/zookeeper.jar``, deps via its manifest)."""
+def zookeeper_classpath(*, netty: bool = False) -> str:
+    """Classpath of Debian's server (zkEnv.sh: ``/usr/share/java/zookeeper.jar``, deps via its
+    manifest); ``netty``: with the jars Netty's server needs beyond the manifest."""
     if not ZK_JAR.exists():
         raise ZooKeeperUnavailable(
             f"{ZK_JAR} not found: install Debian's 'zookeeper' package (./run installs it)"
         )
     parts = [str(ZK_JAR)]
     parts += [str(JAVA_SHARE / j) for j in _LOGGING_JARS if (JAVA_SHARE / j).exists()]
+    if netty:
+        parts += [str(JAVA_SHARE / j) for j in _NETTY_JARS if (JAVA_SHARE / j).exists()]
     return ":".join(parts)
 
 
@@ -92,6 +163,7 @@ class ZooKeeperServer:
         min_session_timeout_ms: int = 1000,
         max_session_timeout_ms: int = 60000,
         start_timeout_s: float = 30.0,
+        tls: ZooKeeperTls | None = None,
     ) -> None:
         self._own_dir = data_dir is None
         self.base_dir = Path(data_dir) if data_dir is not None else Path(tempfile.mkdtemp(prefix="vellum-zk-"))
@@ -100,6 +172,10 @@ class ZooKeeperServer:
         self.min_session_timeout_ms = min_session_timeout_ms
         self.max_session_timeout_ms = max_session_timeout_ms
         self.start_timeout_s = start_timeout_s
+        self.tls = tls
+        self.secure_port = 0
+        while tls is not None and self.secure_port in (0, self.port):
+            self.secure_port = free_port()
         self._proc: subprocess.Popen[bytes] | None = None
         self._paused = False
 
@@ -115,6 +191,17 @@ class ZooKeeperServer:
         return f"{scheme}://{self.hosts}{root}"
 
     @property
+    def secure_hosts(self) -> str:
+        """``host:port`` of the ``secureClientPort`` (TLS servers only)."""
+        if self.tls is None:
+            raise RuntimeError("this ZooKeeper serves no TLS port (start it with tls=ZooKeeperTls(...))")
+        return f"127.0.0.1:{self.secure_port}"
+
+    def secure_uri(self, scheme: str = "zk+hierarchical", root: str = "/ledgers") -> str:
+        """A metadataServiceUri pointing at this server's TLS port."""
+        return f"{scheme}://{self.secure_hosts}{root}"
+
+    @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
 
@@ -128,7 +215,7 @@ class ZooKeeperServer:
         java = find_java()
         if java is None:
             raise ZooKeeperUnavailable("java not found (install default-jre-headless)")
-        classpath = zookeeper_classpath()
+        classpath = zookeeper_classpath(netty=self.tls is not None)
         data = self.base_dir / "data"
         data.mkdir(parents=True, exist_ok=True)
         cfg = self.base_dir / "zoo.cfg"
@@ -147,6 +234,7 @@ class ZooKeeperServer:
                     # Tests create many znodes quickly; skip fsync-per-txn latency only where
                     # durability of the test server itself does not matter.
                     "forceSync=no",
+                    *self._tls_lines(),
                     "",
                 ]
             )
@@ -193,6 +281,22 @@ class ZooKeeperServer:
             raise
         return self
 
+    def _tls_lines(self) -> list[str]:
+        """zoo.cfg lines of the TLS port (ZooKeeper turns ``ssl.*`` keys into ``zookeeper.ssl.*``
+        properties)."""
+        if self.tls is None:
+            return []
+        return [
+            "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory",
+            f"secureClientPort={self.secure_port}",
+            "secureClientPortAddress=127.0.0.1",
+            f"ssl.keyStore.location={self.tls.key_store}",
+            "ssl.keyStore.type=PEM",
+            f"ssl.trustStore.location={self.tls.trust_store}",
+            "ssl.trustStore.type=PEM",
+            f"ssl.clientAuth={self.tls.client_auth}",
+        ]
+
     def _wait_serving(self) -> None:
         """Wait until a ZooKeeper handshake succeeds (the port being open is not enough)."""
         deadline = time.monotonic() + self.start_timeout_s
@@ -203,7 +307,8 @@ class ZooKeeperServer:
                     f"ZooKeeper exited with {self._proc.returncode} during start; "
                     f"see {self.base_dir / 'server.out'} and {self.log_file}:\n{self._tail()}"
                 )
-            if _handshake_ok("127.0.0.1", self.port):
+            if _handshake_ok("127.0.0.1", self.port) and (self.tls is None or _port_open("127.0.0.1",
+                                                                                         self.secure_port)):
                 return
             time.sleep(0.1)
         raise RuntimeError(
@@ -256,6 +361,14 @@ class ZooKeeperServer:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+
+def _port_open(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1.0):
+            return True
+    except OSError:
+        return False
 
 
 def _handshake_ok(host: str, port: int) -> bool:
