@@ -1044,3 +1044,12 @@ class BookieClient:
         waiters = [c.closed for c in conns if c.transport is not None and not c.closed.done()]
         if waiters:
             await asyncio.wait(waiters, timeout=2.0)
+        # A TLS close (close_notify both ways) that has not finished by now, e.g. with a bookie
+        # that hung up on a refused client, is cut short: no socket may outlive the client, nor
+        # its shutdown run on a loop the caller is about to close.
+        late = [c for c in conns if c.transport is not None and not c.closed.done()]
+        for c in late:
+            assert c.transport is not None
+            c.transport.abort()
+        if late:
+            await asyncio.wait([c.closed for c in late], timeout=1.0)
