@@ -8,13 +8,17 @@ order, ``--pairs`` pairs; reported: acks per second of each, the median per-pair
 itself). Server CPU seconds per 1,000 acks are read from /proc.
 
     ./run bench bookie_vs_group_commit [--pairs 10] [--seconds 1.0] [--size 1024] [--json]
+
+``--versus-src DIR`` also starts a second one-bookie cluster whose bookie runs the ``vellum``
+package found in ``DIR`` (e.g. an export of the previous commit's ``src``) and compares the two
+bookies directly (ABBA, same client): the before/after ratio of a change, measured in one run.
+``--versus-conf KEY VALUE`` does the same with a second bookie that differs in its settings.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import struct
@@ -28,22 +32,15 @@ from typing import Any
 
 import uvloop
 
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_common import cpu_seconds, emit, pct
+
 from vellum.format.entry import DigestManager, DigestType, master_key
 from vellum.testing.local_cluster import LocalCluster
 
 Slice = Callable[[float], Awaitable[tuple[int, float, list[float]]]]
 _ADD_HEADER = struct.pack(">i", (2 << 24) | (1 << 16))
 _RESP = struct.Struct(">iiiqq")
-
-
-def _pct(values: list[float], p: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, round(p * (len(s) - 1))))] if s else 0.0
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class AddClient(asyncio.Protocol):
@@ -124,15 +121,15 @@ async def abba(a: Slice, b: Slice, pairs: int, seconds: float, a_pid: int, b_pid
             cpu[name] += cpu_seconds(pid) - c0
             count[name] += n
             rates[name] = n / el
-            (p99a if name == "a" else p99b).append(_pct(lat, 0.99) * 1e3)
-            (p50a if name == "a" else p50b).append(_pct(lat, 0.5) * 1e3)
+            (p99a if name == "a" else p99b).append(pct(lat, 0.99) * 1e3)
+            (p50a if name == "a" else p50b).append(pct(lat, 0.5) * 1e3)
         ra.append(rates["a"])
         rb.append(rates["b"])
         ratios.append(rates["a"] / rates["b"])
     return {
         "a_median_per_s": statistics.median(ra), "b_median_per_s": statistics.median(rb),
-        "ratio_a_over_b_median": statistics.median(ratios), "ratio_p10": _pct(ratios, 0.1),
-        "ratio_p90": _pct(ratios, 0.9),
+        "ratio_a_over_b_median": statistics.median(ratios), "ratio_p10": pct(ratios, 0.1),
+        "ratio_p90": pct(ratios, 0.9),
         "a_p50_ms": statistics.median(p50a), "b_p50_ms": statistics.median(p50b),
         "a_p99_ms": statistics.median(p99a), "b_p99_ms": statistics.median(p99b),
         "a_cpu_s_per_1000": 1000 * cpu["a"] / max(1, count["a"]),
@@ -165,10 +162,36 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                                                                      bookie_pid, bookie_pid)
                 report["bookie (a) vs minimal group commit (b)"] = await abba(v1, g, args.pairs, args.seconds,
                                                                               bookie_pid, minimal.pid)
+                if args.versus_src or args.versus_conf:
+                    report["bookie (a) vs the --versus bookie (b)"] = await versus(args, base, v1, bookie_pid)
         finally:
             minimal.terminate()
             minimal.wait(10)
     return report
+
+
+async def versus(args: argparse.Namespace, base: Path, a: Slice, a_pid: int) -> dict[str, Any]:
+    """ABBA of the bookie against a bookie running the code in ``--versus-src`` and/or with the
+    extra settings of ``--versus-conf``."""
+    saved = os.environ.get("PYTHONPATH")
+    if args.versus_src:
+        os.environ["PYTHONPATH"] = str(Path(args.versus_src).resolve())  # inherited by the bookie process
+    try:
+        other = LocalCluster(base / "versus", bookies=1, bookie_conf=dict(args.conf + args.versus_conf))
+        other.start()
+    finally:
+        if saved is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = saved
+    try:
+        port = int(other.bookie_ids[0].rsplit(":", 1)[1])
+        pid = other._bookies[0].proc.pid  # type: ignore[union-attr]
+        b = slice_of(await connect(port, 1, args.size), args.inflight)
+        await b(0.5)
+        return await abba(a, b, args.pairs, args.seconds, a_pid, pid)
+    finally:
+        other.stop()
 
 
 def main() -> None:
@@ -180,19 +203,14 @@ def main() -> None:
     ap.add_argument("--conf", nargs=2, action="append", default=[], metavar=("KEY", "VALUE"),
                     help="extra bookie configuration")
     ap.add_argument("--dir", default="data/bench")
+    ap.add_argument("--versus-src", default=None, metavar="DIR",
+                    help="also compare with a bookie running the vellum package in DIR (before/after)")
+    ap.add_argument("--versus-conf", nargs=2, action="append", default=[], metavar=("KEY", "VALUE"),
+                    help="also compare with a bookie that has these extra settings")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     report = uvloop.run(main_async(args))
-    if args.json:
-        print(json.dumps(report, indent=2))
-        return
-    for key, value in report.items():
-        if isinstance(value, dict):
-            print(key)
-            for k, v in value.items():
-                print(f"  {k:24s} {v:,.3f}")
-        else:
-            print(f"{key}: {value}")
+    emit(report, as_json=args.json)
 
 
 if __name__ == "__main__":

@@ -139,6 +139,13 @@ class ServerConfig:
         "group commit: flush as soon as the queue is empty (BookKeeper: false; with a separate "
         "force-write stage batches still form while an fsync runs, without a fixed wait)",
     )
+    journal_force_write_thread: bool = _opt(
+        "journalForceWriteThread",
+        False,
+        "fsync on a separate force-write thread while the writer writes the next batch "
+        "(BookKeeper's structure); false: the writer fsyncs each batch itself and the records "
+        "queued meanwhile form the next one (one thread hand-off fewer per group commit)",
+    )
     journal_remove_from_page_cache: bool = _opt(
         "journalRemoveFromPageCache",
         True,

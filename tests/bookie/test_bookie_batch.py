@@ -56,3 +56,30 @@ def test_batch_add_with_refusals(tmp_path: Path) -> None:
                 assert reopened.bookie.read_entry(lid, e) == entry(lid, e)
     finally:
         reopened.close()
+
+
+def test_add_without_waiting_takes_only_what_needs_no_wait(tmp_path: Path) -> None:
+    """``wait=False`` (the loop's inline add): a ledger not known yet, or a batch the write
+    cache has no room for, is left alone (None: nothing stored, nothing journaled); a known
+    ledger's batch that fits is added and acknowledged after fsync as usual."""
+    config = ServerConfig(journal_directories=(str(tmp_path / "j"),), ledger_directories=(str(tmp_path / "l"),),
+                          db_storage_write_cache_max_size_mb=1, http_server_enabled=False)
+    key = master_key(b"k")
+    dm = DigestManager(1, DigestType.CRC32C, b"k")
+    opened = open_bookie(config, bookie_id="b:1")
+    done = threading.Event()
+    try:
+        bookie = opened.bookie
+        first = [(dm.compute(0, -1, 0, b"a"), key, False)]
+        assert bookie.add_entries(first, lambda exc: None, wait=False) is None  # ledger 1 unknown
+        assert bookie.read_cached_entry(1, 0) is None
+        assert bookie.add_entries(first, lambda exc: None) == [None]
+        big = [(dm.compute(e, e - 1, 0, bytes(64 * 1024)), key, False) for e in range(1, 20)]  # > 1 MiB
+        assert bookie.add_entries(big, lambda exc: None, wait=False) is None
+        assert bookie.read_cached_entry(1, 1) is None
+        small = [(dm.compute(e, e - 1, 0, b"s"), key, False) for e in range(1, 4)]
+        assert bookie.add_entries(small, lambda exc: done.set(), wait=False) == [None] * 3
+        assert done.wait(10)
+        assert bookie.read_cached_entry(1, 3) == small[2][0]
+    finally:
+        opened.close()

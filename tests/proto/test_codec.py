@@ -22,6 +22,7 @@ from vellum.proto.messages import (
     OP_READ,
     OP_TRIM,
     V2_OPCODES,
+    AddBatch,
     AddRequest,
     AddResponse,
     BadFrame,
@@ -144,9 +145,45 @@ def test_client_decoder_is_chunking_independent(msgs: list[Message], cuts: list[
     _check_chunking(stream, cuts, kind, "client", msgs)
 
 
-def _check_chunking(stream: bytes, cuts: list[int], kind: str, side: str, msgs: list[Message]) -> None:
+@given(
+    msgs=st.lists(REQUESTS, min_size=1, max_size=8),
+    adds=st.lists(st.integers(min_value=0, max_value=3), max_size=8),
+    cuts=st.lists(st.integers(min_value=0, max_value=4000), max_size=20),
+    kind=st.sampled_from(["bytes", "memoryview", "reused-bytearray"]),
+)
+def test_batching_server_decoder_gives_the_same_requests(msgs: list[Message], adds: list[int], cuts: list[int],
+                                                         kind: str) -> None:
+    """``batch_adds``: runs of ADDs come as ``AddBatch``es, whose requests are exactly the
+    frames' (any chunking), with the other requests in between in order."""
+    mixed: list[Message] = []
+    for i, msg in enumerate(msgs):
+        mixed.append(msg)
+        for e in range(adds[i] if i < len(adds) else 0):  # runs of pipelined ADDs
+            entry = DigestManager(7, DigestType.CRC32C).compute(e, e - 1, 0, b"x" * (e * 100))
+            mixed.append(AddRequest(KEY, entry, flags=2 if e == 1 else 0))
+    stream = b"".join(encode(m) for m in mixed)
+    _check_chunking(stream, cuts, kind, "server", mixed, batch_adds=True)
+
+
+def test_batching_decoder_batches_the_adds_of_one_read() -> None:
+    entries = [DigestManager(7, DigestType.CRC32C).compute(e, e - 1, 0, b"p%d" % e) for e in range(5)]
+    read = ReadRequest(7, 1)
+    stream = b"".join(encode(AddRequest(KEY, e)) for e in entries[:3]) + encode(read) + b"".join(
+        encode(AddRequest(KEY, e, flags=2)) for e in entries[3:])
+    out = FrameDecoder(MAX, side="server", batch_adds=True).feed(stream)
+    assert [type(m).__name__ for m in out] == ["AddBatch", "ReadRequest", "AddBatch"]
+    first, _, second = out
+    assert isinstance(first, AddBatch) and isinstance(second, AddBatch)
+    assert first.entries == entries[:3] and all(type(e) is bytes for e in first.entries)
+    assert first.ledger_ids == [7, 7, 7] and first.entry_ids == [0, 1, 2] and first.keys == [KEY] * 3
+    assert first.recovery() == [False] * 3 and second.recovery() == [True, True]
+    assert second.requests() == [AddRequest(KEY, e, flags=2) for e in entries[3:]]
+
+
+def _check_chunking(stream: bytes, cuts: list[int], kind: str, side: str, msgs: list[Message], *,
+                    batch_adds: bool = False) -> None:
     bounds = sorted({c % (len(stream) + 1) for c in cuts} | {0, len(stream)})
-    decoder = FrameDecoder(MAX, side=side)  # type: ignore[arg-type]
+    decoder = FrameDecoder(MAX, side=side, batch_adds=batch_adds)  # type: ignore[arg-type]
     out: list[object] = []
     scratch = bytearray(len(stream))
     for a, b in itertools.pairwise(bounds):
@@ -161,6 +198,8 @@ def _check_chunking(stream: bytes, cuts: list[int], kind: str, side: str, msgs: 
             view[:] = chunk
             out += decoder.feed(view)
             view[:] = b"\xa5" * (b - a)
+    if batch_adds:
+        out = [r for m in out for r in (m.requests() if isinstance(m, AddBatch) else [m])]
     assert out == msgs
     assert decoder.buffered == 0
 

@@ -7,7 +7,7 @@ import random
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +26,23 @@ def entry(ledger_id: int, entry_id: int, size: int = 100) -> bytes:
     return struct.pack(">qqqq", ledger_id, entry_id, entry_id - 1, size) + payload
 
 
+@pytest.fixture(autouse=True, params=["sync-in-writer", "force-write-thread"])
+def _sync_mode(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every test runs with both structures: the writer fsyncs itself, or hands the fsync to
+    a force-write thread (``journalForceWriteThread``)."""
+    global _SYNC_IN_WRITER
+    _SYNC_IN_WRITER = request.param == "sync-in-writer"
+    yield
+    _SYNC_IN_WRITER = True
+
+
+_SYNC_IN_WRITER = True
+
+
 def make(tmp_path: Path, **kw: Any) -> Journal:
     kw.setdefault("prealloc_size_mb", 1)
     kw.setdefault("max_group_wait_ms", 1)
+    kw.setdefault("sync_in_writer", _SYNC_IN_WRITER)
     return Journal(tmp_path / "journal", **kw)
 
 

@@ -187,6 +187,7 @@ def open_bookie(
                 queue_size=config.journal_queue_size,
                 write_buffer_size_kb=config.journal_write_buffer_size_kb,
                 remove_from_page_cache=config.journal_remove_from_page_cache,
+                sync_in_writer=not config.journal_force_write_thread,
             )
             for i, jd in enumerate(journal_dirs)
         ]

@@ -245,9 +245,9 @@ class Bookie:
             raise UnauthorizedAccessError(f"wrong master key for ledger {ledger_id}")
         return state
 
-    def _accept(self, entry: BytesLike, master_key: bytes, recovery: bool) -> tuple[Journal, int, int]:
-        """Checks of an add and its write-cache put; returns (journal, ledger id, entry id).
-        Raises for a refused add (nothing stored, nothing journaled)."""
+    def _check(self, entry: BytesLike, master_key: bytes, recovery: bool) -> tuple[int, int, int]:
+        """The checks of an add (nothing stored): returns (ledger id, entry id, lac); raises
+        for a refused add."""
         if len(entry) < 32:
             raise IncorrectParameterError(f"entry of {len(entry)} bytes is shorter than its 32-byte header")
         ledger_id, entry_id, lac = _IDS.unpack_from(entry)
@@ -267,6 +267,12 @@ class Bookie:
         if state.fenced and not recovery:
             self.adds_rejected["fenced"] += 1
             raise LedgerFencedError(f"ledger {ledger_id} is fenced; refused entry {entry_id}")
+        return ledger_id, entry_id, lac
+
+    def _accept(self, entry: BytesLike, master_key: bytes, recovery: bool) -> tuple[Journal, int, int]:
+        """Checks of an add and its write-cache put; returns (journal, ledger id, entry id).
+        Raises for a refused add (nothing stored, nothing journaled)."""
+        ledger_id, entry_id, lac = self._check(entry, master_key, recovery)
         journal = self._journals[ledger_id % len(self._journals)]
         # The write cache gets the entry before the journal does: a checkpoint mark taken after
         # the journal write can then never skip it.
@@ -282,27 +288,98 @@ class Bookie:
         journal, ledger_id, entry_id = self._accept(entry, master_key, recovery)
         journal.log_entry(ledger_id, entry_id, entry, callback)
 
-    def add_entries(self, adds: Sequence[tuple[BytesLike, bytes, bool]], callback: Callback) -> list[BaseException | None]:
+    def add_entries(self, adds: Sequence[tuple[BytesLike, bytes, bool]], callback: Callback, *,
+                    wait: bool = True) -> list[BaseException | None] | None:
         """Add several entries ((entry, master key, recovery) each), as a connection delivers
         pipelined adds. Returns, per add, the error that refused it at once or None. ``callback``
         runs once, after the fsyncs covering every accepted add (with the first error if a
-        journal failed), and not at all when every add was refused: one queue operation and one
-        completion per batch and journal instead of one per entry."""
-        refused: list[BaseException | None] = []
-        per_journal: dict[int, list[BytesLike]] = {}
-        for entry, master_key, recovery in adds:
+        journal failed), and not at all when every add was refused: one write-cache lock hold
+        per storage, one queue operation and one completion per batch and journal instead of
+        one per entry. Same checks and order as ``add_entry``: every accepted entry is in its
+        write cache before any of the batch is journaled.
+
+        ``wait=False``: do nothing and return None unless the batch can be taken at once: every
+        add of a ledger already known here, room in the write caches and the journal queues
+        (nothing to wait for, no index write). The caller must then be the only adder."""
+        refused: list[BaseException | None] = [None] * len(adds)
+        read_only = self._forced_read_only or self._disk_read_only
+        states = self._ledger_state
+        unpack = _IDS.unpack_from
+        checked: list[tuple[int, int, int, BytesLike]] = []  # (index, ledger id, lac, entry)
+        for i, (entry, master_key, recovery) in enumerate(adds):
+            # Fast path: a known ledger, the right key, writable, not fenced; anything else
+            # goes through ``_check``, which raises the refusal.
+            if len(entry) >= 32:
+                ledger_id, entry_id, lac = unpack(entry)
+                state = states.get(ledger_id)
+                if (state is not None and ledger_id >= 0 and entry_id >= 0 and state.master_key == master_key
+                        and (recovery or not (read_only or state.fenced))):
+                    checked.append((i, ledger_id, lac, entry))
+                    continue
+            if not wait:
+                return None
             try:
-                journal, _lid, _eid = self._accept(entry, master_key, recovery)
+                ledger_id, _eid, lac = self._check(entry, master_key, recovery)
             except Exception as exc:
-                refused.append(exc)
+                refused[i] = exc
                 continue
-            refused.append(None)
-            per_journal.setdefault(journal.index, []).append(entry)
-        if not per_journal:
+            checked.append((i, ledger_id, lac, entry))
+        if not checked:
             return refused
+        # The write-cache puts, one batch per storage.
+        router = self._router
+        single = router.single
+        if single is not None:
+            groups = [(single, checked)]
+        else:
+            by_storage: dict[int, tuple[LedgerStorage, list[tuple[int, int, int, BytesLike]]]] = {}
+            for item in checked:
+                storage = router.storage_for_write(item[1])
+                by_storage.setdefault(id(storage), (storage, []))[1].append(item)
+            groups = list(by_storage.values())
+        if not wait:
+            journals = self._journals
+            if any(not storage.can_take(sum(len(item[3]) for item in items)) for storage, items in groups):
+                return None
+            if len(journals) == 1:
+                if not journals[0].can_take(len(checked)):
+                    return None
+            elif not all(j.can_take(len(checked)) for j in journals):
+                return None
+        stored: list[tuple[int, int, int, BytesLike]] = []
+        for storage, items in groups:
+            try:
+                put_refused = storage.add_entries([item[3] for item in items])
+            except Exception as exc:  # closed: none of this group stored
+                for item in items:
+                    refused[item[0]] = exc
+                continue
+            for item, why in zip(items, put_refused):
+                if why is None:
+                    stored.append(item)
+                else:
+                    refused[item[0]] = why
+        if not stored:
+            return refused
+        if len(groups) > 1:
+            stored.sort()  # journal in arrival order
+        self.adds_total += len(stored)
+        lacs: dict[int, int] = {}
+        for _i, ledger_id, lac, _entry in stored:
+            if lac > lacs.get(ledger_id, -1):
+                lacs[ledger_id] = lac
+        for ledger_id, lac in lacs.items():
+            self._lacs.advance(ledger_id, lac)
+        journals = self._journals
+        if len(journals) == 1:
+            self._log_entries(journals[0], [item[3] for item in stored], callback)
+            return refused
+        per_journal: dict[int, list[BytesLike]] = {}
+        for _i, ledger_id, _lac, entry in stored:
+            per_journal.setdefault(ledger_id % len(journals), []).append(entry)
         if len(per_journal) == 1:
             ((index, entries),) = per_journal.items()
-            self._log_entries(self._journals[index], entries, callback)
+            self._log_entries(journals[index], entries, callback)
             return refused
         # Several journals: the batch is durable when every journal's part is.
         remaining = [len(per_journal)]
@@ -319,7 +396,7 @@ class Bookie:
                 callback(first_error[0])
 
         for index, entries in per_journal.items():
-            self._log_entries(self._journals[index], entries, part_done)
+            self._log_entries(journals[index], entries, part_done)
         return refused
 
     @staticmethod

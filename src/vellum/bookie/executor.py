@@ -7,8 +7,9 @@ loop once, not a thousand times. ``AsyncBookie`` is the asyncio face of ``Bookie
 server's only view of it.
 
 Invariants: callbacks handed to ``LoopBridge.call`` run on the loop thread, in the order they
-were handed over; ``AsyncBookie`` never blocks the loop on the disk (what may touch it runs on
-the add thread or the reader pool; only in-memory answers are given on the loop).
+were handed over; ``AsyncBookie`` never blocks the loop on the disk or on back-pressure (what
+may wait runs on the add thread or the reader pool; on the loop run only in-memory answers and
+the adds that need no waiting: known ledgers, room in the write cache and the journal queue).
 """
 
 from __future__ import annotations
@@ -25,6 +26,11 @@ from vellum.errors import TimeoutError_
 from vellum.format.entry import BytesLike
 
 _T = TypeVar("_T")
+#: an add batch waiting for the add thread: the adds and their ``on_result``
+_AddBatch = tuple[list[tuple[BytesLike, bytes, bool]],
+                  Callable[[list[BaseException | None], BaseException | None], None]]
+#: the most adds the add thread takes together
+_MAX_MERGED = 4096
 
 
 class LoopBridge:
@@ -73,8 +79,15 @@ class AsyncBookie:
         self._loop = loop
         self.bridge = LoopBridge(loop)
         self._reads = ThreadPoolExecutor(max_workers=read_threads, thread_name_prefix="bookie-read")
-        # One thread, so batches keep their order (BookKeeper: numAddWorkerThreads=1).
-        self._adds = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bookie-add")
+        # One add thread, so batches keep their order (BookKeeper: numAddWorkerThreads=1). The
+        # batches handed over while it works are taken together and added as one.
+        self._add_lock = threading.Lock()
+        self._add_wake = threading.Condition(self._add_lock)
+        self._add_pending: list[_AddBatch] = []
+        self._add_idle = False
+        self._add_closed = False
+        self._add_thread = threading.Thread(target=self._add_loop, name="bookie-add", daemon=True)
+        self._add_thread.start()
         #: ``read_cached_entry(ledger_id, entry_id)``: the entry if it is in memory (write or
         #: read-ahead cache), else None, without touching the disk. The bookie's own method,
         #: bound here so that the read hot path pays no extra call.
@@ -89,38 +102,89 @@ class AsyncBookie:
         write cache's back-pressure stalls the writers, not the event loop. ``on_result(refused,
         error)`` runs once on the loop thread: ``refused`` per add (an error, or None if
         accepted) and ``error`` the durability outcome of the accepted ones (None = durable).
-        Batches are processed in submission order (one thread)."""
+        Batches are processed in submission order (one thread); the batches waiting when the
+        add thread gets to them are added together (one journal record batch, one fsync
+        callback), and each is answered when all of them are durable.
+
+        When the add thread is idle with nothing queued and the bookie can take the batch at
+        once (known ledgers, room in the write cache and the journal queue: nothing to wait
+        for), the batch is added right here instead, which saves the hand-off; the order of
+        batches is the same."""
+        with self._add_lock:
+            if self._add_closed:
+                raise RuntimeError("cannot add after the bookie's add thread was shut down")
+            inline = self._add_idle and not self._add_pending
+        if inline and self._add_now([(adds, on_result)], wait=False):
+            return
+        with self._add_lock:
+            self._add_pending.append((adds, on_result))
+            if self._add_idle:
+                self._add_idle = False
+                self._add_wake.notify()
+
+    def _add_loop(self) -> None:
+        lock, wake = self._add_lock, self._add_wake
+        while True:
+            with lock:
+                while not self._add_pending and not self._add_closed:
+                    self._add_idle = True
+                    wake.wait()
+                self._add_idle = False
+                pending = self._add_pending
+                if not pending:
+                    return  # closed and drained
+                # At most _MAX_MERGED adds at once; the rest waits for the next round.
+                taken, total = 0, 0
+                while taken < len(pending) and (taken == 0 or total + len(pending[taken][0]) <= _MAX_MERGED):
+                    total += len(pending[taken][0])
+                    taken += 1
+                batches, self._add_pending = pending[:taken], pending[taken:]
+            self._add_now(batches)
+
+    def _add_now(self, batches: list[_AddBatch], *, wait: bool = True) -> bool:
+        """Add the batches as one; answer each on the loop. ``wait=False``: only if that needs
+        no waiting (see ``Bookie.add_entries``); False if nothing was done."""
         bridge = self.bridge
-        bookie = self._bookie
+        adds = batches[0][0] if len(batches) == 1 else [add for batch in batches for add in batch[0]]
+        lock = threading.Lock()
+        parts = [2]  # the refusals are known, and the accepted adds are durable
+        outcome: list[BaseException | None] = [None]
+        refused: list[BaseException | None] = []
 
-        def work() -> None:
-            lock = threading.Lock()
-            parts = [2]  # the refusals are known, and the accepted adds are durable
-            outcome: list[BaseException | None] = [None]
-            refused: list[BaseException | None] = []
+        def finish(refused: list[BaseException | None], exc: BaseException | None) -> None:  # on the loop
+            if len(batches) == 1:
+                batches[0][1](refused, exc)
+                return
+            pos = 0
+            for batch_adds, on_result in batches:
+                n = len(batch_adds)
+                on_result(refused[pos:pos + n], exc)
+                pos += n
 
-            def part_done() -> None:
-                with lock:
-                    parts[0] -= 1
-                    last = parts[0] == 0
-                if last:
-                    bridge.call(on_result, refused, outcome[0])
+        def part_done() -> None:
+            with lock:
+                parts[0] -= 1
+                last = parts[0] == 0
+            if last:
+                bridge.call(finish, refused, outcome[0])
 
-            def durable(exc: BaseException | None) -> None:
-                outcome[0] = exc
-                part_done()
-
-            try:
-                refused.extend(bookie.add_entries(adds, durable))
-            except Exception as exc:  # a bug, not a refusal: fail the whole batch
-                refused[:] = [exc] * len(adds)
-                part_done()
-            else:
-                if all(r is not None for r in refused):
-                    part_done()  # nothing accepted: no durability callback will come
+        def durable(exc: BaseException | None) -> None:
+            outcome[0] = exc
             part_done()
 
-        self._adds.submit(work)
+        try:
+            result = self._bookie.add_entries(adds, durable, wait=wait)
+        except Exception as exc:  # a bug, not a refusal: fail the whole batch
+            refused[:] = [exc] * len(adds)
+            part_done()
+        else:
+            if result is None:
+                return False  # would have to wait: nothing done
+            refused.extend(result)
+            if refused.count(None) == 0:
+                part_done()  # nothing accepted: no durability callback will come
+        part_done()
+        return True
 
     def fence_cb(self, ledger_id: int, master_key: bytes, done: Callable[[BaseException | None], None]) -> None:
         bridge = self.bridge
@@ -216,5 +280,9 @@ class AsyncBookie:
         return self._on_reader(self._bookie.info)
 
     def close(self) -> None:
-        self._adds.shutdown(wait=True)
+        with self._add_lock:
+            self._add_closed = True
+            self._add_wake.notify()
+        if self._add_thread is not threading.current_thread():
+            self._add_thread.join()
         self._reads.shutdown(wait=True)

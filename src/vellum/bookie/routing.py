@@ -75,6 +75,11 @@ class LedgerRouter:
         self._homes: dict[int, list[LedgerStorage]] = {}  # write home last
         self._lock = threading.Lock()
 
+    @property
+    def single(self) -> LedgerStorage | None:
+        """The one storage when there is only one (every ledger lives there), else None."""
+        return self._single
+
     # ------------------------------------------------------------------------------- reads
     def view(self, ledger_id: int) -> LedgerView:
         """The ledger's data for reads, fencing and deletes: its one storage, or every home."""

@@ -89,6 +89,7 @@ from vellum.proto.messages import (
     PROTOCOL_VERSION,
     REQUEST_TYPES,
     RESPONSE_TYPES,
+    AddBatch,
     AddRequest,
     AddResponse,
     AuthRequest,
@@ -123,7 +124,7 @@ from vellum.proto.messages import (
 )
 
 Side: TypeAlias = Literal["server", "client"]
-Decoded: TypeAlias = Message | BadFrame
+Decoded: TypeAlias = Message | BadFrame | AddBatch
 
 _V = PROTOCOL_VERSION << 24
 
@@ -136,6 +137,11 @@ _ENTRY_IDS = struct.Struct(">qq")
 _RANGE = struct.Struct(">qq")
 
 _ADD_REQ = struct.Struct(">iI20s")  # + entry
+#: an ADD frame's length, header, key and the entry's ledger and entry ids (batch decoding)
+_ADD_FRAME = struct.Struct(">iI20sqq")
+_ADD_FRAME_MIN_BODY = 4 + MASTER_KEY_LENGTH + MIN_ENTRY_SIZE
+_ADD_HEADER_MASK = 0xFFFF0000
+_ADD_HEADER = _V | (OP_ADD << 16)
 _ADD_RESP = struct.Struct(">iIiqq")
 _READ_REQ = struct.Struct(">iIqq")
 _READ_REQ_FENCE = struct.Struct(">iIqq20s")
@@ -964,7 +970,9 @@ class FrameDecoder:
     """Splits a byte stream into frames and decodes each (sans-IO).
 
     ``side="server"`` decodes requests (what a bookie reads); ``side="client"`` decodes
-    responses. Two ways in, one decoder:
+    responses. With ``batch_adds`` (server side), consecutive well-formed v2 ADD frames of one
+    read come out as one :class:`AddBatch` instead of one ``AddRequest`` each (a big ADD frame
+    received into its own buffer stays an ``AddRequest``). Two ways in, one decoder:
 
     - ``feed(data)``: the messages the data completes, in order; partial frames are kept until
       the rest arrives. Never keeps a view of ``data``.
@@ -984,16 +992,17 @@ class FrameDecoder:
     #: the reused receive buffer for smaller frames (holds any partial small frame)
     SCRATCH = 64 * 1024
 
-    __slots__ = ("_big", "_big_fill", "_decoders", "_end", "_failure", "_max", "_owned_decoders",
-                 "_peek", "_scratch", "_side", "_start")
+    __slots__ = ("_batch_adds", "_big", "_big_fill", "_decoders", "_end", "_failure", "_max",
+                 "_owned_decoders", "_peek", "_scratch", "_side", "_start")
 
-    def __init__(self, max_frame_size: int, *, side: Side) -> None:
+    def __init__(self, max_frame_size: int, *, side: Side, batch_adds: bool = False) -> None:
         if max_frame_size < 4:
             raise IncorrectParameterError(f"max_frame_size {max_frame_size} is below a frame header")
         if side not in ("server", "client"):
             raise IncorrectParameterError(f"side must be 'server' or 'client', not {side!r}")
         self._max = max_frame_size
         self._side: Side = side
+        self._batch_adds = batch_adds and side == "server"
         self._decoders = _REQUEST_DECODERS if side == "server" else _RESPONSE_DECODERS
         self._owned_decoders = _REQUEST_DECODERS_OWNED if side == "server" else _RESPONSE_DECODERS_OWNED
         self._scratch = bytearray(self.SCRATCH)  # never resized: views of it may be out
@@ -1069,6 +1078,9 @@ class FrameDecoder:
             pos, end = self._start, self._end
             decoders, side, limit = self._decoders, self._side, self._max
             unpack_len = _INT.unpack_from
+            batching = self._batch_adds
+            unpack_add = _ADD_FRAME.unpack_from
+            adds: AddBatch | None = None
             while end - pos >= 4:
                 (size,) = unpack_len(view, pos)
                 if size < 0 or size > limit:
@@ -1079,6 +1091,21 @@ class FrameDecoder:
                 start = pos + 4
                 stop = start + size
                 if stop <= end:
+                    if batching and size >= _ADD_FRAME_MIN_BODY:
+                        _size, header, key, ledger_id, entry_id = unpack_add(view, pos)
+                        if header & _ADD_HEADER_MASK == _ADD_HEADER:
+                            if adds is None:
+                                adds = AddBatch()
+                                out.append(adds)
+                            adds.entries.append(bytes(view[start + 24 : stop]))  # the one copy
+                            adds.keys.append(key)
+                            adds.flags.append(header & 0xFFFF)
+                            adds.ledger_ids.append(ledger_id)
+                            adds.entry_ids.append(entry_id)
+                            pos = stop
+                            self._peek = size >= self.BIG_FRAME
+                            continue
+                    adds = None
                     out.append(_decode(view[start:stop], decoders, side))  # copies what it keeps
                     pos = stop
                     self._peek = size >= self.BIG_FRAME

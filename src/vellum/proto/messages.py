@@ -511,6 +511,41 @@ class ErrorResponse:
 
 
 # ===========================================================================================
+# Pipelined ADDs decoded together (not a wire message of its own)
+
+
+class AddBatch:
+    """Consecutive well-formed v2 ADD requests that arrived in one read, decoded together by a
+    server-side ``FrameDecoder(batch_adds=True)``: parallel lists, one item per request, in
+    arrival order. ``requests()`` gives the same requests as ``AddRequest`` objects.
+    ``entries`` are ``bytes`` copied out of the receive buffer (the decoder's rule)."""
+
+    __slots__ = ("entries", "entry_ids", "flags", "keys", "ledger_ids")
+
+    def __init__(self) -> None:
+        self.entries: list[BytesLike] = []
+        self.keys: list[bytes] = []
+        self.flags: list[int] = []
+        self.ledger_ids: list[int] = []
+        self.entry_ids: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def recovery(self) -> list[bool]:
+        """Per request: is it a recovery add (``FLAG_RECOVERY_ADD``)?"""
+        if not any(self.flags):
+            return [False] * len(self.flags)
+        return [bool(f & FLAG_RECOVERY_ADD) for f in self.flags]
+
+    def requests(self) -> list[AddRequest]:
+        return [AddRequest(k, e, f) for k, e, f in zip(self.keys, self.entries, self.flags)]
+
+    def __repr__(self) -> str:
+        return f"AddBatch({len(self)} adds)"
+
+
+# ===========================================================================================
 # A well-framed frame whose contents cannot be used
 
 

@@ -68,6 +68,9 @@ from vellum.server.metrics import ServerCounters, ServerMetrics, process_server_
 log = logging.getLogger(__name__)
 
 _LAC_OF_ENTRY = struct.Struct(">q")
+#: an ADD response frame: length, header, status, ledger id, entry id
+_ADD_OK = struct.Struct(">iIiqq")
+_ADD_RESPONSE_HEADER = (m.PROTOCOL_VERSION << 24) | (m.OP_ADD << 16)
 #: a TLS handshake that does not complete in this time closes the connection
 TLS_HANDSHAKE_TIMEOUT_S = 10.0
 
@@ -116,7 +119,9 @@ class BookieConnection(asyncio.BufferedProtocol):
         self._requests = counters.requests
         self._rejected = counters.rejected
         self._on_close = on_close
-        self._decoder = codec.FrameDecoder(counters.limits.max_frame_size, side="server")
+        # Pipelined ADDs of one read come decoded together (``AddBatch``), to go to the bookie
+        # and back as one batch.
+        self._decoder = codec.FrameDecoder(counters.limits.max_frame_size, side="server", batch_adds=True)
         self._transport: asyncio.Transport | None = None
         self._out: list[bytes | bytearray | memoryview] = []
         self._flush_scheduled = False
@@ -186,6 +191,9 @@ class BookieConnection(asyncio.BufferedProtocol):
             if self._transport is not None:
                 self._transport.close()
             return
+        if self._awaiting_tls or not self._authorized:
+            # The slow paths (refusals, the TLS upgrade, authentication) see single requests.
+            messages = _unbatched(messages)
         if self._awaiting_tls:
             if self._upgrading:
                 # Decrypted requests that arrived as the handshake completed, before the
@@ -207,6 +215,12 @@ class BookieConnection(asyncio.BufferedProtocol):
         handlers = self._handlers
         adds: list[m.AddRequest] = []
         for msg in messages:
+            if type(msg) is m.AddBatch:
+                if adds:
+                    self._add_batch(adds)
+                    adds = []
+                self._add_decoded_batch(msg)
+                continue
             if type(msg) is m.AddRequest:
                 # Pipelined adds that arrived together go to the bookie as one batch (one
                 # journal queue operation, one completion), in arrival order.
@@ -275,19 +289,56 @@ class BookieConnection(asyncio.BufferedProtocol):
             issued[req.ledger_id] = issued.get(req.ledger_id, 0) + 1
 
         def on_result(refused: list[BaseException | None], exc: BaseException | None) -> None:
-            status = EOK if exc is None else wire_status_for(exc)
-            if exc is not None and not isinstance(exc, VellumError):
-                log.error("adds failed: %r", exc)
-            accepted = []
-            for req, why in zip(admitted, refused):
-                if why is None:
-                    accepted.append(req)
-                else:
-                    self._answer_adds([req], wire_status_for(why))
-            if accepted:
-                self._answer_adds(accepted, status)
+            self._answer_refused(admitted, refused, exc)
 
         self._bookie.add_entries_cb([(r.entry, bytes(r.master_key), r.is_recovery) for r in admitted], on_result)
+
+    def _add_decoded_batch(self, batch: m.AddBatch) -> None:
+        """``_add_batch`` for the pipelined ADDs of one read, decoded together: admitted and
+        counted as a whole, handed to the bookie as one batch, and answered, once durable,
+        with one buffer of responses."""
+        n = len(batch.entries)
+        counters = self._counters
+        limit = counters.limits.max_adds_in_progress
+        if limit and counters.adds + n > limit:
+            self._add_batch(batch.requests())  # some are refused: one by one
+            return
+        self._requests["ADD"] += n
+        counters.adds += n
+        ledger_ids, entry_ids = batch.ledger_ids, batch.entry_ids
+        _count_by_ledger(self._issued, ledger_ids)
+
+        def on_result(refused: list[BaseException | None], exc: BaseException | None) -> None:
+            if exc is None and refused.count(None) == n:
+                counters.adds -= n
+                _count_by_ledger(self._completed, ledger_ids)
+                if self._transport is not None:
+                    pack = _ADD_OK.pack
+                    self._out.append(b"".join([pack(24, _ADD_RESPONSE_HEADER, EOK, lid, eid)
+                                               for lid, eid in zip(ledger_ids, entry_ids)]))
+                    if not self._flush_scheduled:
+                        self._flush_scheduled = True
+                        self._loop.call_soon(self._flush)
+                if self._force_waiters:
+                    self._check_force_waiters()
+                return
+            self._answer_refused(batch.requests(), refused, exc)
+
+        self._bookie.add_entries_cb(list(zip(batch.entries, batch.keys, batch.recovery())), on_result)
+
+    def _answer_refused(self, reqs: list[m.AddRequest], refused: list[BaseException | None],
+                        exc: BaseException | None) -> None:
+        status = EOK if exc is None else wire_status_for(exc)
+        if exc is not None and not isinstance(exc, VellumError):
+            log.error("adds failed: %r", exc)
+        accepted = []
+        for req, why in zip(reqs, refused):
+            if why is None:
+                accepted.append(req)
+            else:
+                self._answer_adds([req], wire_status_for(why))
+        if accepted:
+            self._answer_adds(accepted, status)
 
     def _answer_adds(self, reqs: list[m.AddRequest], status: int) -> None:
         self._counters.adds -= len(reqs)
@@ -636,6 +687,30 @@ class BookieConnection(asyncio.BufferedProtocol):
         answer = bad.error_response()
         if answer is not None:
             self._send(answer)
+
+
+def _unbatched(messages: list[Any]) -> list[Any]:
+    """``messages`` with every ``AddBatch`` replaced by its single ``AddRequest``s."""
+    if not any(type(msg) is m.AddBatch for msg in messages):
+        return messages
+    out: list[Any] = []
+    for msg in messages:
+        if type(msg) is m.AddBatch:
+            out += msg.requests()
+        else:
+            out.append(msg)
+    return out
+
+
+def _count_by_ledger(counts: dict[int, int], ledger_ids: list[int]) -> None:
+    """Add one per id in ``ledger_ids`` to ``counts`` (usually all one ledger: one update)."""
+    first = ledger_ids[0]
+    n = ledger_ids.count(first)
+    counts[first] = counts.get(first, 0) + n
+    if n != len(ledger_ids):
+        for lid in ledger_ids:
+            if lid != first:
+                counts[lid] = counts.get(lid, 0) + 1
 
 
 def _refusal(msg: Any, status: int) -> Any:

@@ -7,16 +7,21 @@ journal files. The byte format lives in ``vellum.format.journal``.
 Threads (one ``Journal`` per journal directory; instances are independent):
 
 - callers (``log_entry`` & co.) encode the record and append it to a bounded queue
-  (``journalQueueSize``; a full queue blocks the caller: back-pressure);
+  (``journalQueueSize`` records; a full queue blocks the caller: back-pressure); a batch of
+  client entries (``log_entries``) is one queue item with one callback;
 - the *writer* thread takes queued records, appends them to the current batch and flushes the
   batch when one of BookKeeper's four group-commit triggers fires: the oldest record waited
   ``journalMaxGroupWaitMSec``, ``journalBufferedWritesThreshold`` bytes or
   ``journalBufferedEntriesThreshold`` records (0 = off) are buffered, or the queue is empty and
   ``journalFlushWhenQueueEmpty`` is set. A flush appends the padding record carrying the batch
-  checksum, ``os.pwrite``s the bytes and hands a force-write request to
+  checksum, ``os.pwrite``s the bytes and then, by default (``sync_in_writer``), itself
+  ``fdatasync``s, advances ``current_mark()`` and runs the callbacks; records queued meanwhile
+  form the next batch (one thread hand-off fewer per group commit). With
+  ``sync_in_writer=False`` (``journalForceWriteThread``, BookKeeper's structure) it hands a
+  force-write request to
   - the *force-write* thread, which coalesces every request waiting for it into one
-    ``fdatasync``, advances ``current_mark()`` and then runs the callbacks. The writer keeps
-    writing the next batch while an fsync runs. With ``journalRemoveFromPageCache`` it then
+    ``fdatasync``, advances ``current_mark()`` and then runs the callbacks, while the writer
+    writes the next batch. Either way, with ``journalRemoveFromPageCache`` the syncing thread then
     drops the synced pages from the OS page cache (``POSIX_FADV_DONTNEED``, whole MiBs, one MiB
     behind the mark so the page being appended to stays): only replay reads them, and freed
     pages are reused by the next writes instead of the cache growing over fresh memory;
@@ -44,6 +49,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import struct
 import threading
 import time
 from collections import deque
@@ -55,6 +61,7 @@ from typing import cast
 from vellum.errors import CorruptionError, StorageError
 from vellum.format.journal import (
     CURRENT_JOURNAL_VERSION,
+    MIN_RECORD_BODY,
     V5,
     V6,
     JournalRecord,
@@ -169,11 +176,13 @@ class ReplayResult:
 
 
 class _Queue:
-    """A bounded multi-producer queue from which one consumer takes everything at once."""
+    """A bounded multi-producer queue from which one consumer takes everything at once. The
+    bound counts records: a batch of n records weighs n."""
 
     def __init__(self, capacity: int) -> None:
         self.items: deque[object] = deque()
         self.capacity = capacity
+        self._weight = 0  # records queued (a batch item counts its records)
         self.closed = False
         self._consumer_waiting = False
         self._lock = threading.Lock()
@@ -183,24 +192,29 @@ class _Queue:
     def put(self, item: object) -> None:
         with self._lock:
             items = self.items
-            while len(items) >= self.capacity and not self.closed:
+            while self._weight >= self.capacity and not self.closed:
                 self._not_full.wait()
             items.append(item)
+            self._weight += 1
             if self._consumer_waiting:
                 self._consumer_waiting = False
                 self._not_empty.notify()
 
-    def put_many(self, batch: list[object]) -> None:
-        """Append a batch under one lock acquisition (waits while the queue is full; a batch
-        larger than the capacity goes in once the queue is empty)."""
+    def put_batch(self, item: object, weight: int) -> None:
+        """Append one item that stands for ``weight`` records (waits while the queue is full;
+        a batch larger than the capacity goes in once the queue is empty)."""
         with self._lock:
             items = self.items
-            while items and len(items) + len(batch) > self.capacity and not self.closed:
+            while items and self._weight + weight > self.capacity and not self.closed:
                 self._not_full.wait()
-            items.extend(batch)
+            items.append(item)
+            self._weight += weight
             if self._consumer_waiting:
                 self._consumer_waiting = False
                 self._not_empty.notify()
+
+    def can_take(self, weight: int) -> bool:
+        return not self.items or self._weight + weight <= self.capacity
 
     def take_all(self, timeout: float | None) -> list[object]:
         """Everything queued; waits up to ``timeout`` (None: until something or close)."""
@@ -216,6 +230,7 @@ class _Queue:
                 self._consumer_waiting = False
             out = list(self.items)
             self.items.clear()
+            self._weight = 0
             if out:
                 self._not_full.notify_all()
             return out
@@ -234,16 +249,19 @@ class _ForceRequest:
     journal_id: int
     end: int
     callbacks: list[Callback | None]
+    records: int = 0
     close_fd: bool = False
     done: threading.Event | None = None
     last: bool = False
 
 
 _SHUTDOWN = object()
-#: a queued record: (encoded record, callback, enqueue time)
-#: (record body, callback, enqueue time, prefix written before the body: a client entry's
-#: 4-byte length, so the entry is copied once, into the batch, instead of first into a record)
-_Item = tuple[bytes, Callback | None, float, bytes]
+#: a queued item: (record, callback, enqueue time) for one encoded record (master key, fence,
+#: explicit LAC), or (entries, callback, enqueue time) for a batch of client entries, each
+#: written as ``[int32 len][entry]`` straight into the group-commit buffer (copied once) and
+#: the batch's callback run once, after the fsync covering its last record
+_Item = tuple[bytes | list[bytes | bytearray | memoryview], Callback | None, float]
+_I32 = struct.Struct(">i")
 
 
 class Journal:
@@ -271,6 +289,7 @@ class Journal:
         write_buffer_size_kb: int = 64,
         prealloc_zero: bool = True,
         remove_from_page_cache: bool = True,
+        sync_in_writer: bool = True,
         fsync: Callable[[int], None] = os.fdatasync,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -297,6 +316,8 @@ class Journal:
         self._write_buffer = max(write_buffer_size_kb, 1) * 1024
         self._prealloc_zero = prealloc_zero
         self._drop_cache = remove_from_page_cache
+        self._sync_in_writer = sync_in_writer
+        self._progress: SyncProgress | None = None
         self._fsync = fsync
         self._clock = clock
         self._queue = _Queue(queue_size)
@@ -437,10 +458,12 @@ class Journal:
         self._writer = threading.Thread(
             target=self._writer_loop, name=f"journal-{self.index}-writer", daemon=True
         )
-        self._forcer = threading.Thread(
-            target=self._force_loop, name=f"journal-{self.index}-force-write", daemon=True
-        )
-        self._forcer.start()
+        self._progress = SyncProgress(self._drop_cache and self._sync_data)  # only clean pages drop
+        if not self._sync_in_writer:
+            self._forcer = threading.Thread(
+                target=self._force_loop, name=f"journal-{self.index}-force-write", daemon=True
+            )
+            self._forcer.start()
         self._writer.start()
 
     def shutdown(self) -> None:
@@ -450,9 +473,10 @@ class Journal:
             return
         self._stopped = True
         self._queue.put(_SHUTDOWN)
-        assert self._writer is not None and self._forcer is not None
+        assert self._writer is not None
         self._writer.join()
-        self._forcer.join()
+        if self._forcer is not None:
+            self._forcer.join()
         if self._filler is not None:
             self._filler.stop()
 
@@ -519,17 +543,22 @@ class Journal:
         self.log_entries((entry,), callback)
 
     def log_entries(self, entries: Sequence[bytes | bytearray | memoryview], callback: Callback) -> None:
-        """Journal several stored entries at once (one queue operation); ``callback`` runs once,
+        """Journal several stored entries at once (one queue item, its records built straight
+        into the group-commit buffer by the writer); ``callback`` runs once,
         after the fsync that covers the last of them (and so all of them: records are written
         and fsynced in queue order, and a journal that fails fails every later record)."""
         if not self._started or self._stopped:
             raise StorageError(f"journal {self.journal_dir} is not running")
         if not entries:
             raise ValueError("log_entries needs at least one entry")
-        now = self._clock()
-        items: list[object] = [(entry, None, now, entry_prefix(entry)) for entry in entries]
-        items[-1] = (entries[-1], callback, now, entry_prefix(entries[-1]))
-        self._queue.put_many(items)
+        if min(map(len, entries)) < MIN_RECORD_BODY:
+            entry_prefix(min(entries, key=len))  # raises ValueError naming the size
+        self._queue.put_batch((list(entries), callback, self._clock()), len(entries))
+
+    def can_take(self, records: int) -> bool:
+        """Would ``records`` more records enter the queue now without waiting? (Advisory: a
+        caller that is the only producer can rely on it.)"""
+        return self._queue.can_take(records)
 
     def log_master_key(self, ledger_id: int, key: bytes, callback: Callback) -> None:
         self._enqueue(encode_master_key(ledger_id, key), callback)
@@ -546,7 +575,7 @@ class Journal:
     def _enqueue(self, record: bytes, callback: Callback) -> None:
         if not self._started or self._stopped:
             raise StorageError(f"journal {self.journal_dir} is not running")
-        self._queue.put((record, callback, self._clock(), b""))
+        self._queue.put((record, callback, self._clock()))
 
     # ------------------------------------------------------------------ writer thread
 
@@ -593,8 +622,10 @@ class Journal:
         clock = self._clock
         buf = bytearray()
         callbacks: list[Callback | None] = []
+        records = 0
         crc = 0
         batch_bytes = 0
+        pack_len = _I32.pack
         oldest = 0.0
         max_wait = self._max_wait
         bytes_threshold = self._bytes_threshold
@@ -604,7 +635,7 @@ class Journal:
         shutting_down = False
 
         def flush() -> None:
-            nonlocal buf, crc, batch_bytes
+            nonlocal buf, crc, batch_bytes, records
             try:
                 if self._error is None:
                     if self.format_version >= V5:
@@ -614,11 +645,10 @@ class Journal:
                     self._write(buf)
             except OSError as e:
                 self._fail(f"write of journal {self._path} failed at offset {self._pos}", e)
-            self._force_queue.put(
-                _ForceRequest(self._fd, self._path, self._journal_id, self._pos, callbacks.copy())
-            )
+            self._force(_ForceRequest(self._fd, self._path, self._journal_id, self._pos, callbacks.copy(), records))
             buf = bytearray()
             callbacks.clear()
+            records = 0
             crc = 0
             batch_bytes = 0
             if self._pos >= self._max_size and self._error is None:
@@ -631,14 +661,19 @@ class Journal:
                 if item is _SHUTDOWN:
                     shutting_down = True
                     continue
-                record, callback, enqueued, prefix = cast(_Item, item)
+                record, callback, enqueued = cast(_Item, item)
                 if not callbacks:
                     oldest = enqueued
-                if prefix:
-                    buf += prefix
-                    batch_bytes += len(prefix)
-                buf += record
-                batch_bytes += len(record)
+                start = len(buf)
+                if isinstance(record, list):
+                    for entry in record:
+                        buf += pack_len(len(entry))
+                        buf += entry
+                    records += len(record)
+                else:
+                    buf += record
+                    records += 1
+                batch_bytes += len(buf) - start
                 callbacks.append(callback)
                 if len(buf) >= write_buffer and self._error is None:
                     # Like BookKeeper's BufferedChannel: hand full buffers to the OS early,
@@ -651,7 +686,7 @@ class Journal:
                         self._fail(f"write of journal {self._path} failed at offset {self._pos}", e)
                     buf = bytearray()
                 if (bytes_threshold and batch_bytes >= bytes_threshold) or (
-                    entries_threshold and len(callbacks) >= entries_threshold
+                    entries_threshold and records >= entries_threshold
                 ):
                     flush()
             if callbacks and (
@@ -659,7 +694,7 @@ class Journal:
             ):
                 flush()
             if shutting_down:
-                self._force_queue.put(
+                self._force(
                     _ForceRequest(
                         self._fd, self._path, self._journal_id, self._pos, [], close_fd=True, last=True
                     )
@@ -675,9 +710,7 @@ class Journal:
     def _roll(self) -> None:
         """Start file id+1 once the old file is fsynced and closed (so it ends cleanly)."""
         done = threading.Event()
-        self._force_queue.put(
-            _ForceRequest(self._fd, self._path, self._journal_id, self._pos, [], close_fd=True, done=done)
-        )
+        self._force(_ForceRequest(self._fd, self._path, self._journal_id, self._pos, [], close_fd=True, done=done))
         done.wait()
         if self._error is not None:
             self._fd = -1
@@ -695,46 +728,61 @@ class Journal:
 
     # ------------------------------------------------------------------ force-write thread
 
+    def _force(self, request: _ForceRequest) -> None:
+        """Hand a force-write request over: to the force-write thread, or (``sync_in_writer``)
+        carry it out at once on the writer thread."""
+        if self._forcer is None:
+            self._sync_requests([request])
+        else:
+            self._force_queue.put(request)
+
     def _force_loop(self) -> None:
         take = self._force_queue.take_all
-        progress = SyncProgress(self._drop_cache and self._sync_data)  # only clean pages drop
         while True:
             requests: list[_ForceRequest] = take(None)  # type: ignore[assignment]
-            i = 0
-            while i < len(requests):
-                # coalesce consecutive requests on the same file into one fdatasync
-                j = i + 1
-                while j < len(requests) and requests[j].fd == requests[i].fd:
-                    j += 1
-                group = requests[i:j]
-                i = j
-                last = group[-1]
-                if self._error is None and self._sync_data and last.fd >= 0:
+            if self._sync_requests(requests):
+                return
+
+    def _sync_requests(self, requests: list[_ForceRequest]) -> bool:
+        """fsync, advance the mark, run the callbacks of ``requests``; True after the last."""
+        progress = self._progress
+        assert progress is not None
+        i = 0
+        while i < len(requests):
+            # coalesce consecutive requests on the same file into one fdatasync
+            j = i + 1
+            while j < len(requests) and requests[j].fd == requests[i].fd:
+                j += 1
+            group = requests[i:j]
+            i = j
+            last = group[-1]
+            if self._error is None and self._sync_data and last.fd >= 0:
+                try:
+                    self._fsync(last.fd)
+                    self.fsyncs_total += 1
+                except OSError as e:
+                    self._fail(f"fsync of journal {last.path} failed up to offset {last.end}", e)
+            error = self._error
+            if error is None:
+                self._mark = LogMark(last.journal_id, last.end)
+                self.records_synced_total += sum(r.records for r in group)
+                if last.fd >= 0:
+                    progress.synced(last.fd, last.journal_id, last.end)
+                    if self._filler is not None:
+                        self._filler.bytes_per_sync = progress.bytes_per_sync
+            for request in group:
+                for callback in request.callbacks:
+                    if callback is None:
+                        continue
                     try:
-                        self._fsync(last.fd)
-                        self.fsyncs_total += 1
-                    except OSError as e:
-                        self._fail(f"fsync of journal {last.path} failed up to offset {last.end}", e)
-                error = self._error
-                if error is None:
-                    self._mark = LogMark(last.journal_id, last.end)
-                    self.records_synced_total += sum(len(r.callbacks) for r in group)
-                    if last.fd >= 0:
-                        progress.synced(last.fd, last.journal_id, last.end)
-                        if self._filler is not None:
-                            self._filler.bytes_per_sync = progress.bytes_per_sync
-                for request in group:
-                    for callback in request.callbacks:
-                        if callback is None:  # a record of a batch whose callback rides on its last
-                            continue
-                        try:
-                            callback(error)
-                        except Exception:
-                            log.exception("journal %d: callback failed", self.index)
-                for request in group:
-                    if request.close_fd and request.fd >= 0:
-                        os.close(request.fd)
-                    if request.done is not None:
-                        request.done.set()
-                    if request.last:
-                        return
+                        callback(error)
+                    except Exception:
+                        log.exception("journal %d: callback failed", self.index)
+            for request in group:
+                if request.close_fd and request.fd >= 0:
+                    os.close(request.fd)
+                if request.done is not None:
+                    request.done.set()
+                if request.last:
+                    return True
+        return False

@@ -74,7 +74,7 @@ import logging
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from vellum import stats
@@ -216,26 +216,11 @@ class LedgerStorage:
         seen: int | None = None
         if self._digest_samples.get(ledger_id, 0) < _DIGEST_SAMPLE_ADDS:
             seen = self._digest_seen(ledger_id, entry)
-        deadline: float | None = None
         with self._cond:
             self._check_open()
             caches = self._caches
-            while not caches.active.has_room(len(entry)):
-                if caches.swap():
-                    self._cond.notify_all()  # wake the flush thread
-                    break
-                now = time.monotonic()
-                if deadline is None:
-                    deadline = now + self._max_throttle_s
-                if now >= deadline:
-                    why = f" (last flush failed: {self._last_flush_error})" if self._last_flush_error else ""
-                    raise OperationRejectedError(
-                        f"{self.ledger_dir}: write cache full and the previous cache is still being "
-                        f"flushed after {self._max_throttle_s * 1000:.0f} ms; rejecting ledger "
-                        f"{ledger_id} entry {entry_id}{why}"
-                    )
-                self._cond.wait(deadline - now)
-                self._check_open()
+            if not caches.active.has_room(len(entry)):
+                self._make_room(len(entry), ledger_id, entry_id, None)
             if ledger_id not in self._ledgers:
                 # Adds normally follow set_master_key; an entry still makes its ledger known,
                 # unless the ledger was deleted: that is final.
@@ -244,6 +229,89 @@ class LedgerStorage:
             caches.active.put(ledger_id, entry_id, entry)
             if seen is not None:
                 self._learn_digest(ledger_id, entry_id, seen)
+
+    def add_entries(self, entries: Sequence[BytesLike]) -> list[BaseException | None]:
+        """Put several stored entries in the write cache, in order, under one hold of the lock:
+        ``add_entry`` for each, as a connection delivers pipelined adds. Returns per entry the
+        error that refused it (bad ids, a deleted ledger, back-pressure past
+        ``max_throttle_time_ms``: one deadline for the whole batch) or None; a refused entry
+        does not stop the others. Raises only if the storage is closed (nothing stored)."""
+        refused: list[BaseException | None] = [None] * len(entries)
+        todo: list[tuple[int, int, int, Stored, int | None]] = []
+        samples = self._digest_samples
+        unpack = _IDS.unpack_from
+        for i, entry in enumerate(entries):
+            if len(entry) < 16:
+                refused[i] = IncorrectParameterError(f"entry of {len(entry)} bytes has no ledger/entry id header")
+                continue
+            ledger_id, entry_id = unpack(entry, 0)
+            if ledger_id < 0 or entry_id < 0:
+                refused[i] = IncorrectParameterError(
+                    f"cannot store ledger {ledger_id} entry {entry_id}: negative id")
+                continue
+            if not (type(entry) is bytes or (isinstance(entry, memoryview) and entry.readonly)):
+                entry = bytes(entry)
+            seen = self._digest_seen(ledger_id, entry) if samples.get(ledger_id, 0) < _DIGEST_SAMPLE_ADDS else None
+            todo.append((i, ledger_id, entry_id, entry, seen))
+        if not todo:
+            return refused
+        deadline: float | None = None
+        with self._cond:
+            self._check_open()
+            caches = self._caches
+            ledgers = self._ledgers
+            active = caches.active
+            for i, ledger_id, entry_id, entry, seen in todo:
+                size = len(entry)
+                if active.entries and active.size + size > active.max_bytes:
+                    try:
+                        deadline = self._make_room(size, ledger_id, entry_id, deadline)
+                    except OperationRejectedError as e:
+                        refused[i] = e
+                        continue
+                    active = caches.active
+                if ledger_id not in ledgers:
+                    try:
+                        self._refuse_if_deleted(ledger_id, f"entry {entry_id}")
+                    except LedgerFencedError as e:
+                        refused[i] = e
+                        continue
+                    self._put_ledger(ledger_id, LedgerData(exists=True, fenced=False, master_key=b""))
+                active.put(ledger_id, entry_id, entry)
+                if seen is not None:
+                    self._learn_digest(ledger_id, entry_id, seen)
+        return refused
+
+    def can_take(self, nbytes: int) -> bool:
+        """Would ``nbytes`` more of entries go into the write cache now without waiting for a
+        flush? (Advisory, read without the lock: a caller that is the only adder can rely on it.)"""
+        caches = self._caches
+        active = caches.active
+        return not self._closed and (active.size + nbytes <= active.max_bytes
+                                     or (caches.flushing is None and nbytes <= active.max_bytes))
+
+    def _make_room(self, size: int, ledger_id: int, entry_id: int, deadline: float | None) -> float | None:
+        """Caller holds ``_cond`` and the active cache has no room for ``size`` bytes: swap it
+        for a flush, or wait (up to ``deadline``, set now if None) for the flushing slot to
+        empty. Returns the deadline; raises ``OperationRejectedError`` past it."""
+        caches = self._caches
+        while not caches.active.has_room(size):
+            if caches.swap():
+                self._cond.notify_all()  # wake the flush thread
+                break
+            now = time.monotonic()
+            if deadline is None:
+                deadline = now + self._max_throttle_s
+            if now >= deadline:
+                why = f" (last flush failed: {self._last_flush_error})" if self._last_flush_error else ""
+                raise OperationRejectedError(
+                    f"{self.ledger_dir}: write cache full and the previous cache is still being "
+                    f"flushed after {self._max_throttle_s * 1000:.0f} ms; rejecting ledger "
+                    f"{ledger_id} entry {entry_id}{why}"
+                )
+            self._cond.wait(deadline - now)
+            self._check_open()
+        return deadline
 
     def _digest_seen(self, ledger_id: int, entry: BytesLike) -> int | None:
         """The keyless digest type ``entry`` verifies with (``DIGEST_NOT_CHECKABLE`` if none);
