@@ -7,7 +7,7 @@ Method (shared/reference/benchmarking.md): start both once, keep connections ope
 ~1 s slices in ABBA order for N pairs, report the median of per-pair ratios with p10..p90,
 after an A/A control (Vellum against itself). Also recorded per configuration: entries per
 fsync (bookie journal counters), CPU seconds per 1,000 entries of the server processes
-(/proc/<pid>/stat), 64 KiB MB/s against the disk's group-commit limit, and tailing-read
+(/proc/<pid>/stat) and of the client (this process, which runs one client per slice), 64 KiB MB/s against the disk's group-commit limit, and tailing-read
 latency (append -> visible at a long-polling reader).
 
     ./run bench redis_compare [--pairs 30] [--seconds 1.0] [--json]
@@ -137,6 +137,7 @@ async def redis_slice_factory(port: int, size: int, inflight: int) -> tuple[Slic
 async def abba(a: Slice, b: Slice, pairs: int, seconds: float, a_pids: list[int], b_pids: list[int]) -> dict[str, Any]:
     ratios, ra, rb, p99a, p99b = [], [], [], [], []
     cpu = {"a": 0.0, "b": 0.0}
+    client_cpu = {"a": 0.0, "b": 0.0}  # this process: the client driving the slice (only one runs)
     count = {"a": 0, "b": 0}
     for i in range(pairs):
         order = [("a", a), ("b", b)] if i % 2 == 0 else [("b", b), ("a", a)]
@@ -144,7 +145,9 @@ async def abba(a: Slice, b: Slice, pairs: int, seconds: float, a_pids: list[int]
         for name, fn in order:
             pids = a_pids if name == "a" else b_pids
             c0 = sum(cpu_seconds(p) for p in pids)
+            k0 = time.process_time()
             n, el, lat = await fn(seconds)
+            client_cpu[name] += time.process_time() - k0
             cpu[name] += sum(cpu_seconds(p) for p in pids) - c0
             count[name] += n
             rates[name] = n / el
@@ -162,6 +165,10 @@ async def abba(a: Slice, b: Slice, pairs: int, seconds: float, a_pids: list[int]
         "b_p99_ms_median": statistics.median(p99b),
         "a_cpu_s_per_1000": 1000 * cpu["a"] / max(1, count["a"]),
         "b_cpu_s_per_1000": 1000 * cpu["b"] / max(1, count["b"]),
+        "a_client_cpu_s_per_1000": 1000 * client_cpu["a"] / max(1, count["a"]),
+        "b_client_cpu_s_per_1000": 1000 * client_cpu["b"] / max(1, count["b"]),
+        "total_cpu_a_over_b": ((cpu["a"] + client_cpu["a"]) / max(1, count["a"]))
+        / max(1e-12, (cpu["b"] + client_cpu["b"]) / max(1, count["b"])),
     }
 
 
