@@ -35,6 +35,8 @@ import uvloop
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_common import cpu_seconds, emit, pct
 
+from vellum.bookie.assembly import memory_limit_bytes
+from vellum.config import ServerConfig, build_config
 from vellum.format.entry import DigestManager, DigestType, master_key
 from vellum.testing.local_cluster import LocalCluster
 
@@ -137,6 +139,18 @@ async def abba(a: Slice, b: Slice, pairs: int, seconds: float, a_pid: int, b_pid
     }
 
 
+def rss_report(pid: int, conf: dict[str, str]) -> dict[str, float]:
+    """The bookie's peak RSS (VmHWM) against write cache + read-ahead cache + 200 MiB."""
+    config = build_config(ServerConfig, conf, source="benchmark settings")
+    status = Path(f"/proc/{pid}/status").read_text()
+    peak_kib = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM:"))
+    mib = 1024 * 1024
+    write_cache = config.write_cache_max_bytes(memory_limit_bytes()) / mib
+    read_cache = config.db_storage_read_ahead_cache_max_size_mb
+    return {"peak_rss_mib": peak_kib / 1024, "write_cache_mib": write_cache, "read_cache_mib": float(read_cache),
+            "bound_mib": write_cache + read_cache + 200, "peak_over_bound": peak_kib / 1024 / (write_cache + read_cache + 200)}
+
+
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     report: dict[str, Any] = {"pairs": args.pairs, "slice_seconds": args.seconds, "size": args.size,
                               "inflight": args.inflight}
@@ -164,6 +178,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                                                                               bookie_pid, minimal.pid)
                 if args.versus_src or args.versus_conf:
                     report["bookie (a) vs the --versus bookie (b)"] = await versus(args, base, v1, bookie_pid)
+                report["memory (issue 18 target 4)"] = rss_report(bookie_pid, dict(args.conf))
         finally:
             minimal.terminate()
             minimal.wait(10)
