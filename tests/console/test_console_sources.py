@@ -245,3 +245,27 @@ def test_bookie_answering_garbage_is_shown_on_the_page(tmp_path: Path) -> None:
             await server.close()
 
     run(main())
+
+
+def test_a_console_that_cannot_listen_starts_nothing(tmp_path: Path) -> None:
+    """A busy port (e.g. `vellum standalone` next to another console) fails the start and leaves
+    no sampler task or HTTP session running behind the error."""
+    import asyncio
+    import socket
+
+    from vellum.console.cluster import ConsoleSettings
+    from vellum.console.server import ConsoleServer
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+
+        async def main() -> None:
+            server = ConsoleServer(ConsoleSettings(f"sqlite:///{tmp_path / 'metadata.db'}"), port=port)
+            with pytest.raises(OSError):
+                await server.start()
+            others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            assert others == [], others
+
+        asyncio.run(main())

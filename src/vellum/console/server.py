@@ -57,11 +57,18 @@ class ConsoleServer:
         return f"http://{host}:{self._port}"
 
     async def start(self) -> None:
-        await self.console.start()
+        # The port first: a console that cannot listen starts nothing (no sampler, no session)
+        # and leaves nothing to clean up behind the error.
         self._runner = web.AppRunner(build_app(self.console), access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self._host, self._port, reuse_address=True)
-        await site.start()
+        try:
+            await site.start()
+        except BaseException:
+            await self._runner.cleanup()
+            self._runner = None
+            raise
+        await self.console.start()
         sockets = getattr(site._server, "sockets", None)
         if sockets:
             self._port = sockets[0].getsockname()[1]
