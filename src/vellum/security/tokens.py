@@ -101,14 +101,18 @@ def _algorithm_of(key: Any, path: str | Path) -> str:
 # ------------------------------------------------------------------------------- issue
 
 
-class TokenSigner:
-    """Issues tokens with one key and algorithm."""
+class _KeyedAlgorithm:
+    """One key and one of ``ALGORITHMS`` (what signing and verifying both hold)."""
 
     def __init__(self, key: Any, algorithm: str) -> None:
         if algorithm not in ALGORITHMS:
             raise IncorrectParameterError(f"token algorithm {algorithm!r} is not one of {', '.join(ALGORITHMS)}")
         self._key = key
         self.algorithm = algorithm
+
+
+class TokenSigner(_KeyedAlgorithm):
+    """Issues tokens with one key and algorithm."""
 
     @classmethod
     def from_secret_file(cls, path: str | Path) -> TokenSigner:
@@ -147,14 +151,8 @@ class TokenSigner:
 # ------------------------------------------------------------------------------ verify
 
 
-class TokenVerifier:
+class TokenVerifier(_KeyedAlgorithm):
     """Verifies tokens signed with one key and algorithm."""
-
-    def __init__(self, key: Any, algorithm: str) -> None:
-        if algorithm not in ALGORITHMS:
-            raise IncorrectParameterError(f"token algorithm {algorithm!r} is not one of {', '.join(ALGORITHMS)}")
-        self._key = key
-        self.algorithm = algorithm
 
     @classmethod
     def from_secret_file(cls, path: str | Path) -> TokenVerifier:
