@@ -16,7 +16,11 @@ switch (as `vellum shell autorecovery enable|disable`; a ledger being copied fin
 Both report the median of per-pair ratios with p10..p90, and an A/A control (W against W).
 
     ./run bench rereplication_bench [--fill-mb 1000] [--entry-kib 16] [--pairs 6] [--seconds 1.0]
-                                    [--rate-mb N] [--json]
+                                    [--rate-mb N] [--no-yield | --yield-delay-ms N] [--json]
+
+``--no-yield`` sets replicationYieldToForeground=false (a fixed window of
+rereplicationEntryBatchSize entries: "unthrottled" when --rate-mb is 0 too); the default run
+measures Vellum's defaults (the worker yields to foreground traffic).
 """
 
 from __future__ import annotations
@@ -59,6 +63,20 @@ def bytes_written(cluster: LocalCluster, skip: int) -> float:
         m = re.search(r"^replication_worker_NUM_BYTES_WRITTEN_total (\S+)$", text, re.M)
         total += float(m.group(1)) if m else 0.0
     return total
+
+
+def worker_windows(cluster: LocalCluster, skip: int) -> list[tuple[float, float]]:
+    """(entries in flight allowed, queuing delay in ms) of each bookie's replication worker."""
+    out = []
+    for i in range(len(cluster.bookie_ids)):
+        if i == skip:
+            continue
+        with urllib.request.urlopen(cluster.http_url(i) + "/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+        w = re.search(r'^replication_worker_ENTRIES_IN_FLIGHT_ALLOWED\{role="worker"\} (\S+)$', text, re.M)
+        q = re.search(r'^replication_worker_QUEUING_DELAY_SECONDS\{role="worker"\} (\S+)$', text, re.M)
+        out.append((float(w.group(1)) if w else -1.0, round(float(q.group(1)) * 1000, 1) if q else -1.0))
+    return out
 
 
 async def append_n(lh: Any, payload: bytes, count: int) -> None:
@@ -117,6 +135,11 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     if args.rate_mb > 0:  # replicationRateByBytes, per worker (one worker per bookie)
         conf["replicationRateByBytes"] = str(int(args.rate_mb * 1e6))
         report["replicationRateByBytes_per_worker"] = conf["replicationRateByBytes"]
+    if args.no_yield:
+        conf["replicationYieldToForeground"] = "false"
+    elif args.yield_delay_ms:
+        conf["replicationYieldDelayMs"] = str(args.yield_delay_ms)
+    report["replicationYieldToForeground"] = not args.no_yield
     root = Path(args.dir)
     root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=root) as tmp, \
@@ -164,6 +187,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 return (b1 - b0) / (time.perf_counter() - t)
 
             copied_during_f: list[float] = []
+            windows_during_f: list[list[tuple[float, float]]] = []
 
             async def f_slice(seconds: float) -> float:
                 await switch(True)
@@ -172,6 +196,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 rate = await write_for(fg, payload, seconds)
                 b1 = await asyncio.to_thread(bytes_written, cluster, victim)
                 copied_during_f.append((b1 - b0) / (time.perf_counter() - t))
+                windows_during_f.append(await asyncio.to_thread(worker_windows, cluster, victim))
                 return rate
 
             report["aa_control (W vs W)"] = await abba(w_slice, w_slice, max(2, args.pairs // 2), args.seconds)
@@ -182,6 +207,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             # F slices count only while there was something to copy: shown, so a backlog that ran
             # out (a too small --fill-mb) is seen.
             report["copy_mb_per_s_during_F_slices"] = [round(c / 1e6, 1) for c in copied_during_f]
+            # each worker's (window, queuing delay ms) at the end of each F slice, then while idle
+            report["worker_window_and_queuing_ms_after_F_slices"] = windows_during_f
             await switch(True)
             report["backlog_left_ledgers"] = await asyncio.to_thread(
                 lambda: sum(1 for _ in urm.list_under_replicated()))
@@ -197,6 +224,9 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=1.0)
     ap.add_argument("--rate-mb", type=float, default=0.0,
                     help="throttle each worker (replicationRateByBytes) to this many MB/s; 0 = no bound")
+    ap.add_argument("--no-yield", action="store_true",
+                    help="replicationYieldToForeground=false: workers never yield to foreground traffic")
+    ap.add_argument("--yield-delay-ms", type=int, default=0, help="replicationYieldDelayMs (0: the default)")
     ap.add_argument("--dir", default="data/bench")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()

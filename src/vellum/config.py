@@ -54,6 +54,29 @@ def _opt(
     return field(default=default, metadata=meta, repr=not secret)
 
 
+# Placement keys: read by clients, and by a bookie for the replacement bookies its AutoRecovery
+# picks (BookKeeper reads them from bk_server.conf there too). One declaration, both classes.
+def _ensemble_placement_policy() -> Any:
+    return _opt("ensemblePlacementPolicy", "default", "bookie placement", choices=("default", "rackaware"))
+
+
+def _min_num_racks_per_write_quorum() -> Any:
+    return _opt("minNumRacksPerWriteQuorum", 2, "rack-aware: racks spanned by each write quorum", lo=1)
+
+
+def _enforce_min_num_racks_per_write_quorum() -> Any:
+    return _opt("enforceMinNumRacksPerWriteQuorum", False, "rack-aware: fail instead of degrading")
+
+
+def _network_topology_script_file_name() -> Any:
+    return _opt("networkTopologyScriptFileName", "", "rack-aware: file mapping bookie id -> /rack")
+
+
+#: the keys above, as ``ServerConfig.client_placement_values`` hands them to the bookie's client
+PLACEMENT_FIELDS = ("ensemble_placement_policy", "min_num_racks_per_write_quorum",
+                    "enforce_min_num_racks_per_write_quorum", "network_topology_script_file_name")
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     """Configuration of one bookie (``bk_server.conf``)."""
@@ -272,6 +295,11 @@ class ServerConfig:
         choices=("flat", "hierarchical", "longhierarchical"),
     )
     # --- AutoRecovery (auditor and replication workers) ---
+    # where replacement bookies go (also client keys: see PLACEMENT_FIELDS)
+    ensemble_placement_policy: str = _ensemble_placement_policy()
+    min_num_racks_per_write_quorum: int = _min_num_racks_per_write_quorum()
+    enforce_min_num_racks_per_write_quorum: bool = _enforce_min_num_racks_per_write_quorum()
+    network_topology_script_file_name: str = _network_topology_script_file_name()
     auto_recovery_daemon_enabled: bool = _opt(
         "autoRecoveryDaemonEnabled", False,
         "run an auditor candidate and a replication worker inside the bookie (else: vellum autorecovery)",
@@ -313,6 +341,17 @@ class ServerConfig:
     )
     replication_rate_by_bytes: int = _opt(
         "replicationRateByBytes", -1, "bytes per second a replication worker copies at most (-1 = no bound)",
+    )
+    replication_yield_to_foreground: bool = _opt(
+        "replicationYieldToForeground", True,
+        "a replication worker copies fewer entries at once while its requests wait behind foreground "
+        "traffic (delay-based, down to one entry in flight) and at full speed on an idle cluster "
+        "(Vellum; false: always rereplicationEntryBatchSize in flight)",
+    )
+    replication_yield_delay_ms: int = _opt(
+        "replicationYieldDelayMs", 10,
+        "queuing delay (ms above the lowest delay seen lately) a yielding replication worker tolerates "
+        "before it halves the entries it has in flight", lo=1, hi=60000,
     )
     rw_rereplicate_backoff_ms: int = _opt(
         "rwRereplicateBackoffMs", 5000, "ms before a replication worker retries a ledger it failed on", lo=0,
@@ -521,6 +560,12 @@ class ServerConfig:
     def token_verification_enabled(self) -> bool:
         return bool(self.token_secret_key_file or self.token_public_key_file)
 
+    def client_placement_values(self) -> dict[str, Any]:
+        """``ClientConfig`` placement keys for this bookie's own clients (AutoRecovery picks
+        replacement bookies with them), as set in the bookie's file."""
+        by_name = {f.name: f for f in dataclasses.fields(self)}
+        return {by_name[n].metadata["key"]: getattr(self, n) for n in PLACEMENT_FIELDS}
+
     def client_security_values(self) -> dict[str, Any]:
         """``ClientConfig`` keys for this bookie's own client traffic (re-replication,
         AutoRecovery): TLS with the bookie's certificate (role ``bookie``), authenticated by it,
@@ -576,18 +621,10 @@ class ClientConfig:
     max_adds_in_flight: int = _opt(
         "maxAddsInFlight", 4096, "adds a ledger handle keeps outstanding; later appends queue (Vellum's)", lo=1
     )
-    ensemble_placement_policy: str = _opt(
-        "ensemblePlacementPolicy", "default", "bookie placement", choices=("default", "rackaware")
-    )
-    min_num_racks_per_write_quorum: int = _opt(
-        "minNumRacksPerWriteQuorum", 2, "rack-aware: racks spanned by each write quorum", lo=1
-    )
-    enforce_min_num_racks_per_write_quorum: bool = _opt(
-        "enforceMinNumRacksPerWriteQuorum", False, "rack-aware: fail instead of degrading"
-    )
-    network_topology_script_file_name: str = _opt(
-        "networkTopologyScriptFileName", "", "rack-aware: file mapping bookie id -> /rack"
-    )
+    ensemble_placement_policy: str = _ensemble_placement_policy()
+    min_num_racks_per_write_quorum: int = _min_num_racks_per_write_quorum()
+    enforce_min_num_racks_per_write_quorum: bool = _enforce_min_num_racks_per_write_quorum()
+    network_topology_script_file_name: str = _network_topology_script_file_name()
     zk_timeout_ms: int = _opt("zkTimeout", 10000, "ZooKeeper session timeout", lo=100)
     # --- TLS to bookies (START_TLS; PEM files). client* keys win over tls* ones, as in BookKeeper ---
     tls_provider_factory_class: str = _opt(

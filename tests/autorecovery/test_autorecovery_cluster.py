@@ -28,6 +28,7 @@ from vellum.autorecovery.fragments import bookies_of, fragments
 from vellum.cli.main import cli
 from vellum.client.bookkeeper import BookKeeper
 from vellum.client.named import NamedLedgers, OpenMode
+from vellum.config import ClientConfig
 from vellum.format.entry import DigestManager, DigestType
 from vellum.ids import BookieId
 from vellum.meta import open_metadata_store
@@ -266,3 +267,40 @@ def test_the_replicas_check_finds_a_corrupt_replica_on_a_live_bookie_and_it_is_r
         _wait(lambda: bookie not in bookies_of(_metadata(uri, [lid])[lid])
               and not _shell_json("listunderreplicated", "--uri", uri), 60, "the replica replaced", cluster)
         asyncio.run(_check_replicas(uri, [lid], {lid: 29}))
+
+
+def test_the_workers_in_the_bookies_pick_replacements_with_the_placement_policy_of_the_bookies_file(
+        tmp_path: Path) -> None:
+    """bk_server.conf's ensemblePlacementPolicy=rackaware governs the replacement bookies the
+    bookies' own workers pick: a write quorum spread over two racks stays spread after healing."""
+    racks = tmp_path / "racks.txt"
+    conf = {**BASE, "lostBookieRecoveryDelay": "0", "ensemblePlacementPolicy": "rackaware",
+            "enforceMinNumRacksPerWriteQuorum": "true", "networkTopologyScriptFileName": str(racks)}
+    cluster = LocalCluster(tmp_path / "c", bookies=4, bookie_conf=conf)
+    rack_of = {b: "/a" if i < 2 else "/b" for i, b in enumerate(cluster.bookie_ids)}
+    racks.write_text("".join(f"{b} {r}\n" for b, r in rack_of.items()))
+    client = ClientConfig(ensemble_placement_policy="rackaware", enforce_min_num_racks_per_write_quorum=True,
+                          network_topology_script_file_name=str(racks))
+    victim_index = 2
+    victim = cluster.bookie_ids[victim_index]
+
+    async def write() -> list[int]:
+        ids = []
+        async with BookKeeper(cluster.metadata_uri, config=client) as bk:
+            while len(ids) < 12:
+                lh = await bk.create_ledger(ensemble_size=2, write_quorum_size=2, ack_quorum_size=2)
+                await asyncio.gather(*(lh.append_async(_payload(lh.ledger_id, e)) for e in range(5)))
+                await lh.close()
+                if victim in map(str, lh.metadata.ensembles[0]):
+                    ids.append(lh.ledger_id)
+        return ids
+
+    with cluster:
+        ids = asyncio.run(write())
+        cluster.kill(victim_index)
+        shutil.rmtree(cluster.ledger_dir(victim_index))
+        shutil.rmtree(cluster.journal_dir(victim_index))
+        _wait(lambda: not _on(cluster.metadata_uri, ids, victim), 120, "every ledger healed", cluster)
+        for lid, md in _metadata(cluster.metadata_uri, ids).items():
+            assert {rack_of[str(b)] for b in md.ensembles[0]} == {"/a", "/b"}, (lid, md.ensembles)
+        asyncio.run(_check_replicas(cluster.metadata_uri, ids, {lid: 4 for lid in ids}))

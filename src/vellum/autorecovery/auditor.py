@@ -66,7 +66,8 @@ class Auditor:
         self._bk = bk
         self._settings = settings
         self._copier = FragmentCopier(bk.context.bookie_client, batch=settings.entry_batch_size,
-                                      rate_bytes=-1, timeout_s=settings.request_timeout_s)
+                                      rate_bytes=-1, timeout_s=settings.request_timeout_s,
+                                      yield_target_s=settings.yield_target_s, role="auditor")
         #: bookie -> monotonic time it was first seen missing
         self.lost: dict[str, float] = {}
         self._store_delay: int | None = None

@@ -7,8 +7,11 @@
 
 ``FragmentCopier.copy``: read each entry of the fragment from the other bookies of its write
 set (the first one that answers with an intact copy: digest verified, ids checked), and write
-it to the new bookie with a recovery add (accepted even when the ledger is fenced), at most
-``batch`` entries in flight and at most ``rate_bytes`` per second (``replicationRateByBytes``).
+it to the new bookie with a recovery add (accepted even when the ledger is fenced). How much is
+in flight and how fast (``pacing``): at most ``batch`` entries, fewer while the bookies are busy
+with foreground traffic (``YieldingWindow``, unless ``yield_target_s`` is None), and at most
+``rate_bytes`` per second (``replicationRateByBytes``). The verified reads of ``holds`` are
+paced the same way.
 An entry no surviving replica holds intact fails the copy (``LedgerRecoveryError``): the
 fragment is never replaced with a partial copy.
 """
@@ -18,10 +21,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from vellum import stats
 from vellum.autorecovery.fragments import Fragment
+from vellum.autorecovery.pacing import RateLimiter, YieldingWindow
 from vellum.client.bookie_client import BookieClient
 from vellum.errors import (
     DigestMismatchError,
@@ -40,33 +45,31 @@ ENTRIES_WRITTEN = stats.counter("replication_worker_NUM_ENTRIES_WRITTEN",
                                 "entries re-replicated to a replacement bookie")
 BYTES_WRITTEN = stats.counter("replication_worker_NUM_BYTES_WRITTEN", "bytes re-replicated to a replacement bookie")
 BYTES_READ = stats.counter("replication_worker_NUM_BYTES_READ", "bytes read from surviving replicas")
+WINDOW = stats.gauge("replication_worker_ENTRIES_IN_FLIGHT_ALLOWED",
+                     "entries a replication worker (or the auditor's replicas check) may have in flight now: "
+                     "smaller while it yields to foreground traffic", ("role",))
+QUEUING = stats.gauge("replication_worker_QUEUING_DELAY_SECONDS",
+                      "delay of a replication worker's requests above the lowest seen lately (last round)", ("role",))
 
 
-class RateLimiter:
-    """At most ``rate`` units per second on average (``rate <= 0``: unlimited)."""
-
-    def __init__(self, rate: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.rate = rate
-        self._clock = clock
-        self._next = clock()
-
-    async def acquire(self, units: int) -> None:
-        if self.rate <= 0:
-            return
-        now = self._clock()
-        start = max(now, self._next)
-        self._next = start + units / self.rate
-        if start > now:
-            await asyncio.sleep(start - now)
+T = TypeVar("T")
 
 
 class FragmentCopier:
     """See the module docstring. One per worker; ``timeout_s`` bounds each request."""
 
     def __init__(self, client: BookieClient, *, batch: int, rate_bytes: int, timeout_s: float,
+                 yield_target_s: float | None = None, role: str = "worker",
                  progress: Callable[[int, int], None] | None = None) -> None:
         self._bc = client
-        self._batch = max(1, batch)
+        window_gauge, queuing_gauge = WINDOW.labels(role), QUEUING.labels(role)
+
+        def on_round(window: float, queuing_s: float) -> None:
+            window_gauge.set(window)
+            queuing_gauge.set(queuing_s)
+
+        self.window = YieldingWindow(batch, yield_target_s, on_round=on_round)
+        window_gauge.set(self.window.window)
         self._limiter = RateLimiter(rate_bytes)
         self._timeout = timeout_s
         self._progress = progress or (lambda _done, _total: None)
@@ -84,12 +87,13 @@ class FragmentCopier:
             held = _in_ranges(ranges)
             return all(held(e) for e in entries)
         digest = DigestManager(fragment.ledger_id, DigestType(int(md.digest_type)), md.password)
-        sem = asyncio.Semaphore(self._batch)
 
         async def intact(entry_id: int) -> bool:
-            async with sem:
+            async with self.window.slot():
                 try:
-                    raw = await self._bc.read(fragment.bookie, fragment.ledger_id, entry_id, timeout_s=self._timeout)
+                    raw = await self._timed(self._bc.read(fragment.bookie, fragment.ledger_id, entry_id,
+                                                          timeout_s=self._timeout))
+                    await self._limiter.acquire(len(raw))
                     digest.verify(raw, entry_id)
                     return True
                 except (NoSuchEntryError, NoSuchLedgerError):
@@ -110,16 +114,19 @@ class FragmentCopier:
         entries = fragment.entries(md.write_quorum_size)
         digest = DigestManager(fragment.ledger_id, DigestType(int(md.digest_type)), md.password)
         key = master_key(md.password)
-        sem = asyncio.Semaphore(self._batch)
         done = 0
         copied = 0
 
         async def one(entry_id: int) -> None:
             nonlocal done, copied
-            async with sem:
+            async with self.window.slot():
+                t0 = time.monotonic()
                 raw = await self._read_intact(fragment, md, digest, entry_id)
+                took = time.monotonic() - t0
                 await self._limiter.acquire(len(raw))
+                t0 = time.monotonic()
                 await self._bc.add(target, key, raw, recovery=True, timeout_s=self._timeout)
+                self.window.done(took + time.monotonic() - t0)
                 ENTRIES_WRITTEN.inc()
                 BYTES_WRITTEN.inc(len(raw))
                 copied += len(raw)
@@ -153,6 +160,14 @@ class FragmentCopier:
             f"({'; '.join(problems) or 'none'}); fragment at {fragment.first_entry} on "
             f"{fragment.bookie} not replaced"
         )
+
+
+    async def _timed(self, op: Awaitable[T]) -> T:
+        """Await one request and tell the window how long it took."""
+        t0 = time.monotonic()
+        result = await op
+        self.window.done(time.monotonic() - t0)
+        return result
 
 
 def _in_ranges(ranges: tuple[tuple[int, int], ...]) -> Callable[[int], bool]:

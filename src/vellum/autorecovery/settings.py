@@ -18,6 +18,8 @@ class AutoRecoverySettings:
     open_ledger_grace_period_ms: int = 30000
     entry_batch_size: int = 10
     rate_by_bytes: int = -1
+    #: queuing delay a worker tolerates before it yields to foreground traffic (None: never yields)
+    yield_target_s: float | None = 0.010
     backoff_ms: int = 5000
     request_timeout_s: float = 10.0
     #: how often the auditor looks at the registrations for lost bookies
@@ -35,5 +37,7 @@ class AutoRecoverySettings:
             open_ledger_grace_period_ms=config.open_ledger_rereplication_grace_period_ms,
             entry_batch_size=config.rereplication_entry_batch_size,
             rate_by_bytes=config.replication_rate_by_bytes,
+            yield_target_s=(config.replication_yield_delay_ms / 1000
+                            if config.replication_yield_to_foreground else None),
             backoff_ms=config.rw_rereplicate_backoff_ms,
         )

@@ -68,7 +68,8 @@ class ReplicationWorker:
         self._settings = settings
         self.worker_id = worker_id or socket.gethostname()
         self._copier = FragmentCopier(bk.context.bookie_client, batch=settings.entry_batch_size,
-                                      rate_bytes=settings.rate_by_bytes, timeout_s=settings.request_timeout_s)
+                                      rate_bytes=settings.rate_by_bytes, timeout_s=settings.request_timeout_s,
+                                      yield_target_s=settings.yield_target_s)
         #: ledger -> monotonic time before which this worker leaves it alone
         self._retry_after: dict[int, float] = {}
         self.current: int | None = None
