@@ -10,13 +10,17 @@ metadata store directly call ``open_shell_store(uri)`` (the ZooKeeper identity a
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Callable
+from typing import Any
 
 import click
 
 from vellum.client.metadata_security import open_configured_store
 from vellum.config import ClientConfig, load_client_config
 from vellum.meta import MetadataStore
+from vellum.security.admin_http_client import AdminHttpAccess, AdminHttpCallError
 
 ENV = "VELLUM_CLIENT_CONF"
 
@@ -37,3 +41,25 @@ def shell_client_config() -> ClientConfig | None:
 def open_shell_store(uri: str) -> MetadataStore:
     """The metadata store ``uri``, with the ZooKeeper identity and TLS of the shell's client settings."""
     return open_configured_store(uri, shell_client_config() or ClientConfig())
+
+
+def admin_http_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``--admin-token-file`` and ``--http-ca-file`` (or ``$VELLUM_ADMIN_TOKEN_FILE``,
+    ``$VELLUM_HTTP_CA_FILE``) for commands that call bookies' admin HTTP API; the command gets
+    ``access: AdminHttpAccess`` instead. Put it below ``@click.command``."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, admin_token_file: str | None, http_ca_file: str | None, **kwargs: Any) -> Any:
+        try:
+            access = AdminHttpAccess.from_files(admin_token_file, http_ca_file)
+        except AdminHttpCallError as e:
+            raise click.ClickException(str(e)) from None
+        return fn(*args, access=access, **kwargs)
+
+    with_ca = click.option(
+        "--http-ca-file", envvar="VELLUM_HTTP_CA_FILE", type=click.Path(dir_okay=False), default=None,
+        help="CA certificate(s), PEM, of bookies whose admin API is https (httpServerTlsEnable)")(wrapper)
+    return click.option(
+        "--admin-token-file", envvar="VELLUM_ADMIN_TOKEN_FILE", type=click.Path(dir_okay=False), default=None,
+        help="a token for the bookies' admin API (`vellum security issue-token --subject ops --role admin`): "
+             "needed when the bookies check tokens")(with_ca)

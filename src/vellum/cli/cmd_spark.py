@@ -19,7 +19,9 @@ from typing import Any
 
 import click
 
+from vellum.cli.client_options import admin_http_options
 from vellum.cli.output import emit_json, emit_table
+from vellum.security.admin_http_client import AdminHttpAccess, AdminHttpCallError
 
 
 def _session(master: str) -> Any:
@@ -81,8 +83,9 @@ def register(cli: click.Group) -> None:
                   help="admin HTTP base URL of a running bookie (e.g. http://127.0.0.1:8000); repeatable. "
                        "Without --dir and --http: every registered bookie that publishes its HTTP address")
     @click.option("--min-age", default=0.0, show_default=True, help="only logs at least this many seconds old")
+    @admin_http_options
     def gc_report(metadata_uri: str, master: str, as_json: bool, parquet: str | None, dirs: tuple[str, ...],
-                  http_urls: tuple[str, ...], min_age: float) -> None:
+                  http_urls: tuple[str, ...], min_age: float, access: AdminHttpAccess) -> None:
         """Per entry log: total and live bytes, usage, age, and the ledgers that pin it."""
         from vellum.spark.jobs import discover_http_urls
         from vellum.spark.jobs import gc_report as run
@@ -96,7 +99,10 @@ def register(cli: click.Group) -> None:
             if not as_json:
                 click.echo(f"running bookies: {', '.join(f'{b} ({u})' for b, u in found.items())}", err=True)
         s = _session(master)
-        rows = run(s, metadata_uri=metadata_uri, dirs=list(dirs), http_urls=list(http_urls))
+        try:
+            rows = run(s, metadata_uri=metadata_uri, dirs=list(dirs), http_urls=list(http_urls), access=access)
+        except AdminHttpCallError as e:
+            raise click.ClickException(str(e)) from None
         rows = [r for r in rows if r["ageSeconds"] is None or r["ageSeconds"] >= min_age]
         cols = ["bookie", "logId", "totalBytes", "liveBytes", "usage", "ageSeconds", "ledgers", "deadLedgers",
                 "pinnedBy", "partlyShrunk", "source"]

@@ -6,38 +6,29 @@
 - ``gc-status --http URL [--json]``: ``gc_details``, one row per GC thread (ledger dir);
 - ``entrylogs-usage --http URL [--json]``: per entry log size, live bytes, usage and ledgers as
   the last GC pass saw them (``entrylogs --dir`` reads an offline ledger dir instead).
+
+A secured bookie (https, tokens): ``--http https://...``, ``--http-ca-file`` with the cluster's
+CA and ``--admin-token-file`` with an admin token (``client_options.admin_http_options``).
 """
 
 from __future__ import annotations
 
-import json
 import time
-import urllib.error
-import urllib.request
 from typing import Any
 
 import click
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from vellum.cli.client_options import admin_http_options
 from vellum.cli.output import emit_json, emit_table
+from vellum.security.admin_http_client import AdminHttpAccess, AdminHttpCallError
 
 
-def _call(url: str, path: str, method: str = "GET", body: dict[str, Any] | None = None) -> Any:
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url.rstrip("/") + path, data=data, method=method)
-    if data is not None:
-        req.add_header("Content-Type", "application/json")
+def _call(access: AdminHttpAccess, url: str, path: str, method: str = "GET", body: dict[str, Any] | None = None) -> Any:
     try:
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            text = resp.read().decode()
-    except urllib.error.HTTPError as e:
-        raise click.ClickException(f"{method} {path}: HTTP {e.code}: {e.read().decode(errors='replace')}") from None
-    except OSError as e:
-        raise click.ClickException(f"cannot reach {url}: {e}") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
+        return access.call(url, path, method, body)
+    except AdminHttpCallError as e:
+        raise click.ClickException(str(e)) from None
 
 
 def register(shell: click.Group) -> None:
@@ -47,21 +38,22 @@ def register(shell: click.Group) -> None:
 
 
 @click.command("gc")
-@click.option("--http", "url", required=True, help="bookie admin URL, e.g. http://127.0.0.1:8080")
+@click.option("--http", "url", required=True, help="bookie admin URL, e.g. http://127.0.0.1:8080 (https:// for httpServerTlsEnable)")
 @click.option("--major/--no-major", default=None, help="allow major compaction (default: unless suspended)")
 @click.option("--minor/--no-minor", default=None, help="allow minor compaction (default: unless suspended)")
 @click.option("--wait", is_flag=True, help="wait for the forced pass to finish, with a progress bar")
 @click.option("--timeout", type=float, default=3600.0, show_default=True, help="seconds to wait at most")
-def gc_cmd(url: str, major: bool | None, minor: bool | None, wait: bool, timeout: float) -> None:
+@admin_http_options
+def gc_cmd(url: str, major: bool | None, minor: bool | None, wait: bool, timeout: float, access: AdminHttpAccess) -> None:
     """Force a garbage collection pass on a running bookie."""
     body: dict[str, Any] = {}
     if major is not None:
         body["forceMajor"] = major
     if minor is not None:
         body["forceMinor"] = minor
-    before = _call(url, "/api/v1/bookie/gc_details")
+    before = _call(access, url, "/api/v1/bookie/gc_details")
     counters = [d.get("gcCounter", 0) for d in before]
-    click.echo(_call(url, "/api/v1/bookie/gc", "PUT", body))
+    click.echo(_call(access, url, "/api/v1/bookie/gc", "PUT", body))
     if not wait:
         return
     deadline = time.monotonic() + timeout
@@ -70,9 +62,9 @@ def gc_cmd(url: str, major: bool | None, minor: bool | None, wait: bool, timeout
     ) as bar:
         task = bar.add_task("gc", total=None, detail="")
         while True:
-            details = _call(url, "/api/v1/bookie/gc_details")
+            details = _call(access, url, "/api/v1/bookie/gc_details")
             done = all(d.get("gcCounter", 0) > c for d, c in zip(details, counters))
-            busy = _call(url, "/api/v1/bookie/gc").get("is_in_force_gc") == "true"
+            busy = _call(access, url, "/api/v1/bookie/gc").get("is_in_force_gc") == "true"
             running = [d for d in details if d.get("gcRunning")]
             if running:
                 p = running[0].get("progress", {})
@@ -87,7 +79,7 @@ def gc_cmd(url: str, major: bool | None, minor: bool | None, wait: bool, timeout
             if time.monotonic() > deadline:
                 raise click.ClickException(f"GC still running after {timeout}s")
             time.sleep(0.2)
-    _print_details(_call(url, "/api/v1/bookie/gc_details"), as_json=False)
+    _print_details(_call(access, url, "/api/v1/bookie/gc_details"), as_json=False)
 
 
 def _print_details(details: list[dict[str, Any]], *, as_json: bool) -> None:
@@ -110,18 +102,20 @@ def _print_details(details: list[dict[str, Any]], *, as_json: bool) -> None:
 @click.command("gc-status")
 @click.option("--http", "url", required=True, help="bookie admin URL")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-def gc_status(url: str, as_json: bool) -> None:
+@admin_http_options
+def gc_status(url: str, as_json: bool, access: AdminHttpAccess) -> None:
     """Show each GC thread's state (BookKeeper's gc_details)."""
-    _print_details(_call(url, "/api/v1/bookie/gc_details"), as_json=as_json)
+    _print_details(_call(access, url, "/api/v1/bookie/gc_details"), as_json=as_json)
 
 
 @click.command("entrylogs-usage")
 @click.option("--http", "url", required=True, help="bookie admin URL")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-def entrylogs_usage(url: str, as_json: bool) -> None:
+@admin_http_options
+def entrylogs_usage(url: str, as_json: bool, access: AdminHttpAccess) -> None:
     """Per entry log of a running bookie: size, live bytes, usage, ledgers (last GC pass; the
     active logs, which GC never examines, show as ``active``)."""
-    rows = _call(url, "/api/v1/bookie/entrylogs")
+    rows = _call(access, url, "/api/v1/bookie/entrylogs")
     if as_json:
         emit_json(rows)
         return

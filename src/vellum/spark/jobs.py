@@ -28,7 +28,6 @@ import functools
 import json
 import os
 import time
-import urllib.request
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +35,7 @@ from typing import Any
 
 from vellum.errors import ReadError
 from vellum.format import entrylog as fmt
+from vellum.security.admin_http_client import AdminHttpAccess
 from vellum.storage.entry_logger import parse_log_file_name
 
 # ============================================================================ gc-report
@@ -134,19 +134,14 @@ def _scan_logs_task(live: Liveness, tasks: Iterable[tuple[str, str]]) -> Iterato
             continue  # deleted by GC while the job ran: not on disk any more
 
 
-def _http_get(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=30) as resp:
-        return json.loads(resp.read().decode())
-
-
-def _http_rows(http_urls: list[str], live: Liveness) -> list[dict[str, Any]]:
+def _http_rows(http_urls: list[str], live: Liveness, access: AdminHttpAccess) -> list[dict[str, Any]]:
     """Rows of the running bookies' ``/api/v1/bookie/entrylogs`` (the logs as of each dir's
     last GC pass, with bytes per ledger). Liveness comes from the metadata snapshot, as for
     copied data; a ledger shrunk from the front counts whole (the bookie does not say which of
     its entries a log holds)."""
     rows: list[dict[str, Any]] = []
     for url in http_urls:
-        for log in _http_get(url.rstrip("/") + "/api/v1/bookie/entrylogs"):
+        for log in access.call(url, "/api/v1/bookie/entrylogs"):
             log_id = int(str(log["logId"]), 16)
             total = int(log.get("size", log.get("totalBytes", 0)))
             mtime = log.get("mtime")
@@ -186,9 +181,11 @@ def gc_report(
     metadata_uri: str,
     dirs: list[str] | None = None,
     http_urls: list[str] | None = None,
+    access: AdminHttpAccess | None = None,
     now: float | None = None,
 ) -> list[dict[str, Any]]:
-    """One row per (bookie, entry log), oldest first; see the module docstring."""
+    """One row per (bookie, entry log), oldest first; see the module docstring. ``access``:
+    the token and CA for bookies whose admin API is secured."""
     live = liveness_snapshot(metadata_uri)
     rows: list[dict[str, Any]] = []
     if dirs:
@@ -199,7 +196,7 @@ def gc_report(
             rdd = spark.sparkContext.parallelize(tasks, _slices(spark, len(tasks)))
             rows.extend(rdd.mapPartitions(functools.partial(_scan_logs_task, live)).collect())
     if http_urls:
-        rows.extend(_http_rows(http_urls, live))
+        rows.extend(_http_rows(http_urls, live, access or AdminHttpAccess()))
     return summarize_logs(rows, live, time.time() if now is None else now)
 
 
