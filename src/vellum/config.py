@@ -176,7 +176,18 @@ class ServerConfig:
         "pages are reused at once instead of the cache growing over fresh memory)",
     )
     journal_alignment_size_bytes: int = _opt(
-        "journalAlignmentSize", 512, "journal flushes are padded to this alignment", lo=512, hi=1 << 20
+        "journalAlignmentSize", 512,
+        "journal flushes are padded to this alignment; with journalDirectIO every write is aligned "
+        "to it, so it must be at least the disk's logical sector size (4096 on 4Kn disks)",
+        lo=512, hi=1 << 20,
+    )
+    journal_direct_io: bool = _opt(
+        "journalDirectIO",
+        False,
+        "Vellum's own key: write journals with O_DIRECT from aligned buffers, at least 1 MiB per "
+        "write (same file format, fsync kept; meant for big entries, best with "
+        "journalForceWriteThread); falls back to buffered writes with a warning where the "
+        "filesystem refuses O_DIRECT",
     )
     journal_queue_size: int = _opt("journalQueueSize", 10000, "journal queue capacity", lo=1)
     # --- entry logs and ledger storage ---
@@ -222,6 +233,20 @@ class ServerConfig:
     )
     db_storage_max_throttle_time_ms: int = _opt(
         "dbStorage_maxThrottleTimeMs", 10000, "wait for a full write cache before rejecting", lo=0
+    )
+    db_storage_direct_io_entry_logger: bool = _opt(
+        "dbStorage_directIOEntryLogger",
+        False,
+        "write entry logs with O_DIRECT from aligned buffers (same file format as buffered; reads "
+        "stay buffered); not with entryLogPerLedgerEnabled (as in BookKeeper); falls back to "
+        "buffered writes with a warning where the filesystem refuses O_DIRECT",
+    )
+    db_storage_direct_io_entry_logger_total_write_buffer_size_mb: int = _opt(
+        "dbStorage_directIOEntryLoggerTotalWriteBufferSizeMB",
+        64,
+        "aligned write buffers of the direct-I/O entry logger, split across ledger dirs (one per "
+        "dir's active log; BookKeeper: 12.5% of direct memory)",
+        lo=1,
     )
     entry_log_per_ledger_enabled: bool = _opt(
         "entryLogPerLedgerEnabled", False, "one active entry log per active ledger (seed 000)"
@@ -533,6 +558,18 @@ class ServerConfig:
         if self.journal_alignment_size_bytes & (self.journal_alignment_size_bytes - 1):
             raise ConfigError(
                 f"journalAlignmentSize ({self.journal_alignment_size_bytes}) must be a power of two"
+            )
+        if self.journal_direct_io and self.journal_format_version_to_write < 5:
+            raise ConfigError(
+                f"journalDirectIO=true needs journalFormatVersionToWrite >= 5 (padding records keep "
+                f"every flush aligned), not {self.journal_format_version_to_write}: raise the version "
+                "or set journalDirectIO=false"
+            )
+        if self.db_storage_direct_io_entry_logger and self.entry_log_per_ledger_enabled:
+            raise ConfigError(
+                "dbStorage_directIOEntryLogger=true cannot be combined with entryLogPerLedgerEnabled=true "
+                "(BookKeeper does not support it either: one aligned write buffer per active log): "
+                "turn one of them off"
             )
 
     def write_cache_max_bytes(self, memory_bytes: int) -> int:

@@ -89,11 +89,11 @@ ACCEPTED: dict[str, str] = {
         "dbStorage_rocksDB_writeBufferSizeMB",
     ),
     **_group(
-        "direct I/O entry logger: not implemented yet; Vellum writes entry logs with buffered I/O "
-        "and fsync, which is as durable",
-        "dbStorage_directIOEntryLogger", "dbStorage_directIOEntryLoggerMaxFdCacheTimeSeconds",
+        "direct-I/O entry logger read setting: Vellum's direct-I/O entry logger writes with O_DIRECT "
+        "but reads through the page cache (the read-ahead cache sits above it) and keeps one read "
+        "descriptor per entry log until the log is deleted",
+        "dbStorage_directIOEntryLoggerMaxFdCacheTimeSeconds",
         "dbStorage_directIOEntryLoggerReadBufferSizeMB", "dbStorage_directIOEntryLoggerTotalReadBufferSizeMB",
-        "dbStorage_directIOEntryLoggerTotalWriteBufferSizeMB",
     ),
     **_group(
         "journal tuning of the Java implementation: Vellum's journal groups commits on "

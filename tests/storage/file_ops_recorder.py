@@ -44,7 +44,7 @@ class RecordingOps(FileOps):
         self._step("write", self._names.get(fd, "?"))
         return super().write(fd, data)
 
-    def pwrite(self, fd: int, data: bytes, offset: int) -> int:
+    def pwrite(self, fd: int, data: bytes | memoryview, offset: int) -> int:
         self._step("pwrite", self._names.get(fd, "?"))
         return super().pwrite(fd, data, offset)
 

@@ -1,6 +1,6 @@
 """Child process for test_journal_crash.py: append entries to a Journal, print each acked id.
 
-Usage: journal_writer_proc.py JOURNAL_DIR FIRST_ID REPLAY(0|1)
+Usage: journal_writer_proc.py JOURNAL_DIR FIRST_ID REPLAY(0|1) [DIRECT_IO(0|1)]
 Each line on stdout is an entry id whose callback reported success (after its fsync). The
 parent SIGKILLs this process at a random moment.
 """
@@ -24,12 +24,16 @@ def payload(entry_id: int) -> bytes:
 
 def main() -> None:
     journal_dir, first, replay = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
+    direct = len(sys.argv) > 4 and sys.argv[4] == "1"
     journal = Journal(
-        journal_dir, max_size_mb=1, prealloc_size_mb=1, max_group_wait_ms=1, flush_when_queue_empty=True
+        journal_dir, max_size_mb=1, prealloc_size_mb=1, max_group_wait_ms=1, flush_when_queue_empty=True,
+        direct_io=direct,
     )
     if replay:
         journal.replay(ZERO_MARK, lambda record: None)
     journal.start()
+    if direct and not journal.direct_io:
+        raise SystemExit(f"{journal_dir}: the filesystem refused O_DIRECT")
     in_flight = threading.Semaphore(64)
     out = sys.stdout
     lock = threading.Lock()

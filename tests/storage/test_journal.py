@@ -1,4 +1,7 @@
-"""Journal: group commit, callbacks after fsync, replay, roll, GC, torn tails and fail-stop."""
+"""Journal: group commit, callbacks after fsync, replay, roll, GC, torn tails and fail-stop.
+
+Every test runs with buffered writes and with direct I/O (``journalDirectIO``), and with both
+fsync structures."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from direct_io_support import takes_direct_io
 
 from vellum.errors import CorruptionError, StorageError, UnknownFormatVersionError
 from vellum.format.journal import JournalRecord, RecordKind, StopReason, encode_header
@@ -39,11 +43,30 @@ def _sync_mode(request: pytest.FixtureRequest) -> Iterator[None]:
 _SYNC_IN_WRITER = True
 
 
+@pytest.fixture(autouse=True, params=["buffered", "direct-io"])
+def _io_mode(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[None]:
+    """Every test runs with buffered writes and with O_DIRECT (``journalDirectIO``)."""
+    global _DIRECT
+    if request.param == "direct-io":
+        why = takes_direct_io(tmp_path)
+        if why is not None:
+            pytest.skip(f"direct I/O variant: {why} (test_journal_direct_io.py covers it elsewhere)")
+    _DIRECT = request.param == "direct-io"
+    yield
+    _DIRECT = False
+
+
+_DIRECT = False
+
+
 def make(tmp_path: Path, **kw: Any) -> Journal:
     kw.setdefault("prealloc_size_mb", 1)
     kw.setdefault("max_group_wait_ms", 1)
     kw.setdefault("sync_in_writer", _SYNC_IN_WRITER)
-    return Journal(tmp_path / "journal", **kw)
+    kw.setdefault("direct_io", _DIRECT and kw.get("format_version", 6) >= 5)
+    j = Journal(tmp_path / "journal", **kw)
+    assert j.direct_io == kw["direct_io"]
+    return j
 
 
 class Acks:
@@ -109,6 +132,7 @@ def test_callbacks_never_run_before_their_fsync(tmp_path: Path) -> None:
 
     j = make(tmp_path, fsync=fsync, buffered_entries_threshold=1)
     j.start()
+    assert j.direct_io == _DIRECT  # the direct variant really writes with O_DIRECT
     acks = Acks()
     j.log_entry(1, 0, entry(1, 0), acks.cb(0))
     # the writer wrote the batch and the force-write thread sits in fsync: no ack yet
@@ -464,7 +488,7 @@ def test_synced_pages_leave_the_page_cache_only_when_asked(tmp_path: Path, remov
     resident = _resident_pages(path, 0, early)
     j.shutdown()
     total = early // 4096
-    if remove:
+    if remove or _DIRECT:  # direct writes never leave pages in the cache
         assert resident == 0, f"{resident} of {total} synced pages still cached"
     else:
         assert resident > total // 2, f"only {resident} of {total} pages cached without the option"

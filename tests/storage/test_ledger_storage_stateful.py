@@ -1,4 +1,5 @@
-"""Hypothesis state machine: LedgerStorage against an in-memory model, with close-and-reopen.
+"""Hypothesis state machine: LedgerStorage against an in-memory model, with close-and-reopen;
+run again with the direct-I/O entry logger (``dbStorage_directIOEntryLogger``).
 
 A deleted ledger is deleted for good: its adds and master key are refused as fenced, across
 reopens (issue 12, defect 2)."""
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import crc32c
 import pytest
+from direct_io_support import CHECKOUT_DIR, takes_direct_io
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -169,3 +171,40 @@ class LedgerStorageMachine(RuleBasedStateMachine):
 
 LedgerStorageMachine.TestCase.settings = settings(max_examples=30, stateful_step_count=40, deadline=None)
 TestLedgerStorageMachine = LedgerStorageMachine.TestCase
+
+
+class DirectIOLedgerStorageMachine(LedgerStorageMachine):
+    """The same machine with entry logs written through O_DIRECT (a small aligned buffer, so
+    reads, flushes and rotations land in partly written blocks); reopened alternately with and
+    without direct I/O, since the files are the same."""
+
+    def __init__(self) -> None:
+        self.direct = True
+        super().__init__()
+        if takes_direct_io(self.dir) is not None:
+            CHECKOUT_DIR.mkdir(exist_ok=True)
+            if takes_direct_io(CHECKOUT_DIR) is not None:
+                pytest.skip("no directory takes O_DIRECT")
+            self.storage.close()
+            shutil.rmtree(self.dir, ignore_errors=True)
+            self.dir = Path(tempfile.mkdtemp(prefix="vellum-ls-", dir=CHECKOUT_DIR))
+            self.storage = self._open()
+
+    def _open(self) -> LedgerStorage:
+        storage = LedgerStorage(
+            self.dir,
+            log_size_limit=16384,
+            write_cache_max_bytes=600,
+            read_cache_max_bytes=400,
+            read_ahead_batch_size=4,
+            max_throttle_time_ms=30_000,
+            preallocate=False,
+            direct_io=self.direct,
+            direct_write_buffer_size=8192,
+        )
+        self.direct = not self.direct
+        return storage
+
+
+DirectIOLedgerStorageMachine.TestCase.settings = settings(max_examples=15, stateful_step_count=40, deadline=None)
+TestDirectIOLedgerStorageMachine = DirectIOLedgerStorageMachine.TestCase

@@ -152,6 +152,9 @@ def open_bookie(
         say(f"write cache {write_cache // (1024 * 1024)} MiB over {len(ledger_dirs)} ledger dir(s)")
         per_dir_cache = write_cache // len(ledger_dirs)
         per_dir_read = config.db_storage_read_ahead_cache_max_size_mb * 1024 * 1024 // len(ledger_dirs)
+        per_dir_direct_buffer = (
+            config.db_storage_direct_io_entry_logger_total_write_buffer_size_mb * 1024 * 1024 // len(ledger_dirs)
+        )
         storages = [
             LedgerStorage(
                 ld,
@@ -167,6 +170,8 @@ def open_bookie(
                 entry_log_per_ledger=config.entry_log_per_ledger_enabled,
                 max_active_entry_logs=config.maximum_number_of_active_entry_logs,
                 entry_log_map_expiry_s=config.entrylog_map_access_expiry_time_s,
+                direct_io=config.db_storage_direct_io_entry_logger,
+                direct_write_buffer_size=per_dir_direct_buffer,
             )
             for ld, idx in zip(ledger_dirs, index_dirs)
         ]
@@ -188,6 +193,7 @@ def open_bookie(
                 write_buffer_size_kb=config.journal_write_buffer_size_kb,
                 remove_from_page_cache=config.journal_remove_from_page_cache,
                 sync_in_writer=not config.journal_force_write_thread,
+                direct_io=config.journal_direct_io,
             )
             for i, jd in enumerate(journal_dirs)
         ]

@@ -46,7 +46,7 @@ class FileOps:
     def write(self, fd: int, data: bytes | memoryview) -> int:
         return os.write(fd, data)
 
-    def pwrite(self, fd: int, data: bytes, offset: int) -> int:
+    def pwrite(self, fd: int, data: bytes | memoryview, offset: int) -> int:
         return os.pwrite(fd, data, offset)
 
     def fsync(self, fd: int) -> None:

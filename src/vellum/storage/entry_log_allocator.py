@@ -15,6 +15,10 @@ Invariants:
   before the next allocation, so two ``lastId`` writes never race over the same id.
 - Compaction outputs reserve an id (``reserve``) until finished or aborted (``release``). The
   preallocated and the reserved ids are ``busy``: GC and compaction never touch them.
+- Direct I/O (``direct``): the header is still written and fsynced through a buffered
+  descriptor; the log is then reopened with ``O_DIRECT`` and its first block written again through
+  it (the probe) before it is handed out with ``ActiveLog.direct`` set. A filesystem that refuses
+  (``EINVAL``) gets a warning naming the directory and buffered logs from then on.
 
 Threads: every method except ``close`` is called under the entry logger's lock; ``lastId``
 writes (the preallocation thread and compaction) are serialised by a lock of their own.
@@ -23,6 +27,7 @@ writes (the preallocation thread and compaction) are serialised by a lock of the
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import threading
 from dataclasses import dataclass, field
@@ -31,7 +36,11 @@ from pathlib import Path
 from vellum.errors import DiskFullError, StorageError
 from vellum.format import entrylog as fmt
 from vellum.ids import MAX_LOG_ID
+from vellum.storage import direct_io as dio
+from vellum.storage.direct_io import AlignedAppender
 from vellum.storage.durable import FileOps, replace_file
+
+log = logging.getLogger(__name__)
 
 LOG_SUFFIX = ".log"
 COMPACTING_SUFFIX = ".log.compacting"
@@ -85,14 +94,29 @@ class ActiveLog:
     buf: bytearray = field(default_factory=bytearray)
     sizes: dict[int, int] = field(default_factory=dict)  # per ledger, records written to the file
     buf_sizes: dict[int, int] = field(default_factory=dict)  # per ledger, records still buffered
+    direct: bool = False  # ``fd`` was opened with O_DIRECT: writes go through ``appender``
+    appender: AlignedAppender | None = None  # the aligned tail buffer (direct logs, made on first write)
+
+    @property
+    def on_file(self) -> int:
+        """Bytes of the log that a read of the file sees (a direct log's unwritten tail is not)."""
+        if self.appender is not None:
+            return self.appender.written_end
+        return self.file_pos
 
 
 class EntryLogAllocator:
     """Hands out new entry logs of one directory (see the module docstring)."""
 
-    def __init__(self, current_dir: Path, *, ops: FileOps, preallocate: bool, thread_name: str) -> None:
+    def __init__(
+        self, current_dir: Path, *, ops: FileOps, preallocate: bool, thread_name: str, direct: bool = False
+    ) -> None:
         self.current_dir = current_dir
         self._ops = ops
+        self.direct = direct and bool(dio.O_DIRECT)
+        if direct and not self.direct:
+            log.warning("entry logs in %s: O_DIRECT is not available on this platform; writing buffered",
+                        current_dir)
         self._preallocate = preallocate
         self._thread_name = thread_name
         self._reserved: set[int] = set()  # ids of compaction outputs still being written
@@ -197,6 +221,43 @@ class EntryLogAllocator:
         except BaseException:
             ops.close(fd)
             raise
+        if self.direct:
+            return self._reopen_direct(log_id, path, fd)
+        return ActiveLog(log_id, path, fd)
+
+    def _reopen_direct(self, log_id: int, path: Path, fd: int) -> ActiveLog:
+        """The new log ``path`` (header durable through ``fd``) reopened with ``O_DIRECT`` and
+        probed; the buffered ``fd`` back (and buffered logs from then on) if refused."""
+        ops = self._ops
+        try:
+            dfd = ops.open(path, os.O_WRONLY | dio.O_DIRECT)
+        except OSError as e:
+            why = dio.refusal(e)
+            if why is None:
+                ops.close(fd)
+                raise io_error(e, f"{path}: cannot reopen with O_DIRECT") from None
+            return self._refused(log_id, path, fd, why, "open")
+        try:
+            dio.probe(dfd, fmt.encode_header(), dio.ENTRY_LOG_ALIGNMENT)
+            ops.ftruncate(dfd, fmt.HEADER_SIZE)  # the probe wrote a whole block: back to the header
+        except OSError as e:
+            ops.close(dfd)
+            why = dio.refusal(e)
+            if why is None:
+                ops.close(fd)
+                raise io_error(e, f"{path} offset 0") from None
+            return self._refused(log_id, path, fd, why, f"a {dio.ENTRY_LOG_ALIGNMENT}-byte aligned write")
+        ops.close(fd)
+        return ActiveLog(log_id, path, dfd, direct=True)
+
+    def _refused(self, log_id: int, path: Path, fd: int, why: str, what: str) -> ActiveLog:
+        if self.direct:
+            log.warning(
+                "entry logs in %s: the filesystem refused direct I/O at %s (%s); writing entry logs "
+                "buffered from now on (dbStorage_directIOEntryLogger=false avoids the attempt)",
+                self.current_dir, what, why,
+            )
+        self.direct = False
         return ActiveLog(log_id, path, fd)
 
     def allocate(self) -> ActiveLog:

@@ -15,11 +15,14 @@ Invariants:
   roll that closes the writer's descriptor never makes it write into a file that reused the
   number. A filler error (ENOSPC...) is raised to the writer at its next ``extend``.
 - Only fsynced pages are dropped, never the MiB the writer is appending into.
+- The zeros come from page-aligned memory in MiB chunks at offsets that are multiples of the
+  preallocation step, so the filler works through a descriptor opened with ``O_DIRECT`` too.
 """
 
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 import threading
 import time
@@ -28,8 +31,9 @@ from collections.abc import Callable
 log = logging.getLogger(__name__)
 
 _MB = 1 << 20
-#: a MiB of zeros; slices of it are not copies
-ZERO_CHUNK = memoryview(bytes(_MB))
+#: a MiB of zeros in page-aligned memory (so a journal opened with O_DIRECT can write it too);
+#: slices of it are not copies
+ZERO_CHUNK = memoryview(mmap.mmap(-1, _MB, prot=mmap.PROT_READ))
 
 
 def write_zeros(fd: int, start: int, end: int) -> None:

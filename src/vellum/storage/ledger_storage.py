@@ -92,7 +92,7 @@ from vellum.errors import (
 from vellum.format.entry import BytesLike, DigestType, checksum_matches, sniff_checksum
 from vellum.format.ledger_index import DIGEST_NOT_CHECKABLE, LedgerData
 from vellum.ids import INVALID_ENTRY_ID, LAST_ADD_CONFIRMED, location_log_id, location_offset
-from vellum.storage.entry_logger import EntryLogger, FileOps
+from vellum.storage.entry_logger import DIRECT_WRITE_BUFFER_SIZE, EntryLogger, FileOps
 from vellum.storage.index import EntryLocationIndex, LedgerMetadataIndex
 from vellum.storage.read_ahead_cache import ReadAheadCache
 from vellum.storage.trimmed_bytes import TRIMMED_FILE, TrimmedBytes
@@ -135,6 +135,8 @@ class LedgerStorage:
         max_active_entry_logs: int = 500,
         entry_log_map_expiry_s: float = 300.0,
         entry_log_clock: Callable[[], float] = time.monotonic,
+        direct_io: bool = False,
+        direct_write_buffer_size: int = DIRECT_WRITE_BUFFER_SIZE,
     ) -> None:
         if write_cache_max_bytes < 2:
             raise ValueError(f"write_cache_max_bytes {write_cache_max_bytes} is too small")
@@ -153,6 +155,8 @@ class LedgerStorage:
             max_active_logs=max_active_entry_logs,
             access_expiry_s=entry_log_map_expiry_s,
             clock=entry_log_clock,  # the access expiry's clock (tests drive it)
+            direct_io=direct_io,
+            direct_write_buffer_size=direct_write_buffer_size,
         )
         try:
             self.locations = EntryLocationIndex(self.index_dir)

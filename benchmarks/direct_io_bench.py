@@ -1,0 +1,265 @@
+"""Direct I/O for big entries (issue 18, target 3), side by side in one process and one run.
+
+At ``--size`` bytes per entry (64 KiB by default), ``--inflight`` entries outstanding:
+
+(a)  plain: a Python loop appending ``--inflight`` entries' worth of bytes with one ``os.write``
+     and one ``fdatasync`` per batch, buffered (the disk's buffered group-commit limit as Python
+     sees it); (a2) is the same loop on another file: the A/A control;
+(b)  the journal path, buffered: a ``Journal`` with the bookie's group-commit settings, each
+     entry acknowledged after the fdatasync that covers it, freed slots refilled as one batch;
+(c)  the same journal with ``journalDirectIO`` (``O_DIRECT``, aligned buffers); (c2) also with
+     ``journalForceWriteThread`` (the next batch is written while the last one is fsynced);
+(d)  the bookie's add path (journal + DbLedgerStorage write cache, flushed to entry logs in the
+     background) with ``journalDirectIO`` and ``dbStorage_directIOEntryLogger``; with ``--all``
+     also (d0), the same add path buffered.
+
+Slices of ``--seconds`` rotate through the modes, in reverse order every other round (ABBA over
+the modes); each mode's MB/s is divided by (a)'s in the same round, and the median of those
+per-round ratios is reported with p10..p90.
+
+    ./run bench direct_io_bench [--size 65536] [--inflight 64] [--seconds 1.0] [--rounds 10]
+                                [--dir DIR] [--all] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import statistics
+import struct
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_common import emit, pct
+
+from vellum.bookie.assembly import OpenedBookie, open_bookie
+from vellum.config import ServerConfig
+from vellum.format.entry import DigestManager, DigestType, master_key
+from vellum.storage.journal import Journal
+
+Slice = Callable[[float], tuple[int, float]]
+_ENTRY_ID = struct.Struct(">q")
+
+
+def plain_slice(path: Path, size: int, batch: int, seconds: float) -> tuple[int, float]:
+    """Append ``batch`` entries' worth of bytes, fdatasync, repeat. Returns (entries, elapsed)."""
+    buf = os.urandom(size) * batch
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_TRUNC, 0o644)
+    try:
+        n = 0
+        t0 = time.perf_counter()
+        deadline = t0 + seconds
+        while time.perf_counter() < deadline:
+            os.write(fd, buf)
+            os.fdatasync(fd)
+            n += batch
+        return n, time.perf_counter() - t0
+    finally:
+        os.close(fd)
+        os.unlink(path)
+
+
+class Entries:
+    """Stored entries of one ledger: a digested template with the entry id patched in (the
+    bookie and the journal store entries as given; digests are the client's business)."""
+
+    def __init__(self, size: int) -> None:
+        template = DigestManager(1, DigestType.CRC32C, b"").compute(0, -1, 0, os.urandom(size))
+        self.head, self.tail = template[:8], template[16:]
+        self.next_entry = 0
+
+    def take(self, k: int) -> list[bytes]:
+        # one copy per entry (a 64 KiB entry built in two copies made the producer the bottleneck)
+        head, tail, pack = self.head, self.tail, _ENTRY_ID.pack
+        first = self.next_entry
+        self.next_entry += k
+        return [b"".join((head, pack(e), tail)) for e in range(first, first + k)]
+
+
+def run_window(submit: Callable[[list[bytes], Callable[[BaseException | None], None]], None],
+               entries: Entries, inflight: int, seconds: float) -> tuple[int, float]:
+    """Keep ``inflight`` entries outstanding for ``seconds``; freed slots are refilled as one
+    batch (as the server hands over the pipelined adds of one socket read). Drains at the end."""
+    cond = threading.Condition()
+    free = inflight
+    acked = 0
+    errors: list[BaseException] = []
+
+    def done(k: int, exc: BaseException | None) -> None:
+        nonlocal free, acked
+        with cond:
+            if exc is not None:
+                errors.append(exc)
+            else:
+                acked += k
+            free += k
+            cond.notify()
+
+    t0 = time.perf_counter()
+    deadline = t0 + seconds
+    while time.perf_counter() < deadline:
+        with cond:
+            while free == 0:
+                cond.wait()
+            k, free = free, 0
+        submit(entries.take(k), functools.partial(done, k))
+    with cond:
+        while free < inflight:
+            cond.wait()
+    elapsed = time.perf_counter() - t0
+    if errors:
+        raise errors[0]
+    return acked, elapsed
+
+
+class JournalPath:
+    """A bare ``Journal`` with the bookie's defaults (Vellum's ServerConfig), buffered or direct."""
+
+    def __init__(self, base: Path, size: int, inflight: int, *, direct: bool, force_write_thread: bool = False) -> None:
+        c = ServerConfig(journal_force_write_thread=force_write_thread)
+        self.journal = Journal(
+            base,
+            max_group_wait_ms=c.journal_max_group_wait_ms,
+            buffered_writes_threshold=c.journal_buffered_writes_threshold_bytes,
+            flush_when_queue_empty=c.journal_flush_when_queue_empty,
+            max_size_mb=256,
+            max_backups=0,
+            prealloc_size_mb=c.journal_pre_alloc_size_mb,
+            alignment=c.journal_alignment_size_bytes,
+            write_buffer_size_kb=c.journal_write_buffer_size_kb,
+            remove_from_page_cache=c.journal_remove_from_page_cache,
+            sync_in_writer=not c.journal_force_write_thread,
+            direct_io=direct,
+        )
+        self.journal.start()
+        if direct and not self.journal.direct_io:
+            raise SystemExit(f"{base}: the filesystem refused O_DIRECT; pass --dir on a disk that takes it")
+        self.entries = Entries(size)
+        self.inflight = inflight
+
+    def slice(self, seconds: float) -> tuple[int, float]:
+        out = run_window(self.journal.log_entries, self.entries, self.inflight, seconds)
+        self.journal.gc_journals(self.journal.current_mark())  # keep the disk from filling up
+        return out
+
+    def close(self) -> None:
+        self.journal.shutdown()
+
+
+class AddPath:
+    """A real bookie (journal + ledger storage), adds acknowledged after the journal fsync."""
+
+    def __init__(self, base: Path, size: int, inflight: int, overrides: dict[str, Any]) -> None:
+        config = ServerConfig(
+            journal_directories=(str(base / "journal"),),
+            ledger_directories=(str(base / "ledgers"),),
+            http_server_enabled=False,
+            **overrides,
+        )
+        self.opened: OpenedBookie = open_bookie(config, bookie_id="bench:0")
+        self.key = master_key(b"")
+        self.entries = Entries(size)
+        self.inflight = inflight
+
+    def _submit(self, batch: list[bytes], callback: Callable[[BaseException | None], None]) -> None:
+        refused = self.opened.bookie.add_entries([(e, self.key, False) for e in batch], callback)
+        for r in refused:
+            if r is not None:
+                raise r
+
+    def slice(self, seconds: float) -> tuple[int, float]:
+        return run_window(self._submit, self.entries, self.inflight, seconds)
+
+    def close(self) -> None:
+        self.opened.close()
+
+
+def interleave(modes: dict[str, Slice], rounds: int, seconds: float, size: int) -> dict[str, Any]:
+    """Rotate through ``modes`` (reversed every other round); per-round ratios against the
+    first mode."""
+    names = list(modes)
+    rates: dict[str, list[float]] = {n: [] for n in names}
+    ratios: dict[str, list[float]] = {n: [] for n in names[1:]}
+    for r in range(rounds):
+        order = names if r % 2 == 0 else names[::-1]
+        got: dict[str, float] = {}
+        for name in order:
+            n, elapsed = modes[name](seconds)
+            got[name] = n * size / elapsed / 1e6
+        for name in names:
+            rates[name].append(got[name])
+        for name in names[1:]:
+            ratios[name].append(got[name] / got[names[0]])
+        print(f"round {r + 1}/{rounds}: " + ", ".join(f"{n} {got[n]:.0f} MB/s" for n in names), file=sys.stderr)
+    report: dict[str, Any] = {}
+    for name in names:
+        entry: dict[str, float] = {"median_mb_per_s": statistics.median(rates[name]),
+                                   "p10_mb_per_s": pct(rates[name], 0.1), "p90_mb_per_s": pct(rates[name], 0.9)}
+        if name in ratios:
+            entry["ratio_vs_a_median"] = statistics.median(ratios[name])
+            entry["ratio_vs_a_p10"] = pct(ratios[name], 0.1)
+            entry["ratio_vs_a_p90"] = pct(ratios[name], 0.9)
+        report[name] = entry
+    return report
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", type=int, default=65536, help="entry payload bytes")
+    ap.add_argument("--inflight", type=int, default=64)
+    ap.add_argument("--seconds", type=float, default=1.0, help="length of one slice")
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--dir", default=None, help="where to write (default: a temp dir under ./data)")
+    ap.add_argument("--all", action="store_true", help="also the bookie add path buffered (d0)")
+    ap.add_argument("--no-bookie", action="store_true", help="skip the bookie add path (d)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+
+    root = Path(args.dir or "data")
+    root.mkdir(parents=True, exist_ok=True)
+    report: dict[str, Any] = {
+        "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "size": args.size, "inflight": args.inflight,
+        "slice_seconds": args.seconds, "rounds": args.rounds,
+    }
+    closers: list[Callable[[], None]] = []
+    with tempfile.TemporaryDirectory(dir=root) as tmp:
+        base = Path(tmp)
+        try:
+            modes: dict[str, Slice] = {
+                "(a) plain write+fdatasync": lambda s: plain_slice(base / "plain.bin", args.size, args.inflight, s),
+                "(a2) plain, A/A control": lambda s: plain_slice(base / "plain2.bin", args.size, args.inflight, s),
+            }
+            jb = JournalPath(base / "journal-buffered", args.size, args.inflight, direct=False)
+            closers.append(jb.close)
+            modes["(b) journal buffered"] = jb.slice
+            jd = JournalPath(base / "journal-direct", args.size, args.inflight, direct=True)
+            closers.append(jd.close)
+            modes["(c) journal direct I/O"] = jd.slice
+            jf = JournalPath(base / "journal-direct-fw", args.size, args.inflight, direct=True, force_write_thread=True)
+            closers.append(jf.close)
+            modes["(c2) journal direct I/O, force-write thread"] = jf.slice
+            if not args.no_bookie:
+                bd = AddPath(base / "bookie-direct", args.size, args.inflight,
+                             {"journal_direct_io": True, "db_storage_direct_io_entry_logger": True})
+                closers.append(bd.close)
+                modes["(d) add path, direct journal + entry logs"] = bd.slice
+                if args.all:
+                    bb = AddPath(base / "bookie-buffered", args.size, args.inflight, {})
+                    closers.append(bb.close)
+                    modes["(d0) add path, buffered"] = bb.slice
+            report.update(interleave(modes, args.rounds, args.seconds, args.size))
+        finally:
+            for close in reversed(closers):
+                close()
+    emit(report, as_json=args.json)
+
+
+if __name__ == "__main__":
+    main()
