@@ -30,7 +30,7 @@ from security_testkit import (
 )
 
 from vellum.bookie.executor import AsyncBookie
-from vellum.client.bookie_client import BookieClient
+from vellum.client.bookie_client import TLS_FLUSH_BYTES, BookieClient
 from vellum.errors import EBADREQ, EOK, EUA, SecurityError
 from vellum.format.entry import DigestManager, DigestType, master_key
 from vellum.proto import FrameDecoder, encode
@@ -196,6 +196,46 @@ def test_a_tls_client_adds_and_reads_and_the_bookie_knows_who_it_is(pki_set: Pki
             assert len(bookie.memory.entries) == 21
             (conn,) = bookie.connections()
             assert (conn.principal, conn.roles) == ("alice", ("client",))
+        finally:
+            await client.close()
+            await bookie.server.stop()
+
+    run(main(), use_uvloop=use_uvloop)
+
+
+@pytest.mark.parametrize("use_uvloop", [True, False], ids=["uvloop", "asyncio"])
+def test_a_burst_of_big_adds_leaves_in_slices_as_it_is_queued_and_arrives_intact(
+    pki_set: Pki, use_uvloop: bool
+) -> None:
+    async def main() -> None:
+        bookie = Bookie(ReloadingContext.for_server(server_settings(pki_set)))
+        await bookie.server.start()
+        client = BookieClient(tls=ReloadingContext.for_client(client_settings(pki_set, pki_set.client)))
+        try:
+            await add_and_read(client, bookie.bookie_id)  # connected and upgraded
+            conn = client._conns[bookie.bookie_id]
+            sent = [entry(3, i, bytes([i]) * (60_000 + i)) for i in range(24)]  # ~1.4 MiB
+            loop = asyncio.get_running_loop()
+            done: list[asyncio.Future[None]] = []
+            for stored in sent:  # one loop iteration: nothing is awaited in between
+                fut: asyncio.Future[None] = loop.create_future()
+
+                def answered(exc: BaseException | None, fut: asyncio.Future[None] = fut) -> None:
+                    if exc is None:
+                        fut.set_result(None)
+                    else:
+                        fut.set_exception(exc)
+
+                client.add_cb(bookie.bookie_id, KEY, stored, False, answered, 5.0)
+                done.append(fut)
+            # Under TLS the burst was handed to the transport slice by slice while it was queued
+            # (TLS_FLUSH_BYTES at a time), not all at the end of the loop iteration.
+            queued = sum(len(part) for part in conn.out)
+            assert queued < TLS_FLUSH_BYTES < sum(len(stored) for stored in sent) // 2
+            await asyncio.gather(*done)
+            await asyncio.sleep(0)
+            for i, stored in enumerate(sent):
+                assert bookie.memory.entries[(3, i)] == stored
         finally:
             await client.close()
             await bookie.server.stop()

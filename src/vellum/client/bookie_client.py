@@ -12,7 +12,9 @@ big answers land in buffers of their own, decoded without copying their entries)
 * one per bookie id (``"host:port"``), opened lazily by the first request; requests made while
   it is still connecting are queued and leave as soon as it is up;
 * pipelined: any number of requests in flight; frames queued in one loop iteration leave in one
-  ``transport.writelines`` call, entry payloads are never copied (``codec.encode_parts``);
+  ``transport.writelines`` call, entry payloads are never copied (``codec.encode_parts``); under
+  TLS a burst leaves in slices of ``TLS_FLUSH_BYTES`` as it is queued, so that the first slice
+  is encrypted and on the wire while the next adds are built (issue 15);
 * a lost connection, a failed connect or a malformed answer fails every request pending on it at
   once with :class:`BookieHandleNotAvailableError` naming the bookie; the next request reconnects.
   After a failed *connect* the bookie is not retried for a short, growing backoff (requests in
@@ -101,6 +103,9 @@ LONG_POLL_MARGIN_S: Final = 5.0
 DEFAULT_TIMEOUT_S: Final = 5.0
 #: BookKeeper's startTLSTimeoutSecs default
 DEFAULT_START_TLS_TIMEOUT_S: Final = 10.0
+#: under TLS, frames queued in one loop iteration leave as soon as this many bytes are queued
+#: (``_Connection.send``), not all at the end of the iteration
+TLS_FLUSH_BYTES: Final = 256 * 1024
 
 _ENTRY_IDS = struct.Struct(">qq")  # first 16 bytes of a stored entry: ledgerId, entryId
 
@@ -204,6 +209,7 @@ class _Connection(asyncio.BufferedProtocol):
         self.transport: asyncio.Transport | None = None
         self.decoder = codec.FrameDecoder(client._max_frame_size, side="client")
         self.out: list[m.BytesLike] = []
+        self.out_bytes = 0  # bytes in ``out`` (counted under TLS only)
         self.flush_scheduled = False
         self.next_request_id = 0
         # v2 ops, keyed by (ledger id, entry id): head of the FIFO chain of pending requests
@@ -357,6 +363,7 @@ class _Connection(asyncio.BufferedProtocol):
         self.state = _CLOSED
         self.client._forget(self)
         self.out = []
+        self.out_bytes = 0
         if self.transport is not None:
             self.transport.close()
         elif self.connect_task is not None and asyncio.current_task() is not self.connect_task:
@@ -380,7 +387,17 @@ class _Connection(asyncio.BufferedProtocol):
     # ---------------------------------------------------------------------------- sending
     def send(self, parts: list[m.BytesLike]) -> None:
         self.out += parts
-        if not self.flush_scheduled and self.state == _CONNECTED:
+        if self.state != _CONNECTED:
+            return
+        if self.client._tls is not None:
+            # Under TLS a flush encrypts everything queued before its first byte leaves: a burst
+            # of big adds leaves in slices instead, each encrypted and on the wire while the
+            # next is built, and the TLS layer's buffers stay small (issue 15).
+            self.out_bytes += sum(map(len, parts))
+            if self.out_bytes >= TLS_FLUSH_BYTES:
+                self._flush()
+                return
+        if not self.flush_scheduled:
             self.flush_scheduled = True
             self.loop.call_soon(self._flush)
 
@@ -390,6 +407,7 @@ class _Connection(asyncio.BufferedProtocol):
         out = self.out
         if out and self.transport is not None and self.state == _CONNECTED:
             self.out = []
+            self.out_bytes = 0
             # A TLS transport makes TLS records of each buffer: small frames go joined.
             self.transport.writelines(codec.coalesce(out) if self.client._tls is not None else out)
 
