@@ -185,9 +185,9 @@ class ServerConfig:
         "journalDirectIO",
         False,
         "Vellum's own key: write journals with O_DIRECT from aligned buffers, at least 1 MiB per "
-        "write (same file format, fsync kept; meant for big entries, best with "
-        "journalForceWriteThread); falls back to buffered writes with a warning where the "
-        "filesystem refuses O_DIRECT",
+        "write (same file format, fsync kept; meant for big entries; the space ahead is left as "
+        "holes, not zeroed); falls back to buffered writes with a warning where the filesystem "
+        "refuses O_DIRECT",
     )
     journal_queue_size: int = _opt("journalQueueSize", 10000, "journal queue capacity", lo=1)
     # --- entry logs and ledger storage ---

@@ -96,6 +96,29 @@ def test_direct_and_buffered_journals_are_byte_identical(direct_io_dir: Path, al
     assert files[True] == files[False]
 
 
+@pytest.mark.parametrize("direct", [False, True])
+def test_preallocation_is_zero_filled_buffered_and_left_as_holes_with_direct_io(direct_io_dir: Path,
+                                                                               direct: bool) -> None:
+    """Buffered: the space ahead is zeros on disk (fdatasync then overwrites blocks). Direct:
+    only the size is extended (the zeros would share the device queue with the journal's own
+    writes), unless zeros are asked for; replay reads holes as the end of the journal either way."""
+    for zero in (None, True):
+        base = direct_io_dir / f"{direct}-{zero}"
+        j = make(base, prealloc_size_mb=4, direct_io=direct, prealloc_zero=zero)
+        j.start()
+        write_one_by_one(j, 10)
+        path = j.current_path
+        j.shutdown()
+        st = os.stat(path)
+        assert st.st_size >= 4 << 20
+        allocated = st.st_blocks * 512
+        if direct and zero is None:
+            assert allocated < st.st_size // 2, (allocated, st.st_size)  # holes ahead
+        else:
+            assert allocated >= st.st_size, (allocated, st.st_size)  # zeros written ahead
+        assert len(replay(base)) == 10
+
+
 def test_every_direct_write_is_aligned(direct_io_dir: Path) -> None:
     alignment = 4096
     j = make(direct_io_dir, alignment=alignment, direct_io=True, write_buffer_size_kb=64)
