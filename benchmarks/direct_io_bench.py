@@ -24,24 +24,21 @@ per-round ratios is reported with p10..p90.
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import statistics
 import struct
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
+from bench_bookie import AddPath, Entries, run_window
 from bench_common import emit, pct
 
-from vellum.bookie.assembly import OpenedBookie, open_bookie
 from vellum.config import ServerConfig
-from vellum.format.entry import DigestManager, DigestType, master_key
 from vellum.storage.journal import Journal
 
 Slice = Callable[[float], tuple[int, float]]
@@ -64,59 +61,6 @@ def plain_slice(path: Path, size: int, batch: int, seconds: float) -> tuple[int,
     finally:
         os.close(fd)
         os.unlink(path)
-
-
-class Entries:
-    """Stored entries of one ledger: a digested template with the entry id patched in (the
-    bookie and the journal store entries as given; digests are the client's business)."""
-
-    def __init__(self, size: int) -> None:
-        template = DigestManager(1, DigestType.CRC32C, b"").compute(0, -1, 0, os.urandom(size))
-        self.head, self.tail = template[:8], template[16:]
-        self.next_entry = 0
-
-    def take(self, k: int) -> list[bytes]:
-        # one copy per entry (a 64 KiB entry built in two copies made the producer the bottleneck)
-        head, tail, pack = self.head, self.tail, _ENTRY_ID.pack
-        first = self.next_entry
-        self.next_entry += k
-        return [b"".join((head, pack(e), tail)) for e in range(first, first + k)]
-
-
-def run_window(submit: Callable[[list[bytes], Callable[[BaseException | None], None]], None],
-               entries: Entries, inflight: int, seconds: float) -> tuple[int, float]:
-    """Keep ``inflight`` entries outstanding for ``seconds``; freed slots are refilled as one
-    batch (as the server hands over the pipelined adds of one socket read). Drains at the end."""
-    cond = threading.Condition()
-    free = inflight
-    acked = 0
-    errors: list[BaseException] = []
-
-    def done(k: int, exc: BaseException | None) -> None:
-        nonlocal free, acked
-        with cond:
-            if exc is not None:
-                errors.append(exc)
-            else:
-                acked += k
-            free += k
-            cond.notify()
-
-    t0 = time.perf_counter()
-    deadline = t0 + seconds
-    while time.perf_counter() < deadline:
-        with cond:
-            while free == 0:
-                cond.wait()
-            k, free = free, 0
-        submit(entries.take(k), functools.partial(done, k))
-    with cond:
-        while free < inflight:
-            cond.wait()
-    elapsed = time.perf_counter() - t0
-    if errors:
-        raise errors[0]
-    return acked, elapsed
 
 
 class JournalPath:
@@ -151,34 +95,6 @@ class JournalPath:
 
     def close(self) -> None:
         self.journal.shutdown()
-
-
-class AddPath:
-    """A real bookie (journal + ledger storage), adds acknowledged after the journal fsync."""
-
-    def __init__(self, base: Path, size: int, inflight: int, overrides: dict[str, Any]) -> None:
-        config = ServerConfig(
-            journal_directories=(str(base / "journal"),),
-            ledger_directories=(str(base / "ledgers"),),
-            http_server_enabled=False,
-            **overrides,
-        )
-        self.opened: OpenedBookie = open_bookie(config, bookie_id="bench:0")
-        self.key = master_key(b"")
-        self.entries = Entries(size)
-        self.inflight = inflight
-
-    def _submit(self, batch: list[bytes], callback: Callable[[BaseException | None], None]) -> None:
-        refused = self.opened.bookie.add_entries([(e, self.key, False) for e in batch], callback)
-        for r in refused:
-            if r is not None:
-                raise r
-
-    def slice(self, seconds: float) -> tuple[int, float]:
-        return run_window(self._submit, self.entries, self.inflight, seconds)
-
-    def close(self) -> None:
-        self.opened.close()
 
 
 def interleave(modes: dict[str, Slice], rounds: int, seconds: float, size: int) -> dict[str, Any]:

@@ -26,8 +26,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from vellum.bookie.assembly import OpenedBookie, open_bookie
-from vellum.config import ServerConfig
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_bookie import local_bookie
+
+from vellum.bookie.assembly import OpenedBookie
 from vellum.format.entry import DigestManager, DigestType, master_key
 from vellum.storage.gc import GarbageCollectorThread, GcSettings
 from vellum.storage.ledger_storage import LedgerStorage
@@ -91,13 +93,7 @@ class Adds:
     """A real bookie driven with ``inflight`` adds in flight, round robin over ``ledgers``."""
 
     def __init__(self, base: Path, *, ledgers: int, entry_size: int, inflight: int, **overrides: object) -> None:
-        config = ServerConfig(
-            journal_directories=(str(base / "journal"),),
-            ledger_directories=(str(base / "ledgers"),),
-            http_server_enabled=False,
-            **overrides,  # type: ignore[arg-type]
-        )
-        self.opened: OpenedBookie = open_bookie(config, bookie_id="bench:0")
+        self.opened: OpenedBookie = local_bookie(base, **overrides)
         self.key = master_key(b"")
         self.ledgers = ledgers
         self.dms = [DigestManager(100_000 + i, DigestType.CRC32C, b"") for i in range(ledgers)]

@@ -53,30 +53,29 @@ CONF = {"autoRecoveryDaemonEnabled": "true", "lostBookieRecoveryDelay": "0", "re
 Slice = Callable[[float], Awaitable[float]]
 
 
-def bytes_written(cluster: LocalCluster, skip: int) -> float:
-    total = 0.0
+def scrape(cluster: LocalCluster, skip: int, *metrics: str) -> list[list[float | None]]:
+    """The values of ``metrics`` (full sample names, labels included) on every bookie but
+    ``skip``: one row per bookie, None where a bookie does not export one."""
+    rows = []
     for i in range(len(cluster.bookie_ids)):
         if i == skip:
             continue
         with urllib.request.urlopen(cluster.http_url(i) + "/metrics", timeout=10) as resp:
             text = resp.read().decode()
-        m = re.search(r"^replication_worker_NUM_BYTES_WRITTEN_total (\S+)$", text, re.M)
-        total += float(m.group(1)) if m else 0.0
-    return total
+        found = (re.search(rf"^{re.escape(name)} (\S+)$", text, re.M) for name in metrics)
+        rows.append([float(m.group(1)) if m else None for m in found])
+    return rows
+
+
+def bytes_written(cluster: LocalCluster, skip: int) -> float:
+    return sum(v or 0.0 for (v,) in scrape(cluster, skip, "replication_worker_NUM_BYTES_WRITTEN_total"))
 
 
 def worker_windows(cluster: LocalCluster, skip: int) -> list[tuple[float, float]]:
     """(entries in flight allowed, queuing delay in ms) of each bookie's replication worker."""
-    out = []
-    for i in range(len(cluster.bookie_ids)):
-        if i == skip:
-            continue
-        with urllib.request.urlopen(cluster.http_url(i) + "/metrics", timeout=10) as resp:
-            text = resp.read().decode()
-        w = re.search(r'^replication_worker_ENTRIES_IN_FLIGHT_ALLOWED\{role="worker"\} (\S+)$', text, re.M)
-        q = re.search(r'^replication_worker_QUEUING_DELAY_SECONDS\{role="worker"\} (\S+)$', text, re.M)
-        out.append((float(w.group(1)) if w else -1.0, round(float(q.group(1)) * 1000, 1) if q else -1.0))
-    return out
+    rows = scrape(cluster, skip, 'replication_worker_ENTRIES_IN_FLIGHT_ALLOWED{role="worker"}',
+                  'replication_worker_QUEUING_DELAY_SECONDS{role="worker"}')
+    return [(-1.0 if w is None else w, -1.0 if q is None else round(q * 1000, 1)) for w, q in rows]
 
 
 async def append_n(lh: Any, payload: bytes, count: int) -> None:

@@ -15,25 +15,22 @@ random read throughput.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import random
 import statistics
-import struct
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from vellum.bookie.assembly import OpenedBookie, open_bookie
-from vellum.config import ServerConfig
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_bookie import AddPath
+from bench_common import pct
+
 from vellum.format.entry import DigestManager, DigestType, master_key
 from vellum.storage.ledger_storage import LedgerStorage
-
-_ENTRY_ID = struct.Struct(">q")
 
 
 def baseline_slice(path: Path, entry_size: int, batch: int, seconds: float) -> tuple[int, float]:
@@ -54,78 +51,6 @@ def baseline_slice(path: Path, entry_size: int, batch: int, seconds: float) -> t
         os.unlink(path)
 
 
-class AddPath:
-    """A real bookie (journal + ledger storage) driven with a fixed number of adds in flight."""
-
-    def __init__(self, base: Path, entry_size: int, inflight: int, config_overrides: dict) -> None:
-        config = ServerConfig(
-            journal_directories=(str(base / "journal"),),
-            ledger_directories=(str(base / "ledgers"),),
-            http_server_enabled=False,
-            **config_overrides,
-        )
-        self.opened: OpenedBookie = open_bookie(config, bookie_id="bench:0")
-        self.key = master_key(b"")
-        self.template = DigestManager(1, DigestType.CRC32C, b"").compute(0, -1, 0, os.urandom(entry_size))
-        self.inflight = inflight
-        self.next_entry = 0
-
-    def _entry(self, entry_id: int) -> bytes:
-        # The bookie stores entries as given (digests are the client's business), so the
-        # benchmark patches the id into one digested template instead of digesting each entry.
-        buf = bytearray(self.template)
-        _ENTRY_ID.pack_into(buf, 8, entry_id)
-        return bytes(buf)
-
-    def slice(self, seconds: float) -> tuple[int, float]:
-        """Keep ``inflight`` adds outstanding; freed slots are refilled as one batch, as the
-        server hands the bookie the pipelined adds of one socket read."""
-        bookie = self.opened.bookie
-        cond = threading.Condition()
-        free = self.inflight
-        acked = 0
-        errors: list[BaseException] = []
-
-        def done_batch(k: int, exc: BaseException | None) -> None:
-            nonlocal free, acked
-            with cond:
-                if exc is not None:
-                    errors.append(exc)
-                else:
-                    acked += k
-                free += k
-                cond.notify()
-
-        t0 = time.perf_counter()
-        deadline = t0 + seconds
-        while time.perf_counter() < deadline:
-            with cond:
-                while free == 0:
-                    cond.wait()
-                k, free = free, 0
-            first = self.next_entry
-            self.next_entry += k
-            refused = bookie.add_entries([(self._entry(e), self.key, False) for e in range(first, first + k)],
-                                         functools.partial(done_batch, k))
-            if any(r is not None for r in refused):
-                raise next(r for r in refused if r is not None)
-        with cond:  # drain: every add of the slice is acknowledged
-            while free < self.inflight:
-                cond.wait()
-        elapsed = time.perf_counter() - t0
-        if errors:
-            raise errors[0]
-        return acked, elapsed
-
-    def close(self) -> None:
-        self.opened.close()
-
-
-def _pct(values: list[float], p: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, round(p * (len(s) - 1))))]
-
-
 def abba(a: Callable[[], tuple[int, float]], b: Callable[[], tuple[int, float]], pairs: int) -> dict:
     """Alternate A and B slices (ABBA ...) and summarise B/A ratios of entries per second."""
     ratios, a_rates, b_rates = [], [], []
@@ -143,8 +68,8 @@ def abba(a: Callable[[], tuple[int, float]], b: Callable[[], tuple[int, float]],
         "a_median_per_s": statistics.median(a_rates),
         "b_median_per_s": statistics.median(b_rates),
         "ratio_median": statistics.median(ratios),
-        "ratio_p10": _pct(ratios, 0.1),
-        "ratio_p90": _pct(ratios, 0.9),
+        "ratio_p10": pct(ratios, 0.1),
+        "ratio_p90": pct(ratios, 0.9),
     }
 
 
