@@ -23,6 +23,25 @@ _ENTRY_ID = struct.Struct(">q")
 Submit = Callable[[list[bytes], Callable[[BaseException | None], None]], None]
 
 
+def plain_slice(path: Path, size: int, batch: int, seconds: float) -> tuple[int, float]:
+    """The bar: append ``batch`` entries' worth of bytes with one buffered ``write`` and one
+    ``fdatasync``, repeat for ``seconds``. Returns (entries, elapsed); the file is removed."""
+    buf = os.urandom(size) * batch
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_TRUNC, 0o644)
+    try:
+        n = 0
+        t0 = time.perf_counter()
+        deadline = t0 + seconds
+        while time.perf_counter() < deadline:
+            os.write(fd, buf)
+            os.fdatasync(fd)
+            n += batch
+        return n, time.perf_counter() - t0
+    finally:
+        os.close(fd)
+        os.unlink(path)
+
+
 def local_bookie(base: Path, **overrides: Any) -> OpenedBookie:
     """A bookie (journal + ledger storage, no server, no HTTP) on ``base``/journal and
     ``base``/ledgers, with ``overrides`` of ``ServerConfig``."""

@@ -24,9 +24,7 @@ per-round ratios is reported with p10..p90.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import struct
 import sys
 import tempfile
 import time
@@ -35,32 +33,13 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_bookie import AddPath, Entries, run_window
+from bench_bookie import AddPath, Entries, plain_slice, run_window
 from bench_common import emit, pct
 
 from vellum.config import ServerConfig
 from vellum.storage.journal import Journal
 
 Slice = Callable[[float], tuple[int, float]]
-_ENTRY_ID = struct.Struct(">q")
-
-
-def plain_slice(path: Path, size: int, batch: int, seconds: float) -> tuple[int, float]:
-    """Append ``batch`` entries' worth of bytes, fdatasync, repeat. Returns (entries, elapsed)."""
-    buf = os.urandom(size) * batch
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_TRUNC, 0o644)
-    try:
-        n = 0
-        t0 = time.perf_counter()
-        deadline = t0 + seconds
-        while time.perf_counter() < deadline:
-            os.write(fd, buf)
-            os.fdatasync(fd)
-            n += batch
-        return n, time.perf_counter() - t0
-    finally:
-        os.close(fd)
-        os.unlink(path)
 
 
 class JournalPath:

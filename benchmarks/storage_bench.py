@@ -26,29 +26,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_bookie import AddPath
+from bench_bookie import AddPath, plain_slice
 from bench_common import pct
 
 from vellum.format.entry import DigestManager, DigestType, master_key
 from vellum.storage.ledger_storage import LedgerStorage
-
-
-def baseline_slice(path: Path, entry_size: int, batch: int, seconds: float) -> tuple[int, float]:
-    """Append ``batch`` entries' worth of bytes, fdatasync, repeat. Returns (entries, elapsed)."""
-    buf = os.urandom(entry_size) * batch
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
-        n = 0
-        t0 = time.perf_counter()
-        deadline = t0 + seconds
-        while time.perf_counter() < deadline:
-            os.write(fd, buf)
-            os.fdatasync(fd)
-            n += batch
-        return n, time.perf_counter() - t0
-    finally:
-        os.close(fd)
-        os.unlink(path)
 
 
 def abba(a: Callable[[], tuple[int, float]], b: Callable[[], tuple[int, float]], pairs: int) -> dict:
@@ -130,8 +112,8 @@ def main() -> None:
         base = Path(tmp)
         for size in (1024, 65536):
             label = f"{size // 1024}KiB"
-            a = lambda s=size: baseline_slice(base / "plain.bin", s, args.inflight, args.seconds)  # noqa: E731
-            a2 = lambda s=size: baseline_slice(base / "plain2.bin", s, args.inflight, args.seconds)  # noqa: E731
+            a = lambda s=size: plain_slice(base / "plain.bin", s, args.inflight, args.seconds)  # noqa: E731
+            a2 = lambda s=size: plain_slice(base / "plain2.bin", s, args.inflight, args.seconds)  # noqa: E731
             report[f"aa_control_{label}"] = abba(a, a2, max(4, args.pairs // 2))
             path = AddPath(base / f"bookie-{label}", size, args.inflight, {"journal_flush_when_queue_empty": True})
             try:
