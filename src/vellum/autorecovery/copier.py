@@ -161,7 +161,6 @@ class FragmentCopier:
             f"{fragment.bookie} not replaced"
         )
 
-
     async def _timed(self, op: Awaitable[T]) -> T:
         """Await one request and tell the window how long it took."""
         t0 = time.monotonic()
