@@ -181,3 +181,38 @@ def probe(fd: int, head: bytes | bytearray | memoryview, alignment: int) -> None
             raise OSError(errno.EIO, f"short direct write ({n} of {len(buf)} bytes at offset 0)")
     finally:
         buf.close()
+
+
+class Refused(Exception):
+    """The filesystem refuses direct I/O ``what`` (``"open"`` or an aligned write): ``why``."""
+
+    def __init__(self, why: str, what: str) -> None:
+        super().__init__(f"direct I/O refused at {what}: {why}")
+        self.why = why
+        self.what = what
+
+
+def open_probed(path: Path, flags: int, head: bytes | bytearray | memoryview, alignment: int, *,
+                opener: Callable[[Path, int], int] | None = None,
+                close: Callable[[int], None] = os.close) -> int:
+    """A second descriptor of ``path`` (whose first bytes, ``head``, are written and synced
+    through a buffered one) opened with ``O_DIRECT`` and probed with one aligned write of its
+    first block. Raises ``Refused`` when the filesystem will not take direct I/O here (the
+    caller falls back to buffered writes), ``OSError`` for a real I/O error. ``opener(path,
+    flags)`` opens (default ``open_direct``; a ``FileOps.open`` adds ``O_DIRECT`` itself)."""
+    try:
+        dfd = opener(path, flags | O_DIRECT) if opener is not None else open_direct(path, flags)
+    except OSError as e:
+        why = refusal(e)
+        if why is None:
+            raise
+        raise Refused(why, "open") from None
+    try:
+        probe(dfd, head[:alignment], alignment)
+    except OSError as e:
+        close(dfd)
+        why = refusal(e)
+        if why is None:
+            raise
+        raise Refused(why, f"a {alignment}-byte aligned write") from None
+    return dfd

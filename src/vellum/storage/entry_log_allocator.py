@@ -230,23 +230,19 @@ class EntryLogAllocator:
         probed; the buffered ``fd`` back (and buffered logs from then on) if refused."""
         ops = self._ops
         try:
-            dfd = ops.open(path, os.O_WRONLY | dio.O_DIRECT)
+            dfd = dio.open_probed(path, os.O_WRONLY, fmt.encode_header(), dio.ENTRY_LOG_ALIGNMENT,
+                                  opener=ops.open, close=ops.close)
+        except dio.Refused as r:
+            return self._refused(log_id, path, fd, r.why, r.what)
         except OSError as e:
-            why = dio.refusal(e)
-            if why is None:
-                ops.close(fd)
-                raise io_error(e, f"{path}: cannot reopen with O_DIRECT") from None
-            return self._refused(log_id, path, fd, why, "open")
+            ops.close(fd)
+            raise io_error(e, f"{path}: reopening with O_DIRECT and rewriting its first block") from None
         try:
-            dio.probe(dfd, fmt.encode_header(), dio.ENTRY_LOG_ALIGNMENT)
             ops.ftruncate(dfd, fmt.HEADER_SIZE)  # the probe wrote a whole block: back to the header
         except OSError as e:
             ops.close(dfd)
-            why = dio.refusal(e)
-            if why is None:
-                ops.close(fd)
-                raise io_error(e, f"{path} offset 0") from None
-            return self._refused(log_id, path, fd, why, f"a {dio.ENTRY_LOG_ALIGNMENT}-byte aligned write")
+            ops.close(fd)
+            raise io_error(e, f"{path} offset 0") from None
         ops.close(fd)
         return ActiveLog(log_id, path, dfd, direct=True)
 

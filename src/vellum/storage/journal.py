@@ -598,21 +598,10 @@ class Journal:
         the direct one, or ``fd`` after a refusal (logged, buffered from then on)."""
         alignment = self._alignment
         try:
-            dfd = dio.open_direct(tmp, os.O_RDWR)
-        except OSError as e:
-            why = dio.refusal(e)
-            if why is None:
-                raise
-            return self._refused(fd, why, "open")
-        try:
-            first = header[: min(len(header), alignment)]
-            dio.probe(dfd, first, alignment)
-        except OSError as e:
-            os.close(dfd)
-            why = dio.refusal(e)
-            if why is None:
-                raise
-            return self._refused(fd, why, f"a {alignment}-byte aligned write (journalAlignmentSize)")
+            dfd = dio.open_probed(tmp, os.O_RDWR, header, alignment)
+        except dio.Refused as r:
+            what = "open" if r.what == "open" else f"{r.what} (journalAlignmentSize)"
+            return self._refused(fd, r.why, what)
         os.close(fd)
         if self._appender is None:
             capacity = 2 * dio.align_up(max(self._write_buffer, alignment), alignment)
