@@ -15,7 +15,7 @@ import json
 import ssl
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,8 @@ class AdminHttpAccess:
     token: str = ""
     ca_file: str = ""
     timeout_s: float = 30.0
+    #: built once from ``ca_file`` (``from_files``); None: the system's CAs
+    ssl_context: ssl.SSLContext | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def from_files(cls, token_file: str | None, ca_file: str | None, *, timeout_s: float = 30.0) -> AdminHttpAccess:
@@ -54,17 +56,15 @@ class AdminHttpAccess:
             if not token:
                 raise AdminHttpCallError(f"the token file {path} is empty: issue one with "
                                          "`vellum security issue-token --subject ops --role admin`")
+        context = None
         if ca_file:
             try:
-                ssl.create_default_context(cafile=ca_file)
+                context = ssl.create_default_context(cafile=ca_file)
             except (OSError, ssl.SSLError) as e:
                 raise AdminHttpCallError(f"cannot load CA certificates from {ca_file}: {e}; give a PEM file "
                                          "with the certificate of the CA that signed the bookies' https "
                                          "certificates") from None
-        return cls(token=token, ca_file=ca_file or "", timeout_s=timeout_s)
-
-    def _context(self) -> ssl.SSLContext | None:
-        return ssl.create_default_context(cafile=self.ca_file) if self.ca_file else None
+        return cls(token=token, ca_file=ca_file or "", timeout_s=timeout_s, ssl_context=context)
 
     def call(self, base_url: str, path: str, method: str = "GET", body: Any = None) -> Any:
         """``method base_url+path`` with ``body`` as JSON; the answer parsed as JSON (else text)."""
@@ -77,7 +77,7 @@ class AdminHttpAccess:
             req.add_header("Authorization", f"Bearer {self.token}")
         what = f"{method} {base_url.rstrip('/')}{path}"
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s, context=self._context()) as resp:
+            with urllib.request.urlopen(req, timeout=self.timeout_s, context=self.ssl_context) as resp:
                 raw = resp.read(MAX_ANSWER_BYTES + 1)
         except urllib.error.HTTPError as e:
             with e:
