@@ -36,8 +36,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_bookie import AddPath, Entries, plain_slice, run_window
 from bench_common import emit, pct
 
+from vellum.bookie.assembly import journal_from_config
 from vellum.config import ServerConfig
-from vellum.storage.journal import Journal
 
 Slice = Callable[[float], tuple[int, float]]
 
@@ -46,21 +46,8 @@ class JournalPath:
     """A bare ``Journal`` with the bookie's defaults (Vellum's ServerConfig), buffered or direct."""
 
     def __init__(self, base: Path, size: int, inflight: int, *, direct: bool, force_write_thread: bool = False) -> None:
-        c = ServerConfig(journal_force_write_thread=force_write_thread)
-        self.journal = Journal(
-            base,
-            max_group_wait_ms=c.journal_max_group_wait_ms,
-            buffered_writes_threshold=c.journal_buffered_writes_threshold_bytes,
-            flush_when_queue_empty=c.journal_flush_when_queue_empty,
-            max_size_mb=256,
-            max_backups=0,
-            prealloc_size_mb=c.journal_pre_alloc_size_mb,
-            alignment=c.journal_alignment_size_bytes,
-            write_buffer_size_kb=c.journal_write_buffer_size_kb,
-            remove_from_page_cache=c.journal_remove_from_page_cache,
-            sync_in_writer=not c.journal_force_write_thread,
-            direct_io=direct,
-        )
+        config = ServerConfig(journal_force_write_thread=force_write_thread, journal_direct_io=direct)
+        self.journal = journal_from_config(config, base, max_size_mb=256, max_backups=0)
         self.journal.start()
         if direct and not self.journal.direct_io:
             raise SystemExit(f"{base}: the filesystem refused O_DIRECT; pass --dir on a disk that takes it")

@@ -31,6 +31,7 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from vellum.bookie.bookie import Bookie
 from vellum.bookie.metrics import BookieMetrics, process_bookie_metrics
@@ -85,6 +86,31 @@ class OpenedBookie:
         finally:
             for lock in self._locks:
                 lock.release()
+
+
+def journal_from_config(config: ServerConfig, journal_dir: Path, *, index: int = 0, **overrides: Any) -> Journal:
+    """The journal of ``journal_dir`` as ``config`` sets it up (``overrides``: Journal keywords
+    that win, e.g. for a benchmark); not started."""
+    kwargs: dict[str, Any] = dict(
+        index=index,
+        max_group_wait_ms=config.journal_max_group_wait_ms,
+        buffered_writes_threshold=config.journal_buffered_writes_threshold_bytes,
+        buffered_entries_threshold=config.journal_buffered_entries_threshold,
+        flush_when_queue_empty=config.journal_flush_when_queue_empty,
+        max_size_mb=config.journal_max_size_mb,
+        max_backups=config.journal_max_backups,
+        prealloc_size_mb=config.journal_pre_alloc_size_mb,
+        alignment=config.journal_alignment_size_bytes,
+        format_version=config.journal_format_version_to_write,
+        sync_data=config.journal_sync_data,
+        queue_size=config.journal_queue_size,
+        write_buffer_size_kb=config.journal_write_buffer_size_kb,
+        remove_from_page_cache=config.journal_remove_from_page_cache,
+        sync_in_writer=not config.journal_force_write_thread,
+        direct_io=config.journal_direct_io,
+    )
+    kwargs.update(overrides)
+    return Journal(journal_dir, **kwargs)
 
 
 def open_bookie(
@@ -176,25 +202,7 @@ def open_bookie(
             for ld, idx in zip(ledger_dirs, index_dirs)
         ]
         journals = [
-            Journal(
-                jd,
-                index=i,
-                max_group_wait_ms=config.journal_max_group_wait_ms,
-                buffered_writes_threshold=config.journal_buffered_writes_threshold_bytes,
-                buffered_entries_threshold=config.journal_buffered_entries_threshold,
-                flush_when_queue_empty=config.journal_flush_when_queue_empty,
-                max_size_mb=config.journal_max_size_mb,
-                max_backups=config.journal_max_backups,
-                prealloc_size_mb=config.journal_pre_alloc_size_mb,
-                alignment=config.journal_alignment_size_bytes,
-                format_version=config.journal_format_version_to_write,
-                sync_data=config.journal_sync_data,
-                queue_size=config.journal_queue_size,
-                write_buffer_size_kb=config.journal_write_buffer_size_kb,
-                remove_from_page_cache=config.journal_remove_from_page_cache,
-                sync_in_writer=not config.journal_force_write_thread,
-                direct_io=config.journal_direct_io,
-            )
+            journal_from_config(config, jd, index=i)
             for i, jd in enumerate(journal_dirs)
         ]
         marks = read_last_marks(ledger_dirs, len(journals))
