@@ -75,3 +75,35 @@ def test_missing_ledger_is_data_loss(spark: Any, cluster: LocalCluster) -> None:
     with pytest.raises(AnalysisException, match=r"LEDGER_DATA_LOSS\] ledger 987654 does not exist"):
         base.load().collect()
     assert base.option("failOnDataLoss", "false").load().count() == 0
+
+
+def test_gap_inside_a_ledger_loses_only_the_gap(spark: Any, cluster: LocalCluster, bk: Any) -> None:
+    """Entries 10..19 of a ledger are on no bookie. With ``failOnDataLoss=false`` the reader
+    returns every entry that remains (before and after the gap, in the same partition) and
+    names the lost range; with ``true`` it fails."""
+    from vellum.format.entry import DigestManager, DigestType, master_key
+    from vellum.proto import messages as m
+    from vellum.testing.wire import RawConnection
+
+    lh = bk.create_ledger(ensemble_size=3, write_quorum_size=3, ack_quorum_size=3,
+                          digest_type="CRC32C", password=b"gap")
+    for i in range(10):
+        lh.append(b"g-%d" % i)
+    # Entries 20..29 reach every bookie straight over the wire; 10..19 never do. The last one
+    # carries LAC 28, so a reader of this (open) ledger plans entries 0..28.
+    dm = DigestManager(lh.ledger_id, DigestType.CRC32C, b"gap")
+    for bookie in lh.metadata.ensembles[0]:
+        with RawConnection(bookie) as conn:
+            for i in range(20, 30):
+                conn.send(m.AddRequest(master_key(b"gap"), dm.compute(i, i - 1, 0, b"g-%d" % i)))
+                assert conn.recv().status == 0
+    def reader() -> Any:  # a DataFrameReader's option() changes it in place: a new one each time
+        return (spark.read.format("vellum").option("metadataServiceUri", cluster.metadata_uri)
+                .option("ledgers", str(lh.ledger_id)).option("password", "gap")
+                .option("maxEntriesPerPartition", 1000))
+
+    rows = reader().option("failOnDataLoss", "false").load().collect()
+    assert sorted((r.entryId, bytes(r.payload)) for r in rows) == (
+        [(i, b"g-%d" % i) for i in range(10)] + [(i, b"g-%d" % i) for i in range(20, 29)])
+    with pytest.raises(Exception, match=r"LEDGER_DATA_LOSS\] ledger \d+ .*entries 0\.\.28 could not all be read"):
+        reader().load().collect()

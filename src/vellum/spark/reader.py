@@ -197,8 +197,22 @@ def read_range(opts: ReadOptions, schema: StructType, part: EntryRange) -> Itera
             try:
                 entries = fut.result()
             except (NoSuchEntryError, NoSuchLedgerError) as exc:
-                _data_loss(opts, f"ledger {part.ledger_id} (of {part.key!r}): entries {lo}..{hi} are gone ({exc})")
-                return
+                if _ledger_deleted(bk, part.ledger_id):
+                    _data_loss(opts, f"ledger {part.ledger_id} (of {part.key!r}) was deleted: entries "
+                                     f"{lo}..{part.last} are gone ({exc})")
+                    return  # nothing after this range can be read either
+                if opts.fail_on_data_loss:
+                    _data_loss(opts, f"ledger {part.ledger_id} (of {part.key!r}): entries {lo}..{hi} "
+                                     f"could not all be read ({exc})")
+                # A gap inside the ledger: keep every entry that remains, report what is lost,
+                # and go on with the ranges after it (never drop the rest of the partition).
+                entries, lost = bk.submit(_read_salvaging(handle.aio, lo - part.base, hi - part.base)).result()
+                for first, last in _runs(lost):
+                    _data_loss(opts, f"ledger {part.ledger_id} (of {part.key!r}): entries "
+                                     f"{first + part.base}..{last + part.base} are gone: no bookie has them")
+                if not entries:
+                    refill(_READS_AHEAD)
+                    continue
             if packed:
                 ids, index, payload_array = _unpack(part, entries)
                 step = max(1, rows_wanted * len(entries) // max(1, len(ids)))
@@ -271,6 +285,51 @@ async def _read(handle: AsyncLedgerHandle, first: int, last: int) -> list[Ledger
         out.extend(got)
         pos = got[-1].entry_id + 1
     return out
+
+
+async def _read_salvaging(handle: AsyncLedgerHandle, first: int, last: int) -> tuple[list[LedgerEntry], list[int]]:
+    """Entries ``first..last`` that some bookie still has, and the ids no bookie has.
+
+    Used only after a range read failed with "no such entry" and ``failOnDataLoss=false``:
+    where a multi-entry read fails, the entry at the failing position is asked for alone, so
+    one lost entry costs one extra round trip and no readable entry after it is skipped.
+    """
+    out: list[LedgerEntry] = []
+    lost: list[int] = []
+    pos = first
+    while pos <= last:
+        try:
+            got = await _read(handle, pos, last)
+        except (NoSuchEntryError, NoSuchLedgerError):
+            try:
+                got = await handle.read_unconfirmed(pos, pos)
+            except (NoSuchEntryError, NoSuchLedgerError):
+                lost.append(pos)
+                pos += 1
+                continue
+        out.extend(got)
+        pos = got[-1].entry_id + 1
+    return out, lost
+
+
+def _runs(ids: list[int]) -> list[tuple[int, int]]:
+    """Sorted ids as inclusive runs: [3, 4, 5, 9] -> [(3, 5), (9, 9)]."""
+    runs: list[tuple[int, int]] = []
+    for i in ids:
+        if runs and runs[-1][1] == i - 1:
+            runs[-1] = (runs[-1][0], i)
+        else:
+            runs.append((i, i))
+    return runs
+
+
+def _ledger_deleted(bk: BookKeeper, ledger_id: int) -> bool:
+    """Whether the ledger's metadata is gone (then a failed read means the rest is gone too)."""
+    try:
+        bk.ledger_metadata(ledger_id)
+    except NoSuchLedgerError:
+        return True
+    return False
 
 
 def _batch(
