@@ -120,10 +120,12 @@ class EntryRead:
             self._launch()  # the replica is slow: ask the next one too
 
     def _answered(self, bookie: str, fut: asyncio.Future[bytes]) -> None:
-        if self.finished or fut.cancelled():
+        if fut.cancelled():
+            return
+        exc = fut.exception()  # retrieved even when late: asyncio would log an unread error
+        if self.finished:
             return
         self.outstanding -= 1
-        exc = fut.exception()
         if exc is None:
             try:
                 entry = self.source.digest.verify(fut.result(), self.entry_id)
