@@ -18,6 +18,11 @@ Run (starts its own 3-bookie LocalCluster in a temporary directory)::
 or against a running ``vellum standalone`` (``--metadata-uri`` of that standalone)::
 
     .venv/bin/python examples/pipeline.py --metadata-uri sqlite:///path/to/data/metadata.db
+
+or on a Spark standalone cluster (docs/spark.md, "Running on a cluster")::
+
+    PYSPARK_PYTHON=$PWD/.venv/bin/python .venv/bin/spark-submit --master spark://HOST:7077 \
+        examples/pipeline.py --metadata-uri zk://ZKHOST:2181/ledgers
 """
 
 from __future__ import annotations
@@ -74,20 +79,35 @@ def produce(uri: str, n: int, rnd: random.Random, expected: Counter[str]) -> Non
         asyncio.run_coroutine_threadsafe(run(), bk.loop).result(120)
 
 
-def session() -> Any:
+def session(master: str | None) -> Any:
+    """The SparkSession: ``master`` if given, else the one spark-submit was given, else local[2].
+
+    Executors run ``PYSPARK_PYTHON`` (default here: this very Python, which has Vellum); on a
+    cluster of several hosts that path must exist with Vellum installed on every worker.
+    """
+    from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
 
     from vellum.spark import register
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    spark = (SparkSession.builder.master("local[2]").appName("vellum-pipeline")
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", "2")
-             .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
-             .getOrCreate())
+    # Start (or join, under spark-submit) the JVM first: only then does SparkConf() see the
+    # master that spark-submit or spark-defaults.conf gave.
+    SparkContext._ensure_initialized()
+    given = SparkConf().get("spark.master", None)
+    chosen = master or given or "local[2]"
+    builder = SparkSession.builder.appName("vellum-pipeline")
+    if chosen != given:
+        builder = builder.master(chosen)
+    if chosen.startswith("local") or "127.0.0.1" in chosen or "localhost" in chosen:
+        # Everything on this machine: keep Spark's own traffic on loopback.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        builder = (builder.config("spark.driver.host", "127.0.0.1")
+                   .config("spark.driver.bindAddress", "127.0.0.1"))
+    spark = (builder.config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.shuffle.partitions", "2").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
-    register(spark)
+    register(spark)  # on a cluster: fails at once, saying how, if an executor lacks Vellum
     return spark
 
 
@@ -118,15 +138,20 @@ def main() -> int:
     ap.add_argument("--metadata-uri", help="use this running cluster (default: start a LocalCluster)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--events", type=int, default=1000, help="events per round")
+    ap.add_argument("--master", help="Spark master URL, e.g. spark://host:7077 (default: what spark-submit "
+                                     "was given, else local[2])")
+    ap.add_argument("--checkpoint-dir", help="streaming checkpoint directory; on a cluster of several hosts "
+                                             "a shared file system (default: a temporary directory)")
     args = ap.parse_args()
     rnd = random.Random(42)
     expected: Counter[str] = Counter()
     with tempfile.TemporaryDirectory(prefix="vellum-pipeline-") as tmp, metadata_uri(args.metadata_uri, Path(tmp)) as uri:
-        spark = session()
+        spark = session(args.master)
+        checkpoint = Path(args.checkpoint_dir) if args.checkpoint_dir else Path(tmp) / "checkpoint"
         try:
             for i in range(1, args.rounds + 1):
                 produce(uri, args.events, rnd, expected)
-                aggregate(spark, uri, Path(tmp) / "checkpoint")
+                aggregate(spark, uri, checkpoint)
                 totals = read_totals(spark, uri)
                 print(f"round {i}: {args.events} events in, totals = {dict(sorted(totals.items()))}")
                 if totals != dict(expected):

@@ -12,8 +12,9 @@ from typing import Any
 __all__ = ["register"]
 
 
-def register(spark: Any) -> None:
-    """Register the ``vellum`` data source with ``spark`` (a SparkSession)."""
+def register(spark: Any, *, check_executors: bool = True) -> None:
+    """Register the ``vellum`` data source with ``spark`` (a SparkSession); on a cluster, first
+    check that the executors can import Vellum (see ``vellum.spark.executors``)."""
     from vellum.spark.datasource import register as _register
 
-    _register(spark)
+    _register(spark, check_executors=check_executors)

@@ -112,10 +112,17 @@ class VellumDataSource(DataSource):  # type: ignore[misc]
         return VellumStreamWriter(self._write_options(schema), overwrite)
 
 
-def register(spark: Any) -> None:
+def register(spark: Any, *, check_executors: bool = True) -> None:
     """Register ``format("vellum")`` with a SparkSession (the one public entry point).
 
-    No ``pushFilters`` is implemented, so ``spark.sql.python.filterPushdown.enabled`` is left
-    as it is (a source without pushFilters works with either value).
+    On a cluster (any master but ``local``) one tiny task first checks that the executors'
+    Python can import Vellum, and raises ``ExecutorSetupError`` saying how to fix it if not
+    (``check_executors=False`` skips it). No ``pushFilters`` is implemented, so
+    ``spark.sql.python.filterPushdown.enabled`` is left as it is (a source without pushFilters
+    works with either value).
     """
+    if check_executors:
+        from vellum.spark.executors import check_executors as _check
+
+        _check(spark)
     spark.dataSource.register(VellumDataSource)
