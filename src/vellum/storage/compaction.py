@@ -141,14 +141,15 @@ class EntryLogMetadata:
             sizes[rec.ledger_id] = sizes.get(rec.ledger_id, 0) + 4 + rec.size
             seen.add(rec.offset)
         report = scanner.report
+        size = logger.log_path(log_id).stat().st_size
         if not report.complete:
             # Not every record was read (a skipped span, or a tail cut by a crash or by a bad
-            # size field): the index knows every live entry's place, so ask it.
+            # size field): the index knows every live entry's place, so ask it. A record's size
+            # field may be the damaged part: an implausible one counts nothing.
             for lid, _eid, loc in storage.indexed_in_log(log_id):
                 if location_offset(loc) not in seen:
-                    size = logger.record_size(loc) or 0
-                    sizes[lid] = sizes.get(lid, 0) + (size if size > 4 + 16 else 0)
-        size = logger.log_path(log_id).stat().st_size
+                    nbytes = logger.record_size(loc) or 0
+                    sizes[lid] = sizes.get(lid, 0) + (nbytes if 4 + 16 <= nbytes <= size else 0)
         return cls(log_id, sizes, sum(sizes.values()), size, False, list(report.skipped))
 
     def remaining_size(self, trimmed: int = 0) -> int:
