@@ -16,7 +16,9 @@ One ``GarbageCollectorThread`` per ``LedgerStorage`` (i.e. per ledger dir) runs 
 4. compaction: major if forced (and major is enabled), or enabled and its interval passed;
    otherwise minor likewise; neither while suspended. Logs with usage < threshold are
    compacted emptiest first (10 usage buckets, as BookKeeper logs them), within the pass's max
-   run time, throttled by entries or bytes. A major pass also resets the minor clock.
+   run time (checked before each log; a log once started is finished), throttled by entries or
+   bytes. A major pass also resets the minor clock. Unreadable records are skipped, logged and
+   counted; a log whose live entries cannot all be read is held (compaction.py).
 
 Disk space (BookKeeper's listener semantics, evaluated at each pass): above
 ``diskUsageWarnThreshold`` major compaction is suspended, when the dir is full both are; with
@@ -29,6 +31,8 @@ Invariants:
 - never touches a log that is active, preallocated or being written (``flushed_log_ids``);
 - never deletes a ledger on doubtful metadata (above) and never resurrects an index entry
   (compaction.py);
+- never deletes a log the index still points into on the word of a scan that could not read
+  all of it (compaction.py);
 - one pass at a time per thread; ``status()`` is readable at any moment.
 """
 
