@@ -108,6 +108,10 @@ def test_explain_log() -> None:
     assert "pinned by live ledger 2" in pinned["why"]
     assert "deleted at the next GC pass" in explain_log(log, alive=set())["why"]
     assert "active" in explain_log({**log, "active": True}, alive={1})["why"]
+    held = {**log, "held": "1 live entries cannot be read (ledgers 2)", "corrupt": "1 unreadable span(s)"}
+    assert explain_log(held, alive={2})["why"].startswith("held: 1 live entries cannot be read")
+    # a log with a skipped span that is not held is collected like any other
+    assert "pinned by live ledger 2" in explain_log({**log, "corrupt": "1 unreadable span(s)"}, alive={2})["why"]
 
 
 def test_ledger_pages_read_only_what_they_show(tmp_path: Path) -> None:

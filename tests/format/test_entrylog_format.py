@@ -187,3 +187,66 @@ def test_truncated_and_failed_verification_reports() -> None:
     neg = fmt.encode_header() + fmt.encode_record(struct.pack(">qq", -5, 0))
     _, report = fmt.scan_entry_log(neg)
     assert report.stop is fmt.ScanStop.CORRUPT and "negative" in report.reason
+
+
+# ---------------------------------------------------------------------------------------------
+# Skipping scans (GC and compaction): an unreadable record is skipped, not the end of the scan
+
+
+def _three_records() -> tuple[list[bytes], int, int]:
+    """Entries, the offset of the middle record's size field, and of its body."""
+    entries = [make_entry(1, i, bytes([65 + i]) * (30 + i)) for i in range(3)]
+    mid = fmt.HEADER_SIZE + 4 + len(entries[0])
+    return entries, mid, mid + 4
+
+
+@pytest.mark.parametrize("damage", ["size_too_small", "negative_ids", "size_past_end", "size_one_off"])
+def test_skipping_scan_resumes_after_an_unreadable_record(damage: str) -> None:
+    entries, mid, body = _three_records()
+    log = bytearray(build_log(entries, sealed=False))
+    if damage == "size_too_small":
+        log[mid : mid + 4] = struct.pack(">i", 7)
+    elif damage == "negative_ids":
+        log[body : body + 8] = struct.pack(">q", -99)
+    elif damage == "size_past_end":
+        log[mid : mid + 4] = struct.pack(">i", 0x3FFFFFFF)
+    else:
+        log[mid : mid + 4] = struct.pack(">i", len(entries[1]) + 1)
+    # Without skipping the scan stops there for good (what GC used to do).
+    records, report = fmt.scan_entry_log(bytes(log), verify=verify)
+    assert [r.entry for r in records] == entries[:1] and report.stop is not fmt.ScanStop.END
+    # Skipping: the records after it are read, the span is reported with its offset.
+    records, report = fmt.scan_entry_log(bytes(log), verify=verify, skip_corrupt=True)
+    assert [r.entry for r in records] == [entries[0], entries[2]]
+    assert report.stop is fmt.ScanStop.END and not report.complete
+    (span,) = report.skipped
+    assert span.offset == mid and span.resume == body + len(entries[1])
+    assert span.reason
+
+
+def test_skipping_scan_of_a_clean_or_torn_log() -> None:
+    entries, _mid, _body = _three_records()
+    log = build_log(entries, sealed=True)
+    records, report = fmt.scan_entry_log(log, skip_corrupt=True)
+    assert [r.entry for r in records] == entries and report.complete
+    # A torn tail (the last record cut) stays a torn tail: nothing plausible follows it.
+    records, report = fmt.scan_entry_log(build_log(entries, sealed=False)[:-3], skip_corrupt=True)
+    assert [r.entry for r in records] == entries[:2]
+    assert report.stop is fmt.ScanStop.TRUNCATED and not report.skipped and not report.complete
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(entry_st, min_size=1, max_size=10), st.data())
+def test_skipping_scan_with_a_flipped_byte_yields_only_written_records(
+    entries: list[bytes], data: st.DataObject
+) -> None:
+    log = bytearray(build_log(entries, sealed=data.draw(st.booleans())))
+    pos = data.draw(st.integers(fmt.HEADER_SIZE, len(log) - 1))
+    log[pos] ^= 1 << data.draw(st.integers(0, 7))
+    records, report = fmt.scan_entry_log(bytes(log), verify=verify, skip_corrupt=True)
+    # With verification every record yielded is one that was written, in order.
+    got = [r.entry for r in records]
+    it = iter(entries)
+    assert all(any(g == e for e in it) for g in got)
+    if report.complete:
+        assert got == entries

@@ -84,3 +84,26 @@ def sealed_logs(ledger_dir: Path) -> dict[int, set[int]]:
         if header.has_ledgers_map and sizes:
             out[log_id] = set(sizes)
     return out
+
+
+def live_entries_by_log(st: LedgerStorage, ledgers: Iterable[int]) -> dict[int, set[tuple[int, int]]]:
+    """``{log id: {(ledger, entry)}}`` of the given ledgers' indexed entries: what compaction of
+    each log must move."""
+    out: dict[int, set[tuple[int, int]]] = {}
+    for lid in ledgers:
+        for eid in st.entry_ids(lid):
+            loc = st.location_of(lid, eid)
+            assert loc is not None, (lid, eid)
+            out.setdefault(loc >> 32, set()).add((lid, eid))
+    return out
+
+
+def read_back_through_index(st: LedgerStorage, expected: Iterable[tuple[int, int]]) -> None:
+    """Read every entry in reverse order without read-ahead: each read asks the location index
+    (ascending reads with read-ahead are served the entries physically next in a log, so a stale
+    index entry would go unnoticed). Use on a freshly opened storage (empty read cache)."""
+    keys = sorted(expected, reverse=True)
+    assert keys
+    for lid, eid in keys:
+        assert st.get_entry(lid, eid, read_ahead=False) == entry(lid, eid), (lid, eid)
+        assert not st.read_cache_contains(lid, eid)

@@ -11,7 +11,15 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from gc_support import FakeLister, entry, log_bytes, open_storage, write_ledgers
+from gc_support import (
+    FakeLister,
+    entry,
+    live_entries_by_log,
+    log_bytes,
+    open_storage,
+    read_back_through_index,
+    write_ledgers,
+)
 
 from vellum.errors import ConfigError, NoSuchEntryError, NoSuchLedgerError
 from vellum.storage.compaction import RateLimiter
@@ -35,10 +43,15 @@ def test_delete_half_of_20_ledgers_and_force_gc(tmp_path: Path) -> None:
     dead, live = ledgers[::2], ledgers[1::2]
     dead_bytes = sum(4 + len(entry(lid, e)) for lid in dead for e in range(ENTRIES))
     before = log_bytes(tmp_path)
+    live_in = live_entries_by_log(st, live)
     gc = GarbageCollectorThread(st, GcSettings(), lister=FakeLister(live))
     report = gc.run_once(force=True)
     assert sorted(report.deleted_ledgers) == dead
     assert report.kind == "major" and report.compactions
+    # Every live entry of each compacted log had its index entry moved, none more.
+    for c in report.compactions:
+        assert c.entries_moved == len(live_in[c.log_id]), c
+    assert sum(c.entries_moved for c in report.compactions) == len(live) * ENTRIES
     _check_all(st, live)
     for lid in dead:
         with pytest.raises(NoSuchLedgerError):
@@ -52,8 +65,9 @@ def test_delete_half_of_20_ledgers_and_force_gc(tmp_path: Path) -> None:
     status = gc.status()
     assert status.majorCompactionCounter == 1 and status.deletedLedgers == 10
     st.close()
-    # And it all survives a reopen.
+    # And it all survives a reopen, read through the index alone.
     st = open_storage(tmp_path)
+    read_back_through_index(st, [(lid, e) for lid in live for e in range(ENTRIES)])
     _check_all(st, live)
     assert set(st.ledgers()) == set(live)
     st.close()

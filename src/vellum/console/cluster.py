@@ -315,8 +315,8 @@ def explain_log(log: dict[str, Any], alive: set[int]) -> dict[str, Any]:
     active = bool(log.get("active"))
     if active:
         why = "active: being written; GC examines only flushed logs"
-    elif log.get("corrupt"):
-        why = "a record in it is corrupt: GC never deletes or compacts it (see the bookie log)"
+    elif log.get("held"):
+        why = f"held: {log['held']}; GC keeps it until those ledgers are deleted (see the bookie log)"
     elif not pinned:
         why = "no live ledger left: deleted at the next GC pass"
     else:

@@ -22,7 +22,19 @@ scan advances one byte; a record whose ledger id is -1 is a ledgers-map batch an
 data record must have ``size >= 16`` and fit before the end. Vellum adds: ledger and entry ids
 of data records must be non-negative, and an optional ``verify(entry)`` (the digest check) must
 accept the entry. The scan stops at the first violation and reports where and why; everything it
-yielded before is a prefix of what was written. Pure: no I/O, reads go through a callable.
+yielded before is a prefix of what was written.
+
+Skipping (``skip_corrupt=True``, what GC and compaction use to work out which ledgers a log holds
+and which records to move): a record that cannot be read (a size below 16, negative ids, a failed
+``verify``, or a size that runs past the end while more data follows) does not end the scan. The
+scan resumes at the next offset where a record *plausibly* starts (``_resync``): first right
+after the bad record if its size field leads to a sane record, else the first later offset whose
+record is sane and is followed by a sane record, padding or the end, looking at most
+``RESYNC_MAX_BYTES`` ahead. Each skipped span is in ``report.skipped``. If nothing plausible
+follows, the scan stops there as it would without skipping (a torn tail is ``TRUNCATED``). A resync may be fooled by payload bytes that look like a
+record, so what a skipping scan yields is a hint, never proof: callers accept a record only if
+the location index points at exactly that record, and never treat a log whose scan skipped
+anything as fully read (``ScanReport.complete``). Pure: no I/O, reads go through a callable.
 """
 
 from __future__ import annotations
@@ -47,6 +59,8 @@ MIN_SANE_ENTRY_SIZE = 16
 #: ledgers per ledgers-map batch (BookKeeper's LEDGERS_MAP_MAX_BATCH_SIZE)
 LEDGERS_MAP_MAX_BATCH = 10_000
 SIZE_FIELD = 4
+#: how far a skipping scan looks for the next plausible record before giving up on the log's rest
+RESYNC_MAX_BYTES = 8 << 20
 
 _HEADER_FIXED = struct.Struct(">4siqi")
 _MAP_FIELDS = struct.Struct(">qi")
@@ -223,6 +237,19 @@ class LogRecord:
         return len(self.entry)
 
 
+@dataclass(frozen=True, slots=True)
+class SkippedSpan:
+    """Bytes a skipping scan could not read: ``[offset, resume)``, and why."""
+
+    offset: int
+    resume: int
+    reason: str
+
+    @property
+    def size(self) -> int:
+        return self.resume - self.offset
+
+
 @dataclass(slots=True)
 class ScanReport:
     stop: ScanStop = ScanStop.END
@@ -232,6 +259,13 @@ class ScanReport:
     padding_bytes: int = 0
     #: ledgers-map batches seen (offset of the size field, pairs)
     map_batches: list[tuple[int, list[tuple[int, int]]]] = field(default_factory=list)
+    #: spans a skipping scan (``skip_corrupt``) passed over, in file order
+    skipped: list[SkippedSpan] = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        """Whether the scan read every record: it reached the clean end and skipped nothing."""
+        return self.stop is ScanStop.END and not self.skipped
 
 
 class EntryLogScanner:
@@ -251,6 +285,7 @@ class EntryLogScanner:
         start: int = HEADER_SIZE,
         verify: VerifyFn | None = None,
         where: str = "entry log",
+        skip_corrupt: bool = False,
     ) -> None:
         if isinstance(source, (bytes, bytearray, memoryview)):
             data = bytes(source)
@@ -264,6 +299,7 @@ class EntryLogScanner:
         self._start = start
         self._verify = verify
         self._where = where
+        self._skip = skip_corrupt
         self.report = ScanReport(offset=start)
         # read window: bytes [self._base, self._base + len(self._buf))
         self._base = start
@@ -283,6 +319,68 @@ class EntryLogScanner:
         self.report.stop = kind
         self.report.offset = pos
         self.report.reason = reason
+
+    def _sane_at(self, pos: int) -> int | None:
+        """The size of the record at ``pos`` if its header is sane (size, fits, ids, map batch
+        or ``verify``), else None."""
+        end = self._end
+        if pos + SIZE_FIELD + MIN_SANE_ENTRY_SIZE > end:
+            return None
+        size = decode_size(self._window(pos, SIZE_FIELD))
+        if size < MIN_SANE_ENTRY_SIZE or pos + SIZE_FIELD + size > end:
+            return None
+        lid, eid = _IDS.unpack_from(self._window(pos + SIZE_FIELD, MIN_SANE_ENTRY_SIZE), 0)
+        if lid == INVALID_LEDGER_ID:
+            if eid != LEDGERS_MAP_ENTRY_ID:
+                return None
+            try:
+                decode_ledgers_map_batch(self._window(pos + SIZE_FIELD, size))
+            except CorruptionError:
+                return None
+            return size
+        if lid < 0 or eid < 0:
+            return None
+        if self._verify is not None and not self._verify(self._window(pos + SIZE_FIELD, size)):
+            return None
+        return size
+
+    def _plausible_at(self, pos: int) -> bool:
+        """A sane record at ``pos`` followed by the end, padding or another sane record."""
+        size = self._sane_at(pos)
+        if size is None:
+            return False
+        after = pos + SIZE_FIELD + size
+        if after + SIZE_FIELD > self._end:
+            return True
+        if decode_size(self._window(after, SIZE_FIELD)) <= 0:
+            return True  # padding (zero fill at the tail, 0xF0 alignment fill)
+        return self._sane_at(after) is not None
+
+    def _resync(self, pos: int, size: int) -> int | None:
+        """Where scanning resumes after the unreadable record at ``pos`` (module docstring),
+        or None if nothing plausible follows (a torn tail)."""
+        end = self._end
+        after = pos + SIZE_FIELD + size
+        if size >= MIN_SANE_ENTRY_SIZE and after <= end and (
+            after + SIZE_FIELD > end or self._plausible_at(after)
+        ):
+            return after  # the size field was right: only this record is bad
+        # A byte-by-byte walk; bounded so a log of garbage cannot hold a GC pass for hours.
+        for cand in range(pos + 1, min(end - SIZE_FIELD - MIN_SANE_ENTRY_SIZE + 1, pos + RESYNC_MAX_BYTES)):
+            if self._plausible_at(cand):
+                return cand
+        return None
+
+    def _skip_or_stop(self, kind: ScanStop, pos: int, size: int, reason: str) -> int | None:
+        """In a skipping scan, record the unreadable span and return where to resume; else (or
+        when nothing plausible follows) stop the scan and return None."""
+        if self._skip:
+            resume = self._resync(pos, size)
+            if resume is not None:
+                self.report.skipped.append(SkippedSpan(pos, resume, reason))
+                return resume
+        self._stop(kind, pos, reason)
+        return None
 
     def __iter__(self) -> Iterator[LogRecord]:
         pos = self._start
@@ -318,14 +416,23 @@ class EntryLogScanner:
                 pos += step
                 continue
             body_pos = pos + SIZE_FIELD
+            resume: int | None
             if size < MIN_SANE_ENTRY_SIZE:
-                self._stop(ScanStop.CORRUPT, pos, f"record size {size} < {MIN_SANE_ENTRY_SIZE}")
-                return
-            if body_pos + size > end:
-                self._stop(
-                    ScanStop.TRUNCATED, pos, f"record of {size} bytes runs past the end of the log ({end})"
+                resume = self._skip_or_stop(
+                    ScanStop.CORRUPT, pos, size, f"record size {size} < {MIN_SANE_ENTRY_SIZE}"
                 )
-                return
+                if resume is None:
+                    return
+                pos = resume
+                continue
+            if body_pos + size > end:
+                resume = self._skip_or_stop(
+                    ScanStop.TRUNCATED, pos, size, f"record of {size} bytes runs past the end of the log ({end})"
+                )
+                if resume is None:
+                    return
+                pos = resume
+                continue
             body = self._window(body_pos, size)
             if len(body) < size:
                 self._stop(ScanStop.TRUNCATED, pos, f"short read: {len(body)} of {size} bytes")
@@ -338,12 +445,17 @@ class EntryLogScanner:
                     pass  # BookKeeper skips any -1 record; the map is advisory
                 pos = body_pos + size
                 continue
+            bad = ""
             if lid < 0 or eid < 0:
-                self._stop(ScanStop.CORRUPT, pos, f"record has negative ids (ledger {lid}, entry {eid})")
-                return
-            if self._verify is not None and not self._verify(body):
-                self._stop(ScanStop.CORRUPT, pos, f"entry (ledger {lid}, entry {eid}) fails verification")
-                return
+                bad = f"record has negative ids (ledger {lid}, entry {eid})"
+            elif self._verify is not None and not self._verify(body):
+                bad = f"entry (ledger {lid}, entry {eid}) fails verification"
+            if bad:
+                resume = self._skip_or_stop(ScanStop.CORRUPT, pos, size, bad)
+                if resume is None:
+                    return
+                pos = resume
+                continue
             report.records += 1
             yield LogRecord(body_pos, lid, eid, body)
             pos = body_pos + size
@@ -360,9 +472,10 @@ def scan_entry_log(
     start: int = HEADER_SIZE,
     verify: VerifyFn | None = None,
     where: str = "entry log",
+    skip_corrupt: bool = False,
 ) -> tuple[list[LogRecord], ScanReport]:
     """Scan a whole log into memory: convenient for tests and small logs."""
-    scanner = EntryLogScanner(source, end=end, start=start, verify=verify, where=where)
+    scanner = EntryLogScanner(source, end=end, start=start, verify=verify, where=where, skip_corrupt=skip_corrupt)
     records = list(scanner)
     return records, scanner.report
 

@@ -22,8 +22,21 @@ entries of ``X`` whose index still points into ``L`` (idempotent, never resurrec
 index dropped), ``L`` is deleted and the marker removed. Nothing live is lost, at most one file
 leaks until the next pass.
 
-A log whose scan stops on a corrupt record is never compacted or deleted (it is reported
-instead): entries beyond the corruption may still be indexed.
+Unreadable records (docs/gc.md, "Corrupt entry logs"). Logs are scanned with
+``skip_corrupt``: a record that cannot be read is skipped and the scan goes on, so one bad record
+no longer stops a log from ever being collected. A skipping scan is a hint, the location index is
+the authority on what is live, and a scan that did not read the whole log cleanly
+(``ScanReport.complete`` false: skipped spans, a torn or cut tail) is never trusted alone:
+
+- working out a log's ledgers by scanning (``EntryLogMetadata.extract``), the ledgers the index
+  still has in that log are added, so a log is never deleted while the index points into it;
+- compacting it, every index entry of a live ledger still pointing into the log must have been
+  copied: those the scan did not reach are read by their indexed location (full checks). If any
+  live entry cannot be read (or fails its ledger's digest), nothing is changed: the copy is
+  discarded and the log is kept (``held``); GC compacts it again once the ledgers of those
+  entries are dead, and deletes it once all its ledgers are.
+  Compaction never copies a record the index does not point at exactly, so it fabricates
+  nothing, and never launders a corrupt live copy into a fresh log.
 """
 
 from __future__ import annotations
@@ -35,9 +48,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from vellum.errors import StorageError
-from vellum.format.entrylog import ScanStop
-from vellum.ids import location_log_id, make_location
+from vellum.errors import CorruptionError, StorageError
+from vellum.format.entrylog import SkippedSpan
+from vellum.ids import location_log_id, location_offset, make_location
 from vellum.storage.durable import fsync_dir, remove_file
 from vellum.storage.entry_logger import CompactionLog, EntryLogger
 from vellum.storage.ledger_storage import LedgerStorage
@@ -96,24 +109,48 @@ class EntryLogMetadata:
     total_size: int
     file_size: int
     from_map: bool
-    corrupt: str = ""  # why the scan stopped early; a corrupt log is never deleted or compacted
+    #: unreadable spans the scan of this log skipped (what ``corrupt`` describes)
+    skipped: list[SkippedSpan] = field(default_factory=list)
+    #: non-empty: live entries in this log cannot be read, so compaction leaves it alone until
+    #: the ledgers of those entries (``held_ledgers``) are dead (module docstring)
+    held: str = ""
+    held_ledgers: set[int] = field(default_factory=set)
+
+    @property
+    def corrupt(self) -> str:
+        """What the scans of this log could not read ("" if nothing)."""
+        if not self.skipped:
+            return ""
+        first = self.skipped[0]
+        return (f"{len(self.skipped)} unreadable span(s), {sum(sp.size for sp in self.skipped)} bytes; "
+                f"first at offset {first.offset}: {first.reason}")
 
     @classmethod
-    def extract(cls, logger: EntryLogger, log_id: int) -> EntryLogMetadata:
-        """The ledgers map at the end of the log, else a full scan (BookKeeper's rule)."""
+    def extract(cls, storage: LedgerStorage, log_id: int) -> EntryLogMetadata:
+        """The ledgers map at the end of the log, else a scan (BookKeeper's rule) that skips
+        unreadable records; if that scan did not read the whole log cleanly, the ledgers the
+        index still has in the log are added (module docstring)."""
+        logger = storage.entry_logger
         info = logger.log_info(log_id) if _has_map(logger, log_id) else None
         if info is not None and info.from_map:
             return cls(log_id, dict(info.ledgers), sum(info.ledgers.values()), info.size, True)
-        scanner = logger.scanner(log_id)
+        scanner = logger.scanner(log_id, skip_corrupt=True)
         sizes: dict[int, int] = {}
+        seen: set[int] = set()
         for rec in scanner:
             sizes[rec.ledger_id] = sizes.get(rec.ledger_id, 0) + 4 + rec.size
+            seen.add(rec.offset)
         report = scanner.report
-        # TRUNCATED is the normal tail of a log cut by a crash: nothing past it was ever synced,
-        # so nothing past it is indexed. CORRUPT in the middle is different: keep the log.
-        corrupt = report.reason if report.stop is ScanStop.CORRUPT else ""
         size = logger.log_path(log_id).stat().st_size
-        return cls(log_id, sizes, sum(sizes.values()), size, False, corrupt)
+        if not report.complete:
+            # Not every record was read (a skipped span, or a tail cut by a crash or by a bad
+            # size field): the index knows every live entry's place, so ask it. A record's size
+            # field may be the damaged part: an implausible one counts nothing.
+            for lid, _eid, loc in storage.indexed_in_log(log_id):
+                if location_offset(loc) not in seen:
+                    nbytes = logger.record_size(loc) or 0
+                    sizes[lid] = sizes.get(lid, 0) + (nbytes if 4 + 16 <= nbytes <= size else 0)
+        return cls(log_id, sizes, sum(sizes.values()), size, False, list(report.skipped))
 
     def remaining_size(self, trimmed: int = 0) -> int:
         return max(0, sum(self.ledgers.values()) - trimmed)
@@ -125,7 +162,9 @@ class EntryLogMetadata:
         return self.remaining_size(trimmed) / self.total_size
 
     def is_empty(self) -> bool:
-        return not self.ledgers and not self.corrupt
+        """No live ledger left: the log may be deleted (for a scanned log whose scan was not
+        complete, ``ledgers`` includes what the index has in it)."""
+        return not self.ledgers
 
 
 def _has_map(logger: EntryLogger, log_id: int) -> bool:
@@ -146,7 +185,15 @@ class CompactionResult:
     bytes_moved: int = 0
     bytes_reclaimed: int = 0
     aborted: bool = False
-    skipped: list[str] = field(default_factory=list)
+    #: unreadable spans the scan of the log skipped
+    skipped: list[SkippedSpan] = field(default_factory=list)
+    #: live entries that could not be read: ``(ledger, entry, offset, why)``; the log is kept
+    unreadable: list[tuple[int, int, int, str]] = field(default_factory=list)
+
+    @property
+    def held(self) -> bool:
+        """The log was kept because live entries in it cannot be read."""
+        return bool(self.unreadable)
 
 
 class Throttle:
@@ -154,9 +201,17 @@ class Throttle:
     (``isThrottleByBytes`` + ``compactionRateByBytes``). Both the read and the write of an entry
     pass through it (BookKeeper throttled only writes: PR #3976)."""
 
-    def __init__(self, *, by_bytes: bool, rate_by_entries: int, rate_by_bytes: int) -> None:
+    def __init__(
+        self,
+        *,
+        by_bytes: bool,
+        rate_by_entries: int,
+        rate_by_bytes: int,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         self.by_bytes = by_bytes
-        self._limiter = RateLimiter(rate_by_bytes if by_bytes else rate_by_entries)
+        self._limiter = RateLimiter(rate_by_bytes if by_bytes else rate_by_entries, clock=clock, sleep=sleep)
 
     def entry(self, size: int) -> None:
         self._limiter.acquire(size if self.by_bytes else 1)
@@ -167,46 +222,73 @@ def compact_entry_log(
     meta: EntryLogMetadata,
     *,
     throttle: Throttle | None = None,
-    deadline: float | None = None,
-    clock: Callable[[], float] = time.monotonic,
     hook: StepHook | None = None,
     should_stop: Callable[[], bool] = lambda: False,
 ) -> CompactionResult:
-    """Compact one flushed log (module docstring). Returns what moved; ``aborted`` when the
-    deadline passed or ``should_stop`` said so (nothing changed then: the partial copy is
-    removed and the old log kept)."""
+    """Compact one flushed log (module docstring). Returns what moved; ``aborted`` when
+    ``should_stop`` said so (shutdown; nothing changed then: the partial copy is removed and the
+    old log kept).
+
+    There is no time limit in here on purpose: a pass's max run time is checked by the caller
+    before it starts each log, and a log once started is finished. Checking it per entry would
+    throw away the copy of any log that takes longer than the limit, on every pass, so such a
+    log would never be compacted."""
     logger = storage.entry_logger
     old_id = meta.log_id
     result = CompactionResult(old_id)
-    if meta.corrupt:
-        result.skipped.append(meta.corrupt)
-        return result
     live = {lid for lid in meta.ledgers if storage.ledger_exists(lid)}
     out: CompactionLog | None = None
     moves: list[tuple[int, int, int, int]] = []
     finished = False
+
+    def move(ledger_id: int, entry_id: int, old: int, entry: bytes) -> None:
+        nonlocal out
+        if throttle is not None:
+            throttle.entry(len(entry))
+        if out is None:
+            out = logger.new_compaction_log(old_id)
+        moves.append((ledger_id, entry_id, old, out.add_entry(ledger_id, entry)))
+
     try:
-        scanner = logger.scanner(old_id)
+        scanner = logger.scanner(old_id, skip_corrupt=True)
         for rec in scanner:
-            if should_stop() or (deadline is not None and clock() > deadline):
+            if should_stop():
                 result.aborted = True
-                break
+                return result
             if rec.ledger_id not in live:
                 continue
             old = make_location(old_id, rec.offset)
             if storage.location_of(rec.ledger_id, rec.entry_id) != old:
                 continue  # trimmed, deleted or rewritten elsewhere: dead at entry level
-            if throttle is not None:
-                throttle.entry(rec.size)
-            if out is None:
-                out = logger.new_compaction_log(old_id)
-            new = out.add_entry(rec.ledger_id, rec.entry)
-            moves.append((rec.ledger_id, rec.entry_id, old, new))
-        if result.aborted:
-            return result
-        if scanner.report.stop is ScanStop.CORRUPT:
-            result.skipped.append(scanner.report.reason)
-            return result
+            if not storage.entry_intact(rec.ledger_id, rec.entry):
+                result.unreadable.append((rec.ledger_id, rec.entry_id, rec.offset,
+                                          "fails its ledger's digest"))
+                continue
+            move(rec.ledger_id, rec.entry_id, old, rec.entry)
+        report = scanner.report
+        result.skipped = list(report.skipped)
+        if not report.complete:
+            # The scan did not read every record: every live entry the index still has in this
+            # log must be copied, read by its indexed location where the scan did not reach it.
+            copied = {(lid, eid) for lid, eid, _old, _new in moves}
+            copied.update((lid, eid) for lid, eid, _off, _why in result.unreadable)
+            for lid, eid, loc in storage.indexed_in_log(old_id, live):
+                if (lid, eid) in copied:
+                    continue
+                if should_stop():
+                    result.aborted = True
+                    return result
+                try:
+                    entry = logger.read_entry(lid, eid, loc)
+                except (CorruptionError, StorageError) as e:
+                    result.unreadable.append((lid, eid, location_offset(loc), str(e)))
+                    continue
+                if not storage.entry_intact(lid, entry):
+                    result.unreadable.append((lid, eid, location_offset(loc), "fails its ledger's digest"))
+                    continue
+                move(lid, eid, loc, entry)
+        if result.unreadable:
+            return result  # keep the log (and everything pointing into it): the copy is dropped
         if hook is not None:
             hook(STEP_COPIED)
         if out is not None:

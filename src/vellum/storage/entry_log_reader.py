@@ -255,9 +255,12 @@ class EntryLogReader:
 
     # ------------------------------------------------------------------ whole logs
 
-    def scanner(self, log_id: int, end: int, *, verify: fmt.VerifyFn | None = None) -> fmt.EntryLogScanner:
+    def scanner(
+        self, log_id: int, end: int, *, verify: fmt.VerifyFn | None = None, skip_corrupt: bool = False
+    ) -> fmt.EntryLogScanner:
         """A scanner over one log's records below ``end``; the header is checked first. It
-        keeps the log's descriptor until iteration ends (it reads lazily)."""
+        keeps the log's descriptor until iteration ends (it reads lazily). ``skip_corrupt``:
+        unreadable records are skipped, not the end of the scan (``fmt.EntryLogScanner``)."""
         path = self.log_path(log_id)
         desc = self._acquire(log_id)
         read = self._read_fn(desc, log_id)
@@ -267,7 +270,8 @@ class EntryLogReader:
             self._release(desc)
             raise
         return _OwningScanner(
-            read, end=end, verify=verify, where=str(path), release=lambda: self._release(desc)
+            read, end=end, verify=verify, where=str(path), release=lambda: self._release(desc),
+            skip_corrupt=skip_corrupt,
         )
 
     def ledgers_in(self, log_id: int, end: int) -> tuple[dict[int, int], bool]:
@@ -298,8 +302,9 @@ class _OwningScanner(fmt.EntryLogScanner):
         verify: fmt.VerifyFn | None,
         where: str,
         release: Callable[[], None],
+        skip_corrupt: bool = False,
     ) -> None:
-        super().__init__(read, end=end, verify=verify, where=where)
+        super().__init__(read, end=end, verify=verify, where=where, skip_corrupt=skip_corrupt)
         self._release = release
         self._released = False
 

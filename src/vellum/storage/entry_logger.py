@@ -607,9 +607,12 @@ class EntryLogger:
         scanner = self.scanner(log_id, verify=verify)
         yield from scanner
 
-    def scanner(self, log_id: int, *, verify: fmt.VerifyFn | None = None) -> fmt.EntryLogScanner:
-        """A scanner over one log; its ``report`` says where it stopped once iterated."""
-        return self._reader.scanner(log_id, self._log_end(log_id), verify=verify)
+    def scanner(
+        self, log_id: int, *, verify: fmt.VerifyFn | None = None, skip_corrupt: bool = False
+    ) -> fmt.EntryLogScanner:
+        """A scanner over one log; its ``report`` says where it stopped (and, with
+        ``skip_corrupt``, which unreadable spans it skipped) once iterated."""
+        return self._reader.scanner(log_id, self._log_end(log_id), verify=verify, skip_corrupt=skip_corrupt)
 
     def ledgers_map(self, log_id: int) -> dict[int, int]:
         """``{ledger_id: bytes}`` of a log: the map at its end, else a full scan (BookKeeper's rule).

@@ -16,7 +16,9 @@ One ``GarbageCollectorThread`` per ``LedgerStorage`` (i.e. per ledger dir) runs 
 4. compaction: major if forced (and major is enabled), or enabled and its interval passed;
    otherwise minor likewise; neither while suspended. Logs with usage < threshold are
    compacted emptiest first (10 usage buckets, as BookKeeper logs them), within the pass's max
-   run time, throttled by entries or bytes. A major pass also resets the minor clock.
+   run time (checked before each log; a log once started is finished), throttled by entries or
+   bytes. A major pass also resets the minor clock. Unreadable records are skipped, logged and
+   counted; a log whose live entries cannot all be read is held (compaction.py).
 
 Disk space (BookKeeper's listener semantics, evaluated at each pass): above
 ``diskUsageWarnThreshold`` major compaction is suspended, when the dir is full both are; with
@@ -29,6 +31,8 @@ Invariants:
 - never touches a log that is active, preallocated or being written (``flushed_log_ids``);
 - never deletes a ledger on doubtful metadata (above) and never resurrects an index entry
   (compaction.py);
+- never deletes a log the index still points into on the word of a scan that could not read
+  all of it (compaction.py);
 - one pass at a time per thread; ``status()`` is readable at any moment.
 """
 
@@ -44,6 +48,7 @@ from typing import Protocol
 
 from vellum import stats
 from vellum.errors import ConfigError, VellumError
+from vellum.format.entrylog import SkippedSpan
 from vellum.storage.compaction import (
     CompactionResult,
     EntryLogMetadata,
@@ -74,6 +79,19 @@ _RECLAIM_FAILED = stats.counter(
 )
 _GC_FAILED_LISTING = stats.counter(
     "bookie_GC_LEDGER_LISTING_FAILURES", "doGcLedgers skipped: metadata listing failed or empty", _LABELS
+)
+_COMPACTION_TIME_LIMITED = stats.counter(
+    "bookie_COMPACTION_MAX_TIME_REACHED",
+    "compaction passes that stopped at their max run time with eligible logs left", ("ledgerDir", "kind"),
+)
+_SKIPPED_SPANS = stats.counter(
+    "bookie_GC_ENTRY_LOG_UNREADABLE_SPANS",
+    "unreadable spans GC and compaction scans skipped in entry logs (counted at every scan that meets one)",
+    _LABELS,
+)
+_HELD_LOGS = stats.gauge(
+    "bookie_GC_ENTRY_LOGS_HELD",
+    "entry logs kept uncompacted because live entries in them cannot be read", _LABELS,
 )
 _RUNTIME = stats.histogram("bookie_THREAD_RUNTIME", "duration of one GC pass (seconds)", _LABELS)
 _ENTRY_LOGS = stats.gauge("bookie_ACTIVE_ENTRY_LOG_TOTAL", "entry logs in the ledger dir", _LABELS)
@@ -219,6 +237,8 @@ class GarbageCollectorThread:
         dir_count: int = 1,
         clock: Callable[[], float] = time.time,
         step_hook: StepHook | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.storage = storage
         self.settings = settings
@@ -228,6 +248,9 @@ class GarbageCollectorThread:
         self._dir_count = max(1, dir_count)
         self._clock = clock
         self._step_hook = step_hook
+        # the max-run-time deadline and the compaction throttle (tests inject both)
+        self._monotonic = monotonic
+        self._sleep = sleep
         self._label = str(storage.ledger_dir)
         #: called with each ledger id GC removed, so layers above can drop their caches
         self.on_ledger_deleted: Callable[[int], None] | None = None
@@ -324,7 +347,7 @@ class GarbageCollectorThread:
                 "liveBytes": m.remaining_size(t), "usage": round(m.usage(t), 4),
                 "ledgers": sorted(m.ledgers), "ledgerBytes": {str(lid): n for lid, n in sorted(m.ledgers.items())},
                 "mtime": self._log_mtime(m.log_id), "source": "map" if m.from_map else "scan",
-                "corrupt": m.corrupt,
+                "corrupt": m.corrupt, "held": m.held,
                 "active": False,
             })
         logger = self.storage.entry_logger
@@ -336,7 +359,7 @@ class GarbageCollectorThread:
                 "logId": f"{log_id:x}", "size": size, "totalBytes": sum(ledgers.values()), "liveBytes": None,
                 "usage": None, "ledgers": sorted(ledgers),
                 "ledgerBytes": {str(lid): n for lid, n in sorted(ledgers.items())},
-                "mtime": self._log_mtime(log_id), "source": "active", "corrupt": "", "active": True,
+                "mtime": self._log_mtime(log_id), "source": "active", "corrupt": "", "held": "", "active": True,
             })
         return out
 
@@ -546,16 +569,25 @@ class GarbageCollectorThread:
             missing = [lid for lid in sorted(flushed) if lid not in self._meta]
         for log_id in missing:
             try:
-                meta = EntryLogMetadata.extract(logger, log_id)
+                meta = EntryLogMetadata.extract(self.storage, log_id)
             except (VellumError, OSError) as e:
                 log.warning("cannot read the ledgers of entry log %x in %s: %s", log_id, self._label, e)
                 _RECLAIM_FAILED.labels(self._label).inc()
                 continue
-            if meta.corrupt:
-                log.error("entry log %x in %s is corrupt (%s): kept, not compacted",
-                          log_id, self._label, meta.corrupt)
+            self._report_skipped(log_id, meta.skipped, "working out its ledgers")
             with self._cond:
                 self._meta[log_id] = meta
+
+    def _report_skipped(self, log_id: int, spans: list[SkippedSpan], doing: str) -> None:
+        """One log line per unreadable span a scan skipped (file, offset, length, why), counted."""
+        if not spans:
+            return
+        path = self.storage.entry_logger.log_path(log_id)
+        for span in spans:
+            log.error("entry log %s: skipped %d unreadable bytes at offset %d (%s) while %s; the "
+                      "location index decides what in this log is live", path, span.size, span.offset,
+                      span.reason, doing)
+        _SKIPPED_SPANS.labels(self._label).inc(len(spans))
 
     def _gc_entry_logs(self, report: GcReport) -> None:
         self._refresh_meta()
@@ -564,6 +596,10 @@ class GarbageCollectorThread:
         for meta in metas:
             for lid in [lid for lid in meta.ledgers if not self.storage.ledger_exists(lid)]:
                 del meta.ledgers[lid]
+            if meta.held and not meta.held_ledgers & meta.ledgers.keys():
+                log.info("entry log %x in %s: the ledgers of its unreadable entries are deleted; "
+                         "it may be compacted again", meta.log_id, self._label)
+                meta.held, meta.held_ledgers = "", set()
             if meta.is_empty():
                 try:
                     self.storage.entry_logger.delete_log(meta.log_id)
@@ -594,7 +630,7 @@ class GarbageCollectorThread:
         for m in metas:
             usage = m.usage(trimmed.get(m.log_id, 0))
             buckets[min(10, int(usage * 10))] += 1
-            if usage < threshold and not m.corrupt:
+            if usage < threshold and not m.held:
                 eligible.append((usage, m))
         eligible.sort(key=lambda x: (x[0], x[1].log_id))  # emptiest first
         log.info("%s compaction on %s: %d of %d logs below usage %.2f; usage buckets %s",
@@ -603,16 +639,25 @@ class GarbageCollectorThread:
         if not eligible:
             return
         throttle = Throttle(by_bytes=s.is_throttle_by_bytes, rate_by_entries=s.compaction_rate_by_entries,
-                            rate_by_bytes=s.compaction_rate_by_bytes)
-        deadline = time.monotonic() + max_time_ms / 1000.0 if max_time_ms > 0 else None
+                            rate_by_bytes=s.compaction_rate_by_bytes, clock=self._monotonic, sleep=self._sleep)
+        # The max run time limits the pass, not a log: it is checked before each log is started
+        # and a log in hand is finished (else a log that takes longer than the limit would be
+        # copied and thrown away on every pass, and never compacted).
+        deadline = self._monotonic() + max_time_ms / 1000.0 if max_time_ms > 0 else None
         self._set_phase(kind, len(eligible), sum(m.remaining_size(trimmed.get(m.log_id, 0)) for _, m in eligible))
-        for usage, meta in eligible:
-            if self._stopping or (deadline is not None and time.monotonic() > deadline):
-                log.info("%s compaction on %s stopped: max run time or shutdown", kind, self._label)
+        for n, (usage, meta) in enumerate(eligible):
+            if self._stopping:
+                log.info("%s compaction on %s stopped: shutdown", kind, self._label)
+                break
+            if deadline is not None and self._monotonic() > deadline:
+                log.info("%s compaction on %s reached its max run time (%d ms): %d of %d eligible logs "
+                         "compacted, the rest wait for the next pass", kind, self._label, max_time_ms,
+                         n, len(eligible))
+                _COMPACTION_TIME_LIMITED.labels(self._label, kind).inc()
                 break
             try:
                 result = compact_entry_log(
-                    self.storage, meta, throttle=throttle, deadline=deadline,
+                    self.storage, meta, throttle=throttle,
                     hook=self._step_hook, should_stop=self._stop_requested,
                 )
             except VellumError as e:
@@ -620,7 +665,11 @@ class GarbageCollectorThread:
                 _RECLAIM_FAILED.labels(self._label).inc()
                 continue
             report.compactions.append(result)
-            if result.aborted or result.skipped:
+            self._report_skipped(meta.log_id, result.skipped, "compacting it")
+            if result.held:
+                self._hold(meta, result)
+                continue
+            if result.aborted:
                 continue
             freed = max(0, result.bytes_reclaimed - result.bytes_moved)
             report.reclaimed_bytes += freed
@@ -637,6 +686,19 @@ class GarbageCollectorThread:
                      "nothing" if result.new_log_id is None else f"{result.new_log_id:x}",
                      result.entries_moved, result.bytes_moved, freed)
 
+    def _hold(self, meta: EntryLogMetadata, result: CompactionResult) -> None:
+        """Live entries of the log cannot be read: keep it, uncompacted, until its ledgers die."""
+        path = self.storage.entry_logger.log_path(meta.log_id)
+        for lid, eid, offset, why in result.unreadable[:10]:
+            log.error("entry log %s: live entry (ledger %d, entry %d) at offset %d cannot be read: %s",
+                      path, lid, eid, offset, why)
+        ledgers = sorted({lid for lid, _e, _o, _w in result.unreadable})
+        meta.held_ledgers = set(ledgers)
+        meta.held = (f"{len(result.unreadable)} live entries cannot be read (ledgers "
+                     f"{', '.join(map(str, ledgers[:10]))}{' ...' if len(ledgers) > 10 else ''})")
+        log.error("entry log %s kept, not compacted: %s; compacted again once those ledgers are "
+                  "deleted; reads of those entries answer EIO (another replica serves them)", path, meta.held)
+
     def _update_gauges(self) -> None:
         logger = self.storage.entry_logger
         try:
@@ -649,3 +711,5 @@ class GarbageCollectorThread:
         _LEDGERS.labels(self._label).set(len(list(self.storage.ledgers())))
         with self._cond:
             self._status.entryLogs = len(ids)
+            held = sum(1 for m in self._meta.values() if m.held)
+        _HELD_LOGS.labels(self._label).set(held)

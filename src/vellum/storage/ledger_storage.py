@@ -74,7 +74,7 @@ import logging
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 from vellum import stats
@@ -465,6 +465,23 @@ class LedgerStorage:
                 self.locations.put_locations(batch)
             self.locations.sync()
             return len(batch)
+
+    def indexed_in_log(self, log_id: int, ledgers: Iterable[int] | None = None) -> list[tuple[int, int, int]]:
+        """``(ledger, entry, location)`` of every index entry pointing into entry log ``log_id``,
+        among ``ledgers`` (None: every ledger; a walk of the whole index). What GC trusts, not a
+        scan, when a scan of that log could not read all of it."""
+        self._check_open()
+        if ledgers is None:
+            return [(lid, eid, loc) for lid, eid, loc in self.locations.items()
+                    if location_log_id(loc) == log_id]
+        return [(lid, eid, loc) for lid in sorted(ledgers) for eid, loc in self.locations.iter_ledger(lid)
+                if location_log_id(loc) == log_id]
+
+    def entry_intact(self, ledger_id: int, entry: BytesLike) -> bool:
+        """Whether a stored copy passes the checks reads apply (the ledger's learnt CRC digest;
+        True when the ledger's entries are not checkable)."""
+        digest = self._checked_digest(ledger_id)
+        return digest is None or checksum_matches(entry, digest)
 
     def sync_index(self) -> None:
         """Make index changes (ledger deletes) durable before GC deletes entry logs."""
