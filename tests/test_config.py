@@ -75,6 +75,63 @@ def test_invalid_values_are_refused_with_the_key(values: dict[str, str], message
         build_config(ServerConfig, values)
 
 
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        # equal values: BookKeeper's GC thread refuses minor >= major, not only minor > major
+        ({"minorCompactionThreshold": "0.8", "majorCompactionThreshold": "0.8"},
+         r"minorCompactionThreshold \(0\.8\) must be below majorCompactionThreshold \(0\.8\)"),
+        ({"minorCompactionInterval": "86400", "majorCompactionInterval": "86400"},
+         r"minorCompactionInterval \(86400s\) must be below majorCompactionInterval \(86400s\)"),
+        ({"minorCompactionThreshold": "0.9"},
+         r"minorCompactionThreshold \(0\.9\) must be below majorCompactionThreshold \(0\.8\)"),
+        ({"minorCompactionInterval": "90000"},
+         r"minorCompactionInterval \(90000s\) must be below majorCompactionInterval \(86400s\)"),
+    ],
+)
+def test_minor_compaction_must_be_strictly_below_major(values: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        build_config(ServerConfig, values)
+
+
+def test_compaction_order_error_from_a_file_names_the_file(tmp_path: Path) -> None:
+    conf = tmp_path / "bk_server.conf"
+    conf.write_text("minorCompactionThreshold=0.5\nmajorCompactionThreshold=0.5\n")
+    with pytest.raises(ConfigError, match=r"majorCompactionThreshold \(0\.5\)") as e:
+        load_server_config(conf)
+    assert str(conf) in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        # a compaction turned off (interval <= 0, or threshold 0) orders nothing
+        {"minorCompactionInterval": "0", "minorCompactionThreshold": "0.8", "majorCompactionThreshold": "0.8"},
+        {"minorCompactionInterval": "-1", "minorCompactionThreshold": "0.9"},
+        {"majorCompactionInterval": "0", "minorCompactionInterval": "86400"},
+        {"majorCompactionInterval": "-1", "minorCompactionInterval": "90000", "minorCompactionThreshold": "0.9"},
+        {"minorCompactionThreshold": "0", "minorCompactionInterval": "86400"},
+        {"majorCompactionThreshold": "0", "minorCompactionThreshold": "0.2"},
+        {"minorCompactionInterval": "0", "majorCompactionInterval": "0"},
+        # strictly below: accepted
+        {"minorCompactionThreshold": "0.79", "minorCompactionInterval": "86399"},
+    ],
+)
+def test_compaction_order_is_not_checked_when_one_is_off(values: dict[str, str]) -> None:
+    build_config(ServerConfig, values)
+
+
+def test_the_gc_thread_applies_the_same_compaction_order() -> None:
+    """GcSettings (what the GC thread runs with) refuses what the configuration refuses."""
+    from vellum.storage.gc import GcSettings
+
+    with pytest.raises(ConfigError, match=r"minorCompactionThreshold \(0\.5\) must be below"):
+        GcSettings(minor_compaction_threshold=0.5, major_compaction_threshold=0.5)
+    with pytest.raises(ConfigError, match=r"minorCompactionInterval \(86400s\) must be below"):
+        GcSettings(minor_compaction_interval_s=86400)
+    GcSettings(minor_compaction_interval_s=0, minor_compaction_threshold=0.8)
+
+
 def test_client_quorums_validated() -> None:
     with pytest.raises(ConfigError, match="ensembleSize >= writeQuorumSize >= ackQuorumSize"):
         ClientConfig(ensemble_size=2, write_quorum_size=3, ack_quorum_size=2)

@@ -259,7 +259,10 @@ class ServerConfig:
     )
     # --- disks ---
     disk_usage_threshold: float = _opt(
-        "diskUsageThreshold", 0.95, "a ledger dir above this usage is full", lo=0.0, hi=1.0
+        "diskUsageThreshold", 0.95,
+        "a ledger dir above this usage is full; usage = 1 - usable/total of its filesystem, usable being "
+        "what the bookie's user can still write (blocks reserved for root count as used), as in BookKeeper",
+        lo=0.0, hi=1.0,
     )
     disk_usage_warn_threshold: float = _opt(
         "diskUsageWarnThreshold", 0.90, "warn and suspend major compaction above this", lo=0.0, hi=1.0
@@ -275,16 +278,22 @@ class ServerConfig:
     # --- GC and compaction ---
     gc_wait_time_ms: int = _opt("gcWaitTime", 600000, "GC period", lo=1)
     minor_compaction_interval_s: int = _opt(
-        "minorCompactionInterval", 3600, "minor compaction period (<= 0 disables)"
+        "minorCompactionInterval", 3600,
+        "minor compaction period, seconds (<= 0 disables); below majorCompactionInterval when both are on",
     )
     minor_compaction_threshold: float = _opt(
-        "minorCompactionThreshold", 0.2, "compact logs whose live ratio is below this", lo=0.0, hi=1.0
+        "minorCompactionThreshold", 0.2,
+        "compact logs whose live ratio is below this (0 disables); below majorCompactionThreshold when both "
+        "are on", lo=0.0, hi=1.0,
     )
     major_compaction_interval_s: int = _opt(
-        "majorCompactionInterval", 86400, "major compaction period (<= 0 disables)"
+        "majorCompactionInterval", 86400,
+        "major compaction period, seconds (<= 0 disables); above minorCompactionInterval when both are on",
     )
     major_compaction_threshold: float = _opt(
-        "majorCompactionThreshold", 0.8, "compact logs whose live ratio is below this", lo=0.0, hi=1.0
+        "majorCompactionThreshold", 0.8,
+        "compact logs whose live ratio is below this (0 disables); above minorCompactionThreshold when both "
+        "are on", lo=0.0, hi=1.0,
     )
     minor_compaction_max_time_ms: int = _opt(
         "minorCompactionMaxTimeMillis", -1, "max run time of one minor pass (<= 0: no limit)"
@@ -533,24 +542,10 @@ class ServerConfig:
                 f"diskUsageLwmThreshold ({self.disk_usage_lwm_threshold}) must not exceed "
                 f"diskUsageThreshold ({self.disk_usage_threshold})"
             )
-        if (
-            self.minor_compaction_interval_s > 0
-            and self.major_compaction_interval_s > 0
-            and self.minor_compaction_threshold > self.major_compaction_threshold
-        ):
-            raise ConfigError(
-                f"minorCompactionThreshold ({self.minor_compaction_threshold}) must be below "
-                f"majorCompactionThreshold ({self.major_compaction_threshold})"
-            )
-        if (
-            self.minor_compaction_interval_s > 0
-            and self.major_compaction_interval_s > 0
-            and self.minor_compaction_interval_s > self.major_compaction_interval_s
-        ):
-            raise ConfigError(
-                f"minorCompactionInterval ({self.minor_compaction_interval_s}s) must not exceed "
-                f"majorCompactionInterval ({self.major_compaction_interval_s}s)"
-            )
+        validate_compaction_order(
+            self.minor_compaction_interval_s, self.minor_compaction_threshold,
+            self.major_compaction_interval_s, self.major_compaction_threshold,
+        )
         if not self.journal_directories:
             raise ConfigError("journalDirectories must name at least one directory")
         if not self.ledger_directories:
@@ -872,6 +867,36 @@ def _validate_tls(obj: Any) -> None:
                 f"pkcs12 -in store.p12 -nodes -out store.pem`; JKS: `keytool -importkeystore -deststoretype "
                 f"PKCS12` first) and set {key}=PEM"
             )
+
+
+def compaction_enabled(interval_s: int, threshold: float) -> bool:
+    """Is a scheduled (minor or major) compaction on? BookKeeper's rule: its interval and its
+    threshold are both positive (``<= 0`` on either turns it off)."""
+    return interval_s > 0 and threshold > 0
+
+
+def validate_compaction_order(
+    minor_interval_s: int, minor_threshold: float, major_interval_s: int, major_threshold: float
+) -> None:
+    """When minor and major compaction are both on, minor must be strictly below major in
+    threshold (it takes the emptier entry logs) and in interval (it runs more often), as
+    BookKeeper's GC thread requires; equal values are refused too. A compaction turned off
+    (``compaction_enabled``) orders nothing. Raises ``ConfigError`` naming both keys and values."""
+    if not (compaction_enabled(minor_interval_s, minor_threshold)
+            and compaction_enabled(major_interval_s, major_threshold)):
+        return
+    if minor_threshold >= major_threshold:
+        raise ConfigError(
+            f"minorCompactionThreshold ({minor_threshold}) must be below majorCompactionThreshold "
+            f"({major_threshold}) when both compactions are on: lower the minor one or raise the major "
+            "one, or turn one off with its interval <= 0 (docs/operations.md)"
+        )
+    if minor_interval_s >= major_interval_s:
+        raise ConfigError(
+            f"minorCompactionInterval ({minor_interval_s}s) must be below majorCompactionInterval "
+            f"({major_interval_s}s) when both compactions are on: shorten the minor one or lengthen the "
+            "major one, or turn one off with its interval <= 0 (docs/operations.md)"
+        )
 
 
 def _validate_ranges(obj: Any) -> None:

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from vellum.errors import DiskFullError, StorageError
-from vellum.storage.dirs import LedgerDirsListener, LedgerDirsManager, current_dir
+from vellum.storage import dirs as dirs_module
+from vellum.storage.dirs import DiskSpace, LedgerDirsListener, LedgerDirsManager, current_dir, disk_space
 from vellum.storage.durable import write_file_durably
+from vellum.testing.loop_fs import LoopFsUnavailable, ext4_loop_mount
 
 A, B = Path("/disks/a"), Path("/disks/b")
 
@@ -181,6 +186,97 @@ def test_background_checker_notices_a_full_dir() -> None:
 def test_real_disk_usage_of_tmp(tmp_path: Path) -> None:
     m = LedgerDirsManager([tmp_path])
     assert 0.0 <= m.usage(tmp_path) <= 1.0
+
+
+def _statvfs(blocks: int, bfree: int, bavail: int, frsize: int = 4096) -> os.statvfs_result:
+    # (bsize, frsize, blocks, bfree, bavail, files, ffree, favail, flag, namemax)
+    return os.statvfs_result((frsize, frsize, blocks, bfree, bavail, 1000, 900, 900, 0, 255))
+
+
+def test_usage_counts_the_blocks_reserved_for_root_as_taken() -> None:
+    # ext4 with 5 % reserved: 1000 blocks, 50 reserved for root. The bookie (not root) can use
+    # 950; it has used 922 of them (97 %): 78 blocks are free, 28 of them usable.
+    st = _statvfs(blocks=1000, bfree=78, bavail=28)
+    space = DiskSpace.from_statvfs(st)
+    assert (space.total, space.usable, space.used) == (1000 * 4096, 28 * 4096, 922 * 4096)
+    assert space.usage == pytest.approx(0.972)  # 1 - usable/total, as BookKeeper measures it
+    # nothing usable left = usage 1.0, whatever root could still write in the reserve
+    assert DiskSpace.from_statvfs(_statvfs(blocks=1000, bfree=50, bavail=0)).usage == 1.0
+    assert DiskSpace.from_statvfs(_statvfs(blocks=0, bfree=0, bavail=0)).usage == 1.0
+
+
+def test_the_disk_checker_measures_with_statvfs_what_the_bookie_can_write(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The default measure of ``LedgerDirsManager`` reads ``statvfs``: at 97 % of what the bookie
+    can write (92.2 % of the blocks, the rest being free or reserved) the dir is full."""
+    figures = {A: _statvfs(blocks=1000, bfree=78, bavail=28), B: _statvfs(blocks=1000, bfree=500, bavail=450)}
+    real_statvfs = os.statvfs
+
+    def statvfs(path: str | Path) -> os.statvfs_result:
+        return figures[Path(path)] if Path(path) in figures else real_statvfs(path)
+
+    monkeypatch.setattr(dirs_module.os, "statvfs", statvfs)
+    m = LedgerDirsManager([A, B])
+    assert m.usage(A) == pytest.approx(0.972)
+    assert m.usage(B) == pytest.approx(0.55)
+    assert m.full_dirs() == [A] and m.writable_dirs() == [B]
+    assert disk_space(A).usable == 28 * 4096
+
+
+@pytest.fixture
+def ext4_reserved_5(tmp_path: Path) -> Iterator[Path]:
+    """A real ext4 filesystem with 5 % of its blocks reserved for root (mkfs.ext4 -m 5),
+    mounted through a loop device; skipped only where this machine cannot mount one."""
+    try:
+        with ext4_loop_mount(tmp_path / "ext4", size_mb=64, reserved_percent=5) as mount:
+            yield mount
+    except LoopFsUnavailable as e:
+        pytest.skip(f"no loop-mounted ext4 here: {e}")
+
+
+def _fill(directory: Path, name: str, nbytes: int) -> None:
+    fd = os.open(directory / name, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        os.posix_fallocate(fd, 0, nbytes)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def test_a_real_ext4_disk_with_reserved_blocks_is_full_before_the_bookie_gets_enospc(
+    ext4_reserved_5: Path,
+) -> None:
+    mount = ext4_reserved_5
+    st = os.statvfs(mount)
+    assert st.f_bfree > st.f_bavail, "mkfs.ext4 -m 5 reserved no blocks"
+    # Fill (as root) until the bookie could use only 3 % of the filesystem any more.
+    _fill(mount, "filler-1", (st.f_bavail - st.f_blocks * 3 // 100) * st.f_frsize)
+    st = os.statvfs(mount)
+    m = LedgerDirsManager([mount])
+    assert m.usage(mount) == pytest.approx(1 - st.f_bavail / st.f_blocks)
+    assert m.usage(mount) > 0.95, m.usage(mount)
+    assert (st.f_blocks - st.f_bfree) / st.f_blocks < 0.95, "used/total would still call this writable"
+    assert m.full_dirs() == [mount]
+    # Take the rest of what a user may write: the bookie's next write fails with ENOSPC, and the
+    # disk checker says 1.0, not the share of blocks in files.
+    for i in range(10):
+        st = os.statvfs(mount)
+        if st.f_bavail == 0:
+            break
+        _fill(mount, f"filler-rest-{i}", st.f_bavail * st.f_frsize)
+    assert os.statvfs(mount).f_bavail == 0
+    m.check()
+    assert m.usage(mount) == 1.0
+    user_dir = mount / "bookie"
+    user_dir.mkdir()
+    os.chmod(user_dir, 0o777)
+    # a user other than root (nobody) writes 1 MiB the way an entry log is written, then fsyncs
+    # (cwd: entered before the switch to that user, who may not traverse pytest's 0700 tmp dirs)
+    as_user = subprocess.run(["dd", "if=/dev/zero", "of=entry.log", "bs=1M", "count=1", "conv=fsync"],
+                             cwd=user_dir, user=65534, env={**os.environ, "LC_ALL": "C"},
+                             capture_output=True, text=True, timeout=60, check=False)
+    assert as_user.returncode != 0 and "No space left on device" in as_user.stderr, as_user
 
 
 def test_write_file_durably_replaces_atomically(tmp_path: Path) -> None:

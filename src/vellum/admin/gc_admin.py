@@ -11,13 +11,13 @@ reads or flips GC-thread state, or measures a dir.
 from __future__ import annotations
 
 import dataclasses
-import shutil
 from dataclasses import dataclass
 from importlib import metadata as package_metadata
 from pathlib import Path
 from typing import Any
 
 from vellum.bookie.bookie import Bookie
+from vellum.storage.dirs import disk_space
 
 
 @dataclass(frozen=True)
@@ -100,20 +100,22 @@ class GcAdmin:
         return out
 
     def disk_usage(self) -> dict[str, Any]:
-        """Per ledger dir: filesystem size, used bytes and usage, GC's view of its state (ok /
-        warn / full), entry logs and their bytes; per journal dir: journal files and bytes; the
-        thresholds when known (else null); the Vellum version of this bookie."""
+        """Per ledger dir: filesystem size, used bytes, bytes the bookie can still write (free:
+        without the blocks reserved for root), usage as the disk checker measures it
+        (``1 - free / total``), GC's view of its state (ok / warn / full), entry logs and their
+        bytes; per journal dir: journal files and bytes; the thresholds when known (else null);
+        the Vellum version of this bookie."""
         dirs: list[dict[str, Any]] = []
         for gc in self._bookie.gc_threads:
             d = Path(gc.storage.ledger_dir)
             try:
-                du = shutil.disk_usage(d)
-                total, used, free = du.total, du.used, du.free
+                space = disk_space(d)
+                total, used, free, usage = space.total, space.used, space.usable, round(space.usage, 4)
             except OSError:
-                total = used = free = 0
+                total, used, free, usage = 0, 0, 0, None
             logs, log_bytes = _files_of(d, ".log")
             dirs.append({"ledgerDir": str(d), "totalBytes": total, "usedBytes": used, "freeBytes": free,
-                         "usage": round(used / total, 4) if total else None, "diskState": gc.disk_state().value,
+                         "usage": usage if total else None, "diskState": gc.disk_state().value,
                          "entryLogs": logs, "entryLogBytes": log_bytes})
         journals: list[dict[str, Any]] = []
         for j in self._bookie.journals:

@@ -8,7 +8,11 @@ Directory layout: every configured journal, ledger and index directory keeps its
 gives the directory the files live in.
 
 Disk checker (BookKeeper's ``LedgerDirsMonitor``):
-- usage = used / total of the filesystem holding the dir;
+- usage = ``1 - usable / total`` of the filesystem holding the dir, as BookKeeper measures it:
+  *usable* is what the bookie's own (unprivileged) user can still write (``statvfs``
+  ``f_bavail``), so blocks the filesystem reserves for root (ext4: 5 % by default) count as
+  used. ``used / total`` would count them as free: such a disk fails writes with ENOSPC at
+  "95 %" and never crosses a 0.95 threshold first;
 - a writable dir whose usage is above ``usage_threshold`` becomes *full*: it takes no new entry
   logs; a full dir becomes writable again only when its usage drops below ``lwm_threshold``
   (hysteresis, ``lwm <= threshold``), so a dir hovering at the threshold does not flap;
@@ -23,7 +27,7 @@ Thread-safe; ``check()`` is callable directly, ``start()``/``stop()`` run it per
 from __future__ import annotations
 
 import logging
-import shutil
+import os
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -35,6 +39,8 @@ log = logging.getLogger(__name__)
 
 CURRENT_DIR = "current"
 
+#: ``(total, unusable)`` bytes of the filesystem holding a dir: its size and what the bookie
+#: can no longer write there (``total - usable``; see ``DiskSpace``)
 DiskUsageFn = Callable[[Path], tuple[int, int]]
 
 
@@ -43,9 +49,47 @@ def current_dir(root: Path | str) -> Path:
     return Path(root) / CURRENT_DIR
 
 
-def _shutil_disk_usage(path: Path) -> tuple[int, int]:
-    usage = shutil.disk_usage(path)
-    return usage.total, usage.used
+@dataclass(frozen=True)
+class DiskSpace:
+    """The space of one filesystem as the disk checker sees it (bytes).
+
+    ``total``: its size (``f_blocks``); ``usable``: what an unprivileged user, the bookie, can
+    still write (``f_bavail``); ``used``: what files take (``f_blocks - f_bfree``). The blocks
+    reserved for root (``f_bfree - f_bavail``) are neither used nor usable: ``usage`` counts
+    them as taken, so a dir reaches usage 1.0 exactly when the bookie's writes fail with ENOSPC.
+    """
+
+    total: int
+    usable: int
+    used: int
+
+    @classmethod
+    def from_statvfs(cls, st: os.statvfs_result) -> DiskSpace:
+        frsize = st.f_frsize or st.f_bsize
+        return cls(total=st.f_blocks * frsize, usable=st.f_bavail * frsize,
+                   used=(st.f_blocks - st.f_bfree) * frsize)
+
+    @property
+    def unusable(self) -> int:
+        """What the bookie cannot write any more: used plus reserved."""
+        return self.total - self.usable
+
+    @property
+    def usage(self) -> float:
+        """``1 - usable / total`` (BookKeeper's definition); 1.0 for a filesystem of no size."""
+        if self.total <= 0:
+            return 1.0
+        return self.unusable / self.total
+
+
+def disk_space(path: Path | str) -> DiskSpace:
+    """``DiskSpace`` of the filesystem holding ``path`` (raises ``OSError``)."""
+    return DiskSpace.from_statvfs(os.statvfs(path))
+
+
+def _statvfs_disk_usage(path: Path) -> tuple[int, int]:
+    space = disk_space(path)
+    return space.total, space.unusable
 
 
 class LedgerDirsListener:
@@ -81,7 +125,7 @@ class LedgerDirsManager:
         usage_threshold: float = 0.95,
         warn_threshold: float = 0.90,
         lwm_threshold: float = 0.95,
-        disk_usage: DiskUsageFn = _shutil_disk_usage,
+        disk_usage: DiskUsageFn = _statvfs_disk_usage,
     ) -> None:
         if not dirs:
             raise ValueError("LedgerDirsManager needs at least one ledger dir")
@@ -117,14 +161,14 @@ class LedgerDirsManager:
 
     def _measure(self, d: Path) -> float:
         try:
-            total, used = self._disk_usage(d)
+            total, unusable = self._disk_usage(d)
         except OSError as e:
             log.error("cannot measure disk usage of ledger dir %s (%s); treating it as full", d, e)
             return 1.0
         if total <= 0:
             log.error("ledger dir %s reports a total size of %d; treating it as full", d, total)
             return 1.0
-        return used / total
+        return unusable / total
 
     def check(self) -> None:
         """Re-measure every dir, update states, then notify listeners of the transitions."""

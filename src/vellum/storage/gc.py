@@ -47,6 +47,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from vellum import stats
+from vellum.config import compaction_enabled, validate_compaction_order
 from vellum.errors import ConfigError, VellumError
 from vellum.format.entrylog import SkippedSpan
 from vellum.storage.compaction import (
@@ -145,11 +146,8 @@ class GcSettings:
                             ("majorCompactionThreshold", self.major_compaction_threshold)):
             if value > 1.0:
                 raise ConfigError(f"{name} ({value}) must not exceed 1.0")
-        if self.minor_enabled and self.major_enabled:
-            if self.minor_compaction_threshold > self.major_compaction_threshold:
-                raise ConfigError("minorCompactionThreshold must not exceed majorCompactionThreshold")
-            if self.minor_compaction_interval_s > self.major_compaction_interval_s:
-                raise ConfigError("minorCompactionInterval must not exceed majorCompactionInterval")
+        validate_compaction_order(self.minor_compaction_interval_s, self.minor_compaction_threshold,
+                                  self.major_compaction_interval_s, self.major_compaction_threshold)
         for name, interval in (("minorCompactionInterval", self.minor_compaction_interval_s),
                                ("majorCompactionInterval", self.major_compaction_interval_s)):
             if 0 < interval * 1000 < self.gc_wait_time_ms:
@@ -158,11 +156,11 @@ class GcSettings:
 
     @property
     def minor_enabled(self) -> bool:
-        return self.minor_compaction_interval_s > 0 and self.minor_compaction_threshold > 0
+        return compaction_enabled(self.minor_compaction_interval_s, self.minor_compaction_threshold)
 
     @property
     def major_enabled(self) -> bool:
-        return self.major_compaction_interval_s > 0 and self.major_compaction_threshold > 0
+        return compaction_enabled(self.major_compaction_interval_s, self.major_compaction_threshold)
 
     @property
     def force_minor_allowed(self) -> bool:
