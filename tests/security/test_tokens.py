@@ -57,7 +57,7 @@ def test_a_token_signed_with_another_key_is_a_bad_signature(secret: Path, tmp_pa
 
 def test_a_token_for_another_audience_is_refused(secret: Path) -> None:
     token = TokenSigner.from_secret_file(secret).issue("alice", audience="some-other-service")
-    with pytest.raises(SecurityError, match="wrong audience 'some-other-service' \\(expected 'vellum'\\)"):
+    with pytest.raises(SecurityError, match=r"wrong audience 'some-other-service' \(expected 'vellum'[;)]"):
         TokenVerifier.from_secret_file(secret).verify(token)
     assert TokenVerifier.from_secret_file(secret).verify(token, audience="some-other-service").subject == "alice"
 
