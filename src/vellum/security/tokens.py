@@ -157,7 +157,7 @@ class TokenSigner(_KeyedAlgorithm):
             raise IncorrectParameterError(f"token lifetime must be > 0 seconds, got {ttl_s}")
         if ttl_s > self.max_lifetime_s:
             raise IncorrectParameterError(
-                f"token lifetime {ttl_s:g}s is over the maximum of {self.max_lifetime_s:g}s that bookies accept "
+                f"token lifetime {ttl_s:.0f}s is over the maximum of {self.max_lifetime_s:.0f}s that bookies accept "
                 "(tokenMaxLifetimeSeconds): issue a shorter one and renew it (clientAuthTokenFile is re-read)"
             )
         issued = now or dt.datetime.now(dt.UTC)
