@@ -459,7 +459,29 @@ class ServerConfig:
     token_public_key_file: str = _opt(
         "tokenPublicKeyFile", "", "RS256/ES256 public key or certificate (PEM file) that verifies tokens"
     )
-    token_audience: str = _opt("tokenAudience", "vellum", "the aud claim tokens must carry")
+    token_audience: str = _opt(
+        "tokenAudience", "vellum",
+        "the aud claim of tokens for the bookie port (tokens issued with `vellum security issue-token --for bookie`)",
+    )
+    http_server_token_audience: str = _opt(
+        "httpServerTokenAudience", "vellum-admin",
+        "the aud claim of tokens for the admin HTTP API (`issue-token --for admin`); must differ from "
+        "tokenAudience, so that a token opens one door only (Vellum's key)",
+    )
+    token_max_lifetime_s: int = _opt(
+        "tokenMaxLifetimeSeconds", 2592000,
+        "longest lifetime (exp - iat, and exp from now) of a token either port accepts; longer ones are "
+        "refused, and `issue-token` refuses to make them (30 days; Vellum's key)",
+        lo=1,
+    )
+    master_key_check: str = _opt(
+        "ledgerMasterKeyCheck", "auto",
+        "check the master key of a ledger this bookie has not seen against the ledger's metadata before "
+        "accepting it (first ADD, fence, explicit LAC): true, false, or auto = true when "
+        "bookieAuthProviderFactoryClass is set. Stops a client from claiming a ledger id before its owner "
+        "(Vellum's key; BookKeeper trusts the first key it sees)",
+        choices=("auto", "true", "false"),
+    )
     # --- admin HTTP security ---
     http_server_tls_enable: bool = _opt(
         "httpServerTlsEnable", False, "serve the admin HTTP API over TLS (https) only"
@@ -481,8 +503,14 @@ class ServerConfig:
     )
     http_server_token_required_for_reads: bool = _opt(
         "httpServerTokenRequiredForReads", False,
-        "with a token key set, read-only admin endpoints need a token too (any role); mutating ones "
-        "always need one with the admin role. /heartbeat stays open",
+        "with a token key set, read-only admin endpoints need a token too (with one of authorizedRoles or "
+        "admin, when authorizedRoles is set); mutating ones always need the admin role. /heartbeat stays open",
+    )
+    http_server_admin_insecure: bool = _opt(
+        "httpServerAdminInsecure", False,
+        "let a bookie whose bookie port requires authentication run an admin HTTP API that anyone who "
+        "reaches it may use to change the bookie (no token key, no admin client certificates). Off: such a "
+        "bookie refuses to start (Vellum's key)",
     )
     # --- metadata store security ---
     zk_enable_security: bool = _opt(
@@ -591,6 +619,25 @@ class ServerConfig:
     @property
     def token_verification_enabled(self) -> bool:
         return bool(self.token_secret_key_file or self.token_public_key_file)
+
+    @property
+    def http_client_certificates(self) -> bool:
+        """Does the admin HTTP API see client certificates (https that requires them)?"""
+        return self.http_server_tls_enable and bool(self.http_server_trust_store_path)
+
+    @property
+    def admin_credential_required(self) -> bool:
+        """Do mutating admin HTTP calls need an admin credential? With a token key, always
+        (as before); and whenever the bookie port requires authentication, unless
+        ``httpServerAdminInsecure``."""
+        return self.token_verification_enabled or (bool(self.auth_providers) and not self.http_server_admin_insecure)
+
+    @property
+    def master_key_check_enabled(self) -> bool:
+        """``ledgerMasterKeyCheck``: auto = on when the bookie port requires authentication."""
+        if self.master_key_check == "auto":
+            return bool(self.auth_providers)
+        return self.master_key_check == "true"
 
     def client_placement_values(self) -> dict[str, Any]:
         """``ClientConfig`` placement keys for this bookie's own clients (AutoRecovery picks
@@ -833,6 +880,18 @@ def _validate_server_auth(cfg: ServerConfig) -> None:
                           "certificate (in it, or httpServerCertificatePath)")
     if cfg.http_server_token_required_for_reads and not cfg.token_verification_enabled:
         raise ConfigError("httpServerTokenRequiredForReads=true needs tokenSecretKeyFile or tokenPublicKeyFile")
+    if cfg.token_audience.strip() == cfg.http_server_token_audience.strip():
+        raise ConfigError(f"tokenAudience and httpServerTokenAudience are both {cfg.token_audience!r}: a token for "
+                          "the bookie port would open the admin HTTP API too; give them different values")
+    if (providers and cfg.http_server_enabled and not cfg.http_server_admin_insecure
+            and not cfg.token_verification_enabled and not cfg.http_client_certificates):
+        raise ConfigError(
+            f"bookieAuthProviderFactoryClass={','.join(providers)} requires authentication on the bookie port, but "
+            "nothing would authenticate admin HTTP calls: anyone reaching httpServerPort could trigger GC, switch "
+            "the bookie read-only or decommission it. Set tokenSecretKeyFile or tokenPublicKeyFile (admin tokens), "
+            "or httpServerTlsEnable=true with httpServerTrustStorePath (client certificates with the admin role), "
+            "or httpServerEnabled=false; to run it open on purpose, set httpServerAdminInsecure=true"
+        )
 
 
 def _validate_zk_security(obj: Any) -> None:

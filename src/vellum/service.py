@@ -16,6 +16,7 @@ the server, then the clean storage shutdown (final checkpoint, unclean-shutdown 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import signal
@@ -34,8 +35,9 @@ from vellum.bookie.metrics import process_bookie_metrics
 from vellum.client.bookkeeper import BookKeeper
 from vellum.client.metadata_security import open_configured_store
 from vellum.config import ClientConfig, ServerConfig, build_config
-from vellum.errors import CookieError, MetaStoreError
+from vellum.errors import CookieError, MetaStoreError, NoSuchLedgerError
 from vellum.format.cookie import Cookie
+from vellum.format.entry import master_key
 from vellum.http.admin_http import AdminHttpServer, HttpSecurity
 from vellum.http.autorecovery_routes import autorecovery_routes
 from vellum.http.gc_routes import gc_routes
@@ -85,10 +87,27 @@ def server_tls(config: ServerConfig) -> ReloadingContext | None:
 def token_verifier(config: ServerConfig) -> TokenVerifier | None:
     """The key that verifies tokens (bookie port AUTH, admin HTTP), or ``None`` if none is set."""
     if config.token_secret_key_file:
-        return TokenVerifier.from_secret_file(config.token_secret_key_file)
+        return TokenVerifier.from_secret_file(config.token_secret_key_file, max_lifetime_s=config.token_max_lifetime_s)
     if config.token_public_key_file:
-        return TokenVerifier.from_public_key_file(config.token_public_key_file)
+        return TokenVerifier.from_public_key_file(config.token_public_key_file,
+                                                  max_lifetime_s=config.token_max_lifetime_s)
     return None
+
+
+def http_security(config: ServerConfig, verifier: TokenVerifier | None) -> HttpSecurity:
+    """Who may call the admin HTTP API: admin tokens (``httpServerTokenAudience``) and, over
+    https requiring client certificates, the certificates; an admin credential for every change
+    whenever the bookie port requires authentication (unless ``httpServerAdminInsecure``, which
+    the config only accepts said on purpose) or a token key is set."""
+    if config.auth_providers and not config.admin_credential_required:
+        log.warning("httpServerAdminInsecure=true: the admin HTTP API on %s:%d lets anyone who reaches it change "
+                    "this bookie (GC, read-only, decommission), although its bookie port requires authentication",
+                    config.http_server_host, config.http_server_port)
+    return HttpSecurity(verifier=verifier, audience=config.http_server_token_audience,
+                        tokens_for_reads=config.http_server_token_required_for_reads,
+                        admin_required=config.admin_credential_required,
+                        certificates=config.http_client_certificates,
+                        authorized_roles=config.authorized_roles)
 
 
 def server_auth(config: ServerConfig, verifier: TokenVerifier | None) -> BookieAuthenticator | None:
@@ -187,6 +206,7 @@ class BookieService:
             open_bookie, cfg, bookie_id=self.bookie_id, instance_id=instance_id, progress=log.info,
             ledger_lister=MetadataLedgerLister(store.ledgers), store_cookie=store_cookie,
             metrics=process_bookie_metrics(),  # the registry the admin HTTP server exports
+            master_key_check=MetadataMasterKeys(store.ledgers).matches if cfg.master_key_check_enabled else None,
         )
         await asyncio.to_thread(self._check_store_cookie, self.opened.cookie, stored, store_cookie)
         if self.opened.integrity_check_needed is not None:
@@ -224,8 +244,7 @@ class BookieService:
                                                    cfg.disk_usage_lwm_threshold)))
                 + autorecovery_routes(store, self.metadata_uri, AutoRecoverySettings.from_config(cfg),
                                       bookie_client_config(cfg, "the bookie's admin HTTP client")),
-                security=HttpSecurity(verifier=verifier, audience=cfg.token_audience,
-                                      tokens_for_reads=cfg.http_server_token_required_for_reads),
+                security=http_security(cfg, verifier),
                 ssl_context=http_tls(cfg),
             )
             await self.http.start()
@@ -362,6 +381,23 @@ class MetadataLedgerLister:
 
     def ledger_exists(self, ledger_id: int) -> bool:
         return self._ledgers.ledger_exists(LedgerId(ledger_id))
+
+
+class MetadataMasterKeys:
+    """The bookie's check of a new ledger's master key (``Bookie``'s ``master_key_check``,
+    ``ledgerMasterKeyCheck``): the ledger's metadata must exist and its password must give the
+    key (``SHA1("ledger" + password)``; an empty password too). A store that cannot answer
+    raises (the bookie refuses that request as retryable, never sets the key unchecked)."""
+
+    def __init__(self, ledgers: LedgerManager) -> None:
+        self._ledgers = ledgers
+
+    def matches(self, ledger_id: int, key: bytes) -> bool:
+        try:
+            metadata = self._ledgers.read_ledger(LedgerId(ledger_id)).value
+        except NoSuchLedgerError:
+            return False
+        return hmac.compare_digest(master_key(metadata.password), bytes(key))
 
 
 def run_bookie(config: ServerConfig, *, metadata_uri: str | None = None) -> int:

@@ -130,7 +130,7 @@ class StandaloneSecurity:
                                       d / "client" / pki.CA_CERT_FILE)
         admin_token = d / "admin.token"
         token = tokens.TokenSigner.from_secret_file(d / "token-secret").issue(
-            "standalone-admin", ["admin"], ttl_s=ADMIN_TOKEN_TTL_S)
+            "standalone-admin", ["admin"], ttl_s=ADMIN_TOKEN_TTL_S, audience=tokens.ADMIN_AUDIENCE)
         pki.write_file_atomic(admin_token, token.encode() + b"\n", mode=0o600)
         sec = cls(d, ca_dir / pki.CA_CERT_FILE, bookie, client, d / "token-secret", admin_token, d / "client.conf")
         values = {"metadataServiceUri": metadata_uri, **sec.client_keys()}

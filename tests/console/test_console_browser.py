@@ -100,7 +100,8 @@ class Env:
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     base = tmp_path_factory.mktemp("console")
     secret = tokens.write_secret_file(base / "token-secret")
-    token = tokens.TokenSigner.from_secret_file(secret).issue("console-test", ["admin"], ttl_s=3600)
+    token = tokens.TokenSigner.from_secret_file(secret).issue("console-test", ["admin"], ttl_s=3600,
+                                                                audience=tokens.ADMIN_AUDIENCE)
     conf = {"entryLogPerLedgerEnabled": "true", "tokenSecretKeyFile": str(secret), "flushInterval": "500"}
     with LocalCluster(base / "cluster", bookies=3, bookie_conf=conf) as cluster:
         e = Env(cluster, ConsoleThread(ConsoleSettings(cluster.metadata_uri, admin_token=token, refresh_s=REFRESH_S,

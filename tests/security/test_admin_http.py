@@ -26,7 +26,7 @@ from vellum.errors import ConfigError
 from vellum.http.admin_http import AdminHttpServer, HttpSecurity, redact
 from vellum.security import tokens
 from vellum.security.tls import ReloadingContext, TlsSettings
-from vellum.security.tokens import TokenSigner, TokenVerifier
+from vellum.security.tokens import ADMIN_AUDIENCE, BOOKIE_AUDIENCE, TokenSigner, TokenVerifier
 from vellum.service import http_tls
 
 HTTP_LOG = "vellum.http.admin_http"
@@ -75,8 +75,8 @@ async def serve(security: HttpSecurity, ssl_context: ssl.SSLContext | None = Non
 
 def test_mutating_calls_need_an_admin_token(secret: Path, caplog: pytest.LogCaptureFixture) -> None:
     signer = TokenSigner.from_secret_file(secret)
-    admin_token = signer.issue("ops", ["admin"])
-    client_token = signer.issue("app", ["client"])
+    admin_token = signer.issue("ops", ["admin"], audience=ADMIN_AUDIENCE)
+    client_token = signer.issue("app", ["client"], audience=ADMIN_AUDIENCE)
 
     async def extra_put(_r: web.Request) -> web.Response:
         return web.json_response({"triggered": True})
@@ -91,7 +91,7 @@ def test_mutating_calls_need_an_admin_token(secret: Path, caplog: pytest.LogCapt
                 assert status == 401 and "needs a token with the admin role" in body["error"]
                 status, body = await call(s, "PUT", url + "/api/v1/bookie/state/readonly", client_token,
                                           {"readOnly": True})
-                assert status == 403 and "principal 'app' (roles ['client']) lacks the admin role" in body["error"]
+                assert status == 403 and "principal 'app' (token, roles ['client']) lacks the admin role" in body["error"]
                 status, body = await call(s, "PUT", url + "/api/v1/bookie/state/readonly", "garbage",
                                           {"readOnly": True})
                 assert status == 401 and "token refused: malformed" in body["error"]
@@ -115,7 +115,7 @@ def test_mutating_calls_need_an_admin_token(secret: Path, caplog: pytest.LogCapt
 
 
 def test_reads_can_require_a_token_too(secret: Path) -> None:
-    token = TokenSigner.from_secret_file(secret).issue("app", ["client"])
+    token = TokenSigner.from_secret_file(secret).issue("app", ["client"], audience=ADMIN_AUDIENCE)
 
     async def main() -> None:
         server, _ = await serve(HttpSecurity(verifier=TokenVerifier.from_secret_file(secret), tokens_for_reads=True))
@@ -127,6 +127,62 @@ def test_reads_can_require_a_token_too(secret: Path) -> None:
                 assert (await call(s, "GET", url + "/api/v1/bookie/state", token))[0] == 200
                 assert (await call(s, "GET", url + "/metrics"))[0] == 401
                 assert (await call(s, "GET", url + "/heartbeat"))[0] == 200
+        finally:
+            await server.stop()
+
+    run(main())
+
+
+def test_reads_needing_a_credential_apply_authorized_roles(secret: Path) -> None:
+    signer = TokenSigner.from_secret_file(secret)
+    guest, client, admin = (signer.issue(n, [n], audience=ADMIN_AUDIENCE) for n in ("guest", "client", "admin"))
+
+    async def main() -> None:
+        server, _ = await serve(HttpSecurity(verifier=TokenVerifier.from_secret_file(secret), tokens_for_reads=True,
+                                             authorized_roles=("client", "bookie")))
+        url = f"http://127.0.0.1:{server.port}/api/v1/bookie/state"
+        try:
+            async with aiohttp.ClientSession() as s:
+                status, body = await call(s, "GET", url, guest)
+                assert status == 403 and "has none of the authorized roles ['client', 'bookie']" in body["error"]
+                assert (await call(s, "GET", url, client))[0] == 200
+                assert (await call(s, "GET", url, admin))[0] == 200
+        finally:
+            await server.stop()
+
+    run(main())
+
+
+def test_a_bookie_port_token_does_not_open_admin_http(secret: Path) -> None:
+    bookie_token = TokenSigner.from_secret_file(secret).issue("ops", ["admin"], audience=BOOKIE_AUDIENCE)
+
+    async def main() -> None:
+        server, admin = await serve(HttpSecurity(verifier=TokenVerifier.from_secret_file(secret)))
+        try:
+            async with aiohttp.ClientSession() as s:
+                status, body = await call(s, "PUT", f"http://127.0.0.1:{server.port}/api/v1/bookie/state/readonly",
+                                          bookie_token, {"readOnly": True})
+                assert status == 401 and "wrong audience 'vellum' (expected 'vellum-admin'" in body["error"]
+                assert not admin.read_only
+        finally:
+            await server.stop()
+
+    run(main())
+
+
+def test_an_admin_client_certificate_is_an_admin_credential_over_https(pki_set: Pki) -> None:
+    async def main() -> None:
+        server, admin = await serve(HttpSecurity(admin_required=True, certificates=True),
+                                    http_tls(https_config(pki_set, mutual=True)))
+        url = f"https://127.0.0.1:{server.port}/api/v1/bookie/state/readonly"
+        try:
+            async with aiohttp.ClientSession() as s:
+                status, body = await call(s, "PUT", url, body={"readOnly": True}, ssl=client_ssl(pki_set, pki_set.client))
+                assert status == 403 and "principal 'alice' (certificate, roles ['client']) lacks the admin role" in \
+                    body["error"]
+                assert not admin.read_only
+                status, body = await call(s, "PUT", url, body={"readOnly": True}, ssl=client_ssl(pki_set, pki_set.admin))
+                assert status == 200 and admin.read_only
         finally:
             await server.stop()
 

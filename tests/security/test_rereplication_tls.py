@@ -2,6 +2,9 @@
 certificate and ``authorizedRoles=client,bookie``, AutoRecovery in the bookies. A bookie is
 lost with its disks; the replication workers copy its fragments to the others over TLS with the
 bookies' own certificates (role ``bookie``), and every entry reads back from its new write set.
+Authentication is on, so each bookie checks the master key of a ledger it has not seen against
+the ledger's metadata (``ledgerMasterKeyCheck=auto``): the re-replicated fragments land on
+bookies that never held the ledger, with the key the ledger's password gives.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from vellum.autorecovery.fragments import bookies_of
 from vellum.client.bookkeeper import BookKeeper
 from vellum.config import TLS_CONTEXT_FACTORY, ClientConfig
 from vellum.meta import open_metadata_store
+from vellum.security import tokens
 from vellum.testing.local_cluster import LocalCluster
 
 
@@ -27,6 +31,8 @@ def test_lost_fragments_are_copied_over_tls_with_the_bookie_certificate(tmp_path
         "tlsCertificatePath": str(p.bookie.cert), "tlsTrustStore": str(p.ca.cert),
         "tlsClientAuthentication": "true", "bookieAuthProviderFactoryClass": "tls",
         "authorizedRoles": "client,bookie",
+        # the admin HTTP API needs a way to authenticate admins (tokens) when the bookie port needs one
+        "tokenSecretKeyFile": str(tokens.write_secret_file(tmp_path / "token-secret")),
         "autoRecoveryDaemonEnabled": "true", "lostBookieRecoveryDelay": "0", "auditorPeriodicBookieCheckInterval": "1",
         "openLedgerRereplicationGracePeriod": "1000", "rwRereplicateBackoffMs": "500",
     }

@@ -34,7 +34,7 @@ from vellum.config import TLS_CONTEXT_FACTORY, ClientConfig
 from vellum.errors import NoSuchLedgerError, SecurityError, VellumError
 from vellum.security import tokens
 from vellum.security.pki import CertificateFiles
-from vellum.security.tokens import TokenSigner
+from vellum.security.tokens import ADMIN_AUDIENCE, TokenSigner
 from vellum.testing.local_cluster import LocalCluster
 
 PASSWORD = b"top-secret-ledger-password"
@@ -179,9 +179,11 @@ def https(secured: Secured, method: str, path: str, token: str | None = None, bo
 def test_admin_http_needs_an_admin_token_to_change_anything(secured: Secured) -> None:
     status, body = https(secured, "PUT", "/api/v1/bookie/gc")
     assert status == 401 and "needs a token with the admin role" in body["error"]
-    status, body = https(secured, "PUT", "/api/v1/bookie/gc", secured.signer.issue("app", ["client"]))
+    status, body = https(secured, "PUT", "/api/v1/bookie/gc", secured.signer.issue("app", ["client"],
+                                                                                   audience=ADMIN_AUDIENCE))
     assert status == 403 and "lacks the admin role" in body["error"]
-    status, body = https(secured, "PUT", "/api/v1/bookie/gc", secured.signer.issue("ops", ["admin"]))
+    status, body = https(secured, "PUT", "/api/v1/bookie/gc", secured.signer.issue("ops", ["admin"],
+                                                                                   audience=ADMIN_AUDIENCE))
     assert status == 200 and "Triggered GC" in str(body)
     assert https(secured, "GET", "/api/v1/bookie/state")[0] == 200  # reads stay open by default
     secured.wait_for_log("admin HTTP PUT /api/v1/bookie/gc from 127.0.0.1 refused")
@@ -222,8 +224,8 @@ def test_the_gc_tools_reach_a_secured_bookie_with_a_ca_file_and_an_admin_token(
     url = "https://127.0.0.1:" + secured.cluster.http_url(0).rsplit(":", 1)[1]
     ca = str(secured.pki.ca.cert)
     admin, app = tmp_path / "admin.jwt", tmp_path / "app.jwt"
-    admin.write_text(secured.signer.issue("ops", ["admin"]) + "\n")
-    app.write_text(secured.signer.issue("app", ["client"]))
+    admin.write_text(secured.signer.issue("ops", ["admin"], audience=ADMIN_AUDIENCE) + "\n")
+    app.write_text(secured.signer.issue("app", ["client"], audience=ADMIN_AUDIENCE))
 
     def shell(*args: str) -> tuple[int, str]:
         r = CliRunner().invoke(cli, ["shell", *args], env={"VELLUM_ADMIN_TOKEN_FILE": None,

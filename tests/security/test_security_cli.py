@@ -7,6 +7,7 @@ from __future__ import annotations
 import stat
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from vellum.cli.main import cli
@@ -58,3 +59,32 @@ def test_create_ca_then_issue_certificates_and_a_token(tmp_path: Path) -> None:
     assert (claims.subject, claims.roles) == ("spark-job", ("client",))
     r = run(cli, ["security", "issue-token", "--subject", "x"])
     assert r.exit_code != 0 and "exactly one of --secret-file" in r.output
+
+
+def test_issue_token_names_the_door_and_refuses_an_overlong_lifetime(tmp_path: Path) -> None:
+    from vellum.errors import IncorrectParameterError, SecurityError
+    from vellum.security.tokens import ADMIN_AUDIENCE, BOOKIE_AUDIENCE
+
+    secret = str(tmp_path / "token.secret")
+    assert CliRunner().invoke(cli, ["security", "create-secret", "--out", secret]).exit_code == 0
+    verifier = TokenVerifier.from_secret_file(secret)
+
+    def issue(*args: str) -> tuple[int, str, str, BaseException | None]:
+        r = CliRunner().invoke(cli, ["security", "issue-token", "--secret-file", secret, "--subject", "s", *args])
+        return r.exit_code, r.stdout.strip(), r.stderr, r.exception
+
+    code, token, said, _ = issue("--role", "admin")  # admin role: for admin HTTP unless told
+    assert code == 0 and "(the admin HTTP API)" in said
+    assert verifier.verify(token, audience=ADMIN_AUDIENCE).roles == ("admin",)
+    with pytest.raises(SecurityError, match="wrong audience 'vellum-admin'"):
+        verifier.verify(token, audience=BOOKIE_AUDIENCE)
+    code, token, said, _ = issue("--role", "admin", "--for", "bookie")
+    assert code == 0 and "(the bookie port)" in said and verifier.verify(token, audience=BOOKIE_AUDIENCE)
+    code, token, _, _ = issue("--role", "client")
+    assert code == 0 and verifier.verify(token, audience=BOOKIE_AUDIENCE).roles == ("client",)
+    code, _, _, exc = issue("--role", "admin", "--ttl", "36500d")  # a 100-year admin token
+    assert code != 0 and isinstance(exc, IncorrectParameterError) and "tokenMaxLifetimeSeconds" in str(exc)
+    code, token, _, _ = issue("--role", "client", "--ttl", "60d", "--max-lifetime", "90d")
+    assert code == 0
+    with pytest.raises(SecurityError, match="over the maximum of 2592000s"):
+        verifier.verify(token, audience=BOOKIE_AUDIENCE)  # a bookie keeping the default refuses it

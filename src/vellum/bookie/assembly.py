@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vellum.bookie.bookie import Bookie
+from vellum.bookie.bookie import Bookie, MasterKeyCheck
 from vellum.bookie.metrics import BookieMetrics, process_bookie_metrics
 from vellum.bookie.routing import LedgerRouter
 from vellum.config import ServerConfig
@@ -123,6 +123,7 @@ def open_bookie(
     gc_step_hook: Callable[[str], None] | None = None,
     store_cookie: Cookie | None = None,
     metrics: BookieMetrics | None = None,
+    master_key_check: MasterKeyCheck | None = None,
 ) -> OpenedBookie:
     """Lock the dirs, check cookies, open storage, replay journals from ``lastMark``, start.
 
@@ -131,7 +132,9 @@ def open_bookie(
     deleted locally. ``gc_step_hook`` is called at each compaction step (crash tests).
     ``store_cookie`` is the metadata store's copy of this bookie's cookie: with it, a bookie
     whose every disk lost its cookie refuses to start (design rule 6). ``metrics`` exports the
-    bookie's counts (default: the process's, on the registry the admin HTTP server exports)."""
+    bookie's counts (default: the process's, on the registry the admin HTTP server exports).
+    ``master_key_check`` checks the master key of a ledger the bookie has not seen against the
+    ledger's metadata before it is set (``Bookie``; the composition root adapts ``meta``)."""
     say = progress or (lambda _msg: None)
     journal_dirs = [Path(d) for d in config.journal_directories]
     ledger_dirs = [Path(d) for d in config.ledger_directories]
@@ -226,6 +229,7 @@ def open_bookie(
             read_only_mode_enabled=config.read_only_mode_enabled,
             force_read_only=config.force_read_only_bookie,
             gc_threads=gc_threads,
+            master_key_check=master_key_check,
         )
         dirs.add_listener(_DirsListener(bookie))
         dirs.add_listener(_EntryLogRotationOnFullDir(storages))

@@ -10,7 +10,14 @@ Invariants (design.md rules 1, 3, 4, 7):
 - an add is acknowledged (its callback called without error) only after the journal fsync that
   covers it; the entry is put in the write cache before it is journaled, so a checkpoint mark
   taken after the journal write never skips it;
-- the master key of a ledger is fixed by its first add or fence; a different key is refused;
+- the master key of a ledger is fixed by its first add, fence or explicit LAC; a different key
+  is refused (compared in constant time). With a ``master_key_check`` (the composition root's
+  view of the ledger metadata) a ledger this bookie has not seen gets a key only if its
+  metadata exists and its password gives that key: a client cannot claim a ledger id before
+  its owner. A refused key is never stored; a check that cannot be made (metadata store
+  unreachable) refuses that request with a retryable error (back-pressure) and stores nothing.
+  The check runs once per ledger per bookie process (a metadata read); afterwards the key is
+  known (cached, and persisted by ledger storage and the journal);
 - a fence is acknowledged only after the fence record is durable in the journal; once fenced,
   normal adds are refused (recovery adds are still accepted);
 - a read-only bookie refuses normal adds but serves reads, fences and recovery adds;
@@ -26,10 +33,12 @@ Building a bookie from its configuration (dirs, cookies, replay, threads) is
 
 from __future__ import annotations
 
+import hmac
 import logging
 import shutil
 import struct
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +51,7 @@ from vellum.errors import (
     LedgerFencedError,
     NoSuchEntryError,
     NoSuchLedgerError,
+    OperationRejectedError,
     UnauthorizedAccessError,
     UnknownLedgerStateError,
     WriteOnReadOnlyBookieError,
@@ -58,6 +68,11 @@ from vellum.storage.ledger_storage import LedgerStorage
 log = logging.getLogger(__name__)
 
 Callback = Callable[[BaseException | None], None]
+#: ``check(ledger_id, master_key)``: does the ledger's metadata exist and give this master key?
+#: Raises when it cannot tell (metadata store unreachable). Injected: the bookie never imports meta/.
+MasterKeyCheck = Callable[[int, bytes], bool]
+#: at most one "cannot check a master key" warning per this many seconds
+_CHECK_WARN_INTERVAL_S = 10.0
 _IDS = struct.Struct(">qqq")  # ledgerId, entryId, lac: the first 24 bytes of a stored entry
 
 
@@ -150,6 +165,7 @@ class Bookie:
         force_read_only: bool = False,
         gc_threads: Sequence[GarbageCollectorThread] = (),
         router: LedgerRouter | None = None,
+        master_key_check: MasterKeyCheck | None = None,
     ) -> None:
         if not journals or not storages:
             raise IncorrectParameterError("a bookie needs at least one journal and one ledger storage")
@@ -163,6 +179,8 @@ class Bookie:
         self._disk_read_only = False
         self._key_lock = threading.Lock()
         self._ledger_state: dict[int, _LedgerState] = {}
+        self._master_key_check = master_key_check
+        self._check_warned_at = float("-inf")
         self._lacs = _LacWaiters()
         #: ledgers whose data this bookie may have lost (rule 12), from the storages' flags
         self.limbo = LimboLedgers(self._router, self._storages)
@@ -225,25 +243,72 @@ class Bookie:
     # --------------------------------------------------------------------------------------- add
     def _ledger(self, ledger_id: int, master_key: bytes) -> _LedgerState:
         """The ledger's cached state after checking its master key. A ledger this bookie has
-        not seen is created with that key, and the key is journaled, queued before anything
-        else of the ledger so that replay always meets the key first."""
+        not seen is created with that key (once ``master_key_check`` accepts it), and the key
+        is journaled, queued before anything else of the ledger so that replay always meets
+        the key first."""
         state = self._ledger_state.get(ledger_id)
         if state is None:
-            with self._key_lock:
-                state = self._ledger_state.get(ledger_id)
-                if state is None:
-                    storage = self._storage(ledger_id)
-                    stored = storage.get_master_key(ledger_id)
-                    if stored is None:
-                        self._router.storage_for_write(ledger_id).set_master_key(ledger_id, master_key)
-                        storage = self._storage(ledger_id)
-                        self._journal(ledger_id).log_master_key(ledger_id, master_key, _ignore_ok)
-                        stored = master_key
-                    state = _LedgerState(stored, storage.is_fenced(ledger_id))
-                    self._ledger_state[ledger_id] = state
-        if state.master_key != master_key:
+            state = self._load_ledger(ledger_id, master_key)
+        if not hmac.compare_digest(state.master_key, master_key):
             raise UnauthorizedAccessError(f"wrong master key for ledger {ledger_id}")
         return state
+
+    def needs_key_check(self, ledger_id: int) -> bool:
+        """Could a request for this ledger cost a metadata read (``master_key_check`` of a
+        ledger not known in memory)? ``AsyncBookie`` then keeps it off the event loop."""
+        return self._master_key_check is not None and ledger_id not in self._ledger_state
+
+    def _load_ledger(self, ledger_id: int, master_key: bytes) -> _LedgerState:
+        with self._key_lock:
+            state = self._known_ledger(ledger_id, master_key, checked=self._master_key_check is None)
+        if state is not None:
+            return state
+        # A ledger this bookie has never seen: the key must be its owner's. The metadata read
+        # happens outside the lock (other ledgers' first requests do not wait for it).
+        self._check_new_key(ledger_id, master_key)
+        with self._key_lock:
+            state = self._known_ledger(ledger_id, master_key, checked=True)
+        assert state is not None
+        return state
+
+    def _known_ledger(self, ledger_id: int, master_key: bytes, *, checked: bool) -> _LedgerState | None:
+        """Under ``_key_lock``: the ledger's state from the cache or its storage; if it has
+        none, set ``master_key`` when ``checked``, else None. Raises LedgerFencedError for a
+        deleted ledger (its tombstone)."""
+        state = self._ledger_state.get(ledger_id)
+        if state is not None:
+            return state
+        stored = self._storage(ledger_id).get_master_key(ledger_id)
+        if stored is None:
+            if not checked:
+                return None
+            self._router.storage_for_write(ledger_id).set_master_key(ledger_id, master_key)
+            self._journal(ledger_id).log_master_key(ledger_id, master_key, _ignore_ok)
+            stored = master_key
+        state = _LedgerState(stored, self._storage(ledger_id).is_fenced(ledger_id))
+        self._ledger_state[ledger_id] = state
+        return state
+
+    def _check_new_key(self, ledger_id: int, master_key: bytes) -> None:
+        """Raise unless ``master_key_check`` says the ledger's metadata gives ``master_key``."""
+        assert self._master_key_check is not None
+        try:
+            accepted = self._master_key_check(ledger_id, master_key)
+        except Exception as e:
+            now = time.monotonic()
+            if now - self._check_warned_at >= _CHECK_WARN_INTERVAL_S:
+                self._check_warned_at = now
+                log.warning("cannot check the master key of ledger %d against its metadata (%s): its first "
+                            "requests here are refused as retryable until the metadata store answers", ledger_id, e)
+            raise OperationRejectedError(
+                f"cannot check the master key of ledger {ledger_id} against its metadata now ({type(e).__name__}); "
+                "retry"
+            ) from None
+        if not accepted:
+            raise UnauthorizedAccessError(
+                f"master key refused for ledger {ledger_id}: its metadata does not exist or its password does not "
+                "give this key (ledgerMasterKeyCheck)"
+            )
 
     def _check(self, entry: BytesLike, master_key: bytes, recovery: bool) -> tuple[int, int, int]:
         """The checks of an add (nothing stored): returns (ledger id, entry id, lac); raises
@@ -305,6 +370,7 @@ class Bookie:
         read_only = self._forced_read_only or self._disk_read_only
         states = self._ledger_state
         unpack = _IDS.unpack_from
+        compare_digest = hmac.compare_digest
         checked: list[tuple[int, int, int, BytesLike]] = []  # (index, ledger id, lac, entry)
         for i, (entry, master_key, recovery) in enumerate(adds):
             # Fast path: a known ledger, the right key, writable, not fenced; anything else
@@ -312,7 +378,8 @@ class Bookie:
             if len(entry) >= 32:
                 ledger_id, entry_id, lac = unpack(entry)
                 state = states.get(ledger_id)
-                if (state is not None and ledger_id >= 0 and entry_id >= 0 and state.master_key == master_key
+                if (state is not None and ledger_id >= 0 and entry_id >= 0
+                        and compare_digest(state.master_key, master_key)
                         and (recovery or not (read_only or state.fenced))):
                     checked.append((i, ledger_id, lac, entry))
                     continue

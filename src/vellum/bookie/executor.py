@@ -9,7 +9,9 @@ server's only view of it.
 Invariants: callbacks handed to ``LoopBridge.call`` run on the loop thread, in the order they
 were handed over; ``AsyncBookie`` never blocks the loop on the disk or on back-pressure (what
 may wait runs on the add thread or the reader pool; on the loop run only in-memory answers and
-the adds that need no waiting: known ledgers, room in the write cache and the journal queue).
+the adds that need no waiting: known ledgers, room in the write cache and the journal queue;
+a ledger's first request that must have its master key checked against the metadata runs on
+the add thread or a reader thread).
 """
 
 from __future__ import annotations
@@ -187,11 +189,24 @@ class AsyncBookie:
         return True
 
     def fence_cb(self, ledger_id: int, master_key: bytes, done: Callable[[BaseException | None], None]) -> None:
+        """Fence the ledger; ``done(error or None)`` on the loop once the fence is durable. A
+        ledger whose key must first be checked against its metadata (``needs_key_check``) is
+        fenced on a reader thread: that check reads the metadata store."""
         bridge = self.bridge
+        if self._bookie.needs_key_check(ledger_id):
+            self._reads.submit(self._fence_off_loop, ledger_id, master_key, done)
+            return
         try:
             self._bookie.fence_ledger(ledger_id, master_key, lambda exc: bridge.call(done, exc))
         except Exception as exc:
             done(exc)
+
+    def _fence_off_loop(self, ledger_id: int, master_key: bytes, done: Callable[[BaseException | None], None]) -> None:
+        bridge = self.bridge
+        try:
+            self._bookie.fence_ledger(ledger_id, master_key, lambda exc: bridge.call(done, exc))
+        except Exception as exc:
+            bridge.call(done, exc)
 
     # Future style.
     def _future_cb(self) -> tuple[asyncio.Future[None], Callable[[BaseException | None], None]]:
@@ -213,10 +228,19 @@ class AsyncBookie:
         await fut
 
     async def write_explicit_lac(self, ledger_id: int, master_key: bytes, lac: int, body: bytes) -> None:
+        """Write the explicit LAC; on a reader thread when the ledger's key must first be checked
+        against its metadata (``needs_key_check``)."""
         fut, done = self._future_cb()
         bridge = self.bridge
-        try:
+
+        def write() -> None:
             self._bookie.write_explicit_lac(ledger_id, master_key, lac, body, lambda e: bridge.call(done, e))
+
+        try:
+            if self._bookie.needs_key_check(ledger_id):
+                await self._loop.run_in_executor(self._reads, write)
+            else:
+                write()
         except Exception as exc:
             done(exc)
         await fut

@@ -7,9 +7,13 @@ Commands (each prints the files it wrote and the configuration that uses them):
   --out DIR``: a certificate for principal ``N`` (CN) with the role in its OU
   (BookKeeper's ``0:<role>`` convention), its key (0600) and a copy of the CA certificate;
 * ``create-secret --out F``: a random HS256 secret for tokens (0600);
-* ``issue-token (--secret-file F | --key-file K) --subject S --role R [--ttl 1h]``: a signed
-  token; only the token goes to stdout (so ``TOKEN=$(vellum security issue-token ...)`` works),
-  everything else to stderr.
+* ``issue-token (--secret-file F | --key-file K) --subject S --role R [--ttl 1h]
+  [--for bookie|admin]``: a signed token for one door: the bookie port (audience ``vellum``,
+  ``tokenAudience``) or the admin HTTP API (``vellum-admin``, ``httpServerTokenAudience``);
+  without ``--for``, a token with the ``admin`` role is for admin HTTP, any other for the bookie
+  port. ``--ttl`` may not exceed ``--max-lifetime`` (default: the bookies' default
+  ``tokenMaxLifetimeSeconds``, 30 days). Only the token goes to stdout (so
+  ``TOKEN=$(vellum security issue-token ...)`` works), everything else to stderr.
 
 Certificates and tokens are made by ``vellum.security`` (``pki``, ``tokens``); this module
 only parses options and prints.
@@ -115,12 +119,15 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 _UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
-def parse_duration_s(text: str) -> float:
+def parse_duration_s(text: str, option: str = "--ttl") -> float:
     """``"90"`` / ``"90s"`` / ``"30m"`` / ``"12h"`` / ``"7d"`` in seconds."""
     match = _DURATION.match(text.lower())
     if not match or float(match.group(1)) <= 0:
-        raise IncorrectParameterError(f"--ttl {text!r}: a positive duration such as 3600, 30m, 12h or 7d")
+        raise IncorrectParameterError(f"{option} {text!r}: a positive duration such as 3600, 30m, 12h or 7d")
     return float(match.group(1)) * _UNIT_S[match.group(2)]
+
+
+_FOR = {"bookie": tokens.BOOKIE_AUDIENCE, "admin": tokens.ADMIN_AUDIENCE}
 
 
 @security.command("issue-token")
@@ -130,16 +137,29 @@ def parse_duration_s(text: str) -> float:
 @click.option("--subject", required=True, help="the principal the token names (sub)")
 @click.option("--role", "roles", multiple=True, help="a role the token carries (repeat)")
 @click.option("--ttl", default="1h", show_default=True, help="lifetime: seconds, or with s/m/h/d")
-@click.option("--audience", default=tokens.DEFAULT_AUDIENCE, show_default=True)
+@click.option("--for", "door", type=click.Choice(sorted(_FOR)), default=None,
+              help="the port it opens: bookie (tokenAudience) or admin HTTP (httpServerTokenAudience); "
+                   "default: admin if --role admin is given, else bookie")
+@click.option("--audience", default=None, help="an explicit aud claim (instead of --for), for a cluster that set "
+                                               "tokenAudience / httpServerTokenAudience")
+@click.option("--max-lifetime", default=None,
+              help="the bookies' tokenMaxLifetimeSeconds if raised (seconds, or with s/m/h/d); default 30d")
 def issue_token(secret_file: str | None, key_file: str | None, subject: str, roles: tuple[str, ...], ttl: str,
-                audience: str) -> None:
+                door: str | None, audience: str | None, max_lifetime: str | None) -> None:
     """Issue a signed token; the token alone goes to stdout."""
     if (secret_file is None) == (key_file is None):
         raise click.UsageError("give exactly one of --secret-file (HS256) and --key-file (RS256/ES256)")
-    signer = (tokens.TokenSigner.from_secret_file(secret_file) if secret_file
-              else tokens.TokenSigner.from_private_key_file(key_file or ""))
+    if door is not None and audience is not None:
+        raise click.UsageError("give --for or --audience, not both")
+    max_s = parse_duration_s(max_lifetime, "--max-lifetime") if max_lifetime else tokens.DEFAULT_MAX_LIFETIME_S
+    signer = (tokens.TokenSigner.from_secret_file(secret_file, max_lifetime_s=max_s) if secret_file
+              else tokens.TokenSigner.from_private_key_file(key_file or "", max_lifetime_s=max_s))
     ttl_s = parse_duration_s(ttl)
+    if audience is None:
+        door = door or ("admin" if "admin" in roles else "bookie")
+        audience = _FOR[door]
     token = signer.issue(subject, roles, ttl_s=ttl_s, audience=audience)
     click.echo(token)
+    port = {tokens.BOOKIE_AUDIENCE: " (the bookie port)", tokens.ADMIN_AUDIENCE: " (the admin HTTP API)"}
     click.echo(f"token for {subject!r} (roles {', '.join(roles) or 'none'}, {signer.algorithm}, audience "
-               f"{audience!r}) valid for {ttl_s:g}s", err=True)
+               f"{audience!r}{port.get(audience, '')}) valid for {ttl_s:g}s", err=True)

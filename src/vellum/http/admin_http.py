@@ -9,12 +9,16 @@ or 500.
 Security (``HttpSecurity``, docs/security.md), applied by one middleware to every route, the
 ones other modules add included:
 
-* with a token verification key, every mutating request (PUT, POST, DELETE, PATCH: GC,
-  compaction suspend/resume, the read-only switch, AutoRecovery switches, decommission...)
-  needs ``Authorization: Bearer <token>`` carrying the ``admin`` role: 401 without a valid
-  token, 403 without the role; with ``tokens_for_reads`` every other request needs a valid
-  token too (any role). ``/heartbeat`` is always open (liveness probes). Refusals are logged
-  with the peer, the method, the path and the reason, never the token;
+* mutating requests (PUT, POST, DELETE, PATCH: GC, compaction suspend/resume, the read-only
+  switch, AutoRecovery switches, decommission...) need an admin credential whenever
+  ``admin_required`` (the bookie port requires authentication) or a token key is set: a token
+  (``Authorization: Bearer <token>``, audience ``audience``) or, over https that requires client
+  certificates (``certificates``), the client certificate; either must carry the ``admin``
+  role: 401 without a valid credential, 403 without the role. With ``tokens_for_reads`` every
+  other request needs a credential too, with one of ``authorized_roles`` (or ``admin``) when
+  that list is not empty. A bearer token, when sent, is the credential (a bad one is refused
+  even over a good certificate). ``/heartbeat`` is always open (liveness probes). Refusals are
+  logged with the peer, the method, the path and the reason, never the token;
 * TLS is the server's ``ssl_context`` (``httpServerTlsEnable``);
 * no response carries a password or a master key: JSON keys naming one are redacted
   (``"(redacted)"``) on the way out, whatever the handler put there.
@@ -42,7 +46,8 @@ from vellum.errors import (
     VellumError,
 )
 from vellum.http.json_io import json_response, parse_json_object
-from vellum.security.tokens import DEFAULT_AUDIENCE, TokenVerifier
+from vellum.security.tls import peer_principal
+from vellum.security.tokens import ADMIN_AUDIENCE, TokenVerifier
 from vellum.stats import REGISTRY
 
 log = logging.getLogger(__name__)
@@ -59,12 +64,31 @@ _REDACTED = "(redacted)"
 
 @dataclass(frozen=True)
 class HttpSecurity:
-    """Who may call the admin API: ``verifier`` checks bearer tokens (None: no token checks);
-    mutating calls need ``ADMIN_ROLE``; ``tokens_for_reads`` makes reads need a token too."""
+    """Who may call the admin API. ``verifier`` checks bearer tokens (None: tokens are not
+    accepted) of audience ``audience``; ``certificates``: the https client certificate (CN and
+    OU roles) is a credential too; mutating calls need a credential with ``ADMIN_ROLE`` when
+    ``admin_required`` or a verifier is set; ``tokens_for_reads`` makes reads need a credential,
+    with one of ``authorized_roles`` (or ``ADMIN_ROLE``) if that is not empty."""
 
     verifier: TokenVerifier | None = None
-    audience: str = DEFAULT_AUDIENCE
+    audience: str = ADMIN_AUDIENCE
     tokens_for_reads: bool = False
+    admin_required: bool = False
+    certificates: bool = False
+    authorized_roles: tuple[str, ...] = ()
+
+    @property
+    def mutations_need_admin(self) -> bool:
+        return self.admin_required or self.verifier is not None
+
+
+@dataclass(frozen=True)
+class _Caller:
+    """Who made a request, as its credential says."""
+
+    principal: str
+    roles: tuple[str, ...]
+    method: str  # "token" | "certificate"
 
 
 def _secret_key(name: str) -> bool:
@@ -107,25 +131,55 @@ def _refuse(request: web.Request, status: int, reason: str) -> web.Response:
                         headers=headers)
 
 
+def _caller(request: web.Request, security: HttpSecurity) -> _Caller | str | None:
+    """The request's credential: a ``_Caller``, the reason a credential sent is refused, or
+    None if it sent none."""
+    token = _bearer(request)
+    if token is not None:
+        if security.verifier is None:
+            return ("tokens are not accepted by this admin API (no tokenSecretKeyFile or tokenPublicKeyFile): "
+                    "use a client certificate with the admin role over https")
+        try:
+            claims = security.verifier.verify(token, audience=security.audience)
+        except SecurityError as e:
+            return str(e)
+        return _Caller(claims.subject, claims.roles, "token")
+    if security.certificates and request.transport is not None:
+        principal, roles = peer_principal(request.transport.get_extra_info("ssl_object"))
+        if principal:
+            return _Caller(principal, roles, "certificate")
+    return None
+
+
+def _ways(security: HttpSecurity, what: str) -> str:
+    ways = []
+    if security.verifier is not None:
+        ways.append(f"a token{what} ('Authorization: Bearer <token>', `vellum security issue-token --for admin`)")
+    if security.certificates:
+        ways.append(f"a client certificate{what} over https")
+    return " or ".join(ways) or f"a credential{what}, and this bookie accepts none (set tokenSecretKeyFile)"
+
+
 def security_middleware(security: HttpSecurity) -> Any:
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        verifier = security.verifier
-        if verifier is not None and request.path not in OPEN_PATHS:
+        if request.path not in OPEN_PATHS:
             mutating = request.method in _MUTATING
-            if mutating or security.tokens_for_reads:
-                token = _bearer(request)
-                if token is None:
-                    need = f"a token with the {ADMIN_ROLE} role" if mutating else "a token"
-                    return _refuse(request, 401, f"this call needs {need}: send 'Authorization: Bearer <token>' "
-                                                 "(`vellum security issue-token`)")
-                try:
-                    claims = verifier.verify(token, audience=security.audience)
-                except SecurityError as e:
-                    return _refuse(request, 401, str(e))
-                if mutating and ADMIN_ROLE not in claims.roles:
-                    return _refuse(request, 403, f"principal {claims.subject!r} (roles {list(claims.roles)}) "
-                                                 f"lacks the {ADMIN_ROLE} role this call needs")
+            if security.mutations_need_admin if mutating else security.tokens_for_reads:
+                caller = _caller(request, security)
+                if isinstance(caller, str):
+                    return _refuse(request, 401, caller)
+                if caller is None:
+                    what = f" with the {ADMIN_ROLE} role" if mutating else ""
+                    return _refuse(request, 401, f"this call needs {_ways(security, what)}")
+                who = f"principal {caller.principal!r} ({caller.method}, roles {list(caller.roles)})"
+                if mutating and ADMIN_ROLE not in caller.roles:
+                    return _refuse(request, 403, f"{who} lacks the {ADMIN_ROLE} role this call needs")
+                allowed = set(security.authorized_roles) | {ADMIN_ROLE}
+                if not mutating and security.authorized_roles and not allowed & set(caller.roles):
+                    return _refuse(request, 403, f"{who} has none of the authorized roles "
+                                                 f"{list(security.authorized_roles)} (authorizedRoles) nor "
+                                                 f"{ADMIN_ROLE}")
         response = await handler(request)
         if isinstance(response, web.Response) and response.content_type == "application/json" and response.text:
             try:

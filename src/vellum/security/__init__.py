@@ -10,7 +10,8 @@ bookie (the layers above translate their settings into plain arguments):
   settings (``TlsSettings``), a ``ReloadingContext`` that rebuilds the context when the files
   change (certificate rotation without a restart), and ``peer_principal`` for a connection.
 * ``tokens``: signed, expiring JWTs (pyjwt; HS256 secret file, or RS256 / ES256 key pair)
-  carrying a principal (``sub``) and roles.
+  carrying a principal (``sub``), roles, the door they open (``aud``: the bookie port or the
+  admin HTTP API) and a bounded lifetime.
 * ``auth``: the authentication providers of the bookie port (``tls``: the mutual-TLS
   certificate; ``token``) and ``authorizedRoles``: who a connection is and whether it may be
   served (``BookieAuthenticator``), and what a client sends (``ClientAuth``).

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vellum.errors import SecurityError
-from vellum.security.tokens import DEFAULT_AUDIENCE, MAX_TOKEN_BYTES, TokenVerifier
+from vellum.security.tokens import BOOKIE_AUDIENCE, MAX_TOKEN_BYTES, TokenVerifier
 
 TLS = "tls"
 TOKEN = "token"
@@ -86,7 +86,7 @@ class BookieAuthenticator:
     and the decision to serve them."""
 
     def __init__(self, providers: Iterable[str], *, authorized_roles: Iterable[str] = (),
-                 token_verifier: TokenVerifier | None = None, audience: str = DEFAULT_AUDIENCE) -> None:
+                 token_verifier: TokenVerifier | None = None, audience: str = BOOKIE_AUDIENCE) -> None:
         self.providers = provider_names(providers)
         if not self.providers:
             raise SecurityError("an authenticator needs at least one provider (tls, token)")

@@ -4,8 +4,11 @@ Responsibility: issue a token for a principal with roles, and verify one back in
 ``TokenClaims``; nothing else (which roles may do what is the authorization step's business).
 
 Token = a JWT with claims ``sub`` (principal), ``roles`` (list of role names), ``aud``
-(audience, default ``vellum``), ``iat``, ``exp`` and ``jti`` (a random id, so that a later
-replay check has something to remember). Algorithms:
+(audience), ``iat``, ``exp`` and ``jti`` (a random id, so that a later replay check has
+something to remember). The audience says which door a token opens: ``BOOKIE_AUDIENCE``
+(``vellum``, the bookie port; also what every token issued before audiences were split
+carries) or ``ADMIN_AUDIENCE`` (``vellum-admin``, the admin HTTP API); each door accepts only
+its own. Algorithms:
 
 * ``HS256``: a shared secret read from a file (``TokenSigner.from_secret_file``); the file must
   hold at least 32 bytes (``write_secret_file`` makes one, mode 0600); surrounding whitespace
@@ -15,15 +18,21 @@ replay check has something to remember). Algorithms:
 
 Invariants: ``verify`` accepts exactly one algorithm (the verifier's; never ``none``), requires
 ``sub``, ``exp`` and ``aud``, refuses a token over ``MAX_TOKEN_BYTES`` before parsing it, and
-raises :class:`vellum.errors.SecurityError` with a message naming the reason: expired (with
-when), bad signature, wrong audience, not yet valid, malformed.
+raises :class:`vellum.errors.SecurityError` (never anything else, whatever the claims hold)
+with a message naming the reason: expired (with when), bad signature, wrong audience, not yet
+valid, lifetime over the maximum, malformed. Time claims (``exp``, ``iat``, ``nbf``) must be
+numbers of seconds between 1970 and 9999; a string, a boolean or an out-of-range number is
+malformed. A token may live at most ``max_lifetime_s`` (``exp - iat``, and ``exp`` no further
+than that from now): ``issue`` refuses a longer one, ``verify`` refuses one signed elsewhere.
 """
 
 from __future__ import annotations
 
 import base64
 import datetime as dt
+import math
 import secrets
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,8 +48,16 @@ from vellum.errors import IncorrectParameterError, SecurityError
 from vellum.security.pki import write_file_atomic
 
 ALGORITHMS = ("HS256", "RS256", "ES256")
-DEFAULT_AUDIENCE = "vellum"
+#: the audience of tokens for the bookie port (``tokenAudience``)
+BOOKIE_AUDIENCE = "vellum"
+#: the audience of tokens for the admin HTTP API (``httpServerTokenAudience``)
+ADMIN_AUDIENCE = "vellum-admin"
+DEFAULT_AUDIENCE = BOOKIE_AUDIENCE
 DEFAULT_TTL_S = 3600.0
+#: the longest a token may live unless configured otherwise (``tokenMaxLifetimeSeconds``): 30 days
+DEFAULT_MAX_LIFETIME_S = 30 * 24 * 3600.0
+#: the latest time claim accepted (9999-12-31T23:59:59Z): beyond, a date cannot even be printed
+_MAX_TIME_S = 253402300799
 #: Bigger tokens are refused unparsed (bounded work for whatever a peer sends).
 MAX_TOKEN_BYTES = 8192
 MIN_SECRET_BYTES = 32
@@ -102,37 +119,47 @@ def _algorithm_of(key: Any, path: str | Path) -> str:
 
 
 class _KeyedAlgorithm:
-    """One key and one of ``ALGORITHMS`` (what signing and verifying both hold)."""
+    """One key and one of ``ALGORITHMS`` (what signing and verifying both hold), and the
+    longest lifetime a token may have."""
 
-    def __init__(self, key: Any, algorithm: str) -> None:
+    def __init__(self, key: Any, algorithm: str, *, max_lifetime_s: float = DEFAULT_MAX_LIFETIME_S) -> None:
         if algorithm not in ALGORITHMS:
             raise IncorrectParameterError(f"token algorithm {algorithm!r} is not one of {', '.join(ALGORITHMS)}")
+        if not max_lifetime_s > 0:
+            raise IncorrectParameterError(f"the maximum token lifetime must be > 0 seconds, got {max_lifetime_s}")
         self._key = key
         self.algorithm = algorithm
+        self.max_lifetime_s = float(max_lifetime_s)
 
 
 class TokenSigner(_KeyedAlgorithm):
     """Issues tokens with one key and algorithm."""
 
     @classmethod
-    def from_secret_file(cls, path: str | Path) -> TokenSigner:
-        return cls(read_secret_file(path), "HS256")
+    def from_secret_file(cls, path: str | Path, *, max_lifetime_s: float = DEFAULT_MAX_LIFETIME_S) -> TokenSigner:
+        return cls(read_secret_file(path), "HS256", max_lifetime_s=max_lifetime_s)
 
     @classmethod
-    def from_private_key_file(cls, path: str | Path, password: bytes | None = None) -> TokenSigner:
+    def from_private_key_file(cls, path: str | Path, password: bytes | None = None, *,
+                              max_lifetime_s: float = DEFAULT_MAX_LIFETIME_S) -> TokenSigner:
         try:
             key = serialization.load_pem_private_key(_read(path, "token signing key"), password)
         except (ValueError, TypeError) as e:
             raise SecurityError(f"{path} is not a usable PEM private key: {e}") from None
-        return cls(key, _algorithm_of(key, path))
+        return cls(key, _algorithm_of(key, path), max_lifetime_s=max_lifetime_s)
 
     def issue(self, subject: str, roles: Sequence[str] = (), *, ttl_s: float = DEFAULT_TTL_S,
               audience: str = DEFAULT_AUDIENCE, now: dt.datetime | None = None) -> str:
         """A token for ``subject`` with ``roles``, valid ``ttl_s`` seconds from ``now``."""
         if not subject:
             raise IncorrectParameterError("a token needs a subject (the principal)")
-        if ttl_s <= 0:
+        if not ttl_s > 0:
             raise IncorrectParameterError(f"token lifetime must be > 0 seconds, got {ttl_s}")
+        if ttl_s > self.max_lifetime_s:
+            raise IncorrectParameterError(
+                f"token lifetime {ttl_s:.0f}s is over the maximum of {self.max_lifetime_s:.0f}s that bookies accept "
+                "(tokenMaxLifetimeSeconds): issue a shorter one and renew it (clientAuthTokenFile is re-read)"
+            )
         issued = now or dt.datetime.now(dt.UTC)
         claims = {
             "sub": subject,
@@ -155,11 +182,12 @@ class TokenVerifier(_KeyedAlgorithm):
     """Verifies tokens signed with one key and algorithm."""
 
     @classmethod
-    def from_secret_file(cls, path: str | Path) -> TokenVerifier:
-        return cls(read_secret_file(path), "HS256")
+    def from_secret_file(cls, path: str | Path, *, max_lifetime_s: float = DEFAULT_MAX_LIFETIME_S) -> TokenVerifier:
+        return cls(read_secret_file(path), "HS256", max_lifetime_s=max_lifetime_s)
 
     @classmethod
-    def from_public_key_file(cls, path: str | Path) -> TokenVerifier:
+    def from_public_key_file(cls, path: str | Path, *,
+                             max_lifetime_s: float = DEFAULT_MAX_LIFETIME_S) -> TokenVerifier:
         """From a public key PEM or a certificate PEM (its public key)."""
         data = _read(path, "token verification key")
         key: Any
@@ -170,61 +198,106 @@ class TokenVerifier(_KeyedAlgorithm):
                 key = serialization.load_pem_public_key(data)
         except ValueError as e:
             raise SecurityError(f"{path} is not a PEM public key or certificate: {e}") from None
-        return cls(key, _algorithm_of(key, path))
+        return cls(key, _algorithm_of(key, path), max_lifetime_s=max_lifetime_s)
 
-    def verify(self, token: str | bytes, *, audience: str = DEFAULT_AUDIENCE) -> TokenClaims:
+    def verify(self, token: str | bytes, *, audience: str = DEFAULT_AUDIENCE,
+               now: float | None = None) -> TokenClaims:
         """The claims of ``token``; ``SecurityError`` saying why if it is not acceptable."""
         if len(token) > MAX_TOKEN_BYTES:
             raise SecurityError(f"token refused: {len(token)} bytes is over the {MAX_TOKEN_BYTES}-byte limit")
         try:
+            # pyjwt checks the signature, the audience and that the claims are there; the time
+            # claims are checked below, where a bad value cannot escape as anything but a refusal.
             claims = jwt.decode(
-                token, self._key, algorithms=[self.algorithm], audience=audience, leeway=LEEWAY_S,
-                options={"require": ["sub", "exp", "aud"]},
+                token, self._key, algorithms=[self.algorithm], audience=audience,
+                options={"require": ["sub", "exp", "aud"], "verify_exp": False, "verify_iat": False,
+                         "verify_nbf": False},
             )
-        except jwt.ExpiredSignatureError:
-            raise SecurityError(f"token refused: expired at {_expiry_of(token)}") from None
         except jwt.InvalidSignatureError:
             raise SecurityError("token refused: bad signature (signed with another key)") from None
         except jwt.InvalidAudienceError:
             raise SecurityError(
-                f"token refused: wrong audience {_unverified(token).get('aud')!r} (expected {audience!r})"
+                f"token refused: wrong audience {_audience_of(token)!r} (expected {audience!r}"
+                f"{_AUDIENCE_HINTS.get(audience, '')})"
             ) from None
-        except jwt.ImmatureSignatureError:
-            raise SecurityError("token refused: not valid yet (issued in the future)") from None
         except jwt.MissingRequiredClaimError as e:
             raise SecurityError(f"token refused: no {e.claim!r} claim") from None
         except jwt.InvalidAlgorithmError:
             raise SecurityError(f"token refused: not signed with {self.algorithm}") from None
         except jwt.InvalidTokenError as e:
             raise SecurityError(f"token refused: malformed ({e})") from None
+        except Exception as e:  # whatever a peer sends must end as a refusal
+            raise SecurityError(f"token refused: malformed ({type(e).__name__})") from None
         roles = claims.get("roles", [])
         if not isinstance(roles, list) or not all(isinstance(r, str) for r in roles):
             raise SecurityError("token refused: its 'roles' claim is not a list of names")
         subject = claims["sub"]
         if not isinstance(subject, str) or not subject:
             raise SecurityError("token refused: empty subject")
-        iat = claims.get("iat")
+        exp = _time_claim(claims, "exp")
+        iat = _time_claim(claims, "iat")
+        nbf = _time_claim(claims, "nbf")
+        assert exp is not None  # required above
+        t = time.time() if now is None else now
+        if exp <= t - LEEWAY_S:
+            raise SecurityError(f"token refused: expired at {_iso(exp)}")
+        if (nbf is not None and nbf > t + LEEWAY_S) or (iat is not None and iat > t + LEEWAY_S):
+            raise SecurityError("token refused: not valid yet (issued in the future)")
+        if iat is not None and exp - iat > self.max_lifetime_s + LEEWAY_S:
+            raise SecurityError(
+                f"token refused: its lifetime ({exp - iat:.0f}s from iat to exp) is over the maximum of "
+                f"{self.max_lifetime_s:.0f}s (tokenMaxLifetimeSeconds)"
+            )
+        if exp - t > self.max_lifetime_s + LEEWAY_S:
+            raise SecurityError(
+                f"token refused: valid until {_iso(exp)}, more than the maximum lifetime of "
+                f"{self.max_lifetime_s:.0f}s from now (tokenMaxLifetimeSeconds)"
+            )
         jti = claims.get("jti")
         return TokenClaims(
             subject=subject,
             roles=tuple(roles),
             audience=audience,
-            expires_at=dt.datetime.fromtimestamp(claims["exp"], dt.UTC),
-            issued_at=dt.datetime.fromtimestamp(iat, dt.UTC) if isinstance(iat, (int, float)) else None,
+            expires_at=dt.datetime.fromtimestamp(exp, dt.UTC),
+            issued_at=dt.datetime.fromtimestamp(iat, dt.UTC) if iat is not None else None,
             token_id=jti if isinstance(jti, str) else None,
         )
+
+
+#: what a refusal for the wrong audience adds, by the audience expected
+_AUDIENCE_HINTS = {
+    ADMIN_AUDIENCE: "; admin HTTP takes tokens issued for it: `vellum security issue-token --for admin`",
+    BOOKIE_AUDIENCE: "; the bookie port takes tokens issued for it: `vellum security issue-token --for bookie`",
+}
+
+
+def _time_claim(claims: dict[str, Any], name: str) -> float | None:
+    """A NumericDate claim (seconds since 1970) as a float, None if absent; a refusal for
+    anything else (a string, a boolean, NaN, a time before 1970 or after 9999)."""
+    value = claims.get(name)
+    if value is None:
+        return None
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or not (isinstance(value, int) or math.isfinite(value)) or not 0 <= value <= _MAX_TIME_S):
+        shown = repr(value)
+        shown = shown if len(shown) <= 40 else shown[:37] + "..."
+        raise SecurityError(f"token refused: malformed {name!r} claim {shown} (a time in seconds since 1970 "
+                            "is expected)")
+    return float(value)
+
+
+def _iso(seconds: float) -> str:
+    return dt.datetime.fromtimestamp(seconds, dt.UTC).isoformat(timespec="seconds")
 
 
 def _unverified(token: str | bytes) -> dict[str, Any]:
     try:
         claims: dict[str, Any] = jwt.decode(token, options={"verify_signature": False})
         return claims
-    except jwt.InvalidTokenError:
+    except Exception:  # only used to word a refusal
         return {}
 
 
-def _expiry_of(token: str | bytes) -> str:
-    exp = _unverified(token).get("exp")
-    if not isinstance(exp, (int, float)):
-        return "?"
-    return dt.datetime.fromtimestamp(exp, dt.UTC).isoformat(timespec="seconds")
+def _audience_of(token: str | bytes) -> Any:
+    aud = _unverified(token).get("aud")
+    return aud if isinstance(aud, (str, list)) else None

@@ -31,6 +31,11 @@ answers back. Invariants:
   reason). A refused AUTH is answered EUA with the reason, then the connection is closed.
   Without authentication configured, AUTH is answered EOK ("authentication is off").
 
+A request refused for its master key (EUA: wrong key, or a new ledger's key its metadata does
+not give) is logged with the ledger id, the request and the peer, never the key, at most one
+line per ``KEY_REFUSAL_LOG_INTERVAL_S`` per process (the next line counts those left out): a
+flood of bad keys cannot flood the log.
+
 Metrics: each server counts with plain ints on the loop thread (``server/metrics.py``), so
 that two servers in one process keep their own counts.
 """
@@ -40,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
@@ -56,6 +62,7 @@ from vellum.errors import (
     NoSuchEntryError,
     NoSuchLedgerError,
     SecurityError,
+    UnauthorizedAccessError,
     VellumError,
     wire_status_for,
 )
@@ -73,6 +80,29 @@ _ADD_OK = struct.Struct(">iIiqq")
 _ADD_RESPONSE_HEADER = (m.PROTOCOL_VERSION << 24) | (m.OP_ADD << 16)
 #: a TLS handshake that does not complete in this time closes the connection
 TLS_HANDSHAKE_TIMEOUT_S = 10.0
+#: at most one "master key refused" line per this many seconds (per process)
+KEY_REFUSAL_LOG_INTERVAL_S = 5.0
+
+
+class _KeyRefusalLog:
+    """Rate-limited warnings for requests refused for their master key (loop thread only)."""
+
+    def __init__(self, interval_s: float) -> None:
+        self._interval_s = interval_s
+        self._last = float("-inf")
+        self._left_out = 0
+
+    def note(self, what: str, ledger_id: int, peer: str, exc: BaseException) -> None:
+        now = time.monotonic()
+        if now - self._last < self._interval_s:
+            self._left_out += 1
+            return
+        more = f" ({self._left_out} more refused since the last such line)" if self._left_out else ""
+        self._last, self._left_out = now, 0
+        log.warning("master key refused: %s of ledger %d from %s: %s%s", what, ledger_id, peer, exc, more)
+
+
+_KEY_REFUSALS = _KeyRefusalLog(KEY_REFUSAL_LOG_INTERVAL_S)
 
 
 @dataclass(frozen=True)
@@ -240,6 +270,11 @@ class BookieConnection(asyncio.BufferedProtocol):
         if adds:
             self._add_batch(adds)
 
+    def _note_key_refusal(self, exc: BaseException, what: str, ledger_id: int) -> None:
+        if isinstance(exc, UnauthorizedAccessError):
+            who = f" ({self.identity.describe()})" if self.identity is not None else ""
+            _KEY_REFUSALS.note(what, ledger_id, self._peer() + who, exc)
+
     def _peer(self) -> str:
         if self._transport is None:
             return "?"
@@ -336,6 +371,7 @@ class BookieConnection(asyncio.BufferedProtocol):
             if why is None:
                 accepted.append(req)
             else:
+                self._note_key_refusal(why, f"ADD of entry {req.entry_id}", req.ledger_id)
                 self._answer_adds([req], wire_status_for(why))
         if accepted:
             self._answer_adds(accepted, status)
@@ -374,6 +410,7 @@ class BookieConnection(asyncio.BufferedProtocol):
         except Exception as e:
             # Includes ENOENTRY/ENOLEDGER after a fence of a ledger this bookie holds nothing of:
             # the fence itself is durable, the reader learns there is no entry.
+            self._note_key_refusal(e, "fencing READ", req.ledger_id)
             self._send(m.ReadResponse(wire_status_for(e), req.ledger_id, req.entry_id))
         finally:
             self._counters.reads -= 1
@@ -397,6 +434,7 @@ class BookieConnection(asyncio.BufferedProtocol):
             status = EOK if entries else ENOENTRY
             self._send(m.BatchReadResponse(status, req.ledger_id, req.start_entry_id, req.request_id, tuple(entries)))
         except Exception as e:
+            self._note_key_refusal(e, "fencing BATCH_READ", req.ledger_id)
             self._send(m.BatchReadResponse(wire_status_for(e), req.ledger_id, req.start_entry_id, req.request_id))
         finally:
             self._counters.reads -= 1
@@ -474,6 +512,7 @@ class BookieConnection(asyncio.BufferedProtocol):
             await self._bookie.write_explicit_lac(req.ledger_id, bytes(req.master_key), req.lac, bytes(req.lac_body))
             self._send(m.WriteLacResponse(req.request_id, EOK, req.ledger_id))
         except Exception as e:
+            self._note_key_refusal(e, "WRITE_LAC", req.ledger_id)
             self._send(m.WriteLacResponse(req.request_id, wire_status_for(e), req.ledger_id))
 
     # ----------------------------------------------------------------------------- FORCE
@@ -536,6 +575,7 @@ class BookieConnection(asyncio.BufferedProtocol):
             await self._bookie.trim(req.ledger_id, bytes(req.master_key), req.end_entry_id)
             self._send(m.TrimResponse(req.request_id, EOK, req.ledger_id))
         except Exception as e:
+            self._note_key_refusal(e, "TRIM", req.ledger_id)
             self._send(m.TrimResponse(req.request_id, wire_status_for(e), req.ledger_id))
 
     # ------------------------------------------------------------------------------- TLS

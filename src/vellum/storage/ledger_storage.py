@@ -70,6 +70,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import hmac
 import logging
 import struct
 import threading
@@ -757,7 +758,7 @@ class LedgerStorage:
                 )
             elif not data.master_key:
                 self._put_ledger(ledger_id, _replace(data, master_key=bytes(master_key)))
-            elif data.master_key != master_key:
+            elif not hmac.compare_digest(data.master_key, master_key):
                 raise UnauthorizedAccessError(f"ledger {ledger_id}: master key does not match the stored one")
 
     def get_master_key(self, ledger_id: int) -> bytes | None:
