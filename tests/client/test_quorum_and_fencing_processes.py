@@ -69,7 +69,7 @@ def test_add_waits_for_the_ack_quorum_while_two_bookies_hold_their_fsync(tmp_pat
 
                     real_add_cb(bookie_id, key, entry, recovery, seen, timeout_s)
 
-                bc.add_cb = add_cb  # type: ignore[method-assign]
+                bc.add_cb = add_cb  # type: ignore[method-assign,assignment]
                 for b in frozen:
                     cluster.pause(index_of[b])
                 try:
@@ -121,7 +121,7 @@ def test_recovery_reads_fence_a_bookie_the_fencing_step_missed(tmp_path: Path) -
                         reads_to_target.append((entry_id, fence_master_key is not None, t))
                     return await asyncio.shield(t)
 
-                bc.read = read  # type: ignore[method-assign]
+                bc.read = read  # type: ignore[method-assign,assignment]
                 rh = await rec_bk.open_ledger(ledger_id, password=PASSWORD, recovery=True)
                 assert rh.metadata.is_closed and rh.metadata.last_entry_id == 9
                 assert dropped_fences == [-1], "the fencing read to the target was not the one dropped"
