@@ -508,6 +508,8 @@ class NamedLedgers:
         out: tuple[BookieCollection, ...] = ()
         for (bookie, lid, end), r in zip(targets, results):
             if isinstance(r, NoSuchLedgerError):
+                log.info("named ledger %r: bookie %s does not hold ledger %d: nothing to collect there",
+                         rec.name, bookie, lid)
                 out += (BookieCollection(bookie, lid, end, held=False),)
             elif isinstance(r, BaseException):
                 log.warning("named ledger %r: bookie %s could not collect ledger %d below entry %d: %s "
