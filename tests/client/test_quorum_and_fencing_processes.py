@@ -84,7 +84,8 @@ def test_add_waits_for_the_ack_quorum_while_two_bookies_hold_their_fsync(tmp_pat
                         cluster.resume(index_of[b])
                 assert await asyncio.wait_for(fut, 30) == 5
                 assert lh.last_add_confirmed == 5
-                assert {a[0] for a in answers if a[1] == 5 and a[2] is None} == set(ensemble)
+                await _wait_for(lambda: {a[0] for a in answers if a[1] == 5 and a[2] is None} == set(ensemble),
+                                "every bookie's answer once resumed")
                 assert [e.payload for e in await lh.read(4, 5)] == [b"before-4", b"held"]
                 await lh.close()
 
