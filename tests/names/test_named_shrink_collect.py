@@ -19,7 +19,8 @@ from names_testkit import run, unique_name
 
 from vellum.client.bookkeeper import BookKeeper
 from vellum.client.named import NamedLedgers, OpenMode
-from vellum.errors import IncorrectParameterError, NoSuchLedgerError
+from vellum.errors import IncorrectParameterError, NoSuchLedgerError, UnauthorizedAccessError
+from vellum.format.entry import master_key
 from vellum.testing.local_cluster import LocalCluster
 
 QUORUM = {"ensemble_size": 3, "write_quorum_size": 3, "ack_quorum_size": 2}  # every bookie holds all
@@ -102,6 +103,7 @@ def test_forced_shrink_reclaims_the_space_on_the_bookies(tmp_path: Path) -> None
                 await wait_for(lambda: all(log_bytes(cluster, i) >= grown[i] for i in range(3)),
                                "the second segment's entries in the entry logs")
                 dropping = [log_bytes(cluster, i) for i in range(3)]
+                w2_ledger = w2.ledger_id
                 result = await w2.shrink(COUNT + 10, force=True)
                 assert result.dropped_ledgers == (ledger,) and result.collected, result
                 assert {(c.bookie, c.ledger_id) for c in result.collections} == (
@@ -113,5 +115,14 @@ def test_forced_shrink_reclaims_the_space_on_the_bookies(tmp_path: Path) -> None
                     assert log_bytes(cluster, i) <= dropping[i] - (COUNT - END) * ENTRY * 0.9
                 await w2.close()
                 await named.drain()
+
+                # COLLECT checks the master key, and never creates a ledger it does not hold.
+                bc = bk.context.bookie_client
+                with pytest.raises(UnauthorizedAccessError):
+                    await bc.collect(bookies[0], w2_ledger, 0, master_key(b"not the password"))
+                with pytest.raises(NoSuchLedgerError):
+                    await bc.collect(bookies[0], 987654321, 5, master_key(b""))
+                with pytest.raises(NoSuchLedgerError):
+                    await held(bk, bookies[0], 987654321)
 
         run(main(), timeout_s=240)
