@@ -500,8 +500,9 @@ class ShrinkResult:
 
     @property
     def reclaimed_bytes(self) -> int:
-        """Bytes the bookies' GC passes freed (one pass may serve several ledgers of a bookie;
-        each collection reports its pass, so a shared pass is counted once per bookie)."""
+        """At least this many bytes were freed: per bookie its largest pass (the collections of
+        several ledgers on one bookie usually share a pass and each reports it; counting the
+        largest once never counts a shared pass twice)."""
         seen: dict[str, int] = {}
         for c in self.collections:
             seen[c.bookie] = max(seen.get(c.bookie, 0), c.reclaimed_bytes)
