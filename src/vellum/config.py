@@ -700,6 +700,11 @@ class ClientConfig:
     max_adds_in_flight: int = _opt(
         "maxAddsInFlight", 4096, "adds a ledger handle keeps outstanding; later appends queue (Vellum's)", lo=1
     )
+    shrink_collect_timeout_s: float = _opt(
+        "shrinkCollectTimeoutSec", 600,
+        "how long a named ledger's shrink with force waits for each bookie's garbage collection pass "
+        "(wire op COLLECT; a pass compacts logs, which may take minutes) (Vellum's)", lo=0.001,
+    )
     ensemble_placement_policy: str = _ensemble_placement_policy()
     min_num_racks_per_write_quorum: int = _min_num_racks_per_write_quorum()
     enforce_min_num_racks_per_write_quorum: bool = _enforce_min_num_racks_per_write_quorum()

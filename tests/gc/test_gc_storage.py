@@ -385,3 +385,49 @@ def test_trimmed_bytes_survive_a_restart(tmp_path: Path, caplog: pytest.LogCaptu
     assert st.trimmed_bytes() == {}
     assert "not a valid trimmed-bytes file" in caplog.text
     st.close()
+
+
+def test_request_pass_answers_after_a_pass_that_started_later(tmp_path: Path) -> None:
+    """A forced shrink's collection on one ledger dir: trim, seal the active log holding the
+    ledger, ask the GC thread for a pass, and be answered once a pass that began after the
+    request is done: the trimmed records are off the disk by then."""
+    import threading
+
+    from vellum.errors import VellumError
+    from vellum.storage.gc import GcReport
+
+    st = open_storage(tmp_path)
+    write_ledgers(st, [1, 2], ENTRIES)
+    gc = GarbageCollectorThread(st, GcSettings(), lister=FakeLister([1, 2]))
+    with pytest.raises(VellumError, match="not running"):
+        gc.request_pass(lambda r: None)  # nothing would ever answer
+    gc.start()
+    try:
+        st.trim(1, ENTRIES - 5)
+        assert st.seal_logs_holding(1) == 1  # the shared active log held ledger 1: sealed
+        assert st.seal_logs_holding(3) == 0
+        before = log_bytes(tmp_path)
+        answers: list[GcReport] = []
+        done = threading.Event()
+        gc.request_pass(lambda r: (answers.append(r), done.set()))
+        gc.request_pass(lambda r: answers.append(r))  # before that pass starts: shares it
+        assert done.wait(60), "no pass answered the request"
+        assert len(answers) == 2 and answers[0] is answers[1] and not answers[0].error
+        report = answers[0]
+        assert report.kind == "major" and report.reclaimed_bytes > 0
+        assert before - log_bytes(tmp_path) >= report.reclaimed_bytes * 0.9
+        assert gc.garbage_bytes() == 0  # the only dead bytes were the trimmed ones
+        _check_all(st, [1], entries=5, start=ENTRIES - 5)
+        _check_all(st, [2])
+        with pytest.raises(NoSuchEntryError):
+            st.get_entry(1, 0)
+    finally:
+        gc.stop()
+    stopped: list[GcReport] = []
+    gc2 = GarbageCollectorThread(st, GcSettings(), lister=FakeLister([1, 2]))
+    gc2.start()
+    with gc2._cond:  # a request still waiting when the thread stops is answered, with an error
+        gc2._pass_waiters.append((10**9, stopped.append))
+    gc2.stop()
+    assert len(stopped) == 1 and "stopped" in stopped[0].error
+    st.close()

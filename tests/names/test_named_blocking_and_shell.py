@@ -79,6 +79,15 @@ def test_shell_commands(sqlite_cluster: LocalCluster) -> None:
     assert rows[-1]["payload"] == "s11" and rows[-1]["ledgerEntryId"] == 1
     out = json.loads(shell(uri, "shrink", name, "12", "--force", "--json"))
     assert out["startEntryId"] == 12 and out["segments"] == 1
+    # every bookie of both segments collected before the command returned
+    assert out["collected"] is True and len(out["droppedLedgers"]) == 1
+    ledgers = {c["ledgerId"] for c in out["collections"]}
+    assert len(ledgers) == 2 and out["droppedLedgers"][0] in ledgers
+    assert all(c["error"] == "" for c in out["collections"])
+    table = shell(uri, "shrink", name, "12", "--force")  # the same point again: asks again
+    assert "garbage collection on the bookies (done)" in table
+    back = CliRunner().invoke(cli, ["shell", "shrink", name, "11", "--uri", uri])
+    assert back.exit_code != 0 and "backwards" in str(back.exception)
     rows = json.loads(shell(uri, "readname", name, "--json"))
     assert [r["entryId"] for r in rows] == [12, 13, 14]
     bad = CliRunner().invoke(cli, ["shell", "readname", name, "0", "1", "--uri", uri])

@@ -137,7 +137,11 @@ def test_shrunk() -> None:
     assert REC.shrunk(0, 20, force=False) == (REC, ())  # at the start: nothing changes
     rec, dropped = REC.shrunk(5, 20, force=False)
     assert (rec.start_entry_id, rec.segments, rec.trimmed_to, dropped) == (5, REC.segments, 0, ())
-    assert rec.shrunk(3, 20, force=False) == (rec, ())  # never backwards
+    with pytest.raises(IncorrectParameterError, match=r"its start is already 5.*backwards"):
+        rec.shrunk(3, 20, force=False)  # never backwards: an error, not silently ignored
+    with pytest.raises(IncorrectParameterError, match="backwards"):
+        rec.shrunk(3, 20, force=True)
+    assert rec.shrunk(5, 20, force=False) == (rec, ())  # the same point again: nothing changes
     rec, dropped = REC.shrunk(12, 20, force=True)  # whole closed segments below go, the open one stays
     assert rec.start_entry_id == 12 and rec.trimmed_to == 12
     assert rec.segments == REC.segments[1:] and dropped == REC.segments[:1]
@@ -248,12 +252,12 @@ def test_transitions_keep_the_segments_contiguous(rec: NamedLedgerRecord, recove
 @given(rec=records(), end=st.integers(0, 120), force=st.booleans())
 def test_shrink_never_moves_the_start_back_nor_past_the_end(rec: NamedLedgerRecord, end: int, force: bool) -> None:
     last = rec.closed_end - 1 + (3 if rec.open_segment is not None else 0)
-    if end > last + 1:
+    if end > last + 1 or end < rec.start_entry_id:
         with pytest.raises(IncorrectParameterError):
             rec.shrunk(end, last, force=force)
         return
     shrunk, dropped = rec.shrunk(end, last, force=force)
-    assert shrunk.start_entry_id == max(rec.start_entry_id, end)
+    assert shrunk.start_entry_id == end
     assert shrunk.segments == rec.segments[len(dropped):]  # only whole segments, from the front
     assert all(s.last_entry_id is not None and s.last_entry_id < shrunk.start_entry_id for s in dropped)
     held = shrunk.segment_for(shrunk.start_entry_id)

@@ -20,6 +20,8 @@ from vellum.proto.messages import (
     AuthResponse,
     BatchReadRequest,
     BatchReadResponse,
+    CollectRequest,
+    CollectResponse,
     ErrorResponse,
     ForceLedgerRequest,
     ForceLedgerResponse,
@@ -122,6 +124,7 @@ STRATEGIES: dict[type[Message], st.SearchStrategy[Message]] = {
     StridedReadRequest: st.builds(StridedReadRequest, INT64, INT64, INT64, POSITIVE_INT32, POSITIVE_INT32, INT64),
     StartTlsRequest: st.builds(StartTlsRequest, INT64),
     AuthRequest: st.builds(AuthRequest, INT64, st.text(max_size=20), SMALL_BYTES),
+    CollectRequest: st.builds(CollectRequest, INT64, INT64, INT64, KEYS),
     # responses
     AddResponse: st.builds(AddResponse, STATUS, INT64, INT64),
     ReadResponse: read_responses(),
@@ -136,6 +139,7 @@ STRATEGIES: dict[type[Message], st.SearchStrategy[Message]] = {
     StridedReadResponse: strided_read_responses(),
     StartTlsResponse: st.builds(StartTlsResponse, INT64, STATUS),
     AuthResponse: st.builds(AuthResponse, INT64, STATUS, st.text(max_size=40)),
+    CollectResponse: st.builds(CollectResponse, INT64, STATUS, INT64, INT64, INT64),
     ErrorResponse: st.builds(
         ErrorResponse,
         STATUS,

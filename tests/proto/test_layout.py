@@ -24,6 +24,8 @@ from vellum.proto.messages import (
     AuthResponse,
     BatchReadRequest,
     BatchReadResponse,
+    CollectRequest,
+    CollectResponse,
     ErrorResponse,
     ForceLedgerRequest,
     ForceLedgerResponse,
@@ -106,6 +108,7 @@ VELLUM_REQUESTS: list[tuple[Message, bytes]] = [
     (StridedReadRequest(9, 1, 0, 3, 10, 65536), vellum(72, "qqqiiq", 9, 1, 0, 3, 10, 65536)),
     (StartTlsRequest(9), vellum(73, "q", 9)),
     (AuthRequest(9, "token", b"abc"), vellum(74, "qi5si", 9, 5, b"token", 3, tail=b"abc")),
+    (CollectRequest(9, 1, 100, KEY), vellum(75, "qqq20s", 9, 1, 100, KEY)),
 ]
 
 VELLUM_RESPONSES: list[tuple[Message, bytes]] = [
@@ -130,6 +133,7 @@ VELLUM_RESPONSES: list[tuple[Message, bytes]] = [
     (StartTlsResponse(9, EOK), vellum(73, "qi", 9, EOK)),
     (StartTlsResponse(9, EBADREQ), vellum(73, "qi", 9, EBADREQ)),
     (AuthResponse(9, EUA, "no"), vellum(74, "qii", 9, EUA, 2, tail=b"no")),
+    (CollectResponse(9, EOK, 1, 4096, 512), vellum(75, "qiqqq", 9, EOK, 1, 4096, 512)),
     (ErrorResponse(EBADREQ), vellum(127, "qiiqq", -1, EBADREQ, -1, -1, -1)),
     (
         ErrorResponse(EBADREQ, 9, 68, 1, None),

@@ -54,6 +54,7 @@ from vellum.errors import (
     OperationRejectedError,
     UnauthorizedAccessError,
     UnknownLedgerStateError,
+    VellumError,
     WriteOnReadOnlyBookieError,
 )
 from vellum.format.entry import BytesLike
@@ -612,6 +613,28 @@ class Bookie:
         """Drop entries below ``end_entry_id`` from the index (named-ledger shrink with force)."""
         self._ledger(ledger_id, master_key)
         self._storage(ledger_id).trim(ledger_id, end_entry_id)
+
+    def prepare_collect(self, ledger_id: int, master_key: bytes, end_entry_id: int) -> list[GarbageCollectorThread]:
+        """The bookie's part of COLLECT before the GC pass (named-ledger shrink with force):
+        trim below ``end_entry_id`` (0: nothing), seal the active logs holding the ledger's
+        records, and return the GC threads of the dirs holding it (the caller asks each for a
+        pass). ``NoSuchLedgerError`` if this bookie does not hold the ledger (nothing to collect;
+        a ledger is never created here)."""
+        if ledger_id in self.limbo:
+            raise unknown_state(ledger_id, "a collection")
+        homes = self._router.homes(ledger_id)
+        if not homes or not self._storage(ledger_id).ledger_exists(ledger_id):
+            raise NoSuchLedgerError(f"ledger {ledger_id} not on this bookie: nothing to collect")
+        self._ledger(ledger_id, master_key)  # the master key check
+        if end_entry_id > 0:
+            self._storage(ledger_id).trim(ledger_id, end_entry_id)
+        threads: list[GarbageCollectorThread] = []
+        for home in homes:
+            home.seal_logs_holding(ledger_id)
+            threads.extend(gc for gc in self._gc_threads if gc.storage is home)
+        if not threads:
+            raise VellumError(f"ledger {ledger_id}: no GC thread runs for its ledger dir(s): cannot collect")
+        return threads
 
     def note_ledger_closed(self, ledger_id: int) -> None:
         """Advisory "ledger closed" from a client (seed 000: rotate its log at next checkpoint)."""

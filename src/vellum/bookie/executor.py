@@ -17,15 +17,18 @@ the add thread or a reader thread).
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from vellum.bookie.bookie import Bookie, BookieInfo
-from vellum.errors import TimeoutError_
+from vellum.errors import TimeoutError_, VellumError
 from vellum.format.entry import BytesLike
+from vellum.storage.gc import GcReport
 
 _T = TypeVar("_T")
 #: an add batch waiting for the add thread: the adds and their ``on_result``
@@ -33,6 +36,19 @@ _AddBatch = tuple[list[tuple[BytesLike, bytes, bool]],
                   Callable[[list[BaseException | None], BaseException | None], None]]
 #: the most adds the add thread takes together
 _MAX_MERGED = 4096
+
+
+@dataclass(frozen=True)
+class CollectOutcome:
+    """What a COLLECT did on this bookie (see ``AsyncBookie.collect``)."""
+
+    reclaimed_bytes: int
+    garbage_bytes: int
+
+
+def _settle(fut: asyncio.Future[GcReport], report: GcReport) -> None:
+    if not fut.done():
+        fut.set_result(report)
 
 
 class LoopBridge:
@@ -72,6 +88,8 @@ class AsyncBookie:
     - reader-pool calls (``read_entry``, ``read_entries``, ``read_strided``,
       ``read_explicit_lac``, ``entry_ids``, ``trim``, ``info``): plain functions returning the
       pool's future, so that awaiting one costs that future and no coroutine on top;
+    - ``collect``: reader-pool work, then a wait for GC passes that holds no thread (the GC
+      thread answers through the bridge);
     - in-memory answers given on the caller's thread (``read_cached_entry``,
       ``note_ledger_closed``).
     """
@@ -276,6 +294,23 @@ class AsyncBookie:
     def trim(self, ledger_id: int, master_key: bytes, end_entry_id: int) -> asyncio.Future[None]:
         """Drop the ledger's entries below ``end_entry_id``; see ``Bookie.trim``."""
         return self._on_reader(self._bookie.trim, ledger_id, master_key, end_entry_id)
+
+    async def collect(self, ledger_id: int, master_key: bytes, end_entry_id: int) -> CollectOutcome:
+        """COLLECT: trim and seal on the reader pool (``Bookie.prepare_collect``), then wait,
+        without holding a thread, for a GC pass of each dir holding the ledger that started
+        after the request; ``reclaimed_bytes`` of those passes, ``garbage_bytes`` they left."""
+        threads = await self._on_reader(self._bookie.prepare_collect, ledger_id, master_key, end_entry_id)
+        waits: list[asyncio.Future[GcReport]] = []
+        for gc in threads:
+            fut: asyncio.Future[GcReport] = self._loop.create_future()
+            gc.request_pass(functools.partial(self.bridge.call, _settle, fut))
+            waits.append(fut)
+        reports = await asyncio.gather(*waits)
+        failed = [r.error for r in reports if r.error]
+        if failed:
+            raise VellumError(f"ledger {ledger_id}: the garbage collection pass failed: {'; '.join(failed)}")
+        garbage = await self._on_reader(lambda: sum(gc.garbage_bytes() for gc in threads))
+        return CollectOutcome(sum(r.reclaimed_bytes for r in reports), garbage)
 
     def note_ledger_closed(self, ledger_id: int) -> None:
         """Advisory "ledger closed" (in memory: answered on the caller's thread)."""

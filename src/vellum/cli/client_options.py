@@ -1,11 +1,16 @@
-"""The client settings of ``vellum shell`` commands: ``vellum shell --client-conf FILE ...``
-(or ``$VELLUM_CLIENT_CONF``), a ``key=value`` file with BookKeeper's client keys, e.g. the TLS
-keys (``tlsProviderFactoryClass``, ``tlsTrustStore``, ``tlsCertificatePath``, ``tlsKeyStore``),
-the token ones (``clientAuthProviderFactoryClass=token``, ``clientAuthTokenFile``) and the
-ZooKeeper identity (``zkEnableSecurity``, ``zkDigestAuthFile``) and TLS to ZooKeeper (``zkTlsEnabled``,
+"""The client settings of the commands that talk to a cluster: ``vellum shell --client-conf FILE
+...`` and ``vellum spark --client-conf FILE ...`` (or ``$VELLUM_CLIENT_CONF``), a ``key=value``
+file with BookKeeper's client keys, e.g. the TLS keys (``tlsProviderFactoryClass``,
+``tlsTrustStore``, ``tlsCertificatePath``, ``tlsKeyStore``), the token ones
+(``clientAuthProviderFactoryClass=token``, ``clientAuthTokenFile``) and the ZooKeeper identity
+(``zkEnableSecurity``, ``zkDigestAuthFile``) and TLS to ZooKeeper (``zkTlsEnabled``,
 ``zkTlsTrustStore``, ``zkTlsCertificatePath``, ``zkTlsKeyStore``). ``vellum standalone --tls``
-writes one. Commands that open a client call ``shell_client_config()``; commands that open the
-metadata store directly call ``open_shell_store(uri)`` (the ZooKeeper identity and TLS of that file).
+writes one.
+
+One definition: ``client_conf_option`` puts the flag (and its environment variable) on a command
+group; every verb below it reads the settings with ``shell_client_config()`` (commands that open a
+client, a Spark job that ships them to its tasks) or ``open_shell_store(uri)`` (commands that open
+the metadata store directly: the ZooKeeper identity and TLS of that file).
 """
 
 from __future__ import annotations
@@ -23,16 +28,33 @@ from vellum.meta import MetadataStore
 from vellum.security.admin_http_client import AdminHttpAccess, AdminHttpCallError
 
 ENV = "VELLUM_CLIENT_CONF"
+_OBJ_KEY = "client_conf"
+
+
+def client_conf_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``--client-conf FILE`` (default ``$VELLUM_CLIENT_CONF``) on a command group (put it below
+    ``@group.group()`` / ``@cli.group()``): the path is kept in the click context for
+    ``shell_client_config()``; the group function itself does not see it."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, client_conf: str | None, **kwargs: Any) -> Any:
+        click.get_current_context().ensure_object(dict)[_OBJ_KEY] = client_conf
+        return fn(*args, **kwargs)
+
+    return click.option(
+        "--client-conf", type=click.Path(dir_okay=False, exists=True), envvar=ENV, default=None,
+        help="client settings (TLS, token, ZooKeeper identity) for commands that talk to bookies "
+             "or the metadata store; default $VELLUM_CLIENT_CONF")(wrapper)
 
 
 def shell_client_config() -> ClientConfig | None:
-    """The ``--client-conf`` file given to ``vellum shell`` (else ``$VELLUM_CLIENT_CONF``), loaded;
-    ``None`` when neither is set."""
+    """The ``--client-conf`` file given to the command's group (``vellum shell``, ``vellum
+    spark``; else ``$VELLUM_CLIENT_CONF``), loaded; ``None`` when neither is set."""
     path = None
     ctx = click.get_current_context(silent=True)
     while ctx is not None and path is None:
         if isinstance(ctx.obj, dict):
-            path = ctx.obj.get("client_conf")
+            path = ctx.obj.get(_OBJ_KEY)
         ctx = ctx.parent
     path = path or os.environ.get(ENV)
     return load_client_config(path) if path else None

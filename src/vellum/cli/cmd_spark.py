@@ -5,6 +5,9 @@ Commands: ``gc-report`` (per entry log: total / live bytes, usage, age, pinning 
 ``staging-gc`` (staging ledgers of Spark writes whose driver died before commit; never a ledger
 that a named ledger's segments reference).
 Output: a readable table, ``--json``, or ``--parquet PATH`` for further Spark work.
+Client settings (TLS, token, ZooKeeper identity): ``vellum spark --client-conf FILE <job>`` or
+``$VELLUM_CLIENT_CONF``, the same option as ``vellum shell`` (``client_options.py``); the jobs
+use them on the driver and ship them to their tasks.
 
 pyspark is imported only when a command runs, so ``vellum`` itself starts fast and works
 without the ``[spark]`` extra.
@@ -19,7 +22,7 @@ from typing import Any
 
 import click
 
-from vellum.cli.client_options import admin_http_options
+from vellum.cli.client_options import admin_http_options, client_conf_option, shell_client_config
 from vellum.cli.output import emit_json, emit_table
 from vellum.security.admin_http_client import AdminHttpAccess, AdminHttpCallError
 
@@ -60,6 +63,7 @@ def _cell(v: Any) -> Any:
 
 def register(cli: click.Group) -> None:
     @cli.group()
+    @client_conf_option
     def spark() -> None:
         """Offline analyses of bookie storage, run on Spark."""
 
@@ -91,7 +95,7 @@ def register(cli: click.Group) -> None:
         from vellum.spark.jobs import gc_report as run
 
         if not dirs and not http_urls:
-            found = discover_http_urls(metadata_uri)
+            found = discover_http_urls(metadata_uri, shell_client_config())
             if not found:
                 raise click.UsageError("no registered bookie publishes an admin HTTP address: give --dir "
                                        "(copied bookie data) and/or --http (running bookies' admin URLs)")
@@ -100,7 +104,8 @@ def register(cli: click.Group) -> None:
                 click.echo(f"running bookies: {', '.join(f'{b} ({u})' for b, u in found.items())}", err=True)
         s = _session(master)
         try:
-            rows = run(s, metadata_uri=metadata_uri, dirs=list(dirs), http_urls=list(http_urls), access=access)
+            rows = run(s, metadata_uri=metadata_uri, dirs=list(dirs), http_urls=list(http_urls), access=access,
+                       client_config=shell_client_config())
         except AdminHttpCallError as e:
             raise click.ClickException(str(e)) from None
         rows = [r for r in rows if r["ageSeconds"] is None or r["ageSeconds"] >= min_age]
@@ -121,10 +126,11 @@ def register(cli: click.Group) -> None:
         from vellum.spark.jobs import summarize_replicas
 
         s = _session(master)
-        rows = run(s, metadata_uri=metadata_uri, ledger_ids=list(ledgers) or None, digests=digests)
+        rows = run(s, metadata_uri=metadata_uri, ledger_ids=list(ledgers) or None, digests=digests,
+                   client_config=shell_client_config())
         if all_rows or parquet:
             cols = ["ledgerId", "segmentFirst", "segmentLast", "bookie", "expected", "present", "missing",
-                    "extra", "digestMismatches", "firstMissing", "error"]
+                    "extra", "digestMismatches", "firstMissing", "reachable", "error"]
             _emit(s, rows, cols, title="replicas", as_json=as_json, parquet=parquet)
             return
         problems = summarize_replicas(rows)
@@ -132,10 +138,15 @@ def register(cli: click.Group) -> None:
         if as_json:
             emit_json({"ledgersChecked": checked, "problems": problems})
             return
-        emit_table(["ledgerId", "status", "missingCopies", "digestMismatches", "bookies"],
-                   ([_cell(p[c]) for c in ("ledgerId", "status", "missingCopies", "digestMismatches", "bookies")]
+        emit_table(["ledgerId", "status", "missingCopies", "digestMismatches", "bookies", "unreachable"],
+                   ([*(_cell(p[c]) for c in ("ledgerId", "status", "missingCopies", "digestMismatches", "bookies")),
+                     "; ".join(f"{b} ({err})" for b, err in p["unreachable"].items())]
                     for p in problems),
                    title=f"{checked} ledgers checked, {len(problems)} with problems")
+        unreachable = sorted({b for p in problems for b in p["unreachable"]})
+        if unreachable:
+            click.echo(f"could not ask {', '.join(unreachable)}: their copies are unknown, not missing "
+                       "(a secured cluster needs --client-conf or $VELLUM_CLIENT_CONF)", err=True)
 
     @spark.command("staging-gc")
     @click.option("--metadata-uri", required=True, help="metadata service URI of the cluster")
@@ -155,7 +166,7 @@ def register(cli: click.Group) -> None:
 
         now_ms = time.time() * 1000
         rows: list[tuple[str, int, float, int | str, int | str]] = []
-        with BookKeeper(metadata_uri) as bk:
+        with BookKeeper(metadata_uri, config=shell_client_config()) as bk:
             jobs = list_staging_jobs(bk)
             stopped = "staging-gc --dry-run stopped"
             try:

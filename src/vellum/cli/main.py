@@ -25,6 +25,7 @@ from vellum.cli import (
     shell_recovery,
     shell_storage,
 )
+from vellum.cli.client_options import client_conf_option
 from vellum.cli.output import emit_json, emit_table
 from vellum.config import ServerConfig, describe, load_server_config, parse_conf_file
 from vellum.errors import VellumError
@@ -37,13 +38,9 @@ def cli() -> None:
 
 
 @cli.group()
-@click.option("--client-conf", type=click.Path(dir_okay=False, exists=True), envvar="VELLUM_CLIENT_CONF",
-              help="client settings (TLS, token, ZooKeeper identity) for commands that talk to bookies; "
-                   "default $VELLUM_CLIENT_CONF")
-@click.pass_context
-def shell(ctx: click.Context, client_conf: str | None) -> None:
+@client_conf_option
+def shell() -> None:
     """Admin and inspection commands."""
-    ctx.ensure_object(dict)["client_conf"] = client_conf
 
 
 @cli.group()

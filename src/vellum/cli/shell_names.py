@@ -131,20 +131,41 @@ def readname(uri: str, password: str, name: str, first: int | None, last: int, s
 @_uri_option
 @click.argument("name")
 @click.argument("entry", type=int)
-@click.option("--force", is_flag=True, help="also delete whole segments below ENTRY and TRIM the bookies")
+@click.option("--force", is_flag=True,
+              help="also delete whole segments below ENTRY and have the bookies collect the space now "
+                   "(trim, then a garbage collection pass); waits until every bookie is done")
 @click.option("--json", "as_json", is_flag=True)
 def shrink_cmd(uri: str, name: str, entry: int, force: bool, as_json: bool) -> None:
-    """Move NAME's start to ENTRY: entries below it become invisible (with --force, reclaimed)."""
+    """Move NAME's start to ENTRY: entries below it become invisible (with --force, reclaimed).
+
+    ENTRY below the current start is an error. With --force the command returns when every
+    bookie holding the range has run its garbage collection pass, and lists what each
+    reclaimed; a bookie that could not collect is listed with its error and the exit status
+    is 1 (its space comes back at its next GC pass; running the command again retries).
+    """
     from vellum.client.blocking import BookKeeper
     from vellum.client.named_blocking import NamedLedgers
 
     with BookKeeper(uri, config=shell_client_config()) as bk:
         named = NamedLedgers(bk)
-        start = named.shrink(name, entry, force=force)
+        result = named.shrink(name, entry, force=force)
         rec = named.record(name).value
-    result = {"name": name, "startEntryId": start, "force": force, "segments": len(rec.segments),
-              "trimmedTo": rec.trimmed_to}
+    summary: dict[str, Any] = {"name": name, "startEntryId": result.start_entry_id, "force": force,
+                               "segments": len(rec.segments), "trimmedTo": rec.trimmed_to,
+                               "droppedLedgers": list(result.dropped_ledgers)}
+    rows = [{"bookie": c.bookie, "ledgerId": c.ledger_id, "trimmedBelow": c.end_entry_id, "held": c.held,
+             "reclaimedBytes": c.reclaimed_bytes, "garbageBytesLeft": c.garbage_bytes, "error": c.error}
+            for c in result.collections]
     if as_json:
-        emit_json(result)
+        emit_json({**summary, "collected": result.collected, "collections": rows})
     else:
-        emit_kv(result, title=f"{name} shrunk")
+        emit_kv(summary, title=f"{name} shrunk")
+        if rows:
+            emit_table(list(rows[0]), (list(r.values()) for r in rows),
+                       title="garbage collection on the bookies (done)" if result.collected
+                       else "garbage collection on the bookies: NOT done everywhere")
+    if not result.collected:
+        failed = sorted({c.bookie for c in result.collections if not c.ok})
+        raise click.ClickException(
+            f"the start moved to {result.start_entry_id}, but {', '.join(failed)} could not collect: their "
+            "space comes back at their next GC pass; run the shrink with --force again to retry")

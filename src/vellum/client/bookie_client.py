@@ -543,6 +543,8 @@ class _Connection(asyncio.BufferedProtocol):
             value = msg.ranges
         elif kind is m.GetBookieInfoResponse:
             value = (msg.total_disk_capacity, msg.free_disk_space)
+        elif kind is m.CollectResponse:
+            value = (msg.reclaimed_bytes, msg.garbage_bytes)
         else:
             value = None
         if p.op != _RESPONSE_OPS.get(kind):
@@ -639,6 +641,7 @@ _RESPONSE_OPS: dict[type, int] = {
     m.ListEntriesResponse: m.OP_LIST_ENTRIES,
     m.GetBookieInfoResponse: m.OP_GET_BOOKIE_INFO,
     m.TrimResponse: m.OP_TRIM,
+    m.CollectResponse: m.OP_COLLECT,
 }
 
 
@@ -1039,6 +1042,30 @@ class BookieClient:
             timeout_s,
         )
         await fut
+
+    async def collect(
+        self,
+        bookie_id: str,
+        ledger_id: int,
+        end_entry_id: int,
+        master_key: bytes,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> tuple[int, int]:
+        """COLLECT: the bookie trims the ledger below ``end_entry_id`` (0: nothing), seals the
+        active entry logs holding it and runs a garbage collection pass on its ledger dir(s);
+        answered when that pass is done with ``(reclaimed bytes, garbage bytes left)``.
+        ``NoSuchLedgerError``: the bookie does not hold the ledger (nothing to collect)."""
+        fut = self._submit_by_id(
+            bookie_id,
+            m.OP_COLLECT,
+            ledger_id,
+            end_entry_id,
+            lambda rid: m.CollectRequest(rid, ledger_id, end_entry_id, master_key),
+            timeout_s,
+        )
+        result: tuple[int, int] = await fut
+        return result
 
     # ------------------------------------------------------------------------------ close
     async def close(self) -> None:

@@ -48,12 +48,14 @@ from vellum.client.named_record import (
     KEY_PREFIX,
     RECORD_FORMAT_NAME,
     RECORD_FORMAT_VERSION,
+    BookieCollection,
     NamedLedgerEntry,
     NamedLedgerInfo,
     NamedLedgerRecord,
     Quorum,
     RecoveredEnd,
     Segment,
+    ShrinkResult,
     check_published,
     deserialize_record,
     first_published,
@@ -81,8 +83,8 @@ from vellum.meta.model import LedgerMetadata, LedgerState
 
 __all__ = [
     "CUSTOM_EPOCH_KEY", "CUSTOM_NAME_KEY", "KEY_PREFIX", "RECORD_FORMAT_NAME", "RECORD_FORMAT_VERSION",
-    "EntriesShrunkError", "NamedLedgerEntry", "NamedLedgerHandle", "NamedLedgerInfo", "NamedLedgerRecord",
-    "NamedLedgers", "OpenMode", "Segment", "deserialize_record", "record_key", "serialize_record",
+    "BookieCollection", "EntriesShrunkError", "NamedLedgerEntry", "NamedLedgerHandle", "NamedLedgerInfo", "NamedLedgerRecord",
+    "NamedLedgers", "OpenMode", "Segment", "ShrinkResult", "deserialize_record", "record_key", "serialize_record",
     "validate_name",
 ]
 
@@ -433,16 +435,21 @@ class NamedLedgers:
         await fence_ledger(self._ctx(), seg.ledger_id, md, rec.password)  # fencing writes no metadata
 
     # ------------------------------------------------------------------ shrink
-    async def shrink(self, name: str, end_entry_id: int, *, force: bool = False) -> int:
-        """Move the start of ``name`` to ``end_entry_id`` (entries below become invisible); returns
-        the new start. A smaller ``end_entry_id`` than the current start changes nothing.
+    async def shrink(self, name: str, end_entry_id: int, *, force: bool = False) -> ShrinkResult:
+        """Move the start of ``name`` to ``end_entry_id`` (entries below become invisible).
+        Shrinking to the current start again is allowed (e.g. with ``force`` after a shrink
+        without); below it is ``IncorrectParameterError``, as is past the last entry + 1.
 
         ``force``: also drop whole segments below the new start from the record and delete their
-        ledgers, and ask the bookies of the segment holding the new start to TRIM below it.
+        ledgers, and have every bookie holding the range collect it now (wire op COLLECT: trim
+        below the start, seal the entry logs holding it, run a GC pass); returns once every
+        bookie answered, with what each reclaimed (``ShrinkResult.collections``). A bookie that
+        could not collect is reported there (``collected`` False), never hidden; shrinking with
+        ``force`` to the same point again asks the bookies again.
         """
         return await self._shrink(name, end_entry_id, force, None)
 
-    async def _shrink(self, name: str, end_entry_id: int, force: bool, last_entry_id: int | None) -> int:
+    async def _shrink(self, name: str, end_entry_id: int, force: bool, last_entry_id: int | None) -> ShrinkResult:
         """:meth:`shrink`. ``last_entry_id``: the name's last entry when the caller knows it (its
         writer's LAC), else the bookies are asked for the open segment's."""
         if end_entry_id < 0:
@@ -453,35 +460,65 @@ class NamedLedgers:
             last = last_entry_id if last_entry_id is not None else await self._last_entry_id(rec)
             updated, dropped = rec.shrunk(end_entry_id, last, force=force)
             start = updated.start_entry_id
-            if updated is rec:
-                return start
-            try:
-                await self._cas(updated, got.version)
-            except MetadataVersionError:
-                continue
-            if force:
-                await self._delete_ledgers([s.ledger_id for s in dropped])
-                kept = updated.segments[0] if updated.segments else None
-                if kept is not None and kept.first_entry_id < start:
-                    await self._trim(rec, kept, start - kept.first_entry_id)
-            return start
+            if updated is not rec:
+                # The bookies of a dropped segment are only in its ledger's metadata: read it
+                # before the ledger is deleted.
+                dropped_bookies = {s.ledger_id: await self._bookies_of(s) for s in dropped} if force else {}
+                try:
+                    await self._cas(updated, got.version)
+                except MetadataVersionError:
+                    continue
+            else:
+                dropped_bookies = {}
+            if not force:
+                return ShrinkResult(start)
+            await self._delete_ledgers([s.ledger_id for s in dropped])
+            targets: tuple[tuple[str, int, int], ...] = ()
+            for seg in dropped:
+                targets += tuple((b, seg.ledger_id, 0) for b in dropped_bookies[seg.ledger_id])
+            kept = updated.segments[0] if updated.segments else None
+            if kept is not None and kept.first_entry_id < start:
+                end_local = start - kept.first_entry_id
+                targets += tuple((b, kept.ledger_id, end_local) for b in await self._bookies_of(kept))
+            collections = await self._collect(rec, targets)
+            return ShrinkResult(start, tuple(s.ledger_id for s in dropped), collections)
         raise MetadataVersionError(f"named ledger {name!r}: shrink lost too many CAS races")
 
-    async def _trim(self, rec: NamedLedgerRecord, seg: Segment, end_local: int) -> None:
-        """TRIM ``seg``'s ledger below ``end_local`` on every bookie of its ensembles (best effort:
-        a bookie that misses it keeps the entries until the ledger is deleted)."""
+    async def _bookies_of(self, seg: Segment) -> tuple[str, ...]:
+        """Every bookie of every ensemble of ``seg``'s ledger (the record for an open segment,
+        else the ledger's metadata; none if that is gone already)."""
         if seg.is_open:
-            bookies = {b for ens in seg.ensembles.values() for b in ens}
-        else:
+            return tuple(sorted({str(b) for ens in seg.ensembles.values() for b in ens}))
+        try:
             md = (await self._ctx().read_metadata(seg.ledger_id)).value
-            bookies = {str(b) for ens in md.ensembles.values() for b in ens}
+        except NoSuchLedgerError:
+            return ()
+        return tuple(sorted({str(b) for ens in md.ensembles.values() for b in ens}))
+
+    async def _collect(self, rec: NamedLedgerRecord, targets: Sequence[tuple[str, int, int]]) -> tuple[BookieCollection, ...]:
+        """COLLECT ``(bookie, ledger, local end)`` on every target at once; each answer is a
+        :class:`BookieCollection` (an error is reported, and logged, not raised)."""
+        ctx = self._ctx()
         key = master_key(rec.password)
-        bc = self._ctx().bookie_client
-        results = await asyncio.gather(*(bc.trim(b, seg.ledger_id, end_local, key) for b in sorted(bookies)),
-                                       return_exceptions=True)
-        for b, r in zip(sorted(bookies), results):
-            if isinstance(r, BaseException):
-                log.warning("ledger %d: TRIM below %d on bookie %s failed: %s", seg.ledger_id, end_local, b, r)
+        timeout = float(ctx.config.shrink_collect_timeout_s)
+        results = await asyncio.gather(
+            *(ctx.bookie_client.collect(b, lid, end, key, timeout_s=timeout) for b, lid, end in targets),
+            return_exceptions=True,
+        )
+        out: tuple[BookieCollection, ...] = ()
+        for (bookie, lid, end), r in zip(targets, results):
+            if isinstance(r, NoSuchLedgerError):
+                log.info("named ledger %r: bookie %s does not hold ledger %d: nothing to collect there",
+                         rec.name, bookie, lid)
+                out += (BookieCollection(bookie, lid, end, held=False),)
+            elif isinstance(r, BaseException):
+                log.warning("named ledger %r: bookie %s could not collect ledger %d below entry %d: %s "
+                            "(its space comes back at its next GC pass)", rec.name, bookie, lid, end, r)
+                out += (BookieCollection(bookie, lid, end, error=f"{type(r).__name__}: {r}"),)
+            else:
+                reclaimed, garbage = r
+                out += (BookieCollection(bookie, lid, end, reclaimed_bytes=reclaimed, garbage_bytes=garbage),)
+        return out
 
     # ------------------------------------------------------------------ cursors
     async def get_cursor(self, name: str, key: str) -> tuple[bytes | None, int]:

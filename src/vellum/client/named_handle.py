@@ -29,7 +29,7 @@ from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING
 
 from vellum.client.ledger import LedgerHandle
-from vellum.client.named_record import CAS_RETRIES, NamedLedgerEntry, NamedLedgerRecord, Segment
+from vellum.client.named_record import CAS_RETRIES, NamedLedgerEntry, NamedLedgerRecord, Segment, ShrinkResult
 from vellum.errors import (
     EntriesShrunkError,
     IllegalOpError,
@@ -324,13 +324,13 @@ class NamedLedgerHandle:
                 await self.refresh()
 
     # ------------------------------------------------------------------ shrink / cursors
-    async def shrink(self, end_entry_id: int, force: bool = False) -> int:
+    async def shrink(self, end_entry_id: int, force: bool = False) -> ShrinkResult:
         """See :meth:`NamedLedgers.shrink`. Not allowed on a READ_ONLY handle (it changes state)."""
         if self._writer is None:
             raise IllegalOpError(f"named ledger {self.name!r} was opened read-only: use NamedLedgers.shrink")
-        start = await self._named._shrink(self.name, end_entry_id, force, self.last_add_confirmed)
+        result = await self._named._shrink(self.name, end_entry_id, force, self.last_add_confirmed)
         await self.refresh()
-        return start
+        return result
 
     def get_cursor(self, key: str) -> tuple[bytes | None, int]:
         """(value, record version) as of this handle's view; ``refresh()`` first for the newest."""

@@ -253,14 +253,20 @@ class NamedLedgerRecord:
     def shrunk(
         self, end_entry_id: int, last_entry_id: int, *, force: bool
     ) -> tuple[NamedLedgerRecord, tuple[Segment, ...]]:
-        """The start moved to ``end_entry_id`` (never backwards, never past ``last_entry_id + 1``)
-        and, with ``force``, the whole segments below it dropped; returns (record, dropped).
-        The record is ``self`` when nothing changes."""
+        """The start moved to ``end_entry_id`` and, with ``force``, the whole segments below it
+        dropped; returns (record, dropped). The record is ``self`` when nothing changes (the
+        same point again). Below the current start (backwards) or past ``last_entry_id + 1``:
+        ``IncorrectParameterError``."""
+        if end_entry_id < self.start_entry_id:
+            raise IncorrectParameterError(
+                f"named ledger {self.name!r}: cannot shrink to {end_entry_id}: its start is already "
+                f"{self.start_entry_id} (a shrink never moves the start backwards; entries below it are gone)"
+            )
         if end_entry_id > last_entry_id + 1:
             raise IncorrectParameterError(
                 f"named ledger {self.name!r}: cannot shrink to {end_entry_id}: the last entry is {last_entry_id}"
             )
-        start = max(self.start_entry_id, end_entry_id)
+        start = end_entry_id
         segments = list(self.segments)
         dropped: list[Segment] = []
         if force:
@@ -454,6 +460,53 @@ class NamedLedgerEntry:
     payload: bytes
     ledger_id: int
     ledger_entry_id: int
+
+
+@dataclass(frozen=True)
+class BookieCollection:
+    """One bookie's garbage collection for a forced shrink (wire op COLLECT), for one ledger:
+    ``end_entry_id`` is the ledger-local trim point (0: a dropped segment's ledger, collected
+    whole); ``held`` False when the bookie did not hold the ledger (nothing to collect there);
+    ``reclaimed_bytes`` what the bookie's GC pass freed in the ledger's dir(s) and
+    ``garbage_bytes`` the dead bytes it left there; ``error`` is set when the bookie could not
+    collect (down, timed out, refused): its space comes back at its next GC pass instead."""
+
+    bookie: str
+    ledger_id: int
+    end_entry_id: int
+    held: bool = True
+    reclaimed_bytes: int = 0
+    garbage_bytes: int = 0
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.error
+
+
+@dataclass(frozen=True)
+class ShrinkResult:
+    """What a shrink did: the new start, the ledgers of the whole segments it dropped (force),
+    and, with force, every bookie's collection, all finished (or failed) when this is returned."""
+
+    start_entry_id: int
+    dropped_ledgers: tuple[int, ...] = ()
+    collections: tuple[BookieCollection, ...] = ()
+
+    @property
+    def collected(self) -> bool:
+        """Every bookie asked to collect did (vacuously true without force)."""
+        return all(c.ok for c in self.collections)
+
+    @property
+    def reclaimed_bytes(self) -> int:
+        """At least this many bytes were freed: per bookie its largest pass (the collections of
+        several ledgers on one bookie usually share a pass and each reports it; counting the
+        largest once never counts a shared pass twice)."""
+        seen: dict[str, int] = {}
+        for c in self.collections:
+            seen[c.bookie] = max(seen.get(c.bookie, 0), c.reclaimed_bytes)
+        return sum(seen.values())
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,7 @@ from vellum.proto.messages import (
     OP_ADD,
     OP_AUTH,
     OP_BATCH_READ,
+    OP_COLLECT,
     OP_ERROR,
     OP_FORCE_LEDGER,
     OP_GET_BOOKIE_INFO,
@@ -98,6 +99,8 @@ from vellum.proto.messages import (
     BatchReadRequest,
     BatchReadResponse,
     BytesLike,
+    CollectRequest,
+    CollectResponse,
     ErrorResponse,
     ForceLedgerRequest,
     ForceLedgerResponse,
@@ -159,6 +162,8 @@ _LIST_RESP = struct.Struct(">iIqiqi")  # requestId, rc, ledgerId, rangeCount + r
 _INFO_REQ = struct.Struct(">iIq")
 _INFO_RESP = struct.Struct(">iIqiqq")
 _TRIM_REQ = struct.Struct(">iIqqq20s")
+_COLLECT_REQ = _TRIM_REQ  # requestId, ledgerId, endEntryId, masterKey
+_COLLECT_RESP = struct.Struct(">iIqiqqq")  # requestId, rc, ledgerId, reclaimedBytes, garbageBytes
 _ERROR_RESP = struct.Struct(">iIqiiqq")  # requestId, rc, opcode, ledgerId, entryId
 _STRIDED_REQ = struct.Struct(">iIqqqiiq")  # requestId, ledgerId, first, int stride, int count, maxSize
 _STRIDED_RESP = struct.Struct(">iIqiqq")  # requestId, rc, ledgerId, first + repeated [int len][entry]
@@ -190,6 +195,7 @@ _READ_RESP_B = _body(_READ_RESP)
 _REQ_LEDGER_B = _body(_REQ_LEDGER)
 _RESP_LEDGER_B = _body(_RESP_LEDGER)
 _TRIM_REQ_B = _body(_TRIM_REQ)
+_COLLECT_RESP_B = _body(_COLLECT_RESP)
 _WRITE_LAC_REQ_B = _body(_WRITE_LAC_REQ)
 _STRIDED_REQ_B = _body(_STRIDED_REQ)
 _STRIDED_RESP_B = _body(_STRIDED_RESP)
@@ -353,6 +359,22 @@ def _enc_trim_req(m: TrimRequest) -> list[BytesLike]:
     ]
 
 
+def _enc_collect_req(m: CollectRequest) -> list[BytesLike]:
+    return [
+        _COLLECT_REQ.pack(
+            48, _V | (OP_COLLECT << 16), m.request_id, m.ledger_id, m.end_entry_id, _key(m.master_key, "COLLECT")
+        )
+    ]
+
+
+def _enc_collect_resp(m: CollectResponse) -> list[BytesLike]:
+    return [
+        _COLLECT_RESP.pack(
+            40, _V | (OP_COLLECT << 16), m.request_id, m.status, m.ledger_id, m.reclaimed_bytes, m.garbage_bytes
+        )
+    ]
+
+
 def _enc_error_resp(m: ErrorResponse) -> list[BytesLike]:
     mask = 0
     if m.request_id is not None:
@@ -498,6 +520,8 @@ _ENCODERS: dict[type[Any], Callable[[Any], list[BytesLike]]] = {
     StartTlsResponse: _enc_start_tls_resp,
     AuthRequest: _enc_auth_req,
     AuthResponse: _enc_auth_resp,
+    CollectRequest: _enc_collect_req,
+    CollectResponse: _enc_collect_resp,
     ErrorResponse: _enc_error_resp,
 }
 
@@ -749,6 +773,18 @@ def _dec_trim_req(body: memoryview, flags: int) -> Message:
     return TrimRequest(request_id, ledger_id, end_entry_id, key)
 
 
+def _dec_collect_req(body: memoryview, flags: int) -> Message:
+    _expect(body, 48, "COLLECT")
+    _, request_id, ledger_id, end_entry_id, key = _TRIM_REQ_B.unpack_from(body)
+    return CollectRequest(request_id, ledger_id, end_entry_id, key)
+
+
+def _dec_collect_resp(body: memoryview, flags: int) -> Message:
+    _expect(body, 40, "COLLECT response")
+    _, request_id, status, ledger_id, reclaimed, garbage = _COLLECT_RESP_B.unpack_from(body)
+    return CollectResponse(request_id, status, ledger_id, reclaimed, garbage)
+
+
 def _dec_error_resp(body: memoryview, flags: int) -> Message:
     _expect(body, 36, "ERROR response")
     if flags & ~_ERROR_MASK:
@@ -838,6 +874,8 @@ _DECODERS: dict[type[Any], _Decoder] = {
     StartTlsResponse: _dec_start_tls_resp,
     AuthRequest: _dec_auth_req,
     AuthResponse: _dec_auth_resp,
+    CollectRequest: _dec_collect_req,
+    CollectResponse: _dec_collect_resp,
     ErrorResponse: _dec_error_resp,
 }
 
@@ -885,6 +923,7 @@ _VELLUM_LEDGER_OPS = frozenset(
         OP_LEDGER_CLOSED,
         OP_TRIM,
         OP_READ_STRIDED,
+        OP_COLLECT,
     }
 )
 # Opcodes 64..126 are Vellum's range: every frame there carries a request id after the header,

@@ -61,6 +61,9 @@ OP_START_TLS = 73
 #: authenticate the connection (BookKeeper's AUTH: v2 opcode 3 / v3 OperationType 5, which carry
 #: a protobuf ``AuthMessage{authPluginName, payload}``; Vellum carries the same two fields)
 OP_AUTH = 74
+#: trim a ledger and garbage-collect its ledger dir now, answered when the GC pass is done
+#: (a named ledger's forced shrink)
+OP_COLLECT = 75
 #: response only: a request that could not be parsed or whose opcode is unknown
 OP_ERROR = 127
 
@@ -79,6 +82,7 @@ OPCODE_NAMES: dict[int, str] = {
     OP_READ_STRIDED: "READ_STRIDED",
     OP_START_TLS: "START_TLS",
     OP_AUTH: "AUTH",
+    OP_COLLECT: "COLLECT",
     OP_ERROR: "ERROR",
 }
 
@@ -405,6 +409,34 @@ class TrimResponse:
 
 
 @dataclass(frozen=True, slots=True)
+class CollectRequest:
+    """TRIM the ledger below ``end_entry_id`` (0: trim nothing), seal the active entry logs
+    holding its records, and run a garbage collection pass on the ledger dir(s) holding it;
+    answered once a pass that started after the request is done (a forced shrink)."""
+
+    OPCODE: ClassVar[int] = OP_COLLECT
+
+    request_id: int
+    ledger_id: int
+    end_entry_id: int
+    master_key: BytesLike = field(repr=False)  # never in a log line or error message
+
+
+@dataclass(frozen=True, slots=True)
+class CollectResponse:
+    """``reclaimed_bytes``: what the pass freed in those dirs; ``garbage_bytes``: dead bytes it
+    left there (logs above the compaction threshold, compaction suspended or disabled)."""
+
+    OPCODE: ClassVar[int] = OP_COLLECT
+
+    request_id: int
+    status: int
+    ledger_id: int
+    reclaimed_bytes: int = 0
+    garbage_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class StridedReadRequest:
     """Entries ``first, first + stride, first + 2 * stride, ...``: at most ``max_count`` of them
     and about ``max_size`` bytes (0 = no bound; the first entry always counts), stopping at the
@@ -610,6 +642,7 @@ Request: TypeAlias = (
     | StridedReadRequest
     | StartTlsRequest
     | AuthRequest
+    | CollectRequest
 )
 Response: TypeAlias = (
     AddResponse
@@ -625,6 +658,7 @@ Response: TypeAlias = (
     | StridedReadResponse
     | StartTlsResponse
     | AuthResponse
+    | CollectResponse
     | ErrorResponse
 )
 Message: TypeAlias = Request | Response

@@ -173,6 +173,7 @@ class BookieConnection(asyncio.BufferedProtocol):
             m.GetBookieInfoRequest: self._on_bookie_info,
             m.LedgerClosedNote: self._on_ledger_closed,
             m.TrimRequest: self._on_trim,
+            m.CollectRequest: self._on_collect,
             m.StartTlsRequest: self._on_start_tls,
             m.AuthRequest: self._on_auth,
             m.BadFrame: self._on_bad_frame,
@@ -577,6 +578,23 @@ class BookieConnection(asyncio.BufferedProtocol):
         except Exception as e:
             self._note_key_refusal(e, "TRIM", req.ledger_id)
             self._send(m.TrimResponse(req.request_id, wire_status_for(e), req.ledger_id))
+
+    def _on_collect(self, req: m.CollectRequest) -> None:
+        self._requests["COLLECT"] += 1
+        self._spawn(self._collect(req))
+
+    async def _collect(self, req: m.CollectRequest) -> None:
+        try:
+            out = await self._bookie.collect(req.ledger_id, bytes(req.master_key), req.end_entry_id)
+        except Exception as e:
+            status = wire_status_for(e)
+            log.info("COLLECT of ledger %d below entry %d: answering %s: %s", req.ledger_id, req.end_entry_id,
+                     status, e)
+            self._send(m.CollectResponse(req.request_id, status, req.ledger_id))
+            return
+        log.info("COLLECT of ledger %d below entry %d: %d bytes reclaimed, %d garbage bytes left",
+                 req.ledger_id, req.end_entry_id, out.reclaimed_bytes, out.garbage_bytes)
+        self._send(m.CollectResponse(req.request_id, EOK, req.ledger_id, out.reclaimed_bytes, out.garbage_bytes))
 
     # ------------------------------------------------------------------------------- TLS
     def _on_start_tls(self, req: m.StartTlsRequest) -> None:

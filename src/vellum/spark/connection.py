@@ -27,7 +27,8 @@ from vellum.config import ClientConfig, build_config
 from vellum.spark.options import OptionError
 
 _lock = threading.Lock()
-_clients: dict[tuple[int, str, tuple[tuple[str, str], ...]], BookKeeper] = {}
+#: (pid, metadata URI, bookkeeper.* options) or (pid, a whole ClientConfig) -> client
+_clients: dict[tuple[object, ...], BookKeeper] = {}
 
 
 def client_config(metadata_uri: str, properties: tuple[tuple[str, str], ...]) -> ClientConfig:
@@ -54,6 +55,19 @@ def shared_client(metadata_uri: str, properties: tuple[tuple[str, str], ...] = (
         if bk is not None and not _is_closed(bk):
             return bk
         bk = BookKeeper(config=client_config(metadata_uri, properties))
+        _clients[key] = bk
+        return bk
+
+
+def shared_client_for(config: ClientConfig) -> BookKeeper:
+    """The process-wide client for a whole ``ClientConfig`` (the offline jobs ship the settings
+    of ``--client-conf`` to their tasks this way; the config carries the metadata URI)."""
+    key = (os.getpid(), config)
+    with _lock:
+        bk = _clients.get(key)
+        if bk is not None and not _is_closed(bk):
+            return bk
+        bk = BookKeeper(config=config)
         _clients[key] = bk
         return bk
 
@@ -87,7 +101,7 @@ def _is_closed(bk: BookKeeper) -> bool:
 @atexit.register
 def _close_all() -> None:
     with _lock:
-        mine = [bk for (pid, _u, _p), bk in _clients.items() if pid == os.getpid()]
+        mine = [bk for key, bk in _clients.items() if key[0] == os.getpid()]
         _clients.clear()
     for bk in mine:
         try:

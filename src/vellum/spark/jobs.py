@@ -9,6 +9,13 @@ Responsibility:
 - ``replica_check``: for each ledger, whether every bookie of every ensemble segment holds the
   entries the write-set striping gives it (wire op LIST_ENTRIES), optionally comparing the stored
   bytes of each entry across its replicas; under-replicated and divergent ledgers are listed.
+  A bookie the checker cannot ask (down, refused the connection, TLS or authentication failed,
+  timed out, or its copy of the ledger is in doubt) is reported *unreachable* with its error,
+  never as missing data: only a bookie that answers "I do not hold this ledger/these entries"
+  makes copies missing.
+
+Client settings: every job takes ``client_config`` (a ``ClientConfig``: TLS, token, ZooKeeper
+identity; ``vellum spark --client-conf``), used on the driver and shipped to the tasks.
 
 Invariants:
 - read-only: entry logs are opened ``O_RDONLY`` and scanned with the pure format scanner (no
@@ -24,6 +31,7 @@ Invariants:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -33,7 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vellum.errors import ReadError
+from vellum.config import ClientConfig
+from vellum.errors import NoSuchLedgerError, ReadError
 from vellum.format import entrylog as fmt
 from vellum.security.admin_http_client import AdminHttpAccess
 from vellum.storage.entry_logger import parse_log_file_name
@@ -49,12 +58,23 @@ class Liveness:
     first_live_entry: dict[int, int] = field(default_factory=dict)
 
 
-def liveness_snapshot(metadata_uri: str) -> Liveness:
-    """Existing ledger ids, plus shrink points of named-ledger segments (driver side)."""
+def _driver_client(metadata_uri: str, client_config: ClientConfig | None) -> Any:
+    """A blocking client of the driver, with the job's client settings."""
     from vellum.client.blocking import BookKeeper
+
+    return BookKeeper(metadata_uri, config=client_config)
+
+
+def _task_config(metadata_uri: str, client_config: ClientConfig | None) -> ClientConfig:
+    """The settings shipped to the tasks: the job's, with its metadata URI."""
+    return dataclasses.replace(client_config or ClientConfig(), metadata_service_uri=metadata_uri)
+
+
+def liveness_snapshot(metadata_uri: str, client_config: ClientConfig | None = None) -> Liveness:
+    """Existing ledger ids, plus shrink points of named-ledger segments (driver side)."""
     from vellum.spark.names import NameReader
 
-    with BookKeeper(metadata_uri) as bk:
+    with _driver_client(metadata_uri, client_config) as bk:
         ledgers = frozenset(bk.list_ledgers())
         shrunk: dict[int, int] = {}
         reader = NameReader(bk)
@@ -156,12 +176,10 @@ def _http_rows(http_urls: list[str], live: Liveness, access: AdminHttpAccess) ->
     return rows
 
 
-def discover_http_urls(metadata_uri: str) -> dict[str, str]:
+def discover_http_urls(metadata_uri: str, client_config: ClientConfig | None = None) -> dict[str, str]:
     """``{bookie id: admin HTTP base URL}`` of the registered bookies (writable and read-only)
     that published one (``httpAddress`` in their registration data)."""
-    from vellum.client.blocking import BookKeeper
-
-    with BookKeeper(metadata_uri) as bk:
+    with _driver_client(metadata_uri, client_config) as bk:
         reg = bk.aio.store.registration
         out: dict[str, str] = {}
         for bookie in sorted(reg.list_bookies() | reg.list_bookies(read_only=True)):
@@ -183,10 +201,11 @@ def gc_report(
     http_urls: list[str] | None = None,
     access: AdminHttpAccess | None = None,
     now: float | None = None,
+    client_config: ClientConfig | None = None,
 ) -> list[dict[str, Any]]:
     """One row per (bookie, entry log), oldest first; see the module docstring. ``access``:
     the token and CA for bookies whose admin API is secured."""
-    live = liveness_snapshot(metadata_uri)
+    live = liveness_snapshot(metadata_uri, client_config)
     rows: list[dict[str, Any]] = []
     if dirs:
         tasks = [(label, str(p)) for label, cur in find_ledger_dirs(dirs)
@@ -259,20 +278,30 @@ def _first_missing(ranges: list[tuple[int, int]], a: int, b: int, index: int, e:
     return out
 
 
+def _error_text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
 def check_ledger(bk: Any, ledger_id: int, *, digests: bool = False) -> list[dict[str, Any]]:
-    """Rows for one ledger: one per (segment, bookie)."""
+    """Rows for one ledger: one per (segment, bookie). ``reachable`` False (with ``error``) when
+    the bookie could not be asked: then nothing is known about its copies (``missing`` 0)."""
     from vellum.client.ledger import write_set
-    from vellum.errors import NoSuchLedgerError
 
     try:
         md = bk.ledger_metadata(ledger_id)
     except NoSuchLedgerError:
         return []
+    firsts = sorted(md.ensembles)
     if md.is_closed:
         last = md.last_entry_id
     else:
-        last = bk.open_ledger(ledger_id, password=md.password, recovery=False).last_add_confirmed
-    firsts = sorted(md.ensembles)
+        try:
+            last = bk.open_ledger(ledger_id, password=md.password, recovery=False).last_add_confirmed
+        except Exception as exc:  # no bookie of the last ensemble told its LAC: nothing to compare
+            error = f"cannot read the ledger's LAC: {_error_text(exc)}"
+            return [dict(ledgerId=ledger_id, segmentFirst=firsts[-1], segmentLast=-1, bookie=str(b), expected=0,
+                         present=0, missing=0, extra=0, digestMismatches=0, firstMissing="", reachable=False,
+                         error=error) for b in md.ensembles[firsts[-1]]]
     bc = bk.aio.bookie_client
     e, wq = md.ensemble_size, md.write_quorum_size
 
@@ -282,24 +311,31 @@ def check_ledger(bk: Any, ledger_id: int, *, digests: bool = False) -> list[dict
     rows: list[dict[str, Any]] = []
     held: dict[str, tuple[tuple[int, int], ...] | None] = {}
     errors: dict[str, str] = {}
-    for bookie in {b for ens in md.ensembles.values() for b in ens}:
+    for bookie in sorted({str(b) for ens in md.ensembles.values() for b in ens}):
         try:
             held[bookie] = call(bc.list_entries(bookie, ledger_id))
-        except Exception as exc:  # an unreachable bookie holds nothing we can vouch for
+        except NoSuchLedgerError:
+            held[bookie] = ()  # the bookie answered: it holds nothing of this ledger
+        except Exception as exc:
+            # Down, refused (TLS, authentication), timed out, or unsure of its own copy
+            # (EUNKNOWNLEDGERSTATE): we cannot tell what it holds, so it is unreachable,
+            # never "missing".
             held[bookie] = None
-            errors[bookie] = f"{type(exc).__name__}: {exc}"
+            errors[bookie] = _error_text(exc)
     for i, first in enumerate(firsts):
         seg_last = min(last, firsts[i + 1] - 1) if i + 1 < len(firsts) else last
         mismatches: dict[int, int] = {}
         if digests and seg_last >= first:
-            mismatches = _digest_mismatches(bk, md, ledger_id, first, seg_last, call, write_set)
+            mismatches = _digest_mismatches(bk, md, ledger_id, first, seg_last, call, write_set,
+                                            skip=frozenset(errors))
         for index, bookie in enumerate(md.ensembles[first]):
+            bookie = str(bookie)
             expected = _expected_in(first, seg_last, index, e, wq)
             ranges = held.get(bookie)
             if ranges is None:
                 rows.append(dict(ledgerId=ledger_id, segmentFirst=first, segmentLast=seg_last, bookie=bookie,
-                                 expected=expected, present=0, missing=expected, extra=0, digestMismatches=0,
-                                 firstMissing="", error=errors.get(bookie, "unreachable")))
+                                 expected=expected, present=0, missing=0, extra=0, digestMismatches=0,
+                                 firstMissing="", reachable=False, error=errors.get(bookie, "unreachable")))
                 continue
             inside = _intersect(ranges, first, seg_last)
             present = sum(y - x + 1 for x, y in inside)
@@ -311,21 +347,25 @@ def check_ledger(bk: Any, ledger_id: int, *, digests: bool = False) -> list[dict
                 digestMismatches=mismatches.get(index, 0),
                 firstMissing=",".join(map(str, _first_missing(inside, first, seg_last, index, e, wq)))
                 if missing else "",
+                reachable=True,
                 error="",
             ))
     return rows
 
 
 def _digest_mismatches(bk: Any, md: Any, ledger_id: int, first: int, last: int, call: Any,
-                       write_set: Any) -> dict[int, int]:
+                       write_set: Any, *, skip: frozenset[str] = frozenset()) -> dict[int, int]:
     """Per ensemble index: entries whose stored bytes differ from the majority of their replicas,
-    or that their bookie refuses with an I/O error (its own digest check found the copy corrupt)."""
+    or that their bookie refuses with an I/O error (its own digest check found the copy corrupt).
+    Bookies in ``skip`` (unreachable) are not asked."""
     bc = bk.aio.bookie_client
     ensemble = md.ensembles[first]
     out: dict[int, int] = {}
     for eid in range(first, last + 1):
         copies: dict[int, bytes] = {}
         for idx in write_set(eid, md.ensemble_size, md.write_quorum_size):
+            if str(ensemble[idx]) in skip:
+                continue
             try:
                 copies[idx] = bytes(call(bc.read(ensemble[idx], ledger_id, eid)))
             except ReadError:
@@ -343,10 +383,10 @@ def _digest_mismatches(bk: Any, md: Any, ledger_id: int, first: int, last: int, 
     return out
 
 
-def _check_ledgers_task(metadata_uri: str, digests: bool, ledger_ids: Iterable[int]) -> Iterator[dict[str, Any]]:
-    from vellum.spark.connection import shared_client
+def _check_ledgers_task(config: ClientConfig, digests: bool, ledger_ids: Iterable[int]) -> Iterator[dict[str, Any]]:
+    from vellum.spark.connection import shared_client_for
 
-    bk = shared_client(metadata_uri)
+    bk = shared_client_for(config)
     for lid in ledger_ids:
         yield from check_ledger(bk, int(lid), digests=digests)
 
@@ -357,23 +397,25 @@ def _slices(spark: Any, n: int) -> int:
 
 def replica_check(
     spark: Any, *, metadata_uri: str, ledger_ids: list[int] | None = None, digests: bool = False,
+    client_config: ClientConfig | None = None,
 ) -> list[dict[str, Any]]:
     """One row per (ledger, segment, bookie); see ``summarize_replicas`` for the verdicts."""
-    from vellum.client.blocking import BookKeeper
-
     if ledger_ids is None:
-        with BookKeeper(metadata_uri) as bk:
+        with _driver_client(metadata_uri, client_config) as bk:
             ledger_ids = bk.list_ledgers()
     if not ledger_ids:
         return []
     rdd = spark.sparkContext.parallelize(ledger_ids, _slices(spark, len(ledger_ids)))
-    rows = rdd.mapPartitions(functools.partial(_check_ledgers_task, metadata_uri, digests)).collect()
+    task = functools.partial(_check_ledgers_task, _task_config(metadata_uri, client_config), digests)
+    rows = rdd.mapPartitions(task).collect()
     rows.sort(key=lambda r: (r["ledgerId"], r["segmentFirst"], r["bookie"]))
     return rows
 
 
 def summarize_replicas(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per ledger with a problem: under-replicated (missing copies) or divergent."""
+    """One row per ledger with a problem: divergent (copies differ), under-replicated (a bookie
+    that answered lacks copies) or, when neither is known, unreachable (some of its bookies could
+    not be asked; their copies are unknown, not missing). ``unreachable``: bookie -> error."""
     by_ledger: dict[int, list[dict[str, Any]]] = {}
     for r in rows:
         by_ledger.setdefault(r["ledgerId"], []).append(r)
@@ -381,9 +423,11 @@ def summarize_replicas(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for lid, rs in sorted(by_ledger.items()):
         missing = sum(r["missing"] for r in rs)
         mism = sum(r["digestMismatches"] for r in rs)
-        if not missing and not mism:
+        unreachable = {r["bookie"]: r["error"] for r in rs if not r.get("reachable", True)}
+        if not missing and not mism and not unreachable:
             continue
-        status = "divergent" if mism else "under-replicated"
+        status = "divergent" if mism else "under-replicated" if missing else "unreachable"
         out.append({"ledgerId": lid, "status": status, "missingCopies": missing, "digestMismatches": mism,
-                    "bookies": sorted({r["bookie"] for r in rs if r["missing"] or r["digestMismatches"]})})
+                    "bookies": sorted({r["bookie"] for r in rs if r["missing"] or r["digestMismatches"]}),
+                    "unreachable": dict(sorted(unreachable.items()))})
     return out

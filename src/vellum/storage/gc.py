@@ -27,6 +27,12 @@ The trap: with the default (false) a full disk stops compaction, so only whole-l
 frees space; if deleted ledgers are interleaved with live ones, the bookie stays read-only
 forever. docs/gc.md explains the ways out.
 
+Waiting for a pass (a named ledger's forced shrink, through the wire op COLLECT):
+``request_pass(on_done)`` forces a pass like ``trigger()`` and calls ``on_done(report)`` (on the
+GC thread) once a pass that *started after the request* has finished, so everything trimmed or
+deleted before the request has been considered; requests that arrive before that pass starts
+share it. ``garbage_bytes()`` is what the passes left: dead bytes still on disk in this dir.
+
 Invariants:
 - never touches a log that is active, preallocated or being written (``flushed_log_ids``);
 - never deletes a ledger on doubtful metadata (above) and never resurrects an index entry
@@ -219,6 +225,7 @@ class GcReport:
     kind: str = ""  # "major", "minor" or ""
     listing_error: str = ""
     reclaimed_bytes: int = 0
+    error: str = ""  # the pass failed (or the thread stopped before running it)
 
 
 class GarbageCollectorThread:
@@ -260,6 +267,9 @@ class GarbageCollectorThread:
         self._force_minor = False
         self._in_force_gc = False
         self._stopping = False
+        #: passes started so far, and the callers of ``request_pass`` waiting for pass n
+        self._passes_started = 0
+        self._pass_waiters: list[tuple[int, Callable[[GcReport], None]]] = []
         self._thread: threading.Thread | None = None
         now_ms = int(clock() * 1000)
         # BookKeeper starts both clocks at construction: the first periodic compaction comes a
@@ -280,13 +290,39 @@ class GarbageCollectorThread:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop after the current step (compaction checks between entries); joins the thread."""
+        """Stop after the current step (compaction checks between entries); joins the thread.
+        Callers still waiting in ``request_pass`` are answered with an error report."""
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
         thread, self._thread = self._thread, None
         if thread is not None:
             thread.join()
+        with self._cond:
+            waiters, self._pass_waiters = self._pass_waiters, []
+        for _n, on_done in waiters:
+            on_done(GcReport(error="the bookie's GC stopped before the pass ran"))
+
+    def request_pass(self, on_done: Callable[[GcReport], None]) -> None:
+        """Force a pass (as ``trigger()``) and call ``on_done(report)`` on the GC thread when a
+        pass that starts after this call has finished (see the module docstring). Raises
+        ``VellumError`` if the GC thread is not running (nothing would ever answer)."""
+        with self._cond:  # one hold: the next pass to start is forced and answers this caller
+            if self._thread is None or self._stopping:
+                raise VellumError(f"GC of {self._label} is not running: cannot collect now")
+            self._pass_waiters.append((self._passes_started + 1, on_done))
+            self.trigger()  # the condition's lock is reentrant
+
+    def garbage_bytes(self) -> int:
+        """Dead bytes still on disk in this dir as of the last pass: in flushed logs, record
+        bytes of ledgers gone or trimmed (logs above the compaction threshold, or not compacted
+        yet); in the active logs, the trimmed bytes (GC never touches an active log)."""
+        trimmed = self.storage.trimmed_bytes()
+        with self._cond:
+            metas = list(self._meta.values())
+        known = {m.log_id for m in metas}
+        dead = sum(m.total_size - m.remaining_size(trimmed.get(m.log_id, 0)) for m in metas)
+        return dead + sum(n for log_id, n in trimmed.items() if log_id not in known)
 
     def trigger(self, *, force_major: bool | None = None, force_minor: bool | None = None) -> None:
         """Force a pass now (``forceGC``); each flag defaults to "not suspended"."""
@@ -381,8 +417,12 @@ class GarbageCollectorThread:
                     return
                 force, force_major, force_minor = self._force, self._force_major, self._force_minor
                 self._force = False
+                # Numbered with the flags it runs with: a request_pass after this point waits
+                # for the next (forced) pass, never for this one.
+                self._passes_started += 1
+                number = self._passes_started
             try:
-                self.run_once(force=force, force_major=force_major, force_minor=force_minor)
+                self._run_pass(number, force=force, force_major=force_major, force_minor=force_minor)
             except Exception as e:  # a failed pass is reported and retried at the next period
                 log.exception("GC pass on %s failed", self._label)
                 with self._cond:
@@ -403,7 +443,13 @@ class GarbageCollectorThread:
     def run_once(
         self, *, force: bool = False, force_major: bool = True, force_minor: bool = True
     ) -> GcReport:
-        """One GC pass, synchronously (the thread calls this; so can tests)."""
+        """One GC pass, synchronously (tests; the thread runs numbered passes the same way)."""
+        with self._cond:
+            self._passes_started += 1
+            number = self._passes_started
+        return self._run_pass(number, force=force, force_major=force_major, force_minor=force_minor)
+
+    def _run_pass(self, number: int, *, force: bool, force_major: bool, force_minor: bool) -> GcReport:
         with self._run_lock:
             start = time.monotonic()
             report = GcReport()
@@ -412,6 +458,9 @@ class GarbageCollectorThread:
                 self._status.forceCompacting = force
             try:
                 self._pass(report, force, force_major, force_minor)
+            except BaseException as e:
+                report.error = f"{type(e).__name__}: {e}"
+                raise
             finally:
                 elapsed = time.monotonic() - start
                 _RUNTIME.labels(self._label).observe(elapsed)
@@ -423,6 +472,7 @@ class GarbageCollectorThread:
                     self._status.gcCounter += 1
                     self._status.lastGcRunTimeMillis = int(elapsed * 1000)
                     self._progress = GcProgress()
+                self._answer_waiters(number, report)
             log.info(
                 "GC pass on %s: %d ledgers deleted, %d logs deleted, %s compaction of %d logs, "
                 "%d bytes reclaimed in %.2fs",
@@ -430,6 +480,17 @@ class GarbageCollectorThread:
                 report.kind or "no", len(report.compactions), report.reclaimed_bytes, elapsed,
             )
             return report
+
+    def _answer_waiters(self, number: int, report: GcReport) -> None:
+        """Answer the ``request_pass`` callers waiting for pass ``number`` or an earlier one."""
+        with self._cond:
+            done = [w for w in self._pass_waiters if w[0] <= number]
+            self._pass_waiters = [w for w in self._pass_waiters if w[0] > number]
+        for _n, on_done in done:
+            try:
+                on_done(report)
+            except Exception:  # a waiter's failure must not fail the GC thread
+                log.exception("GC of %s: a caller waiting for the pass failed", self._label)
 
     def _pass(self, report: GcReport, force: bool, force_major: bool, force_minor: bool) -> None:
         s = self.settings

@@ -838,6 +838,22 @@ class LedgerStorage:
             self.locations.delete_range(ledger_id, 0, end_entry_id)
             self._trimmed.add(dead)
 
+    def seal_logs_holding(self, ledger_id: int) -> int:
+        """Make the ledger's records in the active entry log(s) collectable now (a forced
+        shrink: GC never touches an active log): flush (the trims become durable with the
+        index), then seal the active log(s) holding records of the ledger: its own log with
+        entry log per ledger, else the shared active log. Returns how many logs were sealed."""
+        with self._flush_lock:
+            self.flush()
+            holding = [log_id for log_id, _size, ledgers in self.entry_logger.active_log_usage()
+                       if ledger_id in ledgers]
+            if not holding:
+                return 0
+            if self.entry_logger.entry_log_per_ledger:
+                return int(self.entry_logger.rotate_ledger(ledger_id))
+            self.entry_logger.rotate()
+            return len(holding)
+
     # ------------------------------------------------------------------ lifecycle
 
     def _check_open(self) -> None:
