@@ -106,9 +106,10 @@ def server_auth(config: ServerConfig, verifier: TokenVerifier | None) -> BookieA
 def bookie_client_config(config: ServerConfig, what: str) -> ClientConfig:
     """The client a bookie (or AutoRecovery) talks to other bookies with: the bookie's own
     certificate (role ``bookie``) and ZooKeeper identity (``client_security_values``), and the
-    placement policy of its file for the replacement bookies it picks."""
-    return build_config(ClientConfig, {**config.client_placement_values(), **config.client_security_values()},
-                        source=what)
+    placement policy of its file for the replacement bookies it picks, with the metadata session
+    timeout of its file (``zkTimeout``) like the bookie's own session."""
+    return build_config(ClientConfig, {**config.client_placement_values(), **config.client_security_values(),
+                                       "zkTimeout": config.zk_timeout_ms}, source=what)
 
 
 def http_tls(config: ServerConfig) -> ssl.SSLContext | None:
