@@ -7,7 +7,7 @@ Start order: metadata store (the cluster must be formatted) -> local storage (lo
 checked against the store's copy, journal replay) -> limbo marking if the bookie may have lost
 data (``dataIntegrityChecking``: every ledger of this bookie in the store, before anything is
 served; ``admin/integrity_check.py``) -> network server -> admin HTTP -> registration (writable
-or read-only; re-registered when the state or the session changes) -> the background integrity
+or read-only as the bookie is, following every later change: ``bookie/registration.py``) -> the background integrity
 check while any ledger is limbo (its own client, on this loop).
 Stop order is the reverse: deregister first so clients stop choosing this bookie, then close
 the server, then the clean storage shutdown (final checkpoint, unclean-shutdown marker removed).
@@ -20,7 +20,7 @@ import json
 import logging
 import signal
 import ssl
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 from vellum.admin.bookie_admin import BookieAdmin
@@ -31,6 +31,7 @@ from vellum.autorecovery.settings import AutoRecoverySettings
 from vellum.bookie.assembly import OpenedBookie, open_bookie
 from vellum.bookie.executor import AsyncBookie
 from vellum.bookie.metrics import process_bookie_metrics
+from vellum.bookie.registration import BookieRegistration
 from vellum.client.bookkeeper import BookKeeper
 from vellum.client.metadata_security import open_configured_store
 from vellum.config import ClientConfig, ServerConfig, build_config
@@ -155,7 +156,7 @@ class BookieService:
         self.bookie_id: BookieId | None = None
         self._async_bookie: AsyncBookie | None = None
         self._stopping = False
-        self._registered_read_only: bool | None = None
+        self.registration: BookieRegistration | None = None
         self._integrity_task: asyncio.Task[None] | None = None
         self._integrity_client: BookKeeper | None = None
         self.autorecovery: AutoRecoveryThread | None = None
@@ -230,9 +231,13 @@ class BookieService:
                 ssl_context=http_tls(cfg),
             )
             await self.http.start()
-        await asyncio.to_thread(self._register)
-        bookie.add_state_listener(lambda _ro: self._call_soon(loop, self._reregister_soon))
+        # The listener is attached before the first registration: that one may wait for a
+        # crashed predecessor's registration to lapse, and a state change meanwhile must count.
+        self.registration = BookieRegistration(store.registration, self.bookie_id,
+                                               is_read_only=lambda: bookie.is_read_only, data=self._service_info())
+        bookie.add_state_listener(self.registration.state_changed)
         store.add_session_listener(self._on_session_event)
+        await asyncio.to_thread(self.registration.register)
         await self._start_integrity_check()
         if cfg.auto_recovery_daemon_enabled:
             self.autorecovery = AutoRecoveryThread(AutoRecovery(
@@ -268,10 +273,6 @@ class BookieService:
         self._integrity_task = asyncio.get_running_loop().create_task(check.run(), name="integrity-check")
         self._integrity_task.add_done_callback(_report_integrity_end)
 
-    @staticmethod
-    def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[[], None]) -> None:
-        loop.call_soon_threadsafe(fn)
-
     def _check_store_cookie(self, local: Cookie, stored: Versioned[bytes] | None, remote: Cookie | None) -> None:
         """The store keeps a copy of each bookie's cookie: a wiped disk must not rejoin silently.
 
@@ -291,32 +292,21 @@ class BookieService:
         if remote != local:
             reg.put_cookie(self.bookie_id, local.encode(), stored.version)
 
-    def _register(self) -> None:
-        assert self.store is not None and self.opened is not None and self.bookie_id is not None
-        read_only = self.opened.bookie.is_read_only
-        reg = self.store.registration
-        if self._registered_read_only is not None and self._registered_read_only != read_only:
-            reg.unregister_bookie(self.bookie_id)
-        reg.register_bookie(self.bookie_id, read_only=read_only, data=self._service_info())
-        self._registered_read_only = read_only
-        log.info("registered %s as %s", self.bookie_id, "read-only" if read_only else "writable")
-
     def _service_info(self) -> bytes:
         if self.http is None or self.bookie_id is None:
             return b""
         return service_info(self.bookie_id, self.config.http_server_host, self.http.port, self.http.scheme)
 
-    def _reregister_soon(self) -> None:
-        if not self._stopping:
-            asyncio.get_running_loop().run_in_executor(None, self._register)
-
     def _on_session_event(self, event: SessionEvent) -> None:
-        # The store re-creates its ephemeral registrations itself after a new session; a bookie
-        # has nothing else to redo, but an operator wants to see it happen.
+        # The store re-creates its ephemeral registrations itself after a new session; the
+        # registration then checks them against the bookie's state, and an operator wants to
+        # see it happen.
         if event is SessionEvent.EXPIRED:
             log.warning("metadata session of %s expired; waiting for a new one", self.bookie_id)
         elif event is SessionEvent.RECONNECTED:
             log.info("metadata session of %s re-established; registration restored", self.bookie_id)
+            if self.registration is not None:
+                self.registration.session_restored()  # the state may have changed meanwhile
 
     async def stop(self) -> None:
         self._stopping = True
@@ -327,7 +317,9 @@ class BookieService:
             await self._integrity_client.close()
         if self.autorecovery is not None:
             await asyncio.to_thread(self.autorecovery.stop)
-        if self.store is not None and self.bookie_id is not None and self._registered_read_only is not None:
+        if self.registration is not None:
+            await asyncio.to_thread(self.registration.close)
+        if self.store is not None and self.bookie_id is not None and self.registration is not None:
             try:
                 await asyncio.to_thread(self.store.registration.unregister_bookie, self.bookie_id)
             except Exception:
