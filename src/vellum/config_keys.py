@@ -55,7 +55,7 @@ ACCEPTED: dict[str, str] = {
         "serverTcpKeepCnt", "serverTcpKeepIdle", "serverTcpKeepIntvl", "serverTcpLinger",
         "serverTcpNoDelay", "serverSockKeepalive", "serverWriteBufferHighWaterMark",
         "serverWriteBufferLowWaterMark", "enableLocalTransport", "disableServerSocketBind",
-        "allowEphemeralPorts", "allowLoopback", "listeningInterface", "closeChannelOnResponseTimeout",
+        "allowEphemeralPorts", "allowLoopback", "closeChannelOnResponseTimeout",
         "waitTimeoutOnResponseBackpressureMs",
     ),
     **_group(

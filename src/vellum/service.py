@@ -46,6 +46,7 @@ from vellum.security.auth import BookieAuthenticator
 from vellum.security.tls import ReloadingContext, TlsSettings
 from vellum.security.tokens import TokenVerifier
 from vellum.server.bookie_server import BookieServer, ServerLimits
+from vellum.server.listen import ListenAddresses, advertised_host, resolve_listen_addresses
 from vellum.server.metrics import process_server_metrics
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,7 @@ def default_metadata_uri(config: ServerConfig) -> str:
 
 
 def bookie_id_of(config: ServerConfig, port: int) -> BookieId:
-    return BookieId(config.bookie_id) if config.bookie_id else bookie_id_for(config.advertised_address, port)
+    return BookieId(config.bookie_id) if config.bookie_id else bookie_id_for(advertised_host(config), port)
 
 
 def server_tls(config: ServerConfig) -> ReloadingContext | None:
@@ -154,6 +155,7 @@ class BookieService:
         self.server: BookieServer | None = None
         self.http: AdminHttpServer | None = None
         self.bookie_id: BookieId | None = None
+        self.addresses: ListenAddresses | None = None
         self._async_bookie: AsyncBookie | None = None
         self._stopping = False
         self.registration: BookieRegistration | None = None
@@ -173,7 +175,9 @@ class BookieService:
                 f"the metadata store {self.metadata_uri} is not formatted: run "
                 f"`vellum shell metaformat --uri {self.metadata_uri}` first"
             )
-        tls = server_tls(cfg)  # before the disks: a TLS mistake must not cost a journal replay
+        # Before the disks: an unreachable address or a TLS mistake must not cost a journal replay.
+        self.addresses = addresses = await asyncio.to_thread(resolve_listen_addresses, cfg)
+        tls = server_tls(cfg)
         verifier = token_verifier(cfg)
         auth = server_auth(cfg, verifier)
         instance_id = await asyncio.to_thread(store.registration.get_instance_id)
@@ -198,7 +202,7 @@ class BookieService:
         self._async_bookie = AsyncBookie(bookie, loop)
         self.server = BookieServer(
             self._async_bookie,
-            host=cfg.bookie_bind_address,
+            host=addresses.bind_host,
             port=cfg.bookie_port,
             limits=ServerLimits(
                 max_adds_in_progress=cfg.max_adds_in_progress_limit,
@@ -219,7 +223,7 @@ class BookieService:
                 is_shutting_down=lambda: self._stopping,
             )
             self.http = AdminHttpServer(
-                admin, host=cfg.http_server_host, port=cfg.http_server_port,
+                admin, host=addresses.http_host, port=cfg.http_server_port,
                 extra_routes=gc_routes(GcAdmin(
                     bookie=bookie, bookie_id=self.bookie_id,
                     disk_thresholds=DiskThresholds(cfg.disk_usage_warn_threshold, cfg.disk_usage_threshold,
@@ -247,7 +251,7 @@ class BookieService:
         log.info(
             "bookie %s serving on %s:%d%s (http %s), metadata %s",
             self.bookie_id,
-            cfg.bookie_bind_address,
+            addresses.bind_host,
             self.server.port,
             ((" with TLS only" + (" (mutual TLS)" if cfg.tls_client_authentication else "")) if tls else "")
             + (f", authentication {'+'.join(cfg.auth_providers)}, authorized roles "
@@ -293,9 +297,9 @@ class BookieService:
             reg.put_cookie(self.bookie_id, local.encode(), stored.version)
 
     def _service_info(self) -> bytes:
-        if self.http is None or self.bookie_id is None:
+        if self.http is None or self.bookie_id is None or self.addresses is None:
             return b""
-        return service_info(self.bookie_id, self.config.http_server_host, self.http.port, self.http.scheme)
+        return service_info(self.bookie_id, self.addresses.http_host, self.http.port, self.http.scheme)
 
     def _on_session_event(self, event: SessionEvent) -> None:
         # The store re-creates its ephemeral registrations itself after a new session; the
