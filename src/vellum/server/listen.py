@@ -62,27 +62,29 @@ def interface_address(name: str) -> str:
     return socket.inet_ntoa(packed[20:24])
 
 
-def _addresses(host: str) -> list[str]:
+def _addresses(host: str, key: str) -> list[str]:
     try:
         infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
     except socket.gaierror as e:
-        raise ConfigError(f"advertisedAddress={host}: cannot resolve it: {e}") from None
+        raise ConfigError(f"{key}={host}: cannot resolve it: {e}") from None
     return list(dict.fromkeys(str(i[4][0]) for i in infos))
 
 
-def is_loopback(host: str) -> bool:
-    """Does ``host`` (an address or a name) stand for this host's loopback only?"""
+def is_loopback(host: str, key: str) -> bool:
+    """Does ``host`` (an address or a name, the value of ``key``) stand for this host's
+    loopback only?"""
     if host in WILDCARDS:
         return False
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
-        return all(ipaddress.ip_address(a.split("%", 1)[0]).is_loopback for a in _addresses(host))
+        return all(ipaddress.ip_address(a.split("%", 1)[0]).is_loopback for a in _addresses(host, key))
 
 
-def is_local_address(host: str) -> bool:
-    """Can a socket of this host bind ``host`` (is it one of this host's addresses)?"""
-    for addr in _addresses(host):
+def is_local_address(host: str, key: str) -> bool:
+    """Can a socket of this host bind ``host`` (the value of ``key``: is it one of this host's
+    addresses)?"""
+    for addr in _addresses(host, key):
         family = socket.AF_INET6 if ":" in addr else socket.AF_INET
         with socket.socket(family, socket.SOCK_STREAM) as s:
             try:
@@ -114,13 +116,13 @@ def resolve_listen_addresses(config: ServerConfig) -> ListenAddresses:
     iface = _interface(config)
     iface_ip = interface_address(iface) if iface else ""
     advertised = config.advertised_address or iface_ip or "127.0.0.1"
-    routable = not is_loopback(advertised)
+    routable = not is_loopback(advertised, "advertisedAddress")
     if config.bookie_bind_address:
         bind = config.bookie_bind_address
         if iface_ip and bind not in (iface_ip, *WILDCARDS):
             raise ConfigError(f"bookieBindAddress={bind} and listeningInterface={iface} (address {iface_ip}) "
                               "disagree on where the bookie listens: set only one of them")
-        if routable and is_loopback(bind):
+        if routable and is_loopback(bind, "bookieBindAddress"):
             raise ConfigError(
                 f"bookieBindAddress={bind} is a loopback address but advertisedAddress={advertised} is not: "
                 f"clients on other hosts would connect to {advertised} and time out. Remove bookieBindAddress "
@@ -129,17 +131,17 @@ def resolve_listen_addresses(config: ServerConfig) -> ListenAddresses:
     elif iface_ip:
         bind = iface_ip
     else:
-        if not is_local_address(advertised):
+        if not is_local_address(advertised, "advertisedAddress"):
             raise ConfigError(
                 f"advertisedAddress={advertised} is not an address of this host, so the bookie cannot listen "
                 "there: set bookieBindAddress to the local address that traffic for it arrives at "
                 "(0.0.0.0 = every interface), or listeningInterface to that network interface")
         bind = advertised
-    if not routable and not is_loopback(bind):
+    if not routable and not is_loopback(bind, "bookieBindAddress"):
         log.warning("the bookie listens on %s but advertises the loopback address %s: clients on other hosts "
                     "cannot use it; set advertisedAddress (or listeningInterface)", bind or "0.0.0.0", advertised)
     http = config.http_server_host or bind
-    if routable and config.http_server_enabled and is_loopback(http):
+    if routable and config.http_server_enabled and is_loopback(http, "httpServerHost"):
         log.warning("httpServerHost=%s: the admin HTTP API is reachable from this host only, while the bookie "
                     "advertises %s (tools on other hosts cannot reach it)", http, advertised)
     return ListenAddresses(bind_host=bind, advertised_host=advertised, http_host=http)
