@@ -3,12 +3,13 @@
 registration, started and stopped in order. Running several bookie processes on one machine
 (``vellum standalone``, the test clusters) is ``standalone.py``'s job, not this module's.
 
-Start order: metadata store (the cluster must be formatted) -> local storage (locks, cookies
+Start order: metadata store (the cluster must be formatted) -> listen addresses resolved
+(``server/listen.py``: an unreachable combination stops here) -> local storage (locks, cookies
 checked against the store's copy, journal replay) -> limbo marking if the bookie may have lost
 data (``dataIntegrityChecking``: every ledger of this bookie in the store, before anything is
 served; ``admin/integrity_check.py``) -> network server -> admin HTTP -> registration (writable
-or read-only as the bookie is, following every later change: ``bookie/registration.py``) -> the background integrity
-check while any ledger is limbo (its own client, on this loop).
+or read-only as the bookie is, following every later change: ``bookie/registration.py``) -> the
+background integrity check while any ledger is limbo (its own client, on this loop).
 Stop order is the reverse: deregister first so clients stop choosing this bookie, then close
 the server, then the clean storage shutdown (final checkpoint, unclean-shutdown marker removed).
 """
