@@ -85,10 +85,19 @@ class ServerConfig:
     bookie_port: int = _opt("bookiePort", 3181, "TCP port of the bookie protocol", lo=0, hi=65535)
     bookie_id: str = _opt("bookieId", "", "explicit bookie id; empty = advertised_address:port")
     advertised_address: str = _opt(
-        "advertisedAddress", "127.0.0.1", "address other processes use to reach this bookie"
+        "advertisedAddress", "",
+        "address other processes use to reach this bookie (the host of its id); empty = the address of "
+        "listeningInterface, else 127.0.0.1",
     )
     bookie_bind_address: str = _opt(
-        "bookieBindAddress", "127.0.0.1", "interface the bookie listens on (loopback by default)"
+        "bookieBindAddress", "",
+        "address the bookie port binds (0.0.0.0 = every interface); empty = the address of listeningInterface, "
+        "else the advertised address, which must be an address of this host (Vellum's)",
+    )
+    listening_interface: str = _opt(
+        "listeningInterface", "",
+        "network interface (e.g. eth0) whose IPv4 address the bookie binds and, unless advertisedAddress is "
+        "set, advertises; empty or 'default' = not used",
     )
     netty_max_frame_size_bytes: int = _opt(
         "nettyMaxFrameSizeBytes", 5242880, "largest accepted wire frame", lo=1024, hi=1 << 30
@@ -323,7 +332,12 @@ class ServerConfig:
         "zk://host:port[,host:port]/ledgers, zk+flat://, zk+hierarchical://, zk+longhierarchical://, sqlite:///path; "
         "empty = the embedded store next to the first ledger dir",
     )
-    zk_timeout_ms: int = _opt("zkTimeout", 10000, "ZooKeeper session timeout", lo=100)
+    zk_timeout_ms: int = _opt(
+        "zkTimeout", 10000,
+        "metadata session timeout: the ZooKeeper session's (the server bounds it by its min/maxSessionTimeout) "
+        "and the embedded store's lease",
+        lo=100,
+    )
     ledger_manager_type: str = _opt(
         "ledgerManagerType", "hierarchical", "ledger layout chosen at format time",
         choices=("flat", "hierarchical", "longhierarchical"),
@@ -396,7 +410,9 @@ class ServerConfig:
     )
     http_server_port: int = _opt("httpServerPort", 8080, "admin HTTP port", lo=0, hi=65535)
     http_server_host: str = _opt(
-        "httpServerHost", "127.0.0.1", "admin HTTP bind address (BookKeeper: 0.0.0.0)"
+        "httpServerHost", "",
+        "admin HTTP bind address; empty = the bookie port's bind address (loopback unless the bookie "
+        "advertises or binds another; BookKeeper: 0.0.0.0)",
     )
     # --- TLS on the bookie port (START_TLS; PEM files) ---
     tls_provider_factory_class: str = _opt(

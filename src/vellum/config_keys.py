@@ -55,7 +55,7 @@ ACCEPTED: dict[str, str] = {
         "serverTcpKeepCnt", "serverTcpKeepIdle", "serverTcpKeepIntvl", "serverTcpLinger",
         "serverTcpNoDelay", "serverSockKeepalive", "serverWriteBufferHighWaterMark",
         "serverWriteBufferLowWaterMark", "enableLocalTransport", "disableServerSocketBind",
-        "allowEphemeralPorts", "allowLoopback", "listeningInterface", "closeChannelOnResponseTimeout",
+        "allowEphemeralPorts", "allowLoopback", "closeChannelOnResponseTimeout",
         "waitTimeoutOnResponseBackpressureMs",
     ),
     **_group(
@@ -128,12 +128,17 @@ ACCEPTED: dict[str, str] = {
     **_group(
         "metadata-driver setting of the Java implementation: Vellum's drivers are chosen by "
         "metadataServiceUri (zk://, zk+flat://, zk+hierarchical://, sqlite:///)",
-        "zkRetryBackoffStartMs", "zkRetryBackoffMaxMs", "zkRetryBackoffMaxRetries", "zkRequestRateLimit",
         "registrationManagerClass", "registrationClientClass", "metastoreImplClass",
         "metastoreMaxEntriesPerScan", "ledgerManagerFactoryDisableClassCheck",
         "allowShadedLedgerManagerFactoryClass", "shadedLedgerManagerFactoryClassPrefix",
         "ledgerMetadataVersion", "storeSystemTimeAsLedgerCreationTime", "ledgerIdFormatterClass",
         "entryFormatterClass",
+    ),
+    **_group(
+        "ZooKeeper retry / rate setting of the Java client: a Vellum session (timeout zkTimeout) "
+        "reconnects at once with a backoff from 0.1 s to 1 s, for as long as it takes, retries a lost "
+        "ledger create or delete for up to zkTimeout, and does not rate-limit requests",
+        "zkRetryBackoffStartMs", "zkRetryBackoffMaxMs", "zkRetryBackoffMaxRetries", "zkRequestRateLimit",
     ),
     **_group(
         "disk-space setting of the Java implementation: Vellum uses diskUsageThreshold / "

@@ -3,12 +3,13 @@
 registration, started and stopped in order. Running several bookie processes on one machine
 (``vellum standalone``, the test clusters) is ``standalone.py``'s job, not this module's.
 
-Start order: metadata store (the cluster must be formatted) -> local storage (locks, cookies
+Start order: metadata store (the cluster must be formatted) -> listen addresses resolved
+(``server/listen.py``: an unreachable combination stops here) -> local storage (locks, cookies
 checked against the store's copy, journal replay) -> limbo marking if the bookie may have lost
 data (``dataIntegrityChecking``: every ledger of this bookie in the store, before anything is
 served; ``admin/integrity_check.py``) -> network server -> admin HTTP -> registration (writable
-or read-only; re-registered when the state or the session changes) -> the background integrity
-check while any ledger is limbo (its own client, on this loop).
+or read-only as the bookie is, following every later change: ``bookie/registration.py``) -> the
+background integrity check while any ledger is limbo (its own client, on this loop).
 Stop order is the reverse: deregister first so clients stop choosing this bookie, then close
 the server, then the clean storage shutdown (final checkpoint, unclean-shutdown marker removed).
 """
@@ -21,7 +22,7 @@ import json
 import logging
 import signal
 import ssl
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 from vellum.admin.bookie_admin import BookieAdmin
@@ -32,6 +33,7 @@ from vellum.autorecovery.settings import AutoRecoverySettings
 from vellum.bookie.assembly import OpenedBookie, open_bookie
 from vellum.bookie.executor import AsyncBookie
 from vellum.bookie.metrics import process_bookie_metrics
+from vellum.bookie.registration import BookieRegistration
 from vellum.client.bookkeeper import BookKeeper
 from vellum.client.metadata_security import open_configured_store
 from vellum.config import ClientConfig, ServerConfig, build_config
@@ -47,6 +49,7 @@ from vellum.security.auth import BookieAuthenticator
 from vellum.security.tls import ReloadingContext, TlsSettings
 from vellum.security.tokens import TokenVerifier
 from vellum.server.bookie_server import BookieServer, ServerLimits
+from vellum.server.listen import ListenAddresses, advertised_host, resolve_listen_addresses
 from vellum.server.metrics import process_server_metrics
 
 log = logging.getLogger(__name__)
@@ -61,7 +64,7 @@ def default_metadata_uri(config: ServerConfig) -> str:
 
 
 def bookie_id_of(config: ServerConfig, port: int) -> BookieId:
-    return BookieId(config.bookie_id) if config.bookie_id else bookie_id_for(config.advertised_address, port)
+    return BookieId(config.bookie_id) if config.bookie_id else bookie_id_for(advertised_host(config), port)
 
 
 def server_tls(config: ServerConfig) -> ReloadingContext | None:
@@ -125,9 +128,10 @@ def server_auth(config: ServerConfig, verifier: TokenVerifier | None) -> BookieA
 def bookie_client_config(config: ServerConfig, what: str) -> ClientConfig:
     """The client a bookie (or AutoRecovery) talks to other bookies with: the bookie's own
     certificate (role ``bookie``) and ZooKeeper identity (``client_security_values``), and the
-    placement policy of its file for the replacement bookies it picks."""
-    return build_config(ClientConfig, {**config.client_placement_values(), **config.client_security_values()},
-                        source=what)
+    placement policy of its file for the replacement bookies it picks, with the metadata session
+    timeout of its file (``zkTimeout``) like the bookie's own session."""
+    return build_config(ClientConfig, {**config.client_placement_values(), **config.client_security_values(),
+                                       "zkTimeout": config.zk_timeout_ms}, source=what)
 
 
 def http_tls(config: ServerConfig) -> ssl.SSLContext | None:
@@ -171,9 +175,10 @@ class BookieService:
         self.server: BookieServer | None = None
         self.http: AdminHttpServer | None = None
         self.bookie_id: BookieId | None = None
+        self.addresses: ListenAddresses | None = None
         self._async_bookie: AsyncBookie | None = None
         self._stopping = False
-        self._registered_read_only: bool | None = None
+        self.registration: BookieRegistration | None = None
         self._integrity_task: asyncio.Task[None] | None = None
         self._integrity_client: BookKeeper | None = None
         self.autorecovery: AutoRecoveryThread | None = None
@@ -190,7 +195,9 @@ class BookieService:
                 f"the metadata store {self.metadata_uri} is not formatted: run "
                 f"`vellum shell metaformat --uri {self.metadata_uri}` first"
             )
-        tls = server_tls(cfg)  # before the disks: a TLS mistake must not cost a journal replay
+        # Before the disks: an unreachable address or a TLS mistake must not cost a journal replay.
+        self.addresses = addresses = await asyncio.to_thread(resolve_listen_addresses, cfg)
+        tls = server_tls(cfg)
         verifier = token_verifier(cfg)
         auth = server_auth(cfg, verifier)
         instance_id = await asyncio.to_thread(store.registration.get_instance_id)
@@ -216,7 +223,7 @@ class BookieService:
         self._async_bookie = AsyncBookie(bookie, loop)
         self.server = BookieServer(
             self._async_bookie,
-            host=cfg.bookie_bind_address,
+            host=addresses.bind_host,
             port=cfg.bookie_port,
             limits=ServerLimits(
                 max_adds_in_progress=cfg.max_adds_in_progress_limit,
@@ -237,7 +244,7 @@ class BookieService:
                 is_shutting_down=lambda: self._stopping,
             )
             self.http = AdminHttpServer(
-                admin, host=cfg.http_server_host, port=cfg.http_server_port,
+                admin, host=addresses.http_host, port=cfg.http_server_port,
                 extra_routes=gc_routes(GcAdmin(
                     bookie=bookie, bookie_id=self.bookie_id,
                     disk_thresholds=DiskThresholds(cfg.disk_usage_warn_threshold, cfg.disk_usage_threshold,
@@ -248,9 +255,13 @@ class BookieService:
                 ssl_context=http_tls(cfg),
             )
             await self.http.start()
-        await asyncio.to_thread(self._register)
-        bookie.add_state_listener(lambda _ro: self._call_soon(loop, self._reregister_soon))
+        # The listener is attached before the first registration: that one may wait for a
+        # crashed predecessor's registration to lapse, and a state change meanwhile must count.
+        self.registration = BookieRegistration(store.registration, self.bookie_id,
+                                               is_read_only=lambda: bookie.is_read_only, data=self._service_info())
+        bookie.add_state_listener(self.registration.state_changed)
         store.add_session_listener(self._on_session_event)
+        await asyncio.to_thread(self.registration.register)
         await self._start_integrity_check()
         if cfg.auto_recovery_daemon_enabled:
             self.autorecovery = AutoRecoveryThread(AutoRecovery(
@@ -260,7 +271,7 @@ class BookieService:
         log.info(
             "bookie %s serving on %s:%d%s (http %s), metadata %s",
             self.bookie_id,
-            cfg.bookie_bind_address,
+            addresses.bind_host,
             self.server.port,
             ((" with TLS only" + (" (mutual TLS)" if cfg.tls_client_authentication else "")) if tls else "")
             + (f", authentication {'+'.join(cfg.auth_providers)}, authorized roles "
@@ -286,10 +297,6 @@ class BookieService:
         self._integrity_task = asyncio.get_running_loop().create_task(check.run(), name="integrity-check")
         self._integrity_task.add_done_callback(_report_integrity_end)
 
-    @staticmethod
-    def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[[], None]) -> None:
-        loop.call_soon_threadsafe(fn)
-
     def _check_store_cookie(self, local: Cookie, stored: Versioned[bytes] | None, remote: Cookie | None) -> None:
         """The store keeps a copy of each bookie's cookie: a wiped disk must not rejoin silently.
 
@@ -309,32 +316,21 @@ class BookieService:
         if remote != local:
             reg.put_cookie(self.bookie_id, local.encode(), stored.version)
 
-    def _register(self) -> None:
-        assert self.store is not None and self.opened is not None and self.bookie_id is not None
-        read_only = self.opened.bookie.is_read_only
-        reg = self.store.registration
-        if self._registered_read_only is not None and self._registered_read_only != read_only:
-            reg.unregister_bookie(self.bookie_id)
-        reg.register_bookie(self.bookie_id, read_only=read_only, data=self._service_info())
-        self._registered_read_only = read_only
-        log.info("registered %s as %s", self.bookie_id, "read-only" if read_only else "writable")
-
     def _service_info(self) -> bytes:
-        if self.http is None or self.bookie_id is None:
+        if self.http is None or self.bookie_id is None or self.addresses is None:
             return b""
-        return service_info(self.bookie_id, self.config.http_server_host, self.http.port, self.http.scheme)
-
-    def _reregister_soon(self) -> None:
-        if not self._stopping:
-            asyncio.get_running_loop().run_in_executor(None, self._register)
+        return service_info(self.bookie_id, self.addresses.http_host, self.http.port, self.http.scheme)
 
     def _on_session_event(self, event: SessionEvent) -> None:
-        # The store re-creates its ephemeral registrations itself after a new session; a bookie
-        # has nothing else to redo, but an operator wants to see it happen.
+        # The store re-creates its ephemeral registrations itself after a new session; the
+        # registration then checks them against the bookie's state, and an operator wants to
+        # see it happen.
         if event is SessionEvent.EXPIRED:
             log.warning("metadata session of %s expired; waiting for a new one", self.bookie_id)
         elif event is SessionEvent.RECONNECTED:
             log.info("metadata session of %s re-established; registration restored", self.bookie_id)
+            if self.registration is not None:
+                self.registration.session_restored()  # the state may have changed meanwhile
 
     async def stop(self) -> None:
         self._stopping = True
@@ -345,7 +341,9 @@ class BookieService:
             await self._integrity_client.close()
         if self.autorecovery is not None:
             await asyncio.to_thread(self.autorecovery.stop)
-        if self.store is not None and self.bookie_id is not None and self._registered_read_only is not None:
+        if self.registration is not None:
+            await asyncio.to_thread(self.registration.close)
+        if self.store is not None and self.bookie_id is not None and self.registration is not None:
             try:
                 await asyncio.to_thread(self.store.registration.unregister_bookie, self.bookie_id)
             except Exception:

@@ -1,7 +1,8 @@
 """The metadata store, opened with the security settings of a configuration.
 
 Responsibility: one place that turns a ``ServerConfig`` or ``ClientConfig`` into the arguments
-``open_metadata_store`` needs for a secured ZooKeeper: the digest identity (``zkEnableSecurity``
+``open_metadata_store`` needs: the session timeout (``zkTimeout``), and for a secured
+ZooKeeper the digest identity (``zkEnableSecurity``
 + ``zkDigestAuthFile``) and TLS (``zkTlsEnabled`` + ``zkTlsTrustStore``, ``zkTlsCertificatePath``,
 ``zkTlsKeyStore``, ``zkTlsKeyStorePasswordPath``, ``zkTlsHostnameVerificationEnabled``). Bookies,
 ``vellum autorecovery``, the client, the shell (``--client-conf``), the console and the Spark
@@ -47,14 +48,16 @@ def open_configured_store(
     config: ServerConfig | ClientConfig,
     *,
     default_sqlite_path: str | Path | None = None,
-    session_timeout_s: float = 10.0,
+    session_timeout_s: float | None = None,
     connect_timeout_s: float = 10.0,
 ) -> MetadataStore:
-    """``open_metadata_store(uri)`` with ``config``'s ZooKeeper identity and TLS."""
+    """``open_metadata_store(uri)`` with ``config``'s session timeout (``zkTimeout``, for the
+    embedded store's lease too), ZooKeeper identity and TLS. ``session_timeout_s`` overrides
+    ``zkTimeout``."""
     return open_metadata_store(
         uri,
         default_sqlite_path=default_sqlite_path,
-        session_timeout_s=session_timeout_s,
+        session_timeout_s=config.zk_timeout_ms / 1000.0 if session_timeout_s is None else session_timeout_s,
         connect_timeout_s=connect_timeout_s,
         zk_digest_auth_file=config.zk_digest_auth_file if config.zk_enable_security else "",
         zk_tls=zk_tls(config) if uri.lower().startswith("zk") else None,

@@ -420,43 +420,52 @@ class SqliteRegistrationManager(RegistrationManager):
     def register_bookie(self, bookie_id: BookieId, *, read_only: bool = False, data: bytes = b"") -> None:
         if not bookie_id or "/" in bookie_id:
             raise MetaStoreError(f"bad bookie id {bookie_id!r}")
-        with self._store._session_lock:
-            self._mine[bookie_id] = (read_only, data)
-            self._insert(bookie_id, read_only, data, wait=True)
-
-    def _insert(self, bookie_id: BookieId, read_only: bool, data: bytes, *, wait: bool) -> None:
-        sid = self._store._session
         # A registration from a live other session (e.g. the same bookie restarted before its old
-        # lease lapsed) blocks us until that lease ends, as a leftover ephemeral znode would.
+        # lease lapsed) blocks us until that lease ends, as a leftover ephemeral znode would. The
+        # session lock is held per attempt, never across the waits: our own lease must go on
+        # being renewed meanwhile.
         deadline = time.monotonic() + 2 * self._store.session_timeout_s + 1
         while True:
-            with self._db.txn(f"registering bookie {bookie_id}") as c:
-                now = time.time()
-                row = c.execute(
-                    "SELECT r.session_id, s.expires_at FROM registrations r LEFT JOIN sessions s"
-                    " USING(session_id) WHERE r.bookie_id = ?",
-                    (bookie_id,),
-                ).fetchone()
-                if row is None or row[0] == sid or row[1] is None or row[1] < now:
-                    c.execute(
-                        "INSERT OR REPLACE INTO registrations(bookie_id, read_only, session_id, data)"
-                        " VALUES(?, ?, ?, ?)",
-                        (bookie_id, int(read_only), sid, data),
-                    )
-                    return
-                owner = row[0]
-            if not wait or time.monotonic() > deadline:
+            with self._store._session_lock:
+                self._mine[bookie_id] = (read_only, data)
+                owner = self._insert(bookie_id, read_only, data)
+            if owner is None:
+                return
+            if time.monotonic() > deadline:
                 raise MetaStoreError(
                     f"bookie {bookie_id} is already registered in {self._db.path} by another live session {owner}"
                 )
             time.sleep(0.2)
 
+    def _insert(self, bookie_id: BookieId, read_only: bool, data: bytes) -> int | None:
+        """Write the registration unless another live session holds it; returns that session."""
+        sid = self._store._session
+        with self._db.txn(f"registering bookie {bookie_id}") as c:
+            now = time.time()
+            row = c.execute(
+                "SELECT r.session_id, s.expires_at FROM registrations r LEFT JOIN sessions s"
+                " USING(session_id) WHERE r.bookie_id = ?",
+                (bookie_id,),
+            ).fetchone()
+            if row is None or row[0] == sid or row[1] is None or row[1] < now:
+                c.execute(
+                    "INSERT OR REPLACE INTO registrations(bookie_id, read_only, session_id, data)"
+                    " VALUES(?, ?, ?, ?)",
+                    (bookie_id, int(read_only), sid, data),
+                )
+                return None
+            return int(row[0])
+
     def reregister_all(self) -> None:
         for bookie_id, (read_only, data) in list(self._mine.items()):
             try:
-                self._insert(bookie_id, read_only, data, wait=False)
+                owner = self._insert(bookie_id, read_only, data)
             except Exception:
                 log.exception("re-registering bookie %s failed", bookie_id)
+                continue
+            if owner is not None:
+                log.error("re-registering bookie %s failed: another live session %s holds it in %s",
+                          bookie_id, owner, self._db.path)
 
     def unregister_bookie(self, bookie_id: BookieId) -> None:
         with self._store._session_lock:

@@ -164,7 +164,10 @@ class ZooKeeperServer:
         max_session_timeout_ms: int = 60000,
         start_timeout_s: float = 30.0,
         tls: ZooKeeperTls | None = None,
+        four_letter_words: tuple[str, ...] = (),
     ) -> None:
+        """``four_letter_words``: the commands the server answers on its client port (e.g.
+        ``("cons",)`` for ``four_letter_word``); none by default."""
         self._own_dir = data_dir is None
         self.base_dir = Path(data_dir) if data_dir is not None else Path(tempfile.mkdtemp(prefix="vellum-zk-"))
         self.port = port if port is not None else free_port()
@@ -173,6 +176,7 @@ class ZooKeeperServer:
         self.max_session_timeout_ms = max_session_timeout_ms
         self.start_timeout_s = start_timeout_s
         self.tls = tls
+        self.four_letter_words = four_letter_words
         self.secure_port = 0
         while tls is not None and self.secure_port in (0, self.port):
             self.secure_port = free_port()
@@ -229,7 +233,7 @@ class ZooKeeperServer:
                     f"minSessionTimeout={self.min_session_timeout_ms}",
                     f"maxSessionTimeout={self.max_session_timeout_ms}",
                     "admin.enableServer=false",
-                    "4lw.commands.whitelist=",
+                    f"4lw.commands.whitelist={','.join(self.four_letter_words)}",
                     "maxClientCnxns=0",
                     # Tests create many znodes quickly; skip fsync-per-txn latency only where
                     # durability of the test server itself does not matter.
@@ -322,6 +326,18 @@ class ZooKeeperServer:
             if f.exists():
                 lines += f.read_text(errors="replace").splitlines()[-n:]
         return "\n".join(lines)
+
+    def four_letter_word(self, command: str, timeout_s: float = 10.0) -> str:
+        """ZooKeeper's answer to a four-letter word (``cons``: every connection with its
+        session id and negotiated timeout); the server must be started allowing it."""
+        if command not in self.four_letter_words:
+            raise RuntimeError(f"start the server with four_letter_words=({command!r},) to ask it {command}")
+        with socket.create_connection(("127.0.0.1", self.port), timeout=timeout_s) as s:
+            s.sendall(command.encode())
+            chunks = []
+            while chunk := s.recv(65536):
+                chunks.append(chunk)
+        return b"".join(chunks).decode(errors="replace")
 
     def pause(self) -> None:
         """SIGSTOP the server: sockets stay open but nothing is answered."""
