@@ -97,7 +97,7 @@ def token_verifier(config: ServerConfig) -> TokenVerifier | None:
     return None
 
 
-def http_security(config: ServerConfig, verifier: TokenVerifier | None) -> HttpSecurity:
+def http_security(config: ServerConfig, verifier: TokenVerifier | None, host: str) -> HttpSecurity:
     """Who may call the admin HTTP API: admin tokens (``httpServerTokenAudience``) and, over
     https requiring client certificates, the certificates; an admin credential for every change
     whenever the bookie port requires authentication (unless ``httpServerAdminInsecure``, which
@@ -105,7 +105,7 @@ def http_security(config: ServerConfig, verifier: TokenVerifier | None) -> HttpS
     if config.auth_providers and not config.admin_credential_required:
         log.warning("httpServerAdminInsecure=true: the admin HTTP API on %s:%d lets anyone who reaches it change "
                     "this bookie (GC, read-only, decommission), although its bookie port requires authentication",
-                    config.http_server_host, config.http_server_port)
+                    host, config.http_server_port)
     return HttpSecurity(verifier=verifier, audience=config.http_server_token_audience,
                         tokens_for_reads=config.http_server_token_required_for_reads,
                         admin_required=config.admin_credential_required,
@@ -251,7 +251,7 @@ class BookieService:
                                                    cfg.disk_usage_lwm_threshold)))
                 + autorecovery_routes(store, self.metadata_uri, AutoRecoverySettings.from_config(cfg),
                                       bookie_client_config(cfg, "the bookie's admin HTTP client")),
-                security=http_security(cfg, verifier),
+                security=http_security(cfg, verifier, addresses.http_host),
                 ssl_context=http_tls(cfg),
             )
             await self.http.start()
