@@ -153,8 +153,11 @@ class ConsoleApp:
     # -- middleware -----------------------------------------------------------------------
     @staticmethod
     def cookie_name(request: web.Request) -> str:
-        # "__Host-": the browser keeps it only if Secure, for this host alone, on path /
-        return "__Host-vellum-console" if request.secure else "vellum-console"
+        # "__Host-": the browser keeps it only if Secure, for this host alone, on path /. The
+        # port is in the name: browsers share cookies between the ports of one host, and two
+        # consoles on one machine must not log each other out.
+        port = _local_address(request)[1]
+        return f"__Host-vellum-console-{port}" if request.secure else f"vellum-console-{port}"
 
     async def _door(self, request: web.Request) -> web.StreamResponse | None:
         """Who may go on (see the module docstring): None, or the refusal to answer with."""
