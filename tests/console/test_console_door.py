@@ -39,6 +39,7 @@ from click.testing import CliRunner
 
 from vellum.cli.main import cli
 from vellum.client.blocking import BookKeeper
+from vellum.console.access import Sessions
 from vellum.console.app import _safe_back
 from vellum.console.bookies import AdminHttp
 from vellum.console.cluster import ConsoleSettings
@@ -314,6 +315,8 @@ def test_a_rogue_registration_never_receives_a_token(env: Env) -> None:
     wait_for(lambda: sum(1 for _m, p, _a in env.rogue.requests() if p == "/metrics") >= 3, 20, "rogue polled")
     for page in ("/cluster", "/storage", "/recovery"):
         assert request(port, "GET", page, cookie=session.cookie).status == 200
+    cluster = request(port, "GET", "/cluster", cookie=session.cookie).body
+    assert "no actions here" in cluster and "is plain http" in cluster  # the page says why, before any click
     refused = request(port, "POST", "/actions/gc", origin=here, cookie=session.cookie,
                       form={"csrf": session.csrf, "target": env.rogue_id, "confirm": "yes"})
     assert refused.status == 502 and "plain http" in refused.body, refused.body
@@ -404,6 +407,18 @@ def test_a_loopback_console_without_login_still_has_a_door(env: Env) -> None:
         assert answer.status == 403
     finally:
         console.stop()
+
+
+def test_sessions_expire_and_the_one_in_use_is_kept() -> None:
+    sessions = Sessions(ttl_s=60, max_sessions=3)
+    mine = sessions.create("alice", ["admin"], via="token", now=1000.0)
+    for i in range(5):  # cookie-less callers (probes, scripts) come and go
+        sessions.create(f"probe-{i}", [], via="loopback", now=1000.0)
+        assert sessions.get(mine.session_id, now=1001.0) is mine
+    assert len(sessions) == 3
+    short = sessions.create("bob", ["admin"], via="token", not_after=1010.0, now=1000.0)
+    assert short.expires_at == 1010.0 and sessions.get(short.session_id, now=1010.5) is None
+    assert sessions.get(mine.session_id, now=1061.0) is None
 
 
 def test_no_admin_token_beyond_loopback_without_login(env: Env) -> None:

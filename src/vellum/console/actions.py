@@ -82,8 +82,17 @@ async def run_action(http: AdminHttp, action: Action, target: str | None, views:
     targets = up if target == "*" else [v for v in up if v.bookie_id == target]
     if not targets:
         raise ActionRefused(f"bookie {target} does not answer on its admin HTTP API")
-    done = [await _call(http, v, action, action.body, v.bookie_id) for v in targets]
-    return "; ".join(done)
+    if len(targets) == 1:
+        return await _call(http, targets[0], action, action.body, targets[0].bookie_id)
+    done, refused = [], []
+    for v in targets:  # one bookie's refusal (e.g. plain http) does not stop the others
+        try:
+            done.append(await _call(http, v, action, action.body, v.bookie_id))
+        except ActionRefused as e:
+            refused.append(str(e))
+    if not done:
+        raise ActionRefused("; ".join(refused))
+    return "; ".join(done + [f"not done: {r}" for r in refused])
 
 
 async def _call(http: AdminHttp, view: BookieView, action: Action, body: Any, what: str) -> str:

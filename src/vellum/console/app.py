@@ -177,13 +177,15 @@ class ConsoleApp:
             return _plain(403, "a change must come from the console's own pages: this request's Origin "
                                f"({(origin or 'none')[:100]}) is not the console")
         session = self.sessions.get(request.cookies.get(self.cookie_name(request)))
-        if session is None and not self.login_required:
+        public = request.path in OPEN_PATHS or request.path.startswith("/static/")
+        if session is None and not self.login_required and request.path not in ("/healthz", "/favicon.ico") \
+                and not request.path.startswith("/static/"):
             # a loopback console without login keys: each browser gets a session of its own,
             # so the anti-forgery token is still per session (docs/console.md)
             session = self.sessions.create("local operator", ["admin"], via="loopback")
             request[NEW_SESSION_KEY] = session
         request[SESSION_KEY] = session
-        if session is None and request.path not in OPEN_PATHS and not request.path.startswith("/static/"):
+        if session is None and not public:
             if mutating:
                 return _plain(403, "log in to the console first (your session ended or never began)")
             return _see_other("/login?" + urlencode({"back": request.path_qs}))

@@ -272,6 +272,9 @@ async def probe(http: AdminHttp, known: KnownBookie, registration: Registration,
     if url is None:
         view.problems.append("publishes no admin HTTP address in its registration")
         return view
+    refusal = http.token_refusal(url) if http.has_token else None
+    if refusal is not None:
+        view.problems.append(f"no actions here: {refusal}")
     calls = [http.call(url, "/api/v1/bookie/state"), http.call(url, "/api/v1/bookie/disk_usage")]
     if with_gc:
         calls.append(http.call(url, "/api/v1/bookie/gc_details"))
