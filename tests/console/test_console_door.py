@@ -104,6 +104,10 @@ class Env:
                                                  base / "bookie", stem="bookie")
         self.console_cert = pki.write_certificate(pki.issue_certificate(ca, name="console", role="bookie"),
                                                   base / "console-cert", stem="console")
+        self.admin_cert = pki.write_certificate(pki.issue_certificate(ca, name="root", role="admin"),
+                                                base / "admin-cert", stem="admin")
+        self.client_cert = pki.write_certificate(pki.issue_certificate(ca, name="alice", role="client"),
+                                                 base / "client-cert", stem="client")
         self.secret = tokens.write_secret_file(base / "token-secret")
         self.signer = tokens.TokenSigner.from_secret_file(self.secret)
         self.admin_token = self.signer.issue("console", ["admin"], ttl_s=3600)
@@ -170,11 +174,14 @@ class Answer:
 
 
 def request(port: int, method: str, path: str, *, host: str | None = None, origin: str | None = None,
-            cookie: str | None = None, form: dict[str, str] | None = None, https: bool = False) -> Answer:
+            cookie: str | None = None, form: dict[str, str] | None = None, https: bool = False,
+            cert: pki.CertificateFiles | None = None) -> Answer:
     if https:
         ctx = ssl.create_default_context()
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE
+        if cert is not None:
+            ctx.load_cert_chain(str(cert.cert), str(cert.key))
         conn: http.client.HTTPConnection = http.client.HTTPSConnection("127.0.0.1", port, timeout=30, context=ctx)
     else:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
@@ -378,6 +385,28 @@ def test_https_console_sets_a_secure_host_cookie(env: Env) -> None:
         assert cookie.startswith(f"__Host-vellum-console-{port}=")
         assert "secure" in cookie.lower() and "httponly" in cookie.lower() and "samesite=strict" in cookie.lower()
         assert request(port, "GET", "/cluster", cookie=session.cookie, https=True).status == 200
+    finally:
+        console.stop()
+
+
+def test_a_client_certificate_with_the_admin_role_is_a_login(env: Env) -> None:
+    console = ConsoleThread(env.settings(token_secret_file="", tls_cert_file=str(env.console_cert.cert),
+                                         tls_key_file=str(env.console_cert.key), tls_client_ca_file=env.ca), port=0)
+    console.start()
+    try:
+        port = int(urlsplit(console.url).port or 0)
+        here = f"https://127.0.0.1:{port}"
+        assert request(port, "GET", "/cluster", https=True, cert=env.admin_cert).status == 303  # a login first
+        page = request(port, "GET", "/login", https=True, cert=env.admin_cert)
+        assert "Log in as root" in page.body and 'name="token"' not in page.body
+        form = {"method": "certificate", "back": "/recovery"}
+        for cert, status in ((None, 401), (env.client_cert, 403)):
+            answer = request(port, "POST", "/login", https=True, cert=cert, origin=here, form=form)
+            assert answer.status == status and not answer.cookies(), answer.body
+        answer = request(port, "POST", "/login", https=True, cert=env.admin_cert, origin=here, form=form)
+        assert answer.status == 303 and answer.headers["Location"] == "/recovery"
+        cookie = answer.cookies()[0].split(";", 1)[0]
+        assert request(port, "GET", "/cluster", https=True, cookie=cookie).status == 200
     finally:
         console.stop()
 
