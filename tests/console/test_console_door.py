@@ -355,6 +355,46 @@ def test_a_rogue_registration_never_receives_a_token(env: Env) -> None:
     assert [a for _m, _p, a in seen if a] == [], "the rogue registration received a token"
 
 
+def test_no_token_to_https_without_the_clusters_ca(env: Env) -> None:
+    """An https listener whose certificate the system's CAs would vouch for (here: a context that
+    trusts it, without --http-ca-file) is not a verified bookie: no token goes there either."""
+    import asyncio
+
+    rogue = Rogue()
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ctx.load_cert_chain(str(env.bookie_cert.cert), str(env.bookie_cert.key))
+    rogue.socket = server_ctx.wrap_socket(rogue.socket, server_side=True)
+    threading.Thread(target=rogue.serve_forever, name="tls-rogue", daemon=True).start()
+    url = rogue.url.replace("http://", "https://")
+    trusting = ssl.create_default_context(cafile=env.ca)  # verifies, but is not the cluster CA setting
+    try:
+        access = AdminHttpAccess(token=env.admin_token, ssl_context=trusting)
+        with pytest.raises(AdminHttpCallError, match="--http-ca-file"):
+            access.call(url, "/api/v1/bookie/gc", "PUT", {})
+        with pytest.raises(AdminHttpCallError, match="HTTP 401.*the token was not sent.*--http-ca-file"):
+            access.call(url, "/api/v1/bookie/entrylogs")
+        result = CliRunner().invoke(cli, ["shell", "gc", "--http", url, "--admin-token-file", str(env.token_file)],
+                                    env={"VELLUM_HTTP_CA_FILE": None, "VELLUM_ADMIN_TOKEN_FILE": None})
+        assert result.exit_code != 0 and "--http-ca-file" in result.output, result.output
+
+        async def console_calls() -> None:
+            http = AdminHttp(token=env.admin_token)
+            try:
+                with pytest.raises(Exception, match="certificate .* was not accepted.*--http-ca-file"):
+                    await http.call(url, "/metrics", parse_json=False)
+                with pytest.raises(Exception, match="--http-ca-file"):
+                    await http.call(url, "/api/v1/bookie/gc", "PUT", {})
+            finally:
+                await http.close()
+
+        asyncio.run(console_calls())
+        seen = rogue.requests()
+        assert seen and [a for _m, _p, a in seen if a] == []
+    finally:
+        rogue.shutdown()
+        rogue.server_close()
+
+
 def test_custom_metadata_under_a_secret_key_is_redacted(env: Env) -> None:
     with BookKeeper(env.cluster.metadata_uri) as bk:
         lh = bk.create_ledger(ensemble_size=1, write_quorum_size=1, ack_quorum_size=1,
