@@ -371,7 +371,7 @@ def test_no_token_to_https_without_the_clusters_ca(env: Env) -> None:
         access = AdminHttpAccess(token=env.admin_token, ssl_context=trusting)
         with pytest.raises(AdminHttpCallError, match="--http-ca-file"):
             access.call(url, "/api/v1/bookie/gc", "PUT", {})
-        with pytest.raises(AdminHttpCallError, match="HTTP 401.*the token was not sent.*--http-ca-file"):
+        with pytest.raises(AdminHttpCallError, match=r"HTTP 401.*the token was not sent.*--http-ca-file"):
             access.call(url, "/api/v1/bookie/entrylogs")
         result = CliRunner().invoke(cli, ["shell", "gc", "--http", url, "--admin-token-file", str(env.token_file)],
                                     env={"VELLUM_HTTP_CA_FILE": None, "VELLUM_ADMIN_TOKEN_FILE": None})
@@ -380,7 +380,7 @@ def test_no_token_to_https_without_the_clusters_ca(env: Env) -> None:
         async def console_calls() -> None:
             http = AdminHttp(token=env.admin_token)
             try:
-                with pytest.raises(Exception, match="certificate .* was not accepted.*--http-ca-file"):
+                with pytest.raises(Exception, match=r"certificate .* was not accepted.*--http-ca-file"):
                     await http.call(url, "/metrics", parse_json=False)
                 with pytest.raises(Exception, match="--http-ca-file"):
                     await http.call(url, "/api/v1/bookie/gc", "PUT", {})

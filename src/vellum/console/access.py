@@ -9,7 +9,8 @@
   a form on another site, or a request without one, is refused.
 - ``Sessions``: a login makes a ``Session``, known by a random id (the cookie) and carrying its
   own random anti-forgery token; it ends at its expiry (the login token's own expiry at the
-  latest) or at logout. Bounded: past ``max_sessions`` the oldest is forgotten.
+  latest) or at logout. Bounded: past ``max_sessions`` the least recently used is forgotten
+  (so a health probe or a script without cookies never pushes out a session in use).
 
 Invariants: nothing here trusts a value a browser of another site can choose (a cookie
 without a matching session is no session; ``Host`` and ``Origin`` are compared against the
@@ -27,7 +28,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-#: sessions remembered at most (the oldest is forgotten first)
+#: sessions remembered at most (the least recently used is forgotten first)
 MAX_SESSIONS = 1024
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
@@ -166,6 +167,7 @@ class Sessions:
         if session.expires_at <= (time.time() if now is None else now):
             del self._by_id[session_id]
             return None
+        self._by_id.move_to_end(session_id)
         return session
 
     def end(self, session_id: str) -> None:
