@@ -332,6 +332,9 @@ def test_a_rogue_registration_never_receives_a_token(env: Env) -> None:
     done = request(port, "POST", "/actions/gc", origin=here, cookie=session.cookie,
                    form={"csrf": session.csrf, "target": real, "confirm": "yes"})
     assert done.status == 200 and "Triggered GC" in done.body, done.body
+    every = request(port, "POST", "/actions/gc", origin=here, cookie=session.cookie,
+                    form={"csrf": session.csrf, "target": "*", "confirm": "yes"})
+    assert every.status == 200 and every.body.count("Triggered GC") == 2 and "not done" in every.body, every.body
     # a cluster-wide switch goes through a bookie the token may go to, even when the rogue is listed first
     import asyncio
 
