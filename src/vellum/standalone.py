@@ -11,7 +11,9 @@ With ``tls`` (``vellum standalone --tls``) the cluster is secured (``StandaloneS
 CA and certificates are made once under ``<data dir>/security`` (kept across restarts), the
 bookies serve mutual TLS only, authenticate by certificate or token and authorize the roles
 client, bookie and admin; their admin HTTP is https with mutating calls needing an admin token;
-a client configuration file and an admin token (renewed at each start) are written there.
+a client configuration file and an admin token (renewed at each start) are written there, and
+the same token as a curl header file (``admin.header``, for ``curl -H @file``: a token on a
+command line is visible to every local user in ``ps``).
 
 Invariants: bookie ``i`` listens on ``port_base + i`` (its id is ``127.0.0.1:<port>``, tied to
 its disks by the cookie), so a restart with the same data dir is the same bookie; a bookie
@@ -109,6 +111,8 @@ class StandaloneSecurity:
     token_secret: Path
     admin_token: Path
     client_conf: Path
+    #: ``Authorization: Bearer <admin token>``, for ``curl -H @<file>`` (mode 0600)
+    admin_header: Path
 
     @classmethod
     def prepare(cls, data_dir: Path, metadata_uri: str) -> StandaloneSecurity:
@@ -132,7 +136,10 @@ class StandaloneSecurity:
         token = tokens.TokenSigner.from_secret_file(d / "token-secret").issue(
             "standalone-admin", ["admin"], ttl_s=ADMIN_TOKEN_TTL_S, audience=tokens.ADMIN_AUDIENCE)
         pki.write_file_atomic(admin_token, token.encode() + b"\n", mode=0o600)
-        sec = cls(d, ca_dir / pki.CA_CERT_FILE, bookie, client, d / "token-secret", admin_token, d / "client.conf")
+        admin_header = d / "admin.header"
+        pki.write_file_atomic(admin_header, f"Authorization: Bearer {token}\n".encode(), mode=0o600)
+        sec = cls(d, ca_dir / pki.CA_CERT_FILE, bookie, client, d / "token-secret", admin_token, d / "client.conf",
+                  admin_header)
         values = {"metadataServiceUri": metadata_uri, **sec.client_keys()}
         pki.write_file_atomic(sec.client_conf, "".join(f"{k}={v}\n" for k, v in values.items()).encode(), mode=0o600)
         return sec

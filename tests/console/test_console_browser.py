@@ -1,9 +1,11 @@
 """The operator console in a real browser (Debian's chromium through Selenium and its
 chromedriver; nothing downloaded) against a real local cluster of three bookie processes
-whose admin HTTP API verifies tokens.
+whose admin HTTP API is https (certificates from a CA made here) and verifies tokens.
 
 One cluster and one console for the module (tests run in file order and build on each other's
-state): every page loads with no browser console error; what the pages show equals what the
+state): the console asks for a login and the browser logs in with a token (the session cookie
+is out of the page's reach, each session has its own anti-forgery token); every page loads
+with no browser console error; what the pages show equals what the
 shell prints; a read-only bookie is marked; a forced GC from the console (with the admin token)
 reclaims a deleted ledger's entry log and the storage page shows it; a killed bookie shows as
 down within one refresh of the open page; a console without a token offers no action and one
@@ -16,9 +18,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import ssl
 import threading
 import time
+import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,7 +38,7 @@ from vellum.client.blocking import BookKeeper
 from vellum.client.named_blocking import NamedLedgers, OpenMode
 from vellum.console.cluster import ConsoleSettings
 from vellum.console.server import ConsoleThread
-from vellum.security import tokens
+from vellum.security import pki, tokens
 from vellum.testing.local_cluster import LocalCluster
 
 webdriver = pytest.importorskip("selenium.webdriver")
@@ -76,11 +82,12 @@ def browser() -> Iterator[Any]:
 
 
 class Env:
-    def __init__(self, cluster: LocalCluster, console: ConsoleThread, token: str, secret: Path) -> None:
+    def __init__(self, cluster: LocalCluster, console: ConsoleThread, token: str, secret: Path, ca: Path) -> None:
         self.cluster = cluster
         self.console = console
         self.token = token
         self.secret = secret
+        self.ca = ca
         self.ledgers: dict[str, int] = {}
         self.name = "tenant/ns/orders"
 
@@ -90,9 +97,10 @@ class Env:
 
     def bookie_http(self, i: int, path: str, method: str = "GET", body: Any = None) -> Any:
         data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.cluster.http_url(i) + path, data=data, method=method,
+        url = "https://127.0.0.1:" + self.cluster.http_url(i).rsplit(":", 1)[1]
+        req = urllib.request.Request(url + path, data=data, method=method,
                                      headers={"Authorization": f"Bearer {self.token}"})
-        with urllib.request.urlopen(req, timeout=10) as resp:
+        with urllib.request.urlopen(req, timeout=10, context=ssl.create_default_context(cafile=str(self.ca))) as resp:
             return json.loads(resp.read().decode())
 
 
@@ -102,10 +110,17 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     secret = tokens.write_secret_file(base / "token-secret")
     token = tokens.TokenSigner.from_secret_file(secret).issue("console-test", ["admin"], ttl_s=3600,
                                                                 audience=tokens.ADMIN_AUDIENCE)
-    conf = {"entryLogPerLedgerEnabled": "true", "tokenSecretKeyFile": str(secret), "flushInterval": "500"}
+    authority = pki.create_ca("Console browser test CA")
+    ca = pki.write_ca(authority, base / "ca").cert
+    cert = pki.write_certificate(pki.issue_certificate(authority, name="bookie", role="bookie"), base / "bookie",
+                                 stem="bookie")
+    conf = {"entryLogPerLedgerEnabled": "true", "tokenSecretKeyFile": str(secret), "flushInterval": "500",
+            "httpServerTlsEnable": "true", "httpServerKeyStorePath": str(cert.key),
+            "httpServerCertificatePath": str(cert.cert)}
     with LocalCluster(base / "cluster", bookies=3, bookie_conf=conf) as cluster:
-        e = Env(cluster, ConsoleThread(ConsoleSettings(cluster.metadata_uri, admin_token=token, refresh_s=REFRESH_S,
-                                                       sample_interval_s=1.0), port=0), token, secret)
+        settings = ConsoleSettings(cluster.metadata_uri, admin_token=token, refresh_s=REFRESH_S, sample_interval_s=1.0,
+                                   http_ca_file=str(ca), token_secret_file=str(secret))
+        e = Env(cluster, ConsoleThread(settings, port=0), token, secret, ca)
         _populate(e)
         e.console.start()
         try:
@@ -168,6 +183,52 @@ def _bookie_states(driver: Any) -> dict[str, str]:
 
 
 # --------------------------------------------------------------------------------------- tests
+
+
+def _csrf(driver: Any) -> str:
+    field = driver.find_element(By.CSS_SELECTOR, "form[action='/logout'] input[name='csrf']")
+    value: str = field.get_attribute("value")
+    return value
+
+
+def test_login_in_the_browser(env: Env, browser: Any) -> None:
+    _open(browser, env.url + "/storage")
+    assert "/login" in browser.current_url and browser.find_elements(By.ID, "token")
+    assert env.cluster.metadata_uri not in browser.page_source  # nothing of the cluster before a login
+    wrong = tokens.TokenSigner.from_secret_file(tokens.write_secret_file(env.secret.parent / "stranger")).issue(
+        "stranger", ["admin"], ttl_s=600)
+    browser.find_element(By.ID, "token").send_keys(wrong)
+    browser.find_element(By.ID, "login").click()
+    WebDriverWait(browser, 10).until(lambda d: d.find_elements(By.ID, "login-problem"))
+    assert "bad signature" in browser.find_element(By.ID, "login-problem").text
+    browser.find_element(By.ID, "token").send_keys(env.token)
+    browser.find_element(By.ID, "login").click()
+    WebDriverWait(browser, 10).until(lambda d: d.current_url.endswith("/storage"))
+    assert browser.find_element(By.ID, "user").text == "console-test"
+    assert browser.execute_script("return document.cookie") == ""  # HttpOnly: out of any script's reach
+    cookie = browser.get_cookie(f"vellum-console-{env.url.rsplit(':', 1)[1]}")
+    assert cookie and cookie["httpOnly"] and cookie["sameSite"] == "Strict" and cookie.get("expiry")
+    # another session (another login) has another anti-forgery token
+    mine = _csrf(browser)
+    data = urllib.parse.urlencode({"token": env.token}).encode()
+    req = urllib.request.Request(env.url + "/login", data=data, method="POST", headers={"Origin": env.url})
+    opener = urllib.request.build_opener(_NoRedirect())
+    try:
+        opener.open(req, timeout=10)
+        raise AssertionError("a login answers with a redirect")
+    except urllib.error.HTTPError as e:
+        assert e.code == 303
+        other_cookie = e.headers["Set-Cookie"].split(";", 1)[0]
+    with urllib.request.urlopen(urllib.request.Request(env.url + "/cluster", headers={"Cookie": other_cookie}),
+                                timeout=10) as resp:
+        other = re.search(r'name="csrf" value="([^"]+)"', resp.read().decode())
+    assert other and other.group(1) != mine
+    browser.get_log("browser")  # the refused login is a 401 page: expected
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *_args: Any, **_kwargs: Any) -> None:
+        return None
 
 
 def test_every_page_loads_without_console_errors(env: Env, browser: Any) -> None:
@@ -321,7 +382,7 @@ def test_console_without_token_or_with_a_wrong_one(env: Env, browser: Any) -> No
     ro = ConsoleThread(ConsoleSettings(uri, refresh_s=REFRESH_S), port=0)
     other_secret = tokens.write_secret_file(env.secret.parent / "other-secret")
     wrong = ConsoleThread(ConsoleSettings(uri, admin_token=tokens.TokenSigner.from_secret_file(other_secret).issue(
-        "intruder", ["admin"], ttl_s=600), refresh_s=REFRESH_S), port=0)
+        "intruder", ["admin"], ttl_s=600), refresh_s=REFRESH_S, http_ca_file=str(env.ca)), port=0)
     ro.start()
     wrong.start()
     try:

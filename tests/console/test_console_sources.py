@@ -172,7 +172,10 @@ def test_admin_http_errors_are_sentences() -> None:
         http = AdminHttp(token="tok", timeout_s=0.5)
         try:
             assert await http.call(base, "/fine") == {"ok": True}
-            assert seen["auth"] == "Bearer tok"
+            assert seen["auth"] == ""  # a read that needs none, and plain http: the token stays home
+            with pytest.raises(AdminHttpError, match="plain http"):
+                await http.call(base, "/fine", "PUT", {})
+            assert seen["auth"] == ""
             with pytest.raises(AdminHttpError, match="not JSON"):
                 await http.call(base, "/garbage")
             with pytest.raises(AdminHttpError, match="HTTP 500: no such thing"):

@@ -9,7 +9,10 @@ its admin HTTP (https) needs the admin token it wrote."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import ssl
+import subprocess
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -90,6 +93,33 @@ def test_the_admin_http_needs_the_admin_token_it_wrote(standalone: Standalone) -
                                  headers={"Authorization": f"Bearer {sec.admin_token.read_text().strip()}"})
     with urllib.request.urlopen(req, timeout=10, context=ctx) as resp:
         assert resp.status == 200
+
+
+def test_the_printed_curl_line_works_and_keeps_the_token_out_of_ps(
+        standalone: Standalone, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The admin HTTP example `vellum standalone --tls` prints, run as printed (through a shell,
+    with a `curl` that records its argv before running the real one): it forces a GC, and the
+    token is in no argv, where every local user could read it in `ps`."""
+    from vellum.cli.cmd_run import _say_how_to_connect_securely
+
+    sec = standalone.security
+    assert sec is not None
+    real_curl = shutil.which("curl")
+    if real_curl is None:
+        pytest.skip("curl is not installed")
+    _say_how_to_connect_securely(standalone.metadata_uri, sec, standalone.specs[0].http_port, "")
+    line = next(x.strip() for x in capsys.readouterr().out.splitlines() if x.strip().startswith("curl "))
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    argv_file = tmp_path / "argv"
+    (fake / "curl").write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {argv_file}\nexec {real_curl} "$@"\n')
+    (fake / "curl").chmod(0o755)
+    result = subprocess.run(["bash", "-c", line + " -sS --fail"], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "PATH": f"{fake}:{os.environ.get('PATH', '')}"})
+    assert result.returncode == 0 and "Triggered GC" in result.stdout, (line, result.stdout, result.stderr)
+    token = sec.admin_token.read_text().strip()
+    assert argv_file.read_text() and token not in argv_file.read_text()
+    assert sec.admin_header.stat().st_mode & 0o077 == 0  # like the token file: the owner's alone
 
 
 def test_a_restart_keeps_the_certificates(tmp_path: Path) -> None:

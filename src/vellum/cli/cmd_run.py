@@ -97,6 +97,8 @@ def standalone(bookies: int, data_dir: str, port_base: int, http_port_base: int,
         click.echo(f"  metadata:  {cluster.metadata_uri}")
         if console is not None:
             click.echo(f"  console:   {console.url}/   (operator console: cluster, ledgers, storage & GC, recovery)")
+            if cluster.security is not None:
+                click.echo(f"             log in with the token in {cluster.security.admin_token}")
         scheme = "https" if cluster.security else "http"
         for spec in cluster.specs:
             click.echo(f"  bookie {spec.index}:  {spec.bookie_id}   admin {scheme}://127.0.0.1:{spec.http_port}"
@@ -141,6 +143,8 @@ def _start_console(cluster: Standalone, port: int) -> ConsoleThread | None:
         admin_token=read_admin_token(sec.admin_token) if sec is not None else None,
         client_config=load_client_config(sec.client_conf) if sec is not None else ClientConfig(),
         http_ca_file=str(sec.ca) if sec is not None else "",
+        # a secured cluster's console asks for a login: the admin token in admin.token is one
+        token_secret_file=str(sec.token_secret) if sec is not None else "",
     )
     console = ConsoleThread(settings, port=port)
     try:
@@ -168,7 +172,8 @@ def _say_how_to_connect_securely(uri: str, security: StandaloneSecurity, http_po
     click.echo("Spark: .option('bookkeeper.<key>', <value>) for each key above (bookkeeper.tlsTrustStore, ...)")
     click.echo(f"Admin HTTP (https; mutating calls need the admin token in {security.admin_token}, renewed at each "
                "start):")
-    click.echo(f"  curl --cacert {security.ca} -H \"Authorization: Bearer $(cat {security.admin_token})\" "
+    # -H @file: curl reads the header from the file, so the token never is in an argv (ps)
+    click.echo(f"  curl --cacert {security.ca} -H @{security.admin_header} "
                f"-X PUT https://127.0.0.1:{http_port}/api/v1/bookie/gc")
 
 

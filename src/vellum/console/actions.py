@@ -65,6 +65,9 @@ async def run_action(http: AdminHttp, action: Action, target: str | None, views:
     if not http.has_token:
         raise ActionRefused("the console has no admin token: start it with --admin-token-file to enable actions")
     up = [v for v in views if v.up and v.http_url]
+    # a cluster-wide call goes through a bookie the token may go to (else the first, whose
+    # refusal then says why)
+    through = sorted(up, key=lambda v: http.token_refusal(v.http_url or "") is not None)
     by_id = {v.bookie_id: v for v in views}
     if action.needs == "down":
         v = by_id.get(target or "")
@@ -73,17 +76,26 @@ async def run_action(http: AdminHttp, action: Action, target: str | None, views:
                                 "ledgers of a bookie that is shut down")
         if not up:
             raise ActionRefused("no bookie answers on its admin HTTP API to run the decommission")
-        return await _call(http, up[0], action, {"bookie_src": v.bookie_id},
-                           f"decommission of {v.bookie_id} started by {up[0].bookie_id}")
+        return await _call(http, through[0], action, {"bookie_src": v.bookie_id},
+                           f"decommission of {v.bookie_id} started by {through[0].bookie_id}")
     if action.needs == "any":
         if not up:
             raise ActionRefused("no bookie answers on its admin HTTP API")
-        return await _call(http, up[0], action, action.body, f"done through {up[0].bookie_id}")
+        return await _call(http, through[0], action, action.body, f"done through {through[0].bookie_id}")
     targets = up if target == "*" else [v for v in up if v.bookie_id == target]
     if not targets:
         raise ActionRefused(f"bookie {target} does not answer on its admin HTTP API")
-    done = [await _call(http, v, action, action.body, v.bookie_id) for v in targets]
-    return "; ".join(done)
+    if len(targets) == 1:
+        return await _call(http, targets[0], action, action.body, targets[0].bookie_id)
+    done, refused = [], []
+    for v in targets:  # one bookie's refusal (e.g. plain http) does not stop the others
+        try:
+            done.append(await _call(http, v, action, action.body, v.bookie_id))
+        except ActionRefused as e:
+            refused.append(str(e))
+    if not done:
+        raise ActionRefused("; ".join(refused))
+    return "; ".join(done + [f"not done: {r}" for r in refused])
 
 
 async def _call(http: AdminHttp, view: BookieView, action: Action, body: Any, what: str) -> str:

@@ -9,29 +9,35 @@ the same URL with ``X-Console-Fragment: 1`` every ``refresh_s`` and swaps the ``
   unexpected errors all render the error page with a sentence (the trace goes to the log);
 - everything shown is escaped (Jinja2 autoescape: custom metadata and names may hold HTML);
   the Content-Security-Policy allows scripts, styles and images from the console only;
-- actions exist only with an admin token, are confirmed on a page of their own, and are POSTed
-  with a per-process anti-forgery token.
+- who may use the console is decided before any handler runs, in one place (``_door``,
+  docs/console.md "Who may use the console"): a ``Host`` that does not name the console gets
+  421 (DNS rebinding), a change whose ``Origin`` is not the console gets 403, a page without a
+  session goes to the login page (when the console has login keys; a loopback console without
+  them gives each browser a session of its own), and every change carries its session's own
+  anti-forgery token;
+- actions exist only with an admin token and a session with the admin role, are confirmed on a
+  page of their own, and are POSTed; ``back=`` only ever leads to a path of the console.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import logging
 import math
-import secrets
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 
 import jinja2
 from aiohttp import web
 
+from vellum.console.access import AddressCheck, Session, Sessions
 from vellum.console.actions import ACTIONS, ActionRefused, describe, run_action
 from vellum.console.cluster import ClusterConsole, LedgerQuery, SourceUnavailable
-from vellum.errors import NoSuchLedgerError
+from vellum.errors import NoSuchLedgerError, SecurityError
+from vellum.security.pki import principal_of, roles_of
+from vellum.security.tls import peer_certificate
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +49,11 @@ STATIC_DIR = HERE / "static"
 CONSOLE_KEY: web.AppKey[ClusterConsole] = web.AppKey("console", ClusterConsole)
 CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; object-src 'none'; "
        "base-uri 'none'; frame-ancestors 'none'; form-action 'self'")
+#: paths served without a session (the login page itself, its style, liveness probes)
+OPEN_PATHS = frozenset({"/login", "/healthz"})
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+SESSION_KEY: web.RequestKey[Session | None] = web.RequestKey("console_session")
+NEW_SESSION_KEY: web.RequestKey[Session] = web.RequestKey("console_new_session", Session)
 PAGES = [("cluster", "/cluster", "Cluster"), ("ledgers", "/ledgers", "Ledgers"), ("names", "/names", "Named ledgers"),
          ("storage", "/storage", "Storage & GC"), ("recovery", "/recovery", "Recovery")]
 
@@ -102,21 +113,25 @@ def make_env() -> jinja2.Environment:
 class ConsoleApp:
     """Routes and rendering (see the module docstring)."""
 
-    def __init__(self, console: ClusterConsole) -> None:
+    def __init__(self, console: ClusterConsole, *, listen_host: str = "127.0.0.1") -> None:
         self.console = console
         self.env = make_env()
-        self._csrf_key = secrets.token_bytes(32)
+        settings = console.settings
+        self.addresses = AddressCheck(listen_host, settings.public_names)
+        self.sessions = Sessions(settings.session_ttl_s)
+        self.verifier = settings.token_verifier()
+        self.login_required = settings.login_required
 
     # -- helpers --------------------------------------------------------------------------
-    def csrf_token(self) -> str:
-        return hmac.new(self._csrf_key, b"console-actions", hashlib.sha256).hexdigest()
-
     def _base(self, request: web.Request, page: str, title: str) -> dict[str, Any]:
         s = self.console.settings
+        session: Session | None = request.get(SESSION_KEY)
         return {"page": page, "title": title, "pages": PAGES, "metadata_uri": s.metadata_uri,
-                "refresh_s": s.refresh_s, "read_only": self.console.read_only,
+                "refresh_s": s.refresh_s if session is not None else 0, "read_only": self.console.read_only,
                 "now": datetime.now(UTC).strftime("%H:%M:%S UTC"), "path_qs": request.path_qs,
-                "csrf": self.csrf_token(), "actions": ACTIONS}
+                "csrf": session.csrf if session is not None else "", "session": session,
+                "may_act": session is not None and session.admin and not self.console.read_only,
+                "actions": ACTIONS}
 
     def render(self, request: web.Request, template: str, page: str, title: str, status: int = 200,
                **ctx: Any) -> web.Response:
@@ -136,11 +151,59 @@ class ConsoleApp:
                            message=message, status_code=status)
 
     # -- middleware -----------------------------------------------------------------------
+    @staticmethod
+    def cookie_name(request: web.Request) -> str:
+        # "__Host-": the browser keeps it only if Secure, for this host alone, on path /. The
+        # port is in the name: browsers share cookies between the ports of one host, and two
+        # consoles on one machine must not log each other out.
+        port = _local_address(request)[1]
+        return f"__Host-vellum-console-{port}" if request.secure else f"vellum-console-{port}"
+
+    async def _door(self, request: web.Request) -> web.StreamResponse | None:
+        """Who may go on (see the module docstring): None, or the refusal to answer with."""
+        local = _local_address(request)
+        host = request.headers.get("Host")
+        if not self.addresses.host_allowed(host, local, request.scheme):
+            log.warning("console: %s %s from %s refused: Host %r is not one of the console's addresses",
+                        request.method, request.path, request.remote, (host or "")[:100])
+            return _plain(421, f"this is not the console of {(host or '(no Host)')[:100]!r}: the Host header names "
+                               "none of its addresses (reach it by the address it listens on, or start it with "
+                               "--public-name for the name you use)")
+        mutating = request.method not in _SAFE_METHODS
+        origin = request.headers.get("Origin")
+        if mutating and not self.addresses.origin_allowed(origin, local):
+            log.warning("console: %s %s from %s refused: Origin %r is not the console", request.method,
+                        request.path, request.remote, (origin or "")[:100])
+            return _plain(403, "a change must come from the console's own pages: this request's Origin "
+                               f"({(origin or 'none')[:100]}) is not the console")
+        session = self.sessions.get(request.cookies.get(self.cookie_name(request)))
+        public = request.path in OPEN_PATHS or request.path.startswith("/static/")
+        if session is None and not self.login_required and request.path not in ("/healthz", "/favicon.ico") \
+                and not request.path.startswith("/static/"):
+            # a loopback console without login keys: each browser gets a session of its own,
+            # so the anti-forgery token is still per session (docs/console.md)
+            session = self.sessions.create("local operator", ["admin"], via="loopback")
+            request[NEW_SESSION_KEY] = session
+        request[SESSION_KEY] = session
+        if session is None and not public:
+            if mutating:
+                return _plain(403, "log in to the console first (your session ended or never began)")
+            return _see_other("/login?" + urlencode({"back": request.path_qs}))
+        if mutating and session is not None:
+            form = await request.post()
+            if not session.csrf_matches(str(form.get("csrf", ""))):
+                log.warning("console: %s %s from %s refused: anti-forgery token missing or not this session's",
+                            request.method, request.path, request.remote)
+                return self.error(request, 403, "the form is stale or came from another site: open it again "
+                                                "from the console")
+        return None
+
     @web.middleware
     async def middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
         page = request.path.strip("/").split("/")[0]
         try:
-            response = await handler(request)
+            refused = await self._door(request)
+            response = refused if refused is not None else await handler(request)
         except web.HTTPException as e:
             if e.status >= 400 and not request.path.startswith("/static/"):
                 response = self.error(request, e.status, e.reason or "not found", page)
@@ -156,9 +219,88 @@ class ConsoleApp:
                                                 "its log has the details", page)
         response.headers.setdefault("Content-Security-Policy", CSP)
         response.headers.setdefault("X-Content-Type-Options", "nosniff")
-        response.headers.setdefault("Referrer-Policy", "no-referrer")
+        # same-origin, not no-referrer: with no-referrer a browser sends "Origin: null" on the
+        # console's own forms, and the Origin check refuses them
+        response.headers.setdefault("Referrer-Policy", "same-origin")
         if not request.path.startswith("/static/"):
             response.headers.setdefault("Cache-Control", "no-store")
+        new: Session | None = request.get(NEW_SESSION_KEY)
+        if new is not None:
+            self._set_cookie(request, response, new)
+        return response
+
+    def _set_cookie(self, request: web.Request, response: web.StreamResponse, session: Session) -> None:
+        response.set_cookie(self.cookie_name(request), session.session_id, path="/", httponly=True,
+                            secure=request.secure, samesite="Strict",
+                            max_age=max(1, int(session.expires_at - time.time())))
+
+    # -- login ----------------------------------------------------------------------------
+    def _certificate_login(self, request: web.Request) -> tuple[str, tuple[str, ...]] | None:
+        """The (principal, roles) of the verified client certificate of this connection, if any."""
+        if not self.console.settings.tls_client_ca_file or request.transport is None:
+            return None
+        cert = peer_certificate(request.transport.get_extra_info("ssl_object"))
+        if cert is None:
+            return None
+        try:
+            return principal_of(cert), roles_of(cert)
+        except SecurityError:
+            return None
+
+    def _login_page(self, request: web.Request, back: str, status: int = 200, problem: str = "") -> web.Response:
+        return self.render(request, "login.html.j2", "", "Log in", status=status, back=back, problem=problem,
+                           takes_token=self.verifier is not None, certificate=self._certificate_login(request))
+
+    async def login_form(self, r: web.Request) -> web.StreamResponse:
+        back = _safe_back(r.query.get("back"))
+        if r.get(SESSION_KEY) is not None:
+            return _see_other(back)
+        return self._login_page(r, back)
+
+    async def login(self, r: web.Request) -> web.StreamResponse:
+        form = await r.post()
+        back = _safe_back(str(form.get("back") or ""))
+        if not self.login_required:
+            return _see_other(back)
+        if form.get("method") == "certificate":
+            cert = self._certificate_login(r)
+            if cert is None:
+                return self._login_page(r, back, 401, "this connection presented no client certificate the "
+                                                      "console's CA verifies")
+            subject, roles = cert
+            if "admin" not in roles:
+                return self._login_page(r, back, 403, f"the certificate of {subject!r} (roles {list(roles)}) lacks "
+                                                      "the admin role")
+            session = self.sessions.create(subject, roles, via="certificate")
+        else:
+            token = str(form.get("token") or "").strip()
+            if self.verifier is None:
+                return self._login_page(r, back, 400, "this console takes client certificates, not tokens")
+            if not token:
+                return self._login_page(r, back, 400, "paste a token (`vellum security issue-token`)")
+            try:
+                claims = self.verifier.verify(token, audience=self.console.settings.token_audience)
+            except SecurityError as e:
+                log.warning("console: login from %s refused: %s", r.remote, e)
+                return self._login_page(r, back, 401, str(e))
+            session = self.sessions.create(claims.subject, claims.roles, via="token",
+                                           not_after=claims.expires_at.timestamp())
+        log.info("console: %s (roles %s) logged in from %s by %s", session.subject, list(session.roles),
+                 r.remote, session.via)
+        old = r.get(SESSION_KEY)
+        if old is not None:
+            self.sessions.end(old.session_id)
+        response = _see_other(back)
+        self._set_cookie(r, response, session)
+        return response
+
+    async def logout(self, r: web.Request) -> web.StreamResponse:
+        session: Session | None = r.get(SESSION_KEY)
+        if session is not None:
+            self.sessions.end(session.session_id)
+            log.info("console: %s logged out", session.subject)
+        response = _see_other("/login" if self.login_required else "/cluster")
+        response.del_cookie(self.cookie_name(r), path="/")
         return response
 
     # -- pages ----------------------------------------------------------------------------
@@ -217,6 +359,15 @@ class ConsoleApp:
         return self.render(r, "recovery.html.j2", "recovery", "Recovery", **data)
 
     # -- actions --------------------------------------------------------------------------
+    def _may_act(self, r: web.Request) -> web.Response | None:
+        if self.console.read_only:
+            return self.error(r, 403, "the console is read-only: start it with --admin-token-file to enable actions")
+        session: Session | None = r.get(SESSION_KEY)
+        if session is None or not session.admin:
+            who = f"{session.subject!r} (roles {list(session.roles)})" if session else "nobody"
+            return self.error(r, 403, f"you are logged in as {who}: actions need the admin role")
+        return None
+
     def _action(self, r: web.Request) -> Any:
         action = ACTIONS.get(r.match_info["action"])
         if action is None:
@@ -227,8 +378,9 @@ class ConsoleApp:
         action = self._action(r)
         target = r.query.get("target") or None
         back = _safe_back(r.query.get("back"))
-        if self.console.read_only:
-            return self.error(r, 403, "the console is read-only: start it with --admin-token-file to enable actions")
+        refused = self._may_act(r)
+        if refused is not None:
+            return refused
         return self.render(r, "confirm.html.j2", "", "Confirm: " + action.title, action=action, target=target,
                            back=back, description=describe(action, target))
 
@@ -236,13 +388,11 @@ class ConsoleApp:
         action = self._action(r)
         form = await r.post()
         back = _safe_back(str(form.get("back") or ""))
-        if self.console.read_only:
-            return self.error(r, 403, "the console is read-only: start it with --admin-token-file to enable actions")
-        if not hmac.compare_digest(str(form.get("csrf", "")), self.csrf_token()):
-            return self.error(r, 403, "the confirmation form is stale or came from another site: open the action "
-                                      "again from the console")
+        refused = self._may_act(r)
+        if refused is not None:
+            return refused
         if form.get("confirm") != "yes":
-            raise web.HTTPSeeOther(back)
+            return _see_other(back)
         target = str(form.get("target") or "") or None
         views, _ur = await self.console.bookies(with_gc=False)
         try:
@@ -252,7 +402,9 @@ class ConsoleApp:
                                back=back, description=describe(action, target))
         if action.name == "decommission" and target:
             self.console.decommissioning[target] = time.time()
-        log.info("console action %s on %s: %s", action.name, target, outcome)
+        session = r[SESSION_KEY]
+        assert session is not None  # _may_act
+        log.info("console action %s on %s by %s: %s", action.name, target, session.subject, outcome)
         return self.render(r, "result.html.j2", "", "Done", ok=True, message=outcome, back=back,
                            description=describe(action, target))
 
@@ -267,19 +419,46 @@ def _int_or_none(raw: str | None, what: str) -> int | None:
 
 
 def _safe_back(raw: str | None) -> str:
-    """A local path to go back to (never another site)."""
-    if raw and raw.startswith("/") and not raw.startswith("//") and "\\" not in raw:
-        return raw
-    return "/cluster"
+    """A path of the console to go back to, never another site: browsers drop tabs and line
+    breaks from a URL and read ``\\`` as ``/``, so ``/<TAB>/evil.example`` and ``/\\evil.example``
+    both mean ``//evil.example``. Anything but a plain absolute path is ``/cluster``."""
+    if not raw:
+        return "/cluster"
+    cleaned = "".join(c for c in raw if c not in "\t\n\r")
+    parts = urlsplit(cleaned)
+    if (not cleaned.startswith("/") or cleaned.startswith(("//", "/\\")) or "\\" in cleaned
+            or parts.scheme or parts.netloc or any(ord(c) < 0x20 or ord(c) == 0x7F for c in cleaned)):
+        return "/cluster"
+    return cleaned
 
 
-def build_app(console: ClusterConsole) -> web.Application:
-    ui = ConsoleApp(console)
+def _see_other(location: str) -> web.Response:
+    return web.Response(status=303, headers={"Location": location})
+
+
+def _plain(status: int, text: str) -> web.Response:
+    """A refusal that shows nothing of the cluster (the asker may be another site's script)."""
+    return web.Response(status=status, text=text + "\n", content_type="text/plain", charset="utf-8")
+
+
+def _local_address(request: web.Request) -> tuple[str, int]:
+    """The console's own address and port this request arrived on."""
+    sockname = request.transport.get_extra_info("sockname") if request.transport is not None else None
+    if isinstance(sockname, tuple) and len(sockname) >= 2:
+        return str(sockname[0]), int(sockname[1])
+    return "", 0
+
+
+def build_app(console: ClusterConsole, *, listen_host: str = "127.0.0.1") -> web.Application:
+    ui = ConsoleApp(console, listen_host=listen_host)
     app = web.Application(middlewares=[ui.middleware], client_max_size=64 * 1024)
     app[CONSOLE_KEY] = console
     app.add_routes([
         web.get("/", ui.index),
         web.get("/healthz", ui.healthz),
+        web.get("/login", ui.login_form),
+        web.post("/login", ui.login),
+        web.post("/logout", ui.logout),
         web.get("/cluster", ui.cluster),
         web.get("/ledgers", ui.ledgers),
         web.get(r"/ledgers/{ledger_id}", ui.ledger),

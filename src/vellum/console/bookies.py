@@ -5,9 +5,13 @@ Responsibility:
 - ``BookieDirectory`` remembers every bookie the console has seen registered (or that the
   metadata store names as a missing replica), with its last admin HTTP address, so a bookie
   that dies shows as *down* instead of vanishing; bounded by the number of bookies;
-- ``AdminHttp`` calls a bookie's admin HTTP API (BookKeeper's paths) with a short timeout and,
-  when configured, the bearer token; every failure (refused, timeout, an HTTP error, an answer
-  that is not JSON) becomes an ``AdminHttpError`` whose text is shown on the page;
+- ``AdminHttp`` calls a bookie's admin HTTP API (BookKeeper's paths) with a short timeout; every
+  failure (refused, timeout, an HTTP error, an answer that is not JSON, a redirect) becomes an
+  ``AdminHttpError`` whose text is shown on the page. Its admin token travels only as
+  ``security.admin_http_client.token_refusal`` allows (https, certificate verified against
+  ``--http-ca-file``): changes carry it or are refused with the reason; reads go without it
+  unless that bookie answered 401 to a tokenless read (remembered per address). The addresses
+  come from registrations anyone with write access to the metadata store can forge;
 - ``probe`` builds a ``BookieView``: state (writable, read-only, down, decommissioning), disk
   usage per ledger dir, GC details. A registered bookie whose admin HTTP does not answer is
   checked on its bookie port: nothing listening there means down (its registration has not
@@ -29,6 +33,7 @@ from typing import Any
 import aiohttp
 
 from vellum.meta.api import MetadataStore
+from vellum.security.admin_http_client import redacted_token, token_refusal
 
 #: seconds one admin HTTP call may take before the bookie is reported as not answering
 HTTP_TIMEOUT_S = 2.0
@@ -110,15 +115,24 @@ class BookieDirectory:
         self._known.pop(bookie_id, None)
 
 
+_READS = frozenset({"GET", "HEAD"})
+
+
 class AdminHttp:
     """Admin HTTP calls to bookies (see the module docstring). Open on a running loop."""
 
-    def __init__(self, *, token: str | None = None, ssl_context: ssl.SSLContext | None = None,
+    def __init__(self, *, token: str | None = None, ca_file: str = "",
                  timeout_s: float = HTTP_TIMEOUT_S) -> None:
         self._token = token
-        self._ssl = ssl_context
+        self._ca_file = ca_file
+        # only the cluster's CA: the system's CAs vouch for any web site, not for a bookie
+        self._ssl = ssl.create_default_context(cafile=ca_file) if ca_file else None
         self._timeout = timeout_s
         self._session: aiohttp.ClientSession | None = None
+        self._token_reads: set[str] = set()
+
+    def __repr__(self) -> str:
+        return f"AdminHttp(token={redacted_token(self._token)}, ca_file={self._ca_file!r})"
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -137,13 +151,35 @@ class AdminHttp:
     def has_token(self) -> bool:
         return bool(self._token)
 
+    def token_refusal(self, base: str) -> str | None:
+        """Why the admin token must not go to ``base`` (None: it may)."""
+        return token_refusal(base, ca_file=self._ca_file, context=self._ssl)
+
     async def call(self, base: str, path: str, method: str = "GET", body: Any = None,
                    *, parse_json: bool = True, timeout_s: float | None = None) -> Any:
+        base = base.rstrip("/")
+        read = method.upper() in _READS
+        refusal = self.token_refusal(base) if self._token else None
+        if self._token and not read and refusal is not None:
+            raise AdminHttpError(f"{method} {path} not sent: {refusal}")
+        with_token = bool(self._token) and refusal is None and (not read or base in self._token_reads)
+        try:
+            return await self._send(base, path, method, body, with_token, parse_json, timeout_s)
+        except AdminHttpError as e:
+            if e.status != 401 or not read or with_token or not self._token:
+                raise
+            if refusal is not None:
+                raise AdminHttpError(f"{e}; the console's admin token was not sent: {refusal}", 401) from None
+        self._token_reads.add(base)
+        return await self._send(base, path, method, body, True, parse_json, timeout_s)
+
+    async def _send(self, base: str, path: str, method: str, body: Any, with_token: bool, parse_json: bool,
+                    timeout_s: float | None) -> Any:
         headers = {"Accept": "application/json"}
-        if self._token:
+        if with_token:
             headers["Authorization"] = f"Bearer {self._token}"
-        url = base.rstrip("/") + path
-        kwargs: dict[str, Any] = {"headers": headers}
+        url = base + path
+        kwargs: dict[str, Any] = {"headers": headers, "allow_redirects": False}
         if body is not None:
             kwargs["json"] = body
         if timeout_s is not None:
@@ -152,12 +188,17 @@ class AdminHttp:
             async with self._client().request(method, url, **kwargs) as resp:
                 raw = await resp.content.read(MAX_ANSWER_BYTES + 1)
                 text = raw[:MAX_ANSWER_BYTES].decode("utf-8", "replace")
-                if resp.status >= 400:
+                if resp.status >= 300:
                     raise AdminHttpError(f"{method} {path}: HTTP {resp.status}: {_error_text(text)}", resp.status)
         except AdminHttpError:
             raise
         except TimeoutError:
             raise AdminHttpError(f"{method} {path}: no answer within {timeout_s or self._timeout:g}s") from None
+        except aiohttp.ClientConnectorCertificateError as e:
+            fix = ("give --http-ca-file with the cluster's CA certificate" if not self._ca_file
+                   else f"its certificate is not signed by a CA in {self._ca_file}, or names another host")
+            raise AdminHttpError(f"{method} {path}: the certificate of {base} was not accepted "
+                                 f"({e.certificate_error}): {fix}") from None
         except aiohttp.ClientConnectorError as e:
             raise AdminHttpError(f"{method} {path}: cannot connect to {base}: {e.os_error or e}") from None
         except (aiohttp.ClientError, OSError, ValueError) as e:
@@ -231,6 +272,9 @@ async def probe(http: AdminHttp, known: KnownBookie, registration: Registration,
     if url is None:
         view.problems.append("publishes no admin HTTP address in its registration")
         return view
+    refusal = http.token_refusal(url) if http.has_token else None
+    if refusal is not None:
+        view.problems.append(f"no actions here: {refusal}")
     calls = [http.call(url, "/api/v1/bookie/state"), http.call(url, "/api/v1/bookie/disk_usage")]
     if with_gc:
         calls.append(http.call(url, "/api/v1/bookie/gc_details"))

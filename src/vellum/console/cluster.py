@@ -22,7 +22,7 @@ import logging
 import ssl
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -43,12 +43,15 @@ from vellum.console.bookies import (
     read_registrations,
 )
 from vellum.console.promtext import MetricsFormatError, MetricsHistory, parse_metrics, tracked_values
-from vellum.errors import NoSuchLedgerError, VellumError
+from vellum.errors import ConfigError, NoSuchLedgerError, SecurityError, VellumError
 from vellum.format.entry import parse_entry_header
 from vellum.ids import BookieId, LedgerId
 from vellum.meta import parse_metadata_uri
 from vellum.meta.api import MetadataStore
 from vellum.meta.model import LedgerMetadata, LedgerState
+from vellum.security.admin_http_client import redacted_token
+from vellum.security.redaction import redact
+from vellum.security.tokens import ADMIN_AUDIENCE, TokenVerifier
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -67,9 +70,14 @@ class SourceUnavailable(Exception):
     """A source of the page (metadata store, client) cannot answer; the text is for the page."""
 
 
+#: seconds a console session lasts at most (a login token's own expiry ends it sooner)
+DEFAULT_SESSION_TTL_S = 8 * 3600.0
+
+
 @dataclass(frozen=True)
 class ConsoleSettings:
     metadata_uri: str
+    #: the console's own admin token for the bookies' admin HTTP API (None: read-only)
     admin_token: str | None = None
     refresh_s: float = 5.0
     sample_interval_s: float = 5.0
@@ -77,8 +85,44 @@ class ConsoleSettings:
     meta_timeout_s: float = 5.0
     client_config: ClientConfig = field(default_factory=ClientConfig)
     lost_bookie_recovery_delay_s: int = 0
-    #: CA certificate(s) (PEM) that the bookies' https admin API is checked against; "" = system CAs
+    #: CA certificate(s) (PEM) that the bookies' https admin API is checked against; "" = system
+    #: CAs, and then the admin token is never sent (docs/security.md, "Console and admin token")
     http_ca_file: str = ""
+    #: the key that verifies login tokens, as the bookies' tokenSecretKeyFile (HS256) or
+    #: tokenPublicKeyFile (RS256/ES256); with one, every page needs a login
+    token_secret_file: str = ""
+    token_public_key_file: str = ""
+    token_audience: str = ADMIN_AUDIENCE  # a login is an admin-HTTP credential (docs/security.md)
+    #: names (``host`` or ``host:port``) the console is reached by besides its listening address
+    public_names: tuple[str, ...] = ()
+    session_ttl_s: float = DEFAULT_SESSION_TTL_S
+    #: serve https with this certificate and key (PEM); "" = plain http
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    #: with https: accept a client certificate from this CA with the admin role as a login
+    tls_client_ca_file: str = ""
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{f.name}={redacted_token(self.admin_token) if f.name == 'admin_token' else repr(getattr(self, f.name))}"
+                          for f in fields(self))
+        return f"ConsoleSettings({shown})"
+
+    @property
+    def login_required(self) -> bool:
+        return bool(self.token_secret_file or self.token_public_key_file or self.tls_client_ca_file)
+
+    def token_verifier(self) -> TokenVerifier | None:
+        """The key that verifies login tokens, or None; ``ConfigError`` naming the file if unusable."""
+        if self.token_secret_file and self.token_public_key_file:
+            raise ConfigError("give one of --token-secret-file and --token-public-key-file, not both")
+        try:
+            if self.token_secret_file:
+                return TokenVerifier.from_secret_file(self.token_secret_file)
+            if self.token_public_key_file:
+                return TokenVerifier.from_public_key_file(self.token_public_key_file)
+        except SecurityError as e:
+            raise ConfigError(f"the console's login key: {e}") from None
+        return None
 
 
 # ----------------------------------------------------------------------------------- ledgers
@@ -86,6 +130,13 @@ class ConsoleSettings:
 
 def _text(value: bytes) -> str:
     return value.decode("utf-8", "backslashreplace")
+
+
+def shown_custom(md: LedgerMetadata) -> dict[str, str]:
+    """A ledger's custom metadata as the console shows (and searches) it: values under a
+    secret key redacted, as admin HTTP does (``security.redaction``)."""
+    shown: dict[str, str] = redact({k: _text(v) for k, v in sorted(md.custom_metadata.items())})[0]
+    return shown
 
 
 @dataclass(frozen=True)
@@ -116,7 +167,7 @@ def ledger_row(ledger_id: int, md: LedgerMetadata) -> LedgerRow:
         ensemble_size=md.ensemble_size, write_quorum=md.write_quorum_size, ack_quorum=md.ack_quorum_size,
         length=md.length, entries=md.last_entry_id + 1 if md.state is LedgerState.CLOSED else None,
         last_entry_id=md.last_entry_id, ctime_ms=md.ctime_ms,
-        custom={k: _text(v) for k, v in sorted(md.custom_metadata.items())},
+        custom=shown_custom(md),
         segments=len(md.ensembles), digest=md.digest_type.name,
     )
 
@@ -163,7 +214,7 @@ class LedgerQuery:
             return False
         if self.bookie and not any(self.bookie in map(str, ens) for ens in md.ensembles.values()):
             return False
-        texts = {k: _text(v) for k, v in md.custom_metadata.items()}
+        texts = shown_custom(md)  # a secret is not found by guessing it either
         for k, v in self.custom:
             if texts.get(k) != v:
                 return False
@@ -353,9 +404,10 @@ class ClusterConsole:
 
     def __init__(self, settings: ConsoleSettings, *, store: MetadataStore | None = None) -> None:
         self.settings = settings
-        self.http = AdminHttp(token=settings.admin_token,
-                              ssl_context=ssl.create_default_context(cafile=settings.http_ca_file)
-                              if settings.http_ca_file else None)
+        try:
+            self.http = AdminHttp(token=settings.admin_token, ca_file=settings.http_ca_file)
+        except (OSError, ssl.SSLError) as e:
+            raise ConfigError(f"cannot load the CA certificates of --http-ca-file {settings.http_ca_file}: {e}") from None
         self.directory = BookieDirectory()
         self.history = MetricsHistory(settings.history_samples)
         self.decommissioning: dict[str, float] = {}

@@ -21,7 +21,8 @@ ones other modules add included:
   logged with the peer, the method, the path and the reason, never the token;
 * TLS is the server's ``ssl_context`` (``httpServerTlsEnable``);
 * no response carries a password or a master key: JSON keys naming one are redacted
-  (``"(redacted)"``) on the way out, whatever the handler put there.
+  (``"(redacted)"``, ``security.redaction.redact``, the rule the console applies too) on the
+  way out, whatever the handler put there.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from vellum.errors import (
     VellumError,
 )
 from vellum.http.json_io import json_response, parse_json_object
+from vellum.security.redaction import redact
 from vellum.security.tls import peer_principal
 from vellum.security.tokens import ADMIN_AUDIENCE, TokenVerifier
 from vellum.stats import REGISTRY
@@ -59,7 +61,6 @@ ADMIN_ROLE = "admin"
 #: paths open whatever the settings (liveness probes)
 OPEN_PATHS = frozenset({"/heartbeat"})
 _MUTATING = frozenset({"PUT", "POST", "DELETE", "PATCH"})
-_REDACTED = "(redacted)"
 
 
 @dataclass(frozen=True)
@@ -89,31 +90,6 @@ class _Caller:
     principal: str
     roles: tuple[str, ...]
     method: str  # "token" | "certificate"
-
-
-def _secret_key(name: str) -> bool:
-    low = name.lower().replace("_", "").replace("-", "")
-    return "password" in low or "passwd" in low or "masterkey" in low
-
-
-def redact(data: Any) -> tuple[Any, bool]:
-    """``data`` with every value under a password / master key key replaced; and whether
-    anything was."""
-    if isinstance(data, dict):
-        out: dict[Any, Any] = {}
-        changed = False
-        for k, v in data.items():
-            if isinstance(k, str) and _secret_key(k):
-                out[k] = _REDACTED
-                changed = changed or v != _REDACTED
-            else:
-                out[k], c = redact(v)
-                changed = changed or c
-        return out, changed
-    if isinstance(data, list):
-        items = [redact(v) for v in data]
-        return [v for v, _ in items], any(c for _, c in items)
-    return data, False
 
 
 def _bearer(request: web.Request) -> str | None:

@@ -1,6 +1,6 @@
 """Security building blocks (layer L2): certificates, TLS contexts and signed tokens.
 
-Four modules, each usable alone; none knows about configuration, the wire protocol or the
+Modules, each usable alone; none knows about configuration, the wire protocol or the
 bookie (the layers above translate their settings into plain arguments):
 
 * ``pki``: a small certificate authority (``cryptography``): create a CA, issue certificates
@@ -15,6 +15,10 @@ bookie (the layers above translate their settings into plain arguments):
 * ``auth``: the authentication providers of the bookie port (``tls``: the mutual-TLS
   certificate; ``token``) and ``authorizedRoles``: who a connection is and whether it may be
   served (``BookieAuthenticator``), and what a client sends (``ClientAuth``).
+* ``redaction``: which values are secrets (passwords, master keys) and hiding them, for every
+  view of the cluster (admin HTTP answers, the console's pages).
+* ``admin_http_client``: calling a bookie's admin HTTP API from a tool, and the one rule of
+  when an admin token may travel (``token_refusal``).
 
 Roles travel in a certificate the way BookKeeper's ``CertUtils`` reads them: in the subject's
 OU, as ``0:<role>[,<role>...]`` (code ``0`` = role names; other ``<code>:<value>`` parts,
