@@ -66,7 +66,11 @@ def test_max_bytes_per_trigger(spark: Any, cluster: LocalCluster, bk: Any, tmp_p
 
 
 def test_deleted_ledger_fails_with_data_loss(spark: Any, cluster: LocalCluster, bk: Any, tmp_path: Path) -> None:
+    """A ledger deleted under a stream: true fails naming it; false records the loss as a row of
+    the micro-batch that moved past it."""
     import pytest
+
+    from vellum.spark.loss import read_losses
 
     lh = bk.create_ledger(ensemble_size=3, write_quorum_size=2, ack_quorum_size=2)
     for i in range(10):
@@ -76,8 +80,16 @@ def test_deleted_ledger_fails_with_data_loss(spark: Any, cluster: LocalCluster, 
     assert sum(len(r) for _b, r in _run(spark, cluster.metadata_uri, str(lh.ledger_id), cp,
                                          startingOffsets="earliest")) == 10
     bk.delete_ledger(lh.ledger_id)
-    with pytest.raises(Exception, match=r"LEDGER_DATA_LOSS\] ledger \d+ was deleted"):
+    with pytest.raises(Exception, match=rf"LEDGER_DATA_LOSS\] ledger {lh.ledger_id}: entries from 10 on lost "
+                                        r"\(deleted: "):
         _run(spark, cluster.metadata_uri, str(lh.ledger_id), cp)
+    location = tmp_path / "losses"
+    seen = _run(spark, cluster.metadata_uri, str(lh.ledger_id), cp, failOnDataLoss="false",
+                dataLossLocation=str(location))
+    rows = read_losses(str(location))
+    assert [(r["name"], r["ledgerId"], r["firstEntry"], r["lastEntry"], r["reason"]) for r in rows] == [
+        (None, lh.ledger_id, 10, None, "deleted")]
+    assert rows[0]["queryId"] and rows[0]["batchId"] in [b for b, _r in seen]
 
 
 def test_named_ledger_followed_across_writers(spark: Any, cluster: LocalCluster, bk: Any, tmp_path: Path) -> None:
@@ -113,3 +125,71 @@ def test_named_ledger_followed_across_writers(spark: Any, cluster: LocalCluster,
     write(range(50, 70))  # a third writer after the query stopped
     run()
     assert [(n, e, p) for n, e, p in seen] == [("tests/follow", i, b"n%d" % i) for i in range(70)]
+
+
+def test_shrunk_name_records_lost_entries_as_rows(spark: Any, cluster: LocalCluster, bk: Any, tmp_path: Path) -> None:
+    """A name shrunk past a stream's position: with failOnDataLoss=false the stream reads what
+    remains and the micro-batch records the shrunk range (with the query's id, name and batch
+    id); loss-report shows it; with true the query fails naming the same range."""
+    import json
+
+    import pytest
+    from click.testing import CliRunner
+
+    from vellum.cli.main import cli
+    from vellum.client.named import NamedLedgers
+    from vellum.spark.loss import read_losses
+    from vellum.spark.names import _call
+
+    named = NamedLedgers(bk.aio)
+    name = "tests/shrunk-loss"
+
+    def write(values: range) -> None:
+        h = _call(bk, named.open(name, "create_or_append"))
+        for i in values:
+            _call(bk, h.append(b"s%d" % i))
+        _call(bk, h.close())
+
+    location = tmp_path / "losses"
+    seen: dict[str, list[tuple[int, list[int]]]] = {}
+
+    def run(cp: str, **options: str) -> Any:
+        def collect(df: Any, batch_id: int) -> None:
+            seen.setdefault(cp, []).append((batch_id, [r.entryId for r in df.select("entryId").collect()]))
+
+        reader = (spark.readStream.format("vellum").option("metadataServiceUri", cluster.metadata_uri)
+                  .option("name", name).option("startingOffsets", "earliest"))
+        for k, v in options.items():
+            reader = reader.option(k, v)
+        q = (reader.load().writeStream.queryName(f"shrunk_{cp}").foreachBatch(collect)
+             .option("checkpointLocation", str(tmp_path / cp)).trigger(availableNow=True).start())
+        assert q.awaitTermination(120)
+        return q
+
+    write(range(0, 30))
+    for cp in ("lenient", "strict"):
+        q = run(cp)
+        assert q.exception() is None
+        assert sorted(e for _b, ids in seen[cp] for e in ids) == list(range(30))
+    write(range(30, 60))  # a second segment, entries 30..59
+    assert _call(bk, named.shrink(name, 45, force=True)) == 45  # drops the first segment and its ledger
+
+    q = run("lenient", failOnDataLoss="false", dataLossLocation=str(location))
+    assert q.exception() is None
+    after = seen["lenient"][1:]
+    assert sorted(e for _b, ids in after for e in ids) == list(range(45, 60))
+    rows = read_losses(str(location))
+    assert [(r["name"], r["ledgerId"], r["firstEntry"], r["lastEntry"], r["reason"]) for r in rows] == [
+        (name, None, 30, 44, "shrunk")]
+    assert rows[0]["queryId"] == str(q.id) and rows[0]["queryName"] == "shrunk_lenient"
+    assert rows[0]["batchId"] in [b for b, ids in after if ids]
+
+    res = CliRunner().invoke(cli, ["spark", "loss-report", "--location", str(location)])
+    assert res.exit_code == 0, res.output
+    assert "1 lost ranges: 15 entries" in res.output and "30..44" in res.output and "shrunk" in res.output
+    res = CliRunner().invoke(cli, ["spark", "loss-report", "--location", str(location), "--json"])
+    assert json.loads(res.output)["rows"] == rows
+
+    with pytest.raises(Exception, match=rf"LEDGER_DATA_LOSS\] named ledger '{name}': entries 30\.\.44 lost "
+                                        r"\(shrunk: "):
+        run("strict")

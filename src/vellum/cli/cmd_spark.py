@@ -165,9 +165,10 @@ def register(cli: click.Group) -> None:
                 return "all"
             return f"{r['firstEntry']}..{'' if r['lastEntry'] is None else r['lastEntry']}"
 
-        emit_table(["time", "name", "ledgerId", "entries", "reason", "query", "batchId", "detail"],
+        # The detail sentence of each row is in --json (and in the [LEDGER_DATA_LOSS] log lines).
+        emit_table(["time", "name", "ledgerId", "entries", "reason", "query", "batchId"],
                    ([r["time"], r["name"], r["ledgerId"], entries(r), r["reason"], r["queryName"] or r["queryId"],
-                     r["batchId"], r["detail"]] for r in rows),
+                     r["batchId"]] for r in rows),
                    title=f"{len(rows)} lost ranges: {known} entries"
                          + (f", and {unknown} ranges of unknown size" if unknown else ""))
 

@@ -144,7 +144,7 @@ def _spans(opts: ReadOptions, catalog: Catalog, key: str, first: int, end: int, 
     if first < bounds.first:
         cut = min(end, bounds.first)
         _data_loss(opts, _loss(opts, key, first, cut - 1, SHRUNK,
-                               f"shrunk: its first readable entry is now {bounds.first}"), lost)
+                               f"the first readable entry is now {bounds.first}"), lost)
         return _spans(opts, catalog, key, cut, end, lost) if cut < end else []
     _data_loss(opts, failure, lost)
     return []
