@@ -193,3 +193,90 @@ def test_shrunk_name_records_lost_entries_as_rows(spark: Any, cluster: LocalClus
     with pytest.raises(Exception, match=rf"LEDGER_DATA_LOSS\] named ledger '{name}': entries 30\.\.44 lost "
                                         r"\(shrunk: "):
         run("strict")
+
+
+def _wait_until(condition: Any, what: str, timeout_s: float = 90.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def test_min_entries_per_trigger(spark: Any, cluster: LocalCluster, bk: Any, tmp_path: Path) -> None:
+    """minEntriesPerTrigger=50: 20 new entries start no micro-batch (though the source saw them),
+    40 more start one; with a short maxTriggerDelay a few entries start one after the delay."""
+    import json
+    import time
+
+    lh = bk.create_ledger(ensemble_size=3, write_quorum_size=3, ack_quorum_size=2)
+    lid = lh.ledger_id
+    batches: dict[str, list[tuple[int, list[int]]]] = {"min": [], "delay": []}
+
+    def start(kind: str, **options: str) -> Any:
+        def collect(df: Any, batch_id: int) -> None:
+            rows = sorted(r.entryId for r in df.select("entryId").collect())
+            if rows:  # Spark runs an empty batch 0 to record the initial offsets
+                batches[kind].append((batch_id, rows))
+
+        reader = (spark.readStream.format("vellum").option("metadataServiceUri", cluster.metadata_uri)
+                  .option("ledgers", str(lid)).option("startingOffsets", f'{{"{lid}": 0}}')
+                  .option("lacPollIntervalMs", 100))
+        for k, v in options.items():
+            reader = reader.option(k, v)
+        return (reader.load().writeStream.foreachBatch(collect)
+                .option("checkpointLocation", str(tmp_path / kind)).start())
+
+    def source_saw(q: Any) -> int:
+        """Entries the source reported available (reportLatestOffset) in the newest progress."""
+        p = q.lastProgress
+        raw = p["sources"][0].get("latestOffset") if p and p.get("sources") else None
+        return int(json.loads(raw).get(str(lid), -1)) if raw else -1
+
+    # Idle triggers report progress (with the source's latest offset) every 100 ms, not 10 s.
+    spark.conf.set("spark.sql.streaming.noDataProgressEventInterval", "100")
+    q = start("min", minEntriesPerTrigger="50")
+    try:
+        for i in range(21):
+            lh.append(b"%d" % i)  # readers see entries 0..19 (the piggy-backed LAC lags one add)
+        _wait_until(lambda: source_saw(q) >= 20, "the source to see 20 entries")
+        assert batches["min"] == []  # 20 < 50: no micro-batch
+        for i in range(21, 61):
+            lh.append(b"%d" % i)  # now 0..59 are visible
+        _wait_until(lambda: batches["min"], "a micro-batch once 60 entries wait")
+        first = batches["min"][0][1]
+        assert first[:20] == list(range(20)) and len(first) >= 50
+        assert q.exception() is None
+    finally:
+        q.stop()
+
+    # maxTriggerDelay: 5 entries (below the minimum) start a batch once the delay has passed.
+    lh2 = bk.create_ledger(ensemble_size=3, write_quorum_size=3, ack_quorum_size=2)
+    lid = lh2.ledger_id
+    started = time.monotonic()
+    q = start("delay", minEntriesPerTrigger="50", maxTriggerDelay="2s")
+    try:
+        for i in range(6):
+            lh2.append(b"%d" % i)  # readers see 0..4
+        _wait_until(lambda: batches["delay"], "a micro-batch after maxTriggerDelay")
+        assert batches["delay"][0][1] == list(range(5))
+        assert time.monotonic() - started >= 2.0  # not before the delay (its clock starts with the run)
+        assert q.exception() is None
+    finally:
+        q.stop()
+        spark.conf.unset("spark.sql.streaming.noDataProgressEventInterval")
+
+
+def test_min_entries_per_trigger_with_available_now(spark: Any, cluster: LocalCluster, bk: Any,
+                                                    tmp_path: Path) -> None:
+    """availableNow ignores the minimum for what is left of its frozen end, so the run ends; the
+    maximum still caps each batch."""
+    lh = bk.create_ledger(ensemble_size=3, write_quorum_size=2, ack_quorum_size=2)
+    for f in [lh.append_async(b"x%d" % i) for i in range(38)]:
+        f.result(30)
+    lh.close()
+    run = _run(spark, cluster.metadata_uri, str(lh.ledger_id), tmp_path / "cp", startingOffsets="earliest",
+               minEntriesPerTrigger=10, maxEntriesPerTrigger=15)
+    sizes = [len(rows) for _b, rows in run if rows]
+    assert sizes == [15, 15, 8]
