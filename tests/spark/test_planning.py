@@ -108,3 +108,13 @@ def test_loss_rows_round_trip(tmp_path: Any) -> None:
     (tmp_path / "bad.jsonl").write_text('{"name": null}\n')
     with pytest.raises(LossFileError, match=r"bad\.jsonl:1: not a loss row"):
         read_losses(str(tmp_path))
+
+
+def test_data_loss_error_pickles() -> None:
+    import pickle
+
+    from vellum.spark.catalog import DataLossError
+    from vellum.spark.loss import Loss
+
+    err = pickle.loads(pickle.dumps(DataLossError(Loss("n", None, 1, 2, "shrunk", "x"))))
+    assert err.loss.first == 1 and str(err).startswith("[LEDGER_DATA_LOSS] named ledger 'n': entries 1..2 lost")

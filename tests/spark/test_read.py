@@ -179,3 +179,48 @@ def test_data_loss_location_must_be_absolute(spark: Any, cluster: LocalCluster) 
             .option("ledgers", "1").option("dataLossLocation", "relative/dir"))
     with pytest.raises(AnalysisException, match=r"VELLUM_OPTION\] option dataLossLocation must be an absolute"):
         base.load().collect()
+
+
+def test_batch_read_of_names_records_what_is_gone(spark: Any, cluster: LocalCluster, bk: Any, tmp_path: Path) -> None:
+    """startingOffsets below a shrunk name's start (its segment still holds the entries, but they
+    are no longer part of the name) and a deleted name: rows `beforeStart` and `missing`."""
+    from vellum.client.named import NamedLedgers
+    from vellum.spark.loss import read_losses
+    from vellum.spark.names import _call
+
+    named = NamedLedgers(bk.aio)
+    for name in ("tests/batch-shrunk", "tests/batch-deleted"):
+        h = _call(bk, named.open(name, "create_or_append"))
+        for i in range(20):
+            _call(bk, h.append(b"%d" % i))
+        _call(bk, h.close())
+    assert _call(bk, named.shrink("tests/batch-shrunk", 15)) == 15  # no force: the segment keeps 0..14
+    _call(bk, named.delete("tests/batch-deleted"))
+    location = tmp_path / "losses"
+    rows = (spark.read.format("vellum").option("metadataServiceUri", cluster.metadata_uri)
+            .option("names", "tests/batch-shrunk,tests/batch-deleted")
+            .option("startingOffsets", '{"tests/batch-shrunk": 5, "tests/batch-deleted": 3}')
+            .option("failOnDataLoss", "false").option("dataLossLocation", str(location)).load().collect())
+    assert sorted((r.name, r.entryId) for r in rows) == [("tests/batch-shrunk", i) for i in range(15, 20)]
+    assert sorted(((r["name"], r["firstEntry"], r["lastEntry"], r["reason"]) for r in read_losses(str(location))),
+                  key=str) == [("tests/batch-deleted", 3, None, "missing"), ("tests/batch-shrunk", 5, 14, "beforeStart")]
+
+
+def test_task_records_a_ledger_deleted_after_planning(cluster: LocalCluster, bk: Any, tmp_path: Path) -> None:
+    """The executor side without Spark: a partition planned before its ledger was deleted is
+    recorded by the task with the planned range."""
+    from vellum.spark.datasource import read_schema
+    from vellum.spark.loss import read_losses
+    from vellum.spark.options import parse_read_options
+    from vellum.spark.reader import VellumBatchReader, read_partition
+
+    lid = _ledger(bk, 30, b"late")
+    location = tmp_path / "losses"
+    opts = parse_read_options({"metadataServiceUri": cluster.metadata_uri, "ledgers": str(lid),
+                               "failOnDataLoss": "false", "dataLossLocation": str(location)}, streaming=False)
+    reader = VellumBatchReader(opts, read_schema(False))
+    parts = reader.partitions()
+    bk.delete_ledger(lid)
+    assert [b for p in parts for b in read_partition(opts, read_schema(False), p)] == []
+    assert [(r["ledgerId"], r["firstEntry"], r["lastEntry"], r["reason"], r["queryId"])
+            for r in read_losses(str(location))] == [(lid, 0, 29, "deleted", None)]

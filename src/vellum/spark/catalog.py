@@ -38,6 +38,9 @@ class DataLossError(RuntimeError):
             "with a warning instead of failing (and dataLossLocation to record each lost range as a row)."
         )
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (DataLossError, (self.loss,))  # rebuilt from the loss, not from the message
+
 
 @dataclass(frozen=True)
 class Bounds:
