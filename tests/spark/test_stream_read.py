@@ -281,3 +281,17 @@ def test_min_entries_per_trigger_with_available_now(spark: Any, cluster: LocalCl
                minEntriesPerTrigger=10, maxEntriesPerTrigger=15)
     sizes = [len(rows) for _b, rows in run if rows]
     assert sizes == [15, 15, 8]
+
+
+def test_stream_of_a_missing_ledger_records_it(spark: Any, cluster: LocalCluster, tmp_path: Path) -> None:
+    """A stream whose ledger does not exist when it starts: a row `missing` from its first batch."""
+    from vellum.spark.loss import read_losses
+
+    location = tmp_path / "losses"
+    seen = _run(spark, cluster.metadata_uri, "987655", tmp_path / "cp", failOnDataLoss="false",
+                dataLossLocation=str(location))
+    assert [rows for _b, rows in seen if rows] == []
+    got = read_losses(str(location))
+    assert [(r["ledgerId"], r["firstEntry"], r["lastEntry"], r["reason"]) for r in got] == [
+        (987655, None, None, "missing")]
+    assert got[0]["queryId"] and got[0]["batchId"] == 0

@@ -141,8 +141,7 @@ class NamedCatalog:
         if first < view.start_entry_id:
             # Below the start the entries are invisible (shrunk), even while a segment still holds them.
             raise DataLossError(Loss(key, None, first, min(end, view.start_entry_id) - 1, SHRUNK,
-                                     f"the named ledger was shrunk: its first readable entry is now "
-                                     f"{view.start_entry_id}"))
+                                     f"the first readable entry is now {view.start_entry_id}"))
         out: list[Span] = []
         for seg in view.segments:
             lo = max(first, seg.first_entry_id)

@@ -14,7 +14,11 @@ Invariants:
 - offsets are JSON dicts with string keys and int values; a key absent from ``start`` means
   "from the key's first readable entry" (a newly discovered name or ledger);
 - the reader objects hold only picklable option values; clients are created lazily in the
-  process that uses them and never pickled.
+  process that uses them and never pickled;
+- with ``failOnDataLoss=false`` a read skips exactly the lost entries (a :class:`Loss` each,
+  logged once where found); losses found while planning ride on a partition, so the task that
+  runs it writes every row of ``dataLossLocation`` with its query and micro-batch ids; a
+  stream's losses are visible in its offsets, so a replanned batch finds them again.
 """
 
 from __future__ import annotations
@@ -139,7 +143,7 @@ def _spans(opts: ReadOptions, catalog: Catalog, key: str, first: int, end: int, 
         failure = exc.loss
     bounds = catalog.bounds(key)
     if bounds is None:
-        _data_loss(opts, _loss(opts, key, first, end - 1, DELETED, "deleted before its entries were read"), lost)
+        _data_loss(opts, _loss(opts, key, first, end - 1, DELETED, "before its entries were read"), lost)
         return []
     if first < bounds.first:
         cut = min(end, bounds.first)
@@ -185,6 +189,17 @@ def _loss(opts: ReadOptions, key: str, first: int | None, last: int | None, reas
     if opts.named:
         return Loss(key, ledger_id, first, last, reason, detail)
     return Loss(None, int(key), first, last, reason, detail)
+
+
+def _deleted_under_stream(opts: ReadOptions, key: str, pos: int) -> Loss:
+    """A stream's key vanished (found by latestOffset, recorded by partitions)."""
+    return _loss(opts, key, pos, None, DELETED, "while the query was reading it")
+
+
+def _truncated_under_stream(opts: ReadOptions, key: str, end: int, pos: int) -> Loss:
+    """A stream's key has fewer entries than the query read (found by latestOffset, recorded by partitions)."""
+    return _loss(opts, key, end, pos - 1, TRUNCATED,
+                 f"it has only {end} entries but the query already read up to {pos} (replaced or truncated)")
 
 
 def _data_loss(opts: ReadOptions, loss: Loss, lost: list[Loss] | None = None) -> None:
@@ -578,7 +593,7 @@ class VellumStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
             # finds it again in the offsets (also when a restarted query replans the batch).
             b = latest.get(key)
             if b is None:
-                self._fail_on_loss(_loss(self.opts, key, pos, None, DELETED, "while the query was reading it"))
+                self._fail_on_loss(_deleted_under_stream(self.opts, key, pos))
                 lossy = True
                 continue  # dropped from the offsets: nothing more can be read from it
             if pos < b.first:
@@ -586,9 +601,7 @@ class VellumStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
                                          f"the first readable entry is now {b.first}"))
                 pos, lossy = b.first, True
             if pos > b.end:
-                self._fail_on_loss(_loss(self.opts, key, b.end, pos - 1, TRUNCATED,
-                                         f"it has only {b.end} entries but the query already read up to {pos} "
-                                         f"(replaced or truncated)"))
+                self._fail_on_loss(_truncated_under_stream(self.opts, key, b.end, pos))
                 pos, lossy = b.end, True
             end[key] = pos
         for key, pos in end.items():
@@ -641,11 +654,9 @@ class VellumStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
         for key, pos in start.items():
             stop = end.get(key)
             if stop is None:
-                _data_loss(self.opts, _loss(self.opts, key, pos, None, DELETED, "while the query was reading it"), lost)
+                _data_loss(self.opts, _deleted_under_stream(self.opts, key, pos), lost)
             elif stop < pos:
-                _data_loss(self.opts, _loss(self.opts, key, stop, pos - 1, TRUNCATED,
-                                            f"it has only {stop} entries but the query already read up to {pos} "
-                                            f"(replaced or truncated)"), lost)
+                _data_loss(self.opts, _truncated_under_stream(self.opts, key, stop, pos), lost)
         ranges: dict[str, tuple[int, int]] = {}
         for key, stop in end.items():
             first = start.get(key, stop)  # a key new in `end` enters at its start (see latestOffset)
