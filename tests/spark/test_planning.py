@@ -118,3 +118,18 @@ def test_data_loss_error_pickles() -> None:
 
     err = pickle.loads(pickle.dumps(DataLossError(Loss("n", None, 1, 2, "shrunk", "x"))))
     assert err.loss.first == 1 and str(err).startswith("[LEDGER_DATA_LOSS] named ledger 'n': entries 1..2 lost")
+
+
+def test_loss_report_errors_name_the_problem(tmp_path: Any) -> None:
+    from click.testing import CliRunner
+
+    from vellum.cli.main import cli
+
+    res = CliRunner().invoke(cli, ["spark", "loss-report", "--location", str(tmp_path / "nope")])
+    assert res.exit_code != 0 and "no such directory" in res.output
+    (tmp_path / "x.jsonl").write_text("not json\n")
+    res = CliRunner().invoke(cli, ["spark", "loss-report", "--location", str(tmp_path)])
+    assert res.exit_code != 0 and "x.jsonl:1: not a JSON line" in res.output
+    (tmp_path / "x.jsonl").unlink()
+    res = CliRunner().invoke(cli, ["spark", "loss-report", "--location", str(tmp_path), "--json"])
+    assert res.exit_code == 0 and '"lostRanges": 0' in res.output
