@@ -3,7 +3,8 @@
 Commands: ``gc-report`` (per entry log: total / live bytes, usage, age, pinning ledgers),
 ``replica-check`` (ledgers whose bookies miss entries or hold diverging copies) and
 ``staging-gc`` (staging ledgers of Spark writes whose driver died before commit; never a ledger
-that a named ledger's segments reference).
+that a named ledger's segments reference) and ``loss-report`` (the lost ranges that reads with
+``failOnDataLoss=false`` recorded under their ``dataLossLocation``; no Spark session needed).
 Output: a readable table, ``--json``, or ``--parquet PATH`` for further Spark work.
 Client settings (TLS, token, ZooKeeper identity): ``vellum spark --client-conf FILE <job>`` or
 ``$VELLUM_CLIENT_CONF``, the same option as ``vellum shell`` (``client_options.py``); the jobs
@@ -147,6 +148,40 @@ def register(cli: click.Group) -> None:
         if unreachable:
             click.echo(f"could not ask {', '.join(unreachable)}: their copies are unknown, not missing "
                        "(a secured cluster needs --client-conf or $VELLUM_CLIENT_CONF)", err=True)
+
+    @spark.command("loss-report")
+    @click.option("--location", required=True, type=click.Path(file_okay=False),
+                  help="the dataLossLocation option of the reads (a directory of JSON-lines files)")
+    @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+    def loss_report(location: str, as_json: bool) -> None:
+        """Ranges that reads with failOnDataLoss=false lost, counted and listed (oldest first).
+
+        A range recorded twice (a retried task, a replayed micro-batch) counts once.
+        """
+        from vellum.spark.loss import LossFileError, read_losses
+
+        try:
+            rows = read_losses(location)
+        except (OSError, LossFileError) as e:
+            raise click.ClickException(str(e)) from None
+        known = sum(r["lastEntry"] - r["firstEntry"] + 1 for r in rows
+                    if r["firstEntry"] is not None and r["lastEntry"] is not None)
+        unknown = sum(1 for r in rows if r["firstEntry"] is None or r["lastEntry"] is None)
+        if as_json:
+            emit_json({"lostRanges": len(rows), "lostEntries": known, "rangesOfUnknownSize": unknown, "rows": rows})
+            return
+
+        def entries(r: dict[str, Any]) -> str:
+            if r["firstEntry"] is None:
+                return "all"
+            return f"{r['firstEntry']}..{'' if r['lastEntry'] is None else r['lastEntry']}"
+
+        # The detail sentence of each row is in --json (and in the [LEDGER_DATA_LOSS] log lines).
+        emit_table(["time", "name", "ledgerId", "entries", "reason", "query", "batchId"],
+                   ([r["time"], r["name"], r["ledgerId"], entries(r), r["reason"], r["queryName"] or r["queryId"],
+                     r["batchId"]] for r in rows),
+                   title=f"{len(rows)} lost ranges: {known} entries"
+                         + (f", and {unknown} ranges of unknown size" if unknown else ""))
 
     @spark.command("staging-gc")
     @click.option("--metadata-uri", required=True, help="metadata service URI of the cluster")

@@ -23,17 +23,23 @@ from typing import Any
 
 from vellum.client.blocking import BookKeeper, LedgerHandle
 from vellum.errors import NoSuchLedgerError
+from vellum.spark.loss import DELETED, SHRUNK, Loss
 from vellum.spark.options import ReadOptions
 
 
 class DataLossError(RuntimeError):
-    """Entries a query needs are gone; the message starts with ``[LEDGER_DATA_LOSS]``."""
+    """Entries a query needs are gone; the message starts with ``[LEDGER_DATA_LOSS]`` and names
+    every fact of :attr:`loss` (the row ``failOnDataLoss=false`` would record)."""
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, loss: Loss) -> None:
+        self.loss = loss
         super().__init__(
-            f"[LEDGER_DATA_LOSS] {message}. Set the option failOnDataLoss=false to skip lost data "
-            "with a warning instead of failing."
+            f"[LEDGER_DATA_LOSS] {loss.describe()}. Set the option failOnDataLoss=false to skip lost data "
+            "with a warning instead of failing (and dataLossLocation to record each lost range as a row)."
         )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (DataLossError, (self.loss,))  # rebuilt from the loss, not from the message
 
 
 @dataclass(frozen=True)
@@ -131,7 +137,11 @@ class NamedCatalog:
             return []
         view = self._names.view(key)
         if view is None:
-            raise DataLossError(f"named ledger {key!r} was deleted")
+            raise DataLossError(Loss(key, None, first, end - 1, DELETED, "the named ledger was deleted"))
+        if first < view.start_entry_id:
+            # Below the start the entries are invisible (shrunk), even while a segment still holds them.
+            raise DataLossError(Loss(key, None, first, min(end, view.start_entry_id) - 1, SHRUNK,
+                                     f"the first readable entry is now {view.start_entry_id}"))
         out: list[Span] = []
         for seg in view.segments:
             lo = max(first, seg.first_entry_id)
@@ -140,10 +150,8 @@ class NamedCatalog:
                 out.append(Span(seg.ledger_id, seg.first_entry_id, lo, hi, view.password))
         covered = sum(s.last - s.first + 1 for s in out)
         if covered != end - first:
-            raise DataLossError(
-                f"named ledger {key!r}: entries {first}..{end - 1} are not all in its segments "
-                f"(found {covered} of {end - first}; shrunk or deleted)"
-            )
+            raise DataLossError(Loss(key, None, first, end - 1, DELETED,
+                                     f"not all in the named ledger's segments (found {covered} of {end - first})"))
         return out
 
     def custom_metadata(self, key: str) -> dict[str, bytes]:

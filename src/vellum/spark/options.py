@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -57,7 +58,10 @@ _READ_KEYS = {
     "includemetadata": "includeMetadata",
     "maxentriespertrigger": "maxEntriesPerTrigger",
     "maxbytespertrigger": "maxBytesPerTrigger",
+    "minentriespertrigger": "minEntriesPerTrigger",
+    "maxtriggerdelay": "maxTriggerDelay",
     "failondataloss": "failOnDataLoss",
+    "datalosslocation": "dataLossLocation",
     "lacpollintervalms": "lacPollIntervalMs",
     "arrowbatchentries": "arrowBatchEntries",
     "password": "password",
@@ -138,6 +142,20 @@ def _bk_passthrough(options: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
                         if k.lower().startswith("bookkeeper.")))
 
 
+_DURATION = re.compile(r"^\s*(\d+)\s*(us|ms|s|m|min|h|d)?\s*$", re.IGNORECASE)
+_DURATION_MS = {"us": 0.001, "ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def parse_duration_ms(raw: str, option: str) -> int:
+    """A duration like Spark's time strings (Kafka's ``maxTriggerDelay``): ``15m``, ``30s``,
+    ``500ms``, ``1h``, ``1d``; a bare number is milliseconds."""
+    m = _DURATION.match(raw)
+    if m is None:
+        raise OptionError(f"option {option} must be a duration such as 15m, 30s, 500ms or 1h (a bare number is "
+                          f"milliseconds), got {raw!r}")
+    return int(int(m.group(1)) * _DURATION_MS[(m.group(2) or "ms").lower()])
+
+
 def parse_offsets(raw: str | None, option: str, *, default: str, allow_latest: bool = True) -> str | dict[str, int]:
     """``earliest`` / ``latest`` or a JSON object ``{"<ledger id or name>": nextEntryId}``."""
     text = (raw or default).strip()
@@ -177,7 +195,14 @@ class ReadOptions:
     include_metadata: bool
     max_entries_per_trigger: int | None
     max_bytes_per_trigger: int | None
+    #: a micro-batch waits until this many new entries are available across all keys (Kafka's
+    #: minOffsetsPerTrigger) ...
+    min_entries_per_trigger: int | None
+    #: ... unless this long has passed since the last batch (Kafka's maxTriggerDelay, default 15 min)
+    max_trigger_delay_ms: int
     fail_on_data_loss: bool
+    #: directory where readers append lost ranges as JSON lines (failOnDataLoss=false), or None
+    data_loss_location: str | None
     lac_poll_interval_ms: int
     arrow_batch_entries: int
     password: bytes = field(repr=False)  # never in a log line or error message
@@ -243,7 +268,8 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
     if isinstance(ending, dict) and any(v == EARLIEST for v in ending.values()):
         raise OptionError("option endingOffsets cannot use -2 (earliest)")
     if not streaming:
-        for key in ("maxEntriesPerTrigger", "maxBytesPerTrigger", "lacPollIntervalMs"):
+        for key in ("maxEntriesPerTrigger", "maxBytesPerTrigger", "minEntriesPerTrigger", "maxTriggerDelay",
+                    "lacPollIntervalMs"):
             if _get(options, key):
                 raise OptionError(f"option {key} is for streaming reads only")
     keys = ledger_ids is not None
@@ -252,6 +278,24 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
             bad = [k for k in offsets if not k.isdigit()]
             if bad:
                 raise OptionError(f"option {opt}: keys must be ledger ids in ledger mode, got {bad}")
+    max_entries_per_trigger = _int(options, "maxEntriesPerTrigger", None)
+    min_entries_per_trigger = _int(options, "minEntriesPerTrigger", None)
+    delay_raw = _get(options, "maxTriggerDelay")
+    if delay_raw and min_entries_per_trigger is None:
+        raise OptionError("option maxTriggerDelay bounds the wait of minEntriesPerTrigger: give minEntriesPerTrigger "
+                          "too, or drop maxTriggerDelay")
+    if min_entries_per_trigger is not None and max_entries_per_trigger is not None \
+            and min_entries_per_trigger > max_entries_per_trigger:
+        raise OptionError(f"option minEntriesPerTrigger ({min_entries_per_trigger}) is above maxEntriesPerTrigger "
+                          f"({max_entries_per_trigger}): a micro-batch could never start")
+    loss_location = _get(options, "dataLossLocation") or None
+    if loss_location is not None:
+        if loss_location.startswith("file:"):
+            loss_location = loss_location[len("file:"):]
+            loss_location = "/" + loss_location.lstrip("/")
+        if not os.path.isabs(loss_location):
+            raise OptionError(f"option dataLossLocation must be an absolute directory path that every executor "
+                              f"can write (a shared filesystem on a cluster), got {loss_location!r}")
     password = (_get(options, "password") or "").encode()
     return ReadOptions(
         metadata_uri=uri,
@@ -265,9 +309,12 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
         min_partitions=_int(options, "minPartitions", None),
         include_payload=_bool(options, "includePayload", True),
         include_metadata=_bool(options, "includeMetadata", False),
-        max_entries_per_trigger=_int(options, "maxEntriesPerTrigger", None),
+        max_entries_per_trigger=max_entries_per_trigger,
         max_bytes_per_trigger=_int(options, "maxBytesPerTrigger", None),
+        min_entries_per_trigger=min_entries_per_trigger,
+        max_trigger_delay_ms=parse_duration_ms(delay_raw, "maxTriggerDelay") if delay_raw else 15 * 60_000,
         fail_on_data_loss=_bool(options, "failOnDataLoss", True),
+        data_loss_location=loss_location,
         lac_poll_interval_ms=_int(options, "lacPollIntervalMs", 500, minimum=0) or 0,
         arrow_batch_entries=_int(options, "arrowBatchEntries", 4096) or 4096,
         password=password,

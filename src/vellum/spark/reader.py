@@ -14,13 +14,18 @@ Invariants:
 - offsets are JSON dicts with string keys and int values; a key absent from ``start`` means
   "from the key's first readable entry" (a newly discovered name or ledger);
 - the reader objects hold only picklable option values; clients are created lazily in the
-  process that uses them and never pickled.
+  process that uses them and never pickled;
+- with ``failOnDataLoss=false`` a read skips exactly the lost entries (a :class:`Loss` each,
+  logged once where found); losses found while planning ride on a partition, so the task that
+  runs it writes every row of ``dataLossLocation`` with its query and micro-batch ids; a
+  stream's losses are visible in its offsets, so a replanned batch finds them again.
 """
 
 from __future__ import annotations
 
 import collections
 import concurrent.futures
+import dataclasses
 import logging
 import math
 import sys
@@ -37,6 +42,7 @@ from pyspark.sql.streaming.datasource import (
     ReadLimit,
     ReadMaxBytes,
     ReadMaxRows,
+    ReadMinRows,
     SupportsTriggerAvailableNow,
 )
 from pyspark.sql.types import StructType
@@ -47,6 +53,18 @@ from vellum.errors import CorruptionError, NoSuchEntryError, NoSuchLedgerError, 
 from vellum.format.records import decode, is_packed
 from vellum.spark.catalog import Bounds, Catalog, DataLossError, Span, catalog_for, resolve_offset
 from vellum.spark.connection import client, drop_client, shared_client
+from vellum.spark.loss import (
+    BEFORE_START,
+    DELETED,
+    GAP,
+    MISSING,
+    SHRUNK,
+    TRUNCATED,
+    Loss,
+    check_location,
+    task_ids,
+    write_losses,
+)
 from vellum.spark.options import ReadOptions
 
 log = logging.getLogger(__name__)
@@ -70,9 +88,14 @@ class EntryRange:
 
 @dataclass(frozen=True)
 class ReadPartition(InputPartition):  # type: ignore[misc]
-    """One Spark task: entry ranges read one after the other (small segments share a task)."""
+    """One Spark task: entry ranges read one after the other (small segments share a task).
+
+    ``losses``: ranges the planner found lost (already logged on the driver); the task records
+    them in ``dataLossLocation``, where its ids (query, micro-batch) are known.
+    """
 
     ranges: tuple[EntryRange, ...]
+    losses: tuple[Loss, ...] = ()
 
 
 def _split(key: str, spans: Sequence[Span], per_partition: int) -> list[EntryRange]:
@@ -85,11 +108,16 @@ def _split(key: str, spans: Sequence[Span], per_partition: int) -> list[EntryRan
 
 def plan_partitions(
     opts: ReadOptions, catalog: Catalog, ranges: dict[str, tuple[int, int]],
-    avg_entry_bytes: Mapping[str, int] | None = None,
+    avg_entry_bytes: Mapping[str, int] | None = None, lost: list[Loss] | None = None,
 ) -> list[ReadPartition]:
     """Partitions for ``{key: (first, end)}`` honouring maxEntriesPerPartition, minPartitions
-    and maxBytesPerPartition (estimated from each key's average entry size)."""
-    spans = {k: catalog.spans(k, a, b) for k, (a, b) in sorted(ranges.items()) if b > a}
+    and maxBytesPerPartition (estimated from each key's average entry size).
+
+    ``lost``: losses found while planning; with failOnDataLoss=false the ranges that remain are
+    planned, and the losses ride on the first partition (one of their own if nothing remains).
+    """
+    lost = list(lost or ())
+    spans = {k: _spans(opts, catalog, k, a, b, lost) for k, (a, b) in sorted(ranges.items()) if b > a}
     per = opts.max_entries_per_partition
     total = sum(b - a for a, b in ranges.values() if b > a)
     if opts.min_partitions and total > 0:
@@ -100,7 +128,30 @@ def plan_partitions(
         avg = max(1, (avg_entry_bytes or {}).get(key, 1024))
         key_per = max(1, min(per, opts.max_bytes_per_partition // avg))  # big ranges split by bytes too
         pieces.extend((r, (r.last - r.first + 1) * avg) for r in _split(key, ss, key_per))
-    return _group(pieces, opts.max_bytes_per_partition, per, opts.min_partitions or 1)
+    parts = _group(pieces, opts.max_bytes_per_partition, per, opts.min_partitions or 1)
+    if lost:
+        parts = [dataclasses.replace(parts[0], losses=tuple(lost)), *parts[1:]] if parts else [
+            ReadPartition((), tuple(lost))]
+    return parts
+
+
+def _spans(opts: ReadOptions, catalog: Catalog, key: str, first: int, end: int, lost: list[Loss]) -> list[Span]:
+    """The spans of ``first..end-1``; where a name lost some of them, the spans of what remains."""
+    try:
+        return catalog.spans(key, first, end)
+    except DataLossError as exc:
+        failure = exc.loss
+    bounds = catalog.bounds(key)
+    if bounds is None:
+        _data_loss(opts, _loss(opts, key, first, end - 1, DELETED, "before its entries were read"), lost)
+        return []
+    if first < bounds.first:
+        cut = min(end, bounds.first)
+        _data_loss(opts, _loss(opts, key, first, cut - 1, SHRUNK,
+                               f"the first readable entry is now {bounds.first}"), lost)
+        return _spans(opts, catalog, key, cut, end, lost) if cut < end else []
+    _data_loss(opts, failure, lost)
+    return []
 
 
 def _group(pieces: list[tuple[EntryRange, int]], max_bytes: int, max_entries: int,
@@ -132,17 +183,42 @@ def _group(pieces: list[tuple[EntryRange, int]], max_bytes: int, max_entries: in
     return out
 
 
-def _data_loss(opts: ReadOptions, message: str) -> None:
+def _loss(opts: ReadOptions, key: str, first: int | None, last: int | None, reason: str, detail: str,
+          ledger_id: int | None = None) -> Loss:
+    """A loss of ``key`` (a name, or a ledger id in ledger mode)."""
+    if opts.named:
+        return Loss(key, ledger_id, first, last, reason, detail)
+    return Loss(None, int(key), first, last, reason, detail)
+
+
+def _deleted_under_stream(opts: ReadOptions, key: str, pos: int) -> Loss:
+    """A stream's key vanished (found by latestOffset, recorded by partitions)."""
+    return _loss(opts, key, pos, None, DELETED, "while the query was reading it")
+
+
+def _truncated_under_stream(opts: ReadOptions, key: str, end: int, pos: int) -> Loss:
+    """A stream's key has fewer entries than the query read (found by latestOffset, recorded by partitions)."""
+    return _loss(opts, key, end, pos - 1, TRUNCATED,
+                 f"it has only {end} entries but the query already read up to {pos} (replaced or truncated)")
+
+
+def _data_loss(opts: ReadOptions, loss: Loss, lost: list[Loss] | None = None) -> None:
+    """failOnDataLoss=true: fail naming the loss; false: log it and add it to ``lost`` (the rows)."""
     if opts.fail_on_data_loss:
-        raise DataLossError(message)
-    log.warning("[LEDGER_DATA_LOSS] %s (skipped: failOnDataLoss=false)", message)
+        raise DataLossError(loss)
+    log.warning("[LEDGER_DATA_LOSS] %s (skipped: failOnDataLoss=false%s)", loss.describe(),
+                f"; recorded in {opts.data_loss_location}" if opts.data_loss_location else "")
+    if lost is not None:
+        lost.append(loss)
 
 
-def read_range(opts: ReadOptions, schema: StructType, part: EntryRange) -> Iterator[pa.RecordBatch]:
+def read_range(opts: ReadOptions, schema: StructType, part: EntryRange,
+               lost: list[Loss] | None = None) -> Iterator[pa.RecordBatch]:
     """Read one partition as Arrow batches of about ``arrowBatchEntries`` rows (executor side).
 
     Plain entries are one row each (``batchIndex`` 0); the entries of a ledger marked packed
-    (``vellum.format.records``) are unpacked into their rows.
+    (``vellum.format.records``) are unpacked into their rows. Lost entries (failOnDataLoss=false)
+    are added to ``lost``.
     """
     arrow_schema = to_arrow_schema(schema)
     named = not opts.ledger_ids
@@ -161,8 +237,8 @@ def read_range(opts: ReadOptions, schema: StructType, part: EntryRange) -> Itera
             return
         handle = bk.open_ledger(part.ledger_id, password=part.password, recovery=False)
     except NoSuchLedgerError:
-        _data_loss(opts, f"ledger {part.ledger_id} (of {part.key!r}) was deleted before entries "
-                         f"{part.first}..{part.last} were read")
+        _data_loss(opts, Loss(name_value, part.ledger_id, part.first, part.last, DELETED,
+                              "the ledger was deleted before its entries were read"), lost)
         return
     except VellumError:
         drop_client(opts.metadata_uri, opts.client_properties)
@@ -198,18 +274,16 @@ def read_range(opts: ReadOptions, schema: StructType, part: EntryRange) -> Itera
                 entries = fut.result()
             except (NoSuchEntryError, NoSuchLedgerError) as exc:
                 if _ledger_deleted(bk, part.ledger_id):
-                    _data_loss(opts, f"ledger {part.ledger_id} (of {part.key!r}) was deleted: entries "
-                                     f"{lo}..{part.last} are gone ({exc})")
+                    _data_loss(opts, Loss(name_value, part.ledger_id, lo, part.last, DELETED,
+                                          f"the ledger was deleted while it was read ({exc})"), lost)
                     return  # nothing after this range can be read either
-                if opts.fail_on_data_loss:
-                    _data_loss(opts, f"ledger {part.ledger_id} (of {part.key!r}): entries {lo}..{hi} "
-                                     f"could not all be read ({exc})")
-                # A gap inside the ledger: keep every entry that remains, report what is lost,
-                # and go on with the ranges after it (never drop the rest of the partition).
-                entries, lost = bk.submit(_read_salvaging(handle.aio, lo - part.base, hi - part.base)).result()
-                for first, last in _runs(lost):
-                    _data_loss(opts, f"ledger {part.ledger_id} (of {part.key!r}): entries "
-                                     f"{first + part.base}..{last + part.base} are gone: no bookie has them")
+                # A gap inside the ledger: keep every entry that remains, name exactly what is
+                # lost (also when failing, failOnDataLoss=true), and go on with the ranges after
+                # it (never drop the rest of the partition).
+                entries, gone = bk.submit(_read_salvaging(handle.aio, lo - part.base, hi - part.base)).result()
+                for first, last in _runs(gone):
+                    _data_loss(opts, Loss(name_value, part.ledger_id, first + part.base, last + part.base, GAP,
+                                          "no bookie has them"), lost)
                 if not entries:
                     refill(_READS_AHEAD)
                     continue
@@ -231,11 +305,18 @@ def read_range(opts: ReadOptions, schema: StructType, part: EntryRange) -> Itera
 
 
 def read_partition(opts: ReadOptions, schema: StructType, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-    """Every range of a planned partition, in order (executor side)."""
+    """Every range of a planned partition, in order (executor side); then the partition's losses
+    (the planner's and this task's) go to ``dataLossLocation``, one new file per task attempt."""
     if not isinstance(partition, ReadPartition):
         return  # Spark hands one placeholder partition when partitions() planned none
-    for r in partition.ranges:
-        yield from read_range(opts, schema, r)
+    lost = list(partition.losses)
+    try:
+        for r in partition.ranges:
+            yield from read_range(opts, schema, r, lost)
+    finally:
+        # Also when the consumer stopped early (a limit): what was found lost is recorded.
+        if lost and opts.data_loss_location:
+            write_losses(opts.data_loss_location, lost, task_ids())
 
 
 def _unpack(part: EntryRange, entries: list[LedgerEntry]) -> tuple[list[int], list[int], pa.Array]:
@@ -367,6 +448,8 @@ class VellumBatchReader(DataSourceReader):  # type: ignore[misc]
     def __init__(self, opts: ReadOptions, schema: StructType) -> None:
         self.opts = opts
         self.schema = schema
+        if opts.data_loss_location:
+            check_location(opts.data_loss_location)
 
     def partitions(self) -> Sequence[InputPartition]:
         opts = self.opts
@@ -381,23 +464,29 @@ class VellumBatchReader(DataSourceReader):  # type: ignore[misc]
                         raise ValueError(f"[VELLUM_OPTION] {what} names {unknown}, which the read does not select")
             ranges: dict[str, tuple[int, int]] = {}
             avg: dict[str, int] = {}
+            lost: list[Loss] = []
             for key in keys:
                 b = catalog.bounds(key)
                 if b is None:
-                    _data_loss(opts, f"{_what(opts)} {key} does not exist")
+                    asked = starting.get(key) if isinstance(starting, dict) else None
+                    _data_loss(opts, _loss(opts, key, asked if asked is not None and asked >= 0 else None, None,
+                                           MISSING, f"the {_what(opts)} does not exist"), lost)
                     continue
                 first = resolve_offset(starting.get(key, -2) if isinstance(starting, dict) else starting, b)
                 end = resolve_offset(ending.get(key, -1) if isinstance(ending, dict) else ending, b)
                 if first < b.first:
-                    _data_loss(opts, f"{_what(opts)} {key}: startingOffsets asks for entry {first} but the "
-                                     f"first readable entry is {b.first}")
+                    cut = min(b.first, end)
+                    if cut > first:
+                        _data_loss(opts, _loss(opts, key, first, cut - 1, BEFORE_START,
+                                               f"startingOffsets asks for entry {first} but the first readable "
+                                               f"entry is {b.first}"), lost)
                     first = b.first
                 if end > b.end:
                     raise ValueError(f"[VELLUM_OPTION] endingOffsets of {key} is {end}, beyond the "
                                      f"{b.end} readable entries")
                 ranges[key] = (first, max(first, end))
                 avg[key] = b.avg_entry_bytes
-            return plan_partitions(opts, catalog, ranges, avg)
+            return plan_partitions(opts, catalog, ranges, avg, lost)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return read_partition(self.opts, self.schema, partition)
@@ -423,10 +512,14 @@ class VellumStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
         self._latest: dict[str, Bounds] = {}
         self._latest_at = -math.inf
         self._target: dict[str, int] | None = None  # availableNow: frozen end
+        self._pending: list[Loss] = []  # found by initialOffset: recorded by the next batch's tasks
+        self._last_batch_at: float | None = None  # minEntriesPerTrigger: when the last batch was admitted
+        if opts.data_loss_location:
+            check_location(opts.data_loss_location)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.update(_bk=None, _catalog=None, _latest={}, _latest_at=-math.inf)
+        state.update(_bk=None, _catalog=None, _latest={}, _latest_at=-math.inf, _pending=[], _last_batch_at=None)
         return state
 
     # --------------------------------------------------------------------------- helpers
@@ -460,9 +553,11 @@ class VellumStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
         if self._initial is None:
             latest = self._refresh(force=True)
             starting = self.opts.starting_map()
-            missing = [k for k in self._cat().list_keys() if k not in latest]
-            if missing:
-                _data_loss(self.opts, f"{_what(self.opts)}(s) {missing} do not exist")
+            for key in self._cat().list_keys():
+                if key not in latest:
+                    asked = starting.get(key) if isinstance(starting, dict) else None
+                    _data_loss(self.opts, _loss(self.opts, key, asked if asked is not None and asked >= 0 else None,
+                                                None, MISSING, f"the {_what(self.opts)} does not exist"), self._pending)
             out: dict[str, int] = {}
             for key, b in latest.items():
                 spec = starting.get(key, -2) if isinstance(starting, dict) else starting
@@ -471,6 +566,10 @@ class VellumStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
         return dict(self._initial)
 
     def getDefaultReadLimit(self) -> ReadLimit:
+        if self.opts.min_entries_per_trigger:
+            # PySpark has no composite limit: ReadMinRows stands for every trigger option here
+            # (latestOffset applies the maximums too). Trigger.Once passes ReadAllAvailable instead.
+            return ReadMinRows(self.opts.min_entries_per_trigger)
         if self.opts.max_entries_per_trigger:
             return ReadMaxRows(self.opts.max_entries_per_trigger)
         if self.opts.max_bytes_per_trigger:
@@ -488,28 +587,34 @@ class VellumStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
         target = dict(self._target) if self._target is not None else {k: b.end for k, b in latest.items()}
         end: dict[str, int] = {}
         avail: dict[str, int] = {}
+        lossy = False  # offsets move past lost entries: that batch runs whatever minEntriesPerTrigger says
         for key, pos in start.items():
+            # With failOnDataLoss=false the loss is logged and recorded by partitions(), which
+            # finds it again in the offsets (also when a restarted query replans the batch).
             b = latest.get(key)
             if b is None:
-                _data_loss(self.opts, f"{_what(self.opts)} {key} was deleted while the query was reading "
-                                      f"it (next entry {pos})")
+                self._fail_on_loss(_deleted_under_stream(self.opts, key, pos))
+                lossy = True
                 continue  # dropped from the offsets: nothing more can be read from it
             if pos < b.first:
-                _data_loss(self.opts, f"{_what(self.opts)} {key} was shrunk: the query's next entry is {pos} "
-                                      f"but the first readable entry is now {b.first}")
-                pos = b.first
+                self._fail_on_loss(_loss(self.opts, key, pos, b.first - 1, SHRUNK,
+                                         f"the first readable entry is now {b.first}"))
+                pos, lossy = b.first, True
             if pos > b.end:
-                _data_loss(self.opts, f"{_what(self.opts)} {key} has only {b.end} entries but the query "
-                                      f"already read up to {pos} (ledger replaced or truncated)")
-                pos = b.end
+                self._fail_on_loss(_truncated_under_stream(self.opts, key, b.end, pos))
+                pos, lossy = b.end, True
             end[key] = pos
         for key, pos in end.items():
             avail[key] = max(0, min(target.get(key, pos), latest[key].end) - pos)
+        waiting = sum(avail.values())
         for key, b in latest.items():
             if key not in end and key not in start:
                 # Newly discovered: enter the offsets at its first readable entry, read from the
                 # next trigger on, so every planned range has an explicit start (deterministic replay).
                 end[key] = b.first
+                waiting += max(0, min(target.get(key, b.end), b.end) - b.first)
+        if not lossy and self._wait_for_more(limit, waiting):
+            return dict(start)  # no new offsets: Spark starts no micro-batch
         rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         max_bytes = limit.max_bytes if isinstance(limit, ReadMaxBytes) else None
         if not isinstance(limit, ReadAllAvailable):
@@ -517,10 +622,41 @@ class VellumStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
             rows = rows or self.opts.max_entries_per_trigger
             max_bytes = max_bytes or self.opts.max_bytes_per_trigger
         take = _allocate(avail, {k: latest[k].avg_entry_bytes for k in avail}, rows, max_bytes)
-        return {k: end[k] + take.get(k, 0) for k in end}
+        out = {k: end[k] + take.get(k, 0) for k in end}
+        if out != start:
+            self._last_batch_at = time.monotonic()
+        return out
+
+    def _fail_on_loss(self, loss: Loss) -> None:
+        if self.opts.fail_on_data_loss:
+            raise DataLossError(loss)
+
+    def _wait_for_more(self, limit: ReadLimit, waiting: int) -> bool:
+        """minEntriesPerTrigger (Kafka's minOffsetsPerTrigger): start no micro-batch until that
+        many entries wait across all keys, unless maxTriggerDelay has passed since the last batch
+        (or since this run started) and at least one entry waits. ``availableNow`` ignores it: its
+        end is frozen, so whatever is left of it is due (else the run would never finish)."""
+        if not isinstance(limit, ReadMinRows) or self._target is not None:
+            return False
+        now = time.monotonic()
+        if self._last_batch_at is None:
+            self._last_batch_at = now  # the delay's clock starts with the run
+        if waiting >= limit.min_rows:
+            return False
+        return waiting == 0 or (now - self._last_batch_at) * 1000 < self.opts.max_trigger_delay_ms
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
         cat = self._cat()
+        lost, self._pending = self._pending, []
+        # Losses show in the offsets themselves (see latestOffset): a key dropped from `end` was
+        # deleted, an end below the start was truncated; a name shrunk below the start is found
+        # while planning (plan_partitions). So a replanned batch records them again.
+        for key, pos in start.items():
+            stop = end.get(key)
+            if stop is None:
+                _data_loss(self.opts, _deleted_under_stream(self.opts, key, pos), lost)
+            elif stop < pos:
+                _data_loss(self.opts, _truncated_under_stream(self.opts, key, stop, pos), lost)
         ranges: dict[str, tuple[int, int]] = {}
         for key, stop in end.items():
             first = start.get(key, stop)  # a key new in `end` enters at its start (see latestOffset)
@@ -529,13 +665,7 @@ class VellumStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
         # Entry sizes size the tasks; a restarted query replans its last batch before any
         # latestOffset, so learn them first (packed entries are ~128 KiB, not the 1 KiB default).
         latest = self._latest if all(k in self._latest for k in ranges) else self._refresh(force=True)
-        try:
-            return plan_partitions(self.opts, cat, ranges, {k: b.avg_entry_bytes for k, b in latest.items()})
-        except DataLossError as exc:
-            if self.opts.fail_on_data_loss:
-                raise
-            log.warning("%s (skipped: failOnDataLoss=false)", exc)
-            return []
+        return plan_partitions(self.opts, cat, ranges, {k: b.avg_entry_bytes for k, b in latest.items()}, lost)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return read_partition(self.opts, self.schema, partition)
