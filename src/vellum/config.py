@@ -505,6 +505,12 @@ class ServerConfig:
         "httpServerTrustStorePath", "",
         "CA certificate(s), PEM file: when set, admin HTTP clients must present a certificate from it",
     )
+    http_server_header_read_timeout_ms: int = _opt(
+        "httpServerHeaderReadTimeoutMs", 10000,
+        "Vellum's own key: an admin HTTP connection that has not sent a complete request head this long after "
+        "its accept or its previous answer is closed (half-sent requests, idle keep-alive connections)",
+        lo=100,
+    )
     http_server_token_required_for_reads: bool = _opt(
         "httpServerTokenRequiredForReads", False,
         "with a token key set, read-only admin endpoints need a token too (any role); mutating ones "

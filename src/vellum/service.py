@@ -235,6 +235,7 @@ class BookieService:
                 security=HttpSecurity(verifier=verifier, audience=cfg.token_audience,
                                       tokens_for_reads=cfg.http_server_token_required_for_reads),
                 ssl_context=http_tls(cfg),
+                header_read_timeout_s=cfg.http_server_header_read_timeout_ms / 1000.0,
             )
             await self.http.start()
         await asyncio.to_thread(self._register)

@@ -172,6 +172,7 @@ def token_cluster(tmp_path_factory: pytest.TempPathFactory, secret: Path) -> Ite
         "authenticationTimeoutMs": "6000",
         "unauthenticatedConnectionsLimit": "100",
         "connectionIdleTimeoutMs": "2000",
+        "httpServerHeaderReadTimeoutMs": "1000",
     }
     with LocalCluster(tmp_path_factory.mktemp("token-cluster"), bookies=1, bookie_conf=conf) as cluster:
         yield cluster
@@ -343,3 +344,14 @@ def test_big_frames_announced_to_an_open_bookie_cost_only_what_arrived(tmp_path:
     with LocalCluster(tmp_path / "open", bookies=1) as cluster:
         before, peak = announce_big_frames_and_measure(cluster, base_client())
     assert peak - before < 50, f"bookie RSS went from {before:.0f} to {peak:.0f} MiB"
+
+
+# --------------------------------------------------------------------------- admin HTTP
+
+def test_admin_http_closes_a_half_sent_request(token_cluster: LocalCluster) -> None:
+    http_port = int(token_cluster.http_url(0).rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", http_port), timeout=10) as s:
+        s.sendall(b"GET /heartbeat HTTP/1.1\r\nHost: bookie\r\n")  # the head never ends
+        # closed by the bookie after 1 s (httpServerHeaderReadTimeoutMs=1000); recv gives up after 10 s
+        assert s.recv(4096) == b""
+    assert "OK" in str(token_cluster.http_get(0, "/heartbeat"))
