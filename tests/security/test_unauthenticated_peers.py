@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import re
 import resource
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from security_testkit import Pki, make_pki, run
+from security_testkit import Pki, make_pki, run, server_settings
 
 from vellum.aio import BookKeeper
 from vellum.config import TLS_CONTEXT_FACTORY, ClientConfig
@@ -355,3 +356,38 @@ def test_admin_http_closes_a_half_sent_request(token_cluster: LocalCluster) -> N
         # closed by the bookie after 1 s (httpServerHeaderReadTimeoutMs=1000); recv gives up after 10 s
         assert s.recv(4096) == b""
     assert "OK" in str(token_cluster.http_get(0, "/heartbeat"))
+
+
+# ------------------------------------------------------- in process: a stalled TLS handshake
+
+def test_a_tls_handshake_that_never_comes_is_logged(
+    pki_set: Pki, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from vellum.security.tls import ReloadingContext
+    from vellum.server import bookie_server
+    from vellum.server.bookie_server import BookieServer, ServerLimits
+    from vellum.server.guard import PeerLimits
+    from vellum.server.metrics import ServerMetrics
+
+    monkeypatch.setattr(bookie_server, "TLS_HANDSHAKE_TIMEOUT_S", 1.0)
+
+    async def main() -> None:
+        server = BookieServer(
+            None, host="127.0.0.1", port=0,  # type: ignore[arg-type]  # no request reaches the bookie
+            limits=ServerLimits(peers=PeerLimits(authentication_timeout_s=0)),  # only the handshake's own timeout
+            metrics=ServerMetrics(CollectorRegistry()), tls=ReloadingContext.for_server(server_settings(pki_set)))
+        await server.start()
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            writer.write(encode(m.StartTlsRequest(1)))
+            await reader.readexactly(20)  # EOK in clear; the handshake never starts
+            assert await asyncio.wait_for(reader.read(100), 10) == b""  # closed after 1 s
+            writer.close()
+        finally:
+            await server.stop()
+
+    with caplog.at_level(logging.WARNING, logger="vellum.server.bookie_server"):
+        run(main())
+    assert "failed: no handshake within 1s" in caplog.text

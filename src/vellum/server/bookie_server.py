@@ -177,6 +177,7 @@ class BookieConnection(asyncio.BufferedProtocol):
         self._awaiting_tls = tls is not None
         self._upgrading = False
         self._early: list[Any] = []
+        self._upgrade_started = 0.0
         #: identity from the peer's certificate after a mutual-TLS handshake (for authorization)
         self.principal: str | None = None
         self.roles: tuple[str, ...] = ()
@@ -197,6 +198,15 @@ class BookieConnection(asyncio.BufferedProtocol):
         self._guard.accepted(self, authenticated=self._trusted)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._upgrading and not self._closing:
+            # The TLS transport gave up (its handshake timeout) or the peer left mid-handshake:
+            # the upgrade task is cancelled below without seeing an error, so say it here.
+            elapsed = self._loop.time() - self._upgrade_started
+            reason = (f"no handshake within {TLS_HANDSHAKE_TIMEOUT_S:g}s" if elapsed >= TLS_HANDSHAKE_TIMEOUT_S * 0.9
+                      else f"the connection closed during the handshake ({exc or 'by the peer'})")
+            self._closing = True
+            self._refusals.refused(g.TLS_HANDSHAKE, self.peer_host(),
+                                   f"TLS handshake with {self._peer()} failed: {reason}", reason.split(" (")[0])
         self._counters.connections -= 1
         self._guard.closed(self)
         self._transport = None
@@ -628,6 +638,7 @@ class BookieConnection(asyncio.BufferedProtocol):
                 if self._transport is not None:
                     self._transport.pause_reading()  # nothing more in clear; start_tls resumes under TLS
                 self._upgrading = True
+                self._upgrade_started = self._loop.time()
                 self._spawn(self._start_tls(msg))
                 return
             self._refuse_plaintext(msg)
