@@ -621,7 +621,8 @@ class BookieConnection(asyncio.BufferedProtocol):
             # Inside TLS already: the client's confirmation that we accepted its handshake.
             self._send(m.StartTlsResponse(req.request_id, EOK))
             return
-        log.warning("START_TLS from %s refused: TLS is not configured on this bookie", self._peer())
+        self._refusals.refused(g.START_TLS_UNAVAILABLE, self.peer_host(),
+                               f"START_TLS from {self._peer()} refused: TLS is not configured on this bookie")
         self._send(m.StartTlsResponse(req.request_id, EBADREQ))
 
     def _before_tls(self, messages: list[Any]) -> None:
@@ -761,7 +762,8 @@ class BookieConnection(asyncio.BufferedProtocol):
 
     def _on_bad_frame(self, bad: m.BadFrame) -> None:
         self._requests["BAD_FRAME"] += 1
-        log.warning("bad frame from %s: %s", self._peer(), bad.reason)
+        self._refusals.refused(g.BAD_FRAME, self.peer_host(), f"bad frame from {self._peer()}: {bad.reason}",
+                               bad.reason)
         answer = bad.error_response()
         if answer is not None:
             self._send(answer)

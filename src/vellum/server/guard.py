@@ -49,6 +49,10 @@ TLS_HANDSHAKE = "tls_handshake_failed"
 AUTH_REFUSED = "auth_refused"
 REQUEST_BEFORE_AUTH = "request_before_auth"
 BAD_FRAMING = "bad_framing"
+#: not a close: a well-framed request that could not be decoded, answered with an error
+BAD_FRAME = "bad_frame"
+#: not a close: START_TLS to a bookie without TLS, answered EBADREQ
+START_TLS_UNAVAILABLE = "start_tls_unavailable"
 DESCRIPTORS = "descriptors_exhausted"
 
 
