@@ -115,6 +115,41 @@ class ServerConfig:
         "reads in flight per bookie before TOOMANYREQUESTS (BookKeeper: 0 = unlimited)",
         lo=0,
     )
+    # --- what unauthenticated and idle connections may cost (Vellum's keys; docs/security.md) ---
+    unauthenticated_max_frame_size_bytes: int = _opt(
+        "unauthenticatedMaxFrameSizeBytes", 16384,
+        "Vellum's own key: the largest frame a connection may send before it is authenticated (and upgraded "
+        "to TLS when required; nettyMaxFrameSizeBytes after); a longer one closes the connection. At least "
+        "9216: an AUTH carrying the largest token (8 KiB) must fit",
+        lo=9216, hi=1 << 30,
+    )
+    unauthenticated_connections_limit: int = _opt(
+        "unauthenticatedConnectionsLimit", 500,
+        "Vellum's own key: connections per bookie not yet authenticated (and upgraded to TLS when required); "
+        "a new one past it closes the oldest such connection. Keep it well below the descriptor limit "
+        "(ulimit -n). 0 = no bound",
+        lo=0,
+    )
+    authentication_timeout_ms: int = _opt(
+        "authenticationTimeoutMs", 10000,
+        "Vellum's own key: a connection not authenticated (and upgraded to TLS when required) this long "
+        "after its accept is closed; only with TLS or authentication on. 0 = no deadline",
+        lo=0,
+    )
+    connection_idle_timeout_ms: int = _opt(
+        "connectionIdleTimeoutMs", 0,
+        "Vellum's own key: an authenticated connection with no traffic and no request in progress (a waiting "
+        "long-poll LAC read is one) for this long is closed; clients reconnect at their next request. "
+        "0 = never (the default: a close racing a client's new add fails that add)",
+        lo=0,
+    )
+    connection_refusal_log_period_s: int = _opt(
+        "connectionRefusalLogPeriodSeconds", 60,
+        "Vellum's own key: a connection refusal (failed AUTH or TLS handshake, timeouts, oversized frame "
+        "before authentication, ...) is logged once per reason, peer address and period, with the count of "
+        "those not logged; every refusal is counted in bookkeeper_server_REFUSED. 0 = log each one",
+        lo=0,
+    )
     # --- directories ---
     journal_directories: tuple[str, ...] = _opt(
         "journalDirectories", ["/tmp/bk-txn"], "journal directories (one journal thread each)"
@@ -516,6 +551,12 @@ class ServerConfig:
     http_server_trust_store_path: str = _opt(
         "httpServerTrustStorePath", "",
         "CA certificate(s), PEM file: when set, admin HTTP clients must present a certificate from it",
+    )
+    http_server_header_read_timeout_ms: int = _opt(
+        "httpServerHeaderReadTimeoutMs", 10000,
+        "Vellum's own key: an admin HTTP connection that has not sent a complete request head this long after "
+        "its accept or its previous answer is closed (half-sent requests, idle keep-alive connections)",
+        lo=100,
     )
     http_server_token_required_for_reads: bool = _opt(
         "httpServerTokenRequiredForReads", False,

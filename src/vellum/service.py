@@ -49,6 +49,7 @@ from vellum.security.auth import BookieAuthenticator
 from vellum.security.tls import ReloadingContext, TlsSettings
 from vellum.security.tokens import TokenVerifier
 from vellum.server.bookie_server import BookieServer, ServerLimits
+from vellum.server.guard import PeerLimits
 from vellum.server.listen import ListenAddresses, advertised_host, resolve_listen_addresses
 from vellum.server.metrics import process_server_metrics
 
@@ -229,6 +230,13 @@ class BookieService:
                 max_adds_in_progress=cfg.max_adds_in_progress_limit,
                 max_reads_in_progress=cfg.max_reads_in_progress_limit,
                 max_frame_size=cfg.netty_max_frame_size_bytes,
+                peers=PeerLimits(
+                    unauthenticated_max_frame_size=cfg.unauthenticated_max_frame_size_bytes,
+                    max_unauthenticated=cfg.unauthenticated_connections_limit,
+                    authentication_timeout_s=cfg.authentication_timeout_ms / 1000.0,
+                    idle_timeout_s=cfg.connection_idle_timeout_ms / 1000.0,
+                    refusal_log_period_s=float(cfg.connection_refusal_log_period_s),
+                ),
             ),
             metrics=process_server_metrics(),
             tls=tls,
@@ -253,6 +261,7 @@ class BookieService:
                                       bookie_client_config(cfg, "the bookie's admin HTTP client")),
                 security=http_security(cfg, verifier, addresses.http_host),
                 ssl_context=http_tls(cfg),
+                header_read_timeout_s=cfg.http_server_header_read_timeout_ms / 1000.0,
             )
             await self.http.start()
         # The listener is attached before the first registration: that one may wait for a
@@ -398,9 +407,33 @@ class MetadataMasterKeys:
         return hmac.compare_digest(master_key(metadata.password), bytes(key))
 
 
+def raise_descriptor_limit(config: ServerConfig) -> int:
+    """Raise this process's soft descriptor limit to its hard limit (the JVM does the same for
+    BookKeeper) and warn when ``unauthenticatedConnectionsLimit`` would leave few descriptors
+    for authenticated clients and storage; returns the soft limit now in force."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError) as e:
+            log.warning("could not raise the descriptor limit from %d to %d: %s", soft, target, e)
+    budget = config.unauthenticated_connections_limit
+    if soft != resource.RLIM_INFINITY and (budget == 0 or budget > soft // 2):
+        log.warning("unauthenticatedConnectionsLimit=%d (0 = no bound) leaves few of the %d file descriptors "
+                    "(ulimit -n) for authenticated clients, journals and entry logs: raise the limit or lower "
+                    "unauthenticatedConnectionsLimit", budget, soft)
+    return soft
+
+
 def run_bookie(config: ServerConfig, *, metadata_uri: str | None = None) -> int:
     """Run one bookie until SIGTERM/SIGINT; returns the process exit code."""
     import uvloop
+
+    raise_descriptor_limit(config)
 
     async def main() -> int:
         service = BookieService(config, metadata_uri=metadata_uri)

@@ -497,3 +497,58 @@ def test_a_strided_read_with_a_zero_stride_is_a_bad_frame_answered_by_request_id
     assert msg.error_response() == ErrorResponse(EBADREQ, 9, OP_READ_STRIDED, 4, None)
     assert client(encode(StridedReadResponse(9, EOK, 4, 0, (ENTRY, ENTRY)))) == [
         StridedReadResponse(9, EOK, 4, 0, (ENTRY, ENTRY))]
+
+
+# -- memory follows the bytes received, not the lengths announced -------------------------------
+
+HUGE_ENTRY = DigestManager(3, DigestType.CRC32C).compute(6, 5, 70000, bytes(range(256)) * 1200)  # ~300 KiB
+
+
+def test_an_announced_big_frame_gets_memory_only_as_its_bytes_arrive() -> None:
+    decoder = FrameDecoder(MAX, side="server")
+    buf = decoder.get_buffer(-1)
+    buf[:8] = struct.pack(">iI", MAX, 0)  # a 5 MiB frame announced, 4 bytes of it sent
+    buf.release()
+    assert decoder.buffer_updated(8) == []
+    room = decoder.get_buffer(-1)
+    # Room for what came and about as much again, not the 5 MiB announced.
+    assert 0 < len(room) <= FrameDecoder.BIG_START
+    assert decoder.buffered == 8
+
+
+@settings(deadline=None, max_examples=30)
+@given(sizes=st.lists(st.integers(min_value=1, max_value=200000), min_size=1, max_size=8),
+       hold_views=st.booleans())
+def test_a_growing_big_frame_decodes_the_same_however_it_is_read(sizes: list[int], hold_views: bool) -> None:
+    msgs = [AddRequest(KEY, HUGE_ENTRY), AddRequest(KEY, ENTRY), AddRequest(KEY, HUGE_ENTRY)]
+    stream = b"".join(encode(m) for m in msgs)
+    decoder = FrameDecoder(MAX, side="server")
+    out: list[object] = []
+    held: list[memoryview] = []  # a transport that keeps its views: the buffer must move, not resize
+    pos = k = 0
+    while pos < len(stream):
+        buf = decoder.get_buffer(-1)
+        n = min(len(buf), len(stream) - pos, sizes[k % len(sizes)])
+        k += 1
+        buf[:n] = stream[pos:pos + n]
+        if hold_views:
+            held.append(buf)
+        else:
+            buf.release()
+        out += decoder.buffer_updated(n)
+        pos += n
+    assert out == msgs
+    assert decoder.buffered == 0
+
+
+def test_the_max_frame_size_may_be_raised_between_reads() -> None:
+    decoder = FrameDecoder(64, side="server")
+    small = encode(ForceLedgerRequest(1, 3))
+    assert decoder.feed(small) == [ForceLedgerRequest(1, 3)]
+    decoder.max_frame_size = MAX  # e.g. the peer authenticated
+    assert decoder.feed(encode(AddRequest(KEY, BIG_ENTRY))) == [AddRequest(KEY, BIG_ENTRY)]
+    decoder.max_frame_size = 64
+    with pytest.raises(FramingError, match=r"outside 0\.\.64"):
+        decoder.feed(encode(AddRequest(KEY, ENTRY)))
+    with pytest.raises(IncorrectParameterError):
+        FrameDecoder(64, side="server").max_frame_size = 3

@@ -20,6 +20,9 @@ ones other modules add included:
   even over a good certificate). ``/heartbeat`` is always open (liveness probes). Refusals are
   logged with the peer, the method, the path and the reason, never the token;
 * TLS is the server's ``ssl_context`` (``httpServerTlsEnable``);
+* a connection that has not sent a complete request head within ``header_read_timeout_s`` of
+  its accept or of its previous answer is closed (``httpServerHeaderReadTimeoutMs``): a peer
+  that sends half a request, or nothing, does not hold a descriptor for long;
 * no response carries a password or a master key: JSON keys naming one are redacted
   (``"(redacted)"``, ``security.redaction.redact``, the rule the console applies too) on the
   way out, whatever the handler put there.
@@ -290,8 +293,10 @@ class AdminHttpServer:
     def __init__(
         self, admin: BookieAdmin, *, host: str, port: int, extra_routes: list[web.RouteDef] | None = None,
         security: HttpSecurity | None = None, ssl_context: ssl.SSLContext | None = None,
+        header_read_timeout_s: float = 10.0,
     ) -> None:
         self._app = build_app(admin, extra_routes, security)
+        self._header_read_timeout_s = header_read_timeout_s
         self._host = host
         self._port = port
         self._ssl = ssl_context
@@ -306,7 +311,10 @@ class AdminHttpServer:
         return self._port
 
     async def start(self) -> None:
-        self._runner = web.AppRunner(self._app, access_log=None)
+        # aiohttp's keep-alive timer runs from the accept and from each answer, and closes the
+        # connection if no complete request head arrived meanwhile (a request being handled is
+        # not affected): exactly a header read timeout.
+        self._runner = web.AppRunner(self._app, access_log=None, keepalive_timeout=self._header_read_timeout_s)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self._host, self._port, reuse_address=True, ssl_context=self._ssl)
         await site.start()

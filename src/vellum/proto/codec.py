@@ -1022,6 +1022,12 @@ class FrameDecoder:
       frame the decoder asks for just the next frame's length first, so that a big body is
       never read into scratch and moved.
 
+    Memory follows the bytes received, never the lengths announced: the scratch buffer is made
+    at the first read, and a big frame's buffer starts at ``BIG_START`` bytes (or the frame's
+    size, if smaller) and doubles as it fills, so a peer that announces a big frame and sends
+    little costs little. ``max_frame_size`` may be changed between reads (a server accepts only
+    small frames from a peer that has not authenticated yet, then raises it).
+
     A :class:`FramingError` (negative or oversized length) is raised from ``feed`` /
     ``buffer_updated`` and again from every later call.
     """
@@ -1030,8 +1036,10 @@ class FrameDecoder:
     BIG_FRAME = 16 * 1024
     #: the reused receive buffer for smaller frames (holds any partial small frame)
     SCRATCH = 64 * 1024
+    #: a big frame's buffer starts this big (at most) and doubles as the frame's bytes arrive
+    BIG_START = 64 * 1024
 
-    __slots__ = ("_batch_adds", "_big", "_big_fill", "_decoders", "_end", "_failure", "_max",
+    __slots__ = ("_batch_adds", "_big", "_big_fill", "_big_size", "_decoders", "_end", "_failure", "_max",
                  "_owned_decoders", "_peek", "_scratch", "_side", "_start")
 
     def __init__(self, max_frame_size: int, *, side: Side, batch_adds: bool = False) -> None:
@@ -1044,13 +1052,27 @@ class FrameDecoder:
         self._batch_adds = batch_adds and side == "server"
         self._decoders = _REQUEST_DECODERS if side == "server" else _RESPONSE_DECODERS
         self._owned_decoders = _REQUEST_DECODERS_OWNED if side == "server" else _RESPONSE_DECODERS_OWNED
-        self._scratch = bytearray(self.SCRATCH)  # never resized: views of it may be out
+        # Made at the first read (an idle connection costs none), then never resized: views
+        # of it may be out.
+        self._scratch = bytearray()
         self._start = 0  # unparsed bytes are _scratch[_start:_end]
         self._end = 0
-        self._big: bytearray | None = None  # body of the big frame being received
+        self._big: bytearray | None = None  # body of the big frame being received, as far as it came
         self._big_fill = 0
+        self._big_size = 0  # the big frame's announced body size (len(_big) grows towards it)
         self._peek = False  # the last frame was big: read the next length on its own
         self._failure: str | None = None
+
+    @property
+    def max_frame_size(self) -> int:
+        """The largest frame body accepted; a longer announced length is a framing error."""
+        return self._max
+
+    @max_frame_size.setter
+    def max_frame_size(self, value: int) -> None:
+        if value < 4:
+            raise IncorrectParameterError(f"max_frame_size {value} is below a frame header")
+        self._max = value
 
     @property
     def buffered(self) -> int:
@@ -1080,9 +1102,14 @@ class FrameDecoder:
         """Where the next received bytes go (never empty); then call ``buffer_updated``."""
         if self._failure is not None:
             return memoryview(bytearray(4))  # the connection is closing: swallow, parse nothing
-        if self._big is not None:
-            return memoryview(self._big)[self._big_fill :]
+        big = self._big
+        if big is not None:
+            if self._big_fill == len(big):
+                big = self._grow_big(big)
+            return memoryview(big)[self._big_fill :]
         if self._end == len(self._scratch) or (self._peek and self._start):
+            if not self._scratch:
+                self._scratch = bytearray(self.SCRATCH)
             self._compact()
         if self._peek and self._end < 4:
             return memoryview(self._scratch)[self._end : 4]
@@ -1096,13 +1123,24 @@ class FrameDecoder:
         big = self._big
         if big is not None:
             self._big_fill += nbytes
-            if self._big_fill < len(big):
+            if self._big_fill < self._big_size:
                 return []
             self._big, self._big_fill = None, 0
             view = memoryview(big).toreadonly()  # handed over: the messages may keep views of it
             return [_decode(view, self._owned_decoders, self._side)]
         self._end += nbytes
         return self._parse()
+
+    def _grow_big(self, big: bytearray) -> bytearray:
+        """The big frame's buffer, full so far, doubled (at most to the frame's size)."""
+        more = min(self._big_size, 2 * len(big)) - len(big)
+        try:
+            big.extend(bytes(more))  # in place where the allocator can (no copy)
+        except BufferError:  # a view of it is still out: move it instead
+            grown = bytearray(len(big) + more)
+            grown[: len(big)] = big
+            big = self._big = grown
+        return big
 
     def _compact(self) -> None:
         n = self._end - self._start
@@ -1150,10 +1188,11 @@ class FrameDecoder:
                     self._peek = size >= self.BIG_FRAME
                     continue
                 if size >= self.BIG_FRAME:
-                    big = bytearray(size)
+                    # Never the announced size up front: what came, and room for as much again.
                     have = end - start
+                    big = bytearray(min(size, max(self.BIG_START, 2 * have)))
                     big[:have] = view[start:end]
-                    self._big, self._big_fill = big, have
+                    self._big, self._big_fill, self._big_size = big, have, size
                     pos = end
                     self._peek = True
                 else:

@@ -15,9 +15,9 @@ answers back. Invariants:
   upgraded: START_TLS (BookKeeper's v3 negotiation) is answered EOK in clear and the TLS
   handshake follows (``loop.start_tls``, the context current at that moment, so rotated
   certificates apply to new connections); every other request before that is answered EUA,
-  preceded once per connection by an ``ErrorResponse(EUA, opcode=START_TLS)`` notice that tells
-  the client TLS is required (logged once: "plaintext request refused: this bookie requires
-  TLS"). Bytes after START_TLS before its answer, or a failed handshake, close the connection.
+  preceded by an ``ErrorResponse(EUA, opcode=START_TLS)`` notice that tells the client TLS is
+  required ("plaintext request refused: this bookie requires TLS"), and the connection is
+  closed. Bytes after START_TLS before its answer, or a failed handshake, close the connection.
   START_TLS inside TLS is answered EOK: the client's confirmation that the handshake was accepted.
   After a mutual-TLS handshake the peer certificate's CN and OU roles are kept on the
   connection (``principal``, ``roles``) for authorization. Without TLS configured, START_TLS is
@@ -30,6 +30,14 @@ answers back. Invariants:
   reason)``, its own EUA answer, and the connection is closed (logged with the peer and the
   reason). A refused AUTH is answered EUA with the reason, then the connection is closed.
   Without authentication configured, AUTH is answered EOK ("authentication is off").
+- a connection is *unauthenticated* until it is upgraded (when TLS is required) and
+  authenticated (when authentication is on); with neither configured, every connection is
+  authenticated from its accept. Until then it may send frames of
+  ``unauthenticatedMaxFrameSizeBytes`` at most (a longer announced length closes it), and the
+  ``ConnectionGuard`` (``server/guard.py``) bounds how many such connections there are and how
+  long each may last; afterwards ``nettyMaxFrameSizeBytes`` applies. Receive buffers grow with
+  the bytes received, never with a length announced (``FrameDecoder``). Every refusal or
+  close decided here is counted by reason and logged rate-limited (``RefusalLog``).
 
 A request refused for its master key (EUA: wrong key, or a new ledger's key its metadata does
 not give) is logged with the ledger id, the request and the peer, never the key, at most one
@@ -47,7 +55,7 @@ import logging
 import struct
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 from vellum.bookie.executor import AsyncBookie
@@ -70,6 +78,8 @@ from vellum.proto import codec
 from vellum.proto import messages as m
 from vellum.security.auth import BookieAuthenticator, Identity
 from vellum.security.tls import ReloadingContext, peer_principal
+from vellum.server import guard as g
+from vellum.server.guard import ConnectionGuard, PeerLimits, RefusalLog
 from vellum.server.metrics import ServerCounters, ServerMetrics, process_server_metrics
 
 log = logging.getLogger(__name__)
@@ -110,6 +120,8 @@ class ServerLimits:
     max_adds_in_progress: int = 10000  # 0 = unlimited (BookKeeper's meaning)
     max_reads_in_progress: int = 10000
     max_frame_size: int = m.DEFAULT_MAX_FRAME_SIZE
+    #: what unauthenticated and idle connections may cost
+    peers: PeerLimits = field(default_factory=PeerLimits)
 
 
 class _Counters(ServerCounters):
@@ -142,7 +154,8 @@ class BookieConnection(asyncio.BufferedProtocol):
     big entry lands in a buffer of its own and is journaled and cached from there, uncopied)."""
 
     def __init__(self, bookie: AsyncBookie, counters: _Counters, on_close: Callable[[BookieConnection], None],
-                 tls: ReloadingContext | None = None, auth: BookieAuthenticator | None = None) -> None:
+                 tls: ReloadingContext | None = None, auth: BookieAuthenticator | None = None,
+                 guard: ConnectionGuard | None = None) -> None:
         self._bookie = bookie
         self._counters = counters
         # The server's counters, held here so that counting a request costs one lookup.
@@ -151,7 +164,18 @@ class BookieConnection(asyncio.BufferedProtocol):
         self._on_close = on_close
         # Pipelined ADDs of one read come decoded together (``AddBatch``), to go to the bookie
         # and back as one batch.
-        self._decoder = codec.FrameDecoder(counters.limits.max_frame_size, side="server", batch_adds=True)
+        limits = counters.limits
+        # Trusted = upgraded to TLS when required and authenticated when authentication is on.
+        self._trusted = tls is None and auth is None
+        self._decoder = codec.FrameDecoder(
+            limits.max_frame_size if self._trusted else min(limits.max_frame_size,
+                                                            limits.peers.unauthenticated_max_frame_size),
+            side="server", batch_adds=True)
+        self._guard = guard if guard is not None else ConnectionGuard(
+            limits.peers, RefusalLog(limits.peers.refusal_log_period_s, counters.refused), counters=counters)
+        self._refusals = self._guard.refusals
+        # bytes came or went since the guard last looked (idle timeout)
+        self._active = False
         self._transport: asyncio.Transport | None = None
         self._out: list[bytes | bytearray | memoryview] = []
         self._flush_scheduled = False
@@ -184,7 +208,7 @@ class BookieConnection(asyncio.BufferedProtocol):
         self._awaiting_tls = tls is not None
         self._upgrading = False
         self._early: list[Any] = []
-        self._refusal_noted = False
+        self._upgrade_started = 0.0
         #: identity from the peer's certificate after a mutual-TLS handshake (for authorization)
         self.principal: str | None = None
         self.roles: tuple[str, ...] = ()
@@ -202,9 +226,20 @@ class BookieConnection(asyncio.BufferedProtocol):
         # uvloop's transports are not asyncio.Transport subclasses but have the same interface.
         self._transport = cast(asyncio.Transport, transport)
         self._counters.connections += 1
+        self._guard.accepted(self, authenticated=self._trusted)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._upgrading and not self._closing:
+            # The TLS transport gave up (its handshake timeout) or the peer left mid-handshake:
+            # the upgrade task is cancelled below without seeing an error, so say it here.
+            elapsed = self._loop.time() - self._upgrade_started
+            reason = (f"no handshake within {TLS_HANDSHAKE_TIMEOUT_S:g}s" if elapsed >= TLS_HANDSHAKE_TIMEOUT_S * 0.9
+                      else f"the connection closed during the handshake ({exc or 'by the peer'})")
+            self._closing = True
+            self._refusals.refused(g.TLS_HANDSHAKE, self.peer_host(),
+                                   f"TLS handshake with {self._peer()} failed: {reason}", reason.split(" (")[0])
         self._counters.connections -= 1
+        self._guard.closed(self)
         self._transport = None
         for task in list(self._tasks):
             task.cancel()
@@ -214,13 +249,18 @@ class BookieConnection(asyncio.BufferedProtocol):
         return self._decoder.get_buffer(sizehint)
 
     def buffer_updated(self, nbytes: int) -> None:
+        self._active = True
         try:
             messages = self._decoder.buffer_updated(nbytes)
         except FramingError as e:
-            log.warning("closing connection %s: %s", self._peer(), e)
-            self._flush()
-            if self._transport is not None:
-                self._transport.close()
+            if self._trusted:
+                self.close_for(g.BAD_FRAMING, f"closing connection {self._peer()}: {e}")
+            else:
+                self.close_for(g.FRAME_TOO_BIG, (
+                    f"closing unauthenticated connection {self._peer()}: {e}; before authenticating a peer may "
+                    f"send frames of {self._decoder.max_frame_size} bytes at most (unauthenticatedMaxFrameSizeBytes)"))
+            return
+        if self._closing:
             return
         if self._awaiting_tls or not self._authorized:
             # The slow paths (refusals, the TLS upgrade, authentication) see single requests.
@@ -292,6 +332,7 @@ class BookieConnection(asyncio.BufferedProtocol):
     def _flush(self) -> None:
         self._flush_scheduled = False
         if self._out and self._transport is not None:
+            self._active = True
             out, self._out = self._out, []
             # A TLS transport makes TLS records of each buffer: small answers go joined.
             self._transport.writelines(codec.coalesce(out) if self._tls is not None else out)
@@ -304,6 +345,41 @@ class BookieConnection(asyncio.BufferedProtocol):
     def close(self) -> None:
         if self._transport is not None:
             self._transport.close()
+
+    # ------------------------------------------------------------- the guard's questions
+    def peer_host(self) -> str:
+        """The peer's address without its port (what refusals are rate-limited by)."""
+        peer = self._transport.get_extra_info("peername") if self._transport is not None else None
+        return str(peer[0]) if isinstance(peer, tuple) and peer else str(peer or "?")
+
+    def is_busy(self) -> bool:
+        """A request is in progress: a read, a long poll, an add not answered yet, a FORCE."""
+        return bool(self._tasks) or bool(self._force_waiters) or self._issued != self._completed
+
+    def take_activity(self) -> bool:
+        """Whether bytes came or went since the last call."""
+        active, self._active = self._active, False
+        return active
+
+    def close_for(self, reason: str, message: str, detail: str = "") -> None:
+        """Close this connection once what is queued is written: counted under ``reason`` and
+        logged (``message``) rate-limited per (reason, peer address, ``detail``)."""
+        if self._closing:
+            return
+        self._closing = True
+        self._refusals.refused(reason, self.peer_host(), message, detail)
+        self._flush()
+        if self._transport is not None:
+            self._transport.close()
+
+    def _check_trusted(self) -> None:
+        """Once upgraded (if TLS is required) and authenticated (if authentication is on): the
+        full frame size applies and the connection leaves the unauthenticated budget."""
+        if self._trusted or self._awaiting_tls or not self._authorized:
+            return
+        self._trusted = True
+        self._decoder.max_frame_size = self._counters.limits.max_frame_size
+        self._guard.authenticated(self)
 
     # ------------------------------------------------------------------------------- ADD
     def _add_batch(self, reqs: list[m.AddRequest]) -> None:
@@ -603,7 +679,8 @@ class BookieConnection(asyncio.BufferedProtocol):
             # Inside TLS already: the client's confirmation that we accepted its handshake.
             self._send(m.StartTlsResponse(req.request_id, EOK))
             return
-        log.warning("START_TLS from %s refused: TLS is not configured on this bookie", self._peer())
+        self._refusals.refused(g.START_TLS_UNAVAILABLE, self.peer_host(),
+                               f"START_TLS from {self._peer()} refused: TLS is not configured on this bookie")
         self._send(m.StartTlsResponse(req.request_id, EBADREQ))
 
     def _before_tls(self, messages: list[Any]) -> None:
@@ -614,30 +691,27 @@ class BookieConnection(asyncio.BufferedProtocol):
                 self._requests["START_TLS"] += 1
                 if i + 1 < len(messages) or self._decoder.buffered:
                     # Bytes sent in clear after START_TLS must never be taken as TLS traffic.
-                    self._close_for("data after START_TLS before its answer")
+                    self.close_for(g.PLAINTEXT, f"closing connection {self._peer()}: data after START_TLS "
+                                                "before its answer")
                     return
                 if self._transport is not None:
                     self._transport.pause_reading()  # nothing more in clear; start_tls resumes under TLS
                 self._upgrading = True
+                self._upgrade_started = self._loop.time()
                 self._spawn(self._start_tls(msg))
                 return
             self._refuse_plaintext(msg)
+            return
 
     def _refuse_plaintext(self, msg: Any) -> None:
-        if not self._refusal_noted:
-            self._refusal_noted = True
-            log.warning("plaintext request refused: this bookie requires TLS (peer %s sent %s without START_TLS)",
-                        self._peer(), type(msg).__name__)
-            self._send(m.ErrorResponse(EUA, opcode=m.OP_START_TLS))
+        """The notice that TLS is required, the request's own EUA answer, then the close."""
+        self._send(m.ErrorResponse(EUA, opcode=m.OP_START_TLS))
         answer = _refusal(msg, EUA)
         if answer is not None:
             self._send(answer)
-
-    def _close_for(self, reason: str) -> None:
-        log.warning("closing connection %s: %s", self._peer(), reason)
-        self._flush()
-        if self._transport is not None:
-            self._transport.close()
+        self.close_for(g.PLAINTEXT, (
+            f"plaintext request refused: this bookie requires TLS (peer {self._peer()} sent "
+            f"{type(msg).__name__} without START_TLS), closing the connection"))
 
     async def _start_tls(self, req: m.StartTlsRequest) -> None:
         transport = self._transport
@@ -656,7 +730,11 @@ class BookieConnection(asyncio.BufferedProtocol):
         except asyncio.CancelledError:
             raise
         except Exception as e:  # ssl.SSLError, a timeout, the peer gone
-            log.warning("TLS handshake with %s failed: %s", peer, _tls_reason(e))
+            reason = _tls_reason(e)
+            if not self._closing:  # else closed on purpose (a deadline, the budget), logged then
+                self._refusals.refused(g.TLS_HANDSHAKE, self.peer_host() if self._transport else str(peer),
+                                       f"TLS handshake with {peer} failed: {reason}", reason)
+            self._closing = True
             transport.close()
             return
         if tls_transport is None or self._transport is None:  # closed meanwhile
@@ -665,6 +743,8 @@ class BookieConnection(asyncio.BufferedProtocol):
         ssl_object = tls_transport.get_extra_info("ssl_object")
         self.principal, self.roles = peer_principal(ssl_object)
         self._awaiting_tls = self._upgrading = False
+        if self._closing:
+            return
         log.info("TLS connection from %s (%s%s)", peer, ssl_object.version() if ssl_object else "?",
                  f", principal {self.principal!r}, roles {list(self.roles)}" if self.principal else "")
         if self._auth is not None:
@@ -676,6 +756,7 @@ class BookieConnection(asyncio.BufferedProtocol):
                     pass  # not yet: a token may follow (AUTH); refused at the first other request
                 else:
                     self._authenticated(self._cert_identity)
+        self._check_trusted()
         early, self._early = self._early, []
         if early:
             self._serve(early)
@@ -685,6 +766,7 @@ class BookieConnection(asyncio.BufferedProtocol):
         self.identity = identity
         self._authorized = True
         log.info("connection from %s authenticated: %s", self._peer(), identity.describe())
+        self._check_trusted()
 
     def _on_auth(self, req: m.AuthRequest) -> None:
         self._requests["AUTH"] += 1
@@ -730,18 +812,16 @@ class BookieConnection(asyncio.BufferedProtocol):
     def _refuse_auth(self, request_id: int, reason: str, what: str, answer: Any = None) -> None:
         """Answer EUA with ``reason`` (and ``answer``, the refused request's own EUA), log it,
         and close the connection once the answers are written."""
-        log.warning("%s from %s refused, closing the connection: %s", what, self._peer(), reason)
         self._send(m.AuthResponse(request_id, EUA, _clip(reason)))
         if answer is not None:
             self._send(answer)
-        self._closing = True
-        self._flush()
-        if self._transport is not None:
-            self._transport.close()
+        self.close_for(g.AUTH_REFUSED if what == "AUTH" else g.REQUEST_BEFORE_AUTH,
+                       f"{what} from {self._peer()} refused, closing the connection: {reason}", reason)
 
     def _on_bad_frame(self, bad: m.BadFrame) -> None:
         self._requests["BAD_FRAME"] += 1
-        log.warning("bad frame from %s: %s", self._peer(), bad.reason)
+        self._refusals.refused(g.BAD_FRAME, self.peer_host(), f"bad frame from {self._peer()}: {bad.reason}",
+                               bad.reason)
         answer = bad.error_response()
         if answer is not None:
             self._send(answer)
@@ -821,6 +901,7 @@ class BookieServer:
         self._metrics = metrics if metrics is not None else process_server_metrics()
         self._server: asyncio.base_events.Server | None = None
         self._connections: set[BookieConnection] = set()
+        self._guard: ConnectionGuard | None = None
 
     @property
     def port(self) -> int:
@@ -828,20 +909,27 @@ class BookieServer:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
+        peers = self._counters.limits.peers
+        guard = self._guard = ConnectionGuard(peers, RefusalLog(peers.refusal_log_period_s, self._counters.refused),
+                                              counters=self._counters)
 
         def factory() -> BookieConnection:
-            conn = BookieConnection(self._bookie, self._counters, self._connections.discard, self._tls, self._auth)
+            conn = BookieConnection(self._bookie, self._counters, self._connections.discard, self._tls, self._auth,
+                                    guard)
             self._connections.add(conn)  # tracked so that stop() can close it
             return conn
 
         self._server = await loop.create_server(factory, self._host, self._port, reuse_address=True)
         self._port = self._server.sockets[0].getsockname()[1]
+        guard.start(self._server.sockets[0].fileno())
         self._metrics.track(self._counters)
 
     async def stop(self) -> None:
         if self._server is None:
             return
         self._metrics.untrack(self._counters)
+        if self._guard is not None:
+            await self._guard.stop()
         self._server.close()
         for conn in list(self._connections):
             conn.close()

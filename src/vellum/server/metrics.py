@@ -18,15 +18,18 @@ from vellum import stats
 
 class ServerCounters:
     """What one server counts (the loop thread only): requests received and rejected for
-    overload by opcode name, open connections, and the adds and reads in progress (also the
-    server's admission state, bounded by its limits)."""
+    overload by opcode name, connections refused or closed by reason (``server/guard.py``),
+    open connections and how many of them are not authenticated yet, and the adds and reads in
+    progress (also the server's admission state, bounded by its limits)."""
 
-    __slots__ = ("adds", "connections", "reads", "rejected", "requests")
+    __slots__ = ("adds", "connections", "reads", "refused", "rejected", "requests", "unauthenticated")
 
     def __init__(self) -> None:
         self.requests: collections.Counter[str] = collections.Counter()
         self.rejected: collections.Counter[str] = collections.Counter()
+        self.refused: collections.Counter[str] = collections.Counter()
         self.connections = 0
+        self.unauthenticated = 0
         self.adds = 0
         self.reads = 0
 
@@ -36,8 +39,15 @@ _METRICS: tuple[stats.SourceMetric[ServerCounters], ...] = (
                        lambda c: {(op,): float(n) for op, n in c.requests.items()}, labels=("op",)),
     stats.SourceMetric("bookkeeper_server_REJECTED", "requests rejected for overload (TOOMANYREQUESTS)",
                        lambda c: {(op,): float(n) for op, n in c.rejected.items()}, labels=("op",)),
+    stats.SourceMetric("bookkeeper_server_REFUSED", "connections refused or closed by the bookie, by reason "
+                       "(unauthenticated budget, authentication or idle timeout, oversized frame before "
+                       "authentication, plaintext before START_TLS, failed TLS handshake or AUTH, ...)",
+                       lambda c: {(reason,): float(n) for reason, n in c.refused.items()}, labels=("reason",)),
     stats.SourceMetric("bookkeeper_server_CONNECTIONS", "open client connections",
                        lambda c: {(): float(c.connections)}, kind="gauge"),
+    stats.SourceMetric("bookkeeper_server_UNAUTHENTICATED_CONNECTIONS",
+                       "open connections not authenticated yet (bounded by unauthenticatedConnectionsLimit)",
+                       lambda c: {(): float(c.unauthenticated)}, kind="gauge"),
     stats.SourceMetric("bookkeeper_server_ADD_ENTRY_IN_PROGRESS", "adds in progress",
                        lambda c: {(): float(c.adds)}, kind="gauge"),
     stats.SourceMetric("bookkeeper_server_READ_ENTRY_IN_PROGRESS", "reads in progress",

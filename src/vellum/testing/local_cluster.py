@@ -169,6 +169,13 @@ class LocalCluster:
         except json.JSONDecodeError:
             return body
 
+    def pid(self, i: int) -> int:
+        """The process id of bookie i (running)."""
+        proc = self._bookies[i].proc
+        if proc is None or proc.poll() is not None:
+            raise RuntimeError(f"bookie {i} is not running")
+        return proc.pid
+
     def ledger_dir(self, i: int) -> Path:
         return self._bookies[i].spec.base / "ledgers"
 
