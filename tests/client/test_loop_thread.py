@@ -265,7 +265,7 @@ def test_the_blocking_api_is_unchanged(facade: type) -> None:
 def test_blocking_signatures_users_see() -> None:
     # the blocking shrink keeps its signature (no private keyword from the asyncio side)
     assert str(inspect.signature(named_blocking.NamedLedgers.shrink)) == (
-        "(self, name: 'str', end_entry_id: 'int', *, force: 'bool' = False) -> 'int'")
+        "(self, name: 'str', end_entry_id: 'int', *, force: 'bool' = False) -> 'ShrinkResult'")
     assert str(inspect.signature(blocking_module.BookKeeper.open_ledger)) == (
         "(self, ledger_id: 'int', *, password: 'bytes' = b'', recovery: 'bool' = True) -> 'LedgerHandle'")
     assert str(inspect.signature(named_blocking.NamedLedgerHandle.tail)) == (
