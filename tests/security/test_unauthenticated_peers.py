@@ -310,6 +310,9 @@ def mtls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalCluste
         "tlsClientAuthentication": "true",
         "bookieAuthProviderFactoryClass": "tls",
         "authorizedRoles": "client",
+        # This test is about the bookie port; its admin port (loopback, read for /metrics) is
+        # left open on purpose, which a secured bookie accepts only when told so.
+        "httpServerAdminInsecure": "true",
     }
     with LocalCluster(tmp_path_factory.mktemp("mtls-cluster"), bookies=1, bookie_conf=conf) as cluster:
         yield cluster, p

@@ -173,7 +173,7 @@ def test_shrunk_name_records_lost_entries_as_rows(spark: Any, cluster: LocalClus
         assert sorted(e for _b, ids in seen[cp] for e in ids) == list(range(30))
     write(range(30, 60))  # a second segment, entries 30..59
     # No force: the second segment still holds 30..44, but they are no longer part of the name.
-    assert _call(bk, named.shrink(name, 45)) == 45
+    assert _call(bk, named.shrink(name, 45)).start_entry_id == 45
 
     q = run("lenient", failOnDataLoss="false", dataLossLocation=str(location))
     assert q.exception() is None
