@@ -222,7 +222,8 @@ class Auditor:
         for lid, md in await self._ledgers():
             for first, ensemble in md.ensembles.items():
                 members = [str(b) for b in ensemble]
-                if not policy.adheres(members, md.write_quorum_size, bookies=registered | set(members)):
+                if not policy.adheres(members, md.write_quorum_size, bookies=registered | set(members),
+                                      ack_quorum=md.ack_quorum_size):
                     log.warning("auditor placement check: ledger %d segment at %d (%s) does not adhere to the "
                                 "placement policy", lid, first, ", ".join(members))
                     bad += 1

@@ -166,7 +166,7 @@ class ReplicationWorker:
         target = ctx.placement.replace_bookie(
             segment, fragment.index, md.write_quorum_size,
             writable=ctx.writable_bookies, read_only=ctx.read_only_bookies,
-            exclude=set(segment) | suspects,
+            exclude=set(segment) | suspects, ack_quorum=md.ack_quorum_size,
         )
         entries = len(fresh.entries(md.write_quorum_size))
         log.info("ledger %d: copying fragment [%d..%s] of %s (%d entries) to %s", ledger_id, fresh.first_entry,
