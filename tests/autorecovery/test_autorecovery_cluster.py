@@ -26,7 +26,9 @@ from typing import Any
 
 from click.testing import CliRunner
 
+from vellum.autorecovery.auditor import Auditor
 from vellum.autorecovery.fragments import bookies_of, fragments
+from vellum.autorecovery.settings import AutoRecoverySettings
 from vellum.cli.main import cli
 from vellum.client.bookkeeper import BookKeeper
 from vellum.client.named import NamedLedgers, OpenMode
@@ -349,9 +351,27 @@ def test_zoneaware_ledgers_keep_three_zones_in_every_write_quorum_after_autoreco
                     ids.append(lh.ledger_id)
         return ids
 
+    async def badly_placed() -> int:
+        """A ledger the default (random) policy put with one write quorum in a single zone."""
+        async with BookKeeper(cluster.metadata_uri, config=ClientConfig()) as bk:
+            for _ in range(100):
+                lh = await bk.create_ledger(ensemble_size=6, write_quorum_size=3, ack_quorum_size=2)
+                await lh.close()
+                if 1 in zones_per_write_quorum(lh.metadata.ensembles[0]):
+                    return lh.ledger_id
+                await bk.delete_ledger(lh.ledger_id)
+        raise AssertionError("no single-zone write quorum in 100 random ensembles")
+
+    async def placement_check() -> int:
+        """The auditor's placement check, with the zone-aware policy the bookies use."""
+        async with BookKeeper(cluster.metadata_uri, config=client) as bk:
+            return await Auditor(bk, AutoRecoverySettings()).placement_check()
+
     with cluster:
         ids = asyncio.run(write())
         assert len(ids) >= 6
+        asyncio.run(badly_placed())
+        assert asyncio.run(placement_check()) == 1
         cluster.kill(victim_index)
         shutil.rmtree(cluster.ledger_dir(victim_index))
         shutil.rmtree(cluster.journal_dir(victim_index))
@@ -359,4 +379,5 @@ def test_zoneaware_ledgers_keep_three_zones_in_every_write_quorum_after_autoreco
         for lid, md in _metadata(cluster.metadata_uri, ids).items():
             assert list(md.ensembles) == [0], (lid, md.ensembles)
             assert zones_per_write_quorum(md.ensembles[0]) == {3}, (lid, md.ensembles)
+        assert asyncio.run(placement_check()) == 1  # the replacements adhere, the random ledger still not
         asyncio.run(_check_replicas(cluster.metadata_uri, ids, {lid: 11 for lid in ids}))
