@@ -163,6 +163,9 @@ class ReplicationWorker:
         fresh = next(f for f in fragments(ledger_id, md)
                      if f.first_entry == fragment.first_entry and f.index == fragment.index)
         segment = [str(b) for b in md.ensembles[fragment.first_entry]]
+        # a lost bookie may never have been registered while this client ran: learn where it was
+        # (may run the topology script) off the loop
+        await asyncio.to_thread(ctx.placement.learn, segment)
         target = ctx.placement.replace_bookie(
             segment, fragment.index, md.write_quorum_size,
             writable=ctx.writable_bookies, read_only=ctx.read_only_bookies,

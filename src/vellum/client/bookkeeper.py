@@ -146,14 +146,14 @@ class BookKeeper:
         writable, read_only = await asyncio.to_thread(_list_bookies, store)
         ctx.writable_bookies, ctx.read_only_bookies = writable, read_only
         # network locations (the topology script) are learnt off the loop, here and on each change
-        await asyncio.to_thread(placement.learn, writable | read_only)
+        await asyncio.to_thread(placement.learn, writable | read_only, retry_failed=True)
 
         def on_change(read_only_kind: bool) -> Callable[[frozenset[BookieId]], None]:
             def apply(bookies: frozenset[BookieId]) -> None:
                 # Watch callbacks run on a driver thread: learn the locations of the bookies
                 # here (may run the topology script), then hand the new set to the loop.
                 value = frozenset(str(b) for b in bookies)
-                placement.learn(value)
+                placement.learn(value, retry_failed=True)
 
                 def set_value() -> None:
                     if read_only_kind:

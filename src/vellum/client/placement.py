@@ -35,7 +35,8 @@ they degrade one level at a time down to their floor, below which they raise:
   (so every acknowledged entry is in that many regions), level 0 otherwise, floor 1. A
   replacement comes from the replaced bookie's rack, else its region (which keeps every
   region's share), else any region that keeps durability
-  (``reppEnableDurabilityEnforcementInReplace``).
+  (``reppEnableDurabilityEnforcementInReplace``). Racks inside a region are only preferred apart
+  (the search order), ``minNumRacksPerWriteQuorum`` is not applied per region.
 
 A replacement is the candidate whose location gives the worst write quorum containing the
 replaced position the best level, the same rating as new ensembles (ties: the location with
@@ -133,9 +134,10 @@ class PlacementPolicy(ABC):
         auditor's placement check). Distinct members are all the default policy asks."""
         return len(set(ensemble)) == len(ensemble)
 
-    def learn(self, bookies: Collection[str]) -> None:
+    def learn(self, bookies: Collection[str], *, retry_failed: bool = False) -> None:
         """Learn the network locations of ``bookies`` now (may run the topology script: call it
-        off the event loop, e.g. when the bookie lists change). Nothing to learn by default."""
+        off the event loop, e.g. when the bookie lists change); ``retry_failed``: ask again for
+        hosts whose earlier script run failed. Nothing to learn by default."""
         return None
 
 
@@ -313,10 +315,9 @@ class TopologyAwarePlacementPolicy(PlacementPolicy, Generic[L]):
         self.resolver = resolver
         self._rng = rng or random.Random()
 
-    def learn(self, bookies: Collection[str]) -> None:
-        """Resolve the bookies' locations now; hosts whose script run failed are asked again."""
+    def learn(self, bookies: Collection[str], *, retry_failed: bool = False) -> None:
         forget = getattr(self.resolver, "forget_failures", None)
-        if forget is not None:
+        if retry_failed and forget is not None:
             forget()
         self.resolver.resolve(bookies)
 
