@@ -264,7 +264,9 @@ class BookKeeper:
             ensemble = self._new_ensemble(ctx, e, wq, aq)
         except NotEnoughBookiesError:
             # The watch may lag behind a registration that just happened: look again once.
-            ctx.writable_bookies, ctx.read_only_bookies = await asyncio.to_thread(_list_bookies, ctx.store)
+            writable, read_only = await asyncio.to_thread(_list_bookies, ctx.store)
+            await asyncio.to_thread(ctx.placement.learn, writable | read_only)
+            ctx.writable_bookies, ctx.read_only_bookies = writable, read_only
             ensemble = self._new_ensemble(ctx, e, wq, aq)
         md = LedgerMetadata(
             ensemble_size=e,
