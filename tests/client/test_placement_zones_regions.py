@@ -25,6 +25,7 @@ import itertools
 import random
 from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -358,3 +359,30 @@ def test_unknown_policies_and_resolvers_are_refused() -> None:
         placement_policy_for(pulsar)
     # the default policy needs no locations: the resolver key is not used
     placement_policy_for(build_config(ClientConfig, {"reppDnsResolverClass": "com.example.Other"}))
+
+
+def test_placement_keys_of_a_bookies_file_reach_its_autorecovery_client(tmp_path: Path) -> None:
+    """BookKeeper's placement keys in bk_server.conf: honoured ones reach the client AutoRecovery
+    picks replacements with; the ones Vellum does not use are listed as accepted, with the reason."""
+    from vellum.config import load_server_config
+    from vellum.service import bookie_client_config
+
+    conf = tmp_path / "bk_server.conf"
+    conf.write_text(
+        "ensemblePlacementPolicy=org.apache.bookkeeper.client.RegionAwareEnsemblePlacementPolicy\n"
+        "reppRegionsToWrite=east;west;north\nreppMinimumRegionsForDurability=3\n"
+        "reppEnableDurabilityEnforcementInReplace=false\nreppEnableValidation=true\n"
+        "minNumZonesPerWriteQuorum=1\ndesiredNumZonesPerWriteQuorum=2\nenforceStrictZoneawarePlacement=false\n"
+        "networkTopologyScriptNumberArgs=7\nnetworkTopologyStabilizePeriodSeconds=10\n"
+    )
+    accepted: dict[str, str] = {}
+    server = load_server_config(conf, accepted=accepted)
+    client = bookie_client_config(server, "test")
+    assert (client.repp_regions_to_write, client.repp_minimum_regions_for_durability) == ("east;west;north", 3)
+    assert not client.repp_enable_durability_enforcement_in_replace
+    assert (client.min_num_zones_per_write_quorum, client.desired_num_zones_per_write_quorum) == (1, 2)
+    assert not client.enforce_strict_zoneaware_placement and client.network_topology_script_number_args == 7
+    assert set(accepted) == {"reppEnableValidation", "networkTopologyStabilizePeriodSeconds"}
+    assert "cannot fail" in accepted["reppEnableValidation"]
+    policy = placement_policy_for(client)
+    assert isinstance(policy, RegionawarePlacementPolicy) and policy.regions_to_write == ("east", "west", "north")
