@@ -56,8 +56,36 @@ def _opt(
 
 # Placement keys: read by clients, and by a bookie for the replacement bookies its AutoRecovery
 # picks (BookKeeper reads them from bk_server.conf there too). One declaration, both classes.
+#: ``ensemblePlacementPolicy`` values: Vellum's short names and BookKeeper's class names
+PLACEMENT_POLICIES = {
+    "default": "default", "rackaware": "rackaware", "zoneaware": "zoneaware", "regionaware": "regionaware",
+    **{f"{prefix}{cls}": name for name, cls in (
+        ("default", "DefaultEnsemblePlacementPolicy"), ("rackaware", "RackawareEnsemblePlacementPolicy"),
+        ("zoneaware", "ZoneawareEnsemblePlacementPolicy"), ("regionaware", "RegionAwareEnsemblePlacementPolicy"))
+       for prefix in ("", "org.apache.bookkeeper.client.")},
+}
+
+
+def placement_policy_name(value: str) -> str:
+    """Vellum's name (default, rackaware, zoneaware, regionaware) of an ``ensemblePlacementPolicy``
+    value; ConfigError for a policy Vellum does not have."""
+    name = PLACEMENT_POLICIES.get(value.strip())
+    if name is None:
+        raise ConfigError(
+            f"ensemblePlacementPolicy={value} is refused: Vellum's placement policies are default, rackaware, "
+            "zoneaware and regionaware, or BookKeeper's class names org.apache.bookkeeper.client."
+            "{Default,Rackaware,Zoneaware,RegionAware}EnsemblePlacementPolicy"
+        )
+    return name
+
+
 def _ensemble_placement_policy() -> Any:
-    return _opt("ensemblePlacementPolicy", "default", "bookie placement", choices=("default", "rackaware"))
+    return _opt(
+        "ensemblePlacementPolicy", "default",
+        "bookie placement: default (random), rackaware, zoneaware, regionaware, or BookKeeper's class names "
+        "(org.apache.bookkeeper.client.RackawareEnsemblePlacementPolicy, ...)",
+        choices=tuple(PLACEMENT_POLICIES),
+    )
 
 
 def _min_num_racks_per_write_quorum() -> Any:
@@ -69,12 +97,80 @@ def _enforce_min_num_racks_per_write_quorum() -> Any:
 
 
 def _network_topology_script_file_name() -> Any:
-    return _opt("networkTopologyScriptFileName", "", "rack-aware: file mapping bookie id -> /rack")
+    return _opt(
+        "networkTopologyScriptFileName", "",
+        "rack-, zone- and region-aware: executable run with bookie host addresses as arguments, printing one "
+        "network location per argument (/rack, /zone/upgradedomain, /region/rack); empty = the mapping "
+        "`vellum shell racks` keeps in the metadata store",
+    )
+
+
+def _network_topology_script_number_args() -> Any:
+    return _opt("networkTopologyScriptNumberArgs", 100, "most host addresses per run of the topology script", lo=1)
+
+
+def _network_topology_script_timeout_ms() -> Any:
+    return _opt(
+        "networkTopologyScriptTimeoutMs", 5000,
+        "a topology script run taking longer is killed and its hosts get the default location (Vellum's key)",
+        lo=1,
+    )
+
+
+def _repp_dns_resolver_class() -> Any:
+    return _opt(
+        "reppDnsResolverClass", "org.apache.bookkeeper.net.ScriptBasedMapping",
+        "where network locations come from: only ScriptBasedMapping (the script, else the stored mapping); "
+        "another class is refused when a topology-aware policy is used",
+    )
+
+
+def _min_num_zones_per_write_quorum() -> Any:
+    return _opt("minNumZonesPerWriteQuorum", 2, "zone-aware: zones each write quorum must span (strict)", lo=1)
+
+
+def _desired_num_zones_per_write_quorum() -> Any:
+    return _opt("desiredNumZonesPerWriteQuorum", 3, "zone-aware: zones each write quorum should span", lo=1)
+
+
+def _enforce_strict_zoneaware_placement() -> Any:
+    return _opt(
+        "enforceStrictZoneawarePlacement", True,
+        "zone-aware: fail a ledger when minNumZonesPerWriteQuorum cannot be met (and require E a multiple of "
+        "WQ, WQ > minNumZonesPerWriteQuorum, known locations); false = best effort",
+    )
+
+
+def _repp_regions_to_write() -> Any:
+    return _opt(
+        "reppRegionsToWrite", "",
+        "region-aware: regions, ';'-separated; set = every acknowledged entry in "
+        "reppMinimumRegionsForDurability regions",
+    )
+
+
+def _repp_minimum_regions_for_durability() -> Any:
+    return _opt(
+        "reppMinimumRegionsForDurability", 2,
+        "region-aware (with reppRegionsToWrite): regions each acknowledged entry is in", lo=0,
+    )
+
+
+def _repp_enable_durability_enforcement_in_replace() -> Any:
+    return _opt(
+        "reppEnableDurabilityEnforcementInReplace", True,
+        "region-aware: a replacement from another region must keep reppMinimumRegionsForDurability",
+    )
 
 
 #: the keys above, as ``ServerConfig.client_placement_values`` hands them to the bookie's client
 PLACEMENT_FIELDS = ("ensemble_placement_policy", "min_num_racks_per_write_quorum",
-                    "enforce_min_num_racks_per_write_quorum", "network_topology_script_file_name")
+                    "enforce_min_num_racks_per_write_quorum", "network_topology_script_file_name",
+                    "network_topology_script_number_args", "network_topology_script_timeout_ms",
+                    "repp_dns_resolver_class", "min_num_zones_per_write_quorum",
+                    "desired_num_zones_per_write_quorum", "enforce_strict_zoneaware_placement",
+                    "repp_regions_to_write", "repp_minimum_regions_for_durability",
+                    "repp_enable_durability_enforcement_in_replace")
 
 
 @dataclass(frozen=True)
@@ -383,6 +479,15 @@ class ServerConfig:
     min_num_racks_per_write_quorum: int = _min_num_racks_per_write_quorum()
     enforce_min_num_racks_per_write_quorum: bool = _enforce_min_num_racks_per_write_quorum()
     network_topology_script_file_name: str = _network_topology_script_file_name()
+    network_topology_script_number_args: int = _network_topology_script_number_args()
+    network_topology_script_timeout_ms: int = _network_topology_script_timeout_ms()
+    repp_dns_resolver_class: str = _repp_dns_resolver_class()
+    min_num_zones_per_write_quorum: int = _min_num_zones_per_write_quorum()
+    desired_num_zones_per_write_quorum: int = _desired_num_zones_per_write_quorum()
+    enforce_strict_zoneaware_placement: bool = _enforce_strict_zoneaware_placement()
+    repp_regions_to_write: str = _repp_regions_to_write()
+    repp_minimum_regions_for_durability: int = _repp_minimum_regions_for_durability()
+    repp_enable_durability_enforcement_in_replace: bool = _repp_enable_durability_enforcement_in_replace()
     auto_recovery_daemon_enabled: bool = _opt(
         "autoRecoveryDaemonEnabled", False,
         "run an auditor candidate and a replication worker inside the bookie (else: vellum autorecovery)",
@@ -766,6 +871,15 @@ class ClientConfig:
     min_num_racks_per_write_quorum: int = _min_num_racks_per_write_quorum()
     enforce_min_num_racks_per_write_quorum: bool = _enforce_min_num_racks_per_write_quorum()
     network_topology_script_file_name: str = _network_topology_script_file_name()
+    network_topology_script_number_args: int = _network_topology_script_number_args()
+    network_topology_script_timeout_ms: int = _network_topology_script_timeout_ms()
+    repp_dns_resolver_class: str = _repp_dns_resolver_class()
+    min_num_zones_per_write_quorum: int = _min_num_zones_per_write_quorum()
+    desired_num_zones_per_write_quorum: int = _desired_num_zones_per_write_quorum()
+    enforce_strict_zoneaware_placement: bool = _enforce_strict_zoneaware_placement()
+    repp_regions_to_write: str = _repp_regions_to_write()
+    repp_minimum_regions_for_durability: int = _repp_minimum_regions_for_durability()
+    repp_enable_durability_enforcement_in_replace: bool = _repp_enable_durability_enforcement_in_replace()
     zk_timeout_ms: int = _opt("zkTimeout", 10000, "ZooKeeper session timeout", lo=100)
     # --- TLS to bookies (START_TLS; PEM files). client* keys win over tls* ones, as in BookKeeper ---
     tls_provider_factory_class: str = _opt(

@@ -165,7 +165,26 @@ ACCEPTED: dict[str, str] = {
         "httpServerTrustStorePassword",
     ),
     **_group(
-        "client setting (placement, speculative reads, quarantine, timeouts, connection pool): read by "
+        "region-aware placement: Vellum checks the region durability rule on every write quorum while it "
+        "places, so the final validation BookKeeper runs (ensemble spans reppMinimumRegionsForDurability "
+        "regions) cannot fail; read and ignored",
+        "reppEnableValidation",
+    ),
+    **_group(
+        "placement tuning Vellum's policies do not have (no disk-weighted choice, no preference for the "
+        "client's own node, no fault-domain count on acknowledgements, bookies that leave are dropped at once); "
+        "read and ignored by clients and bookies",
+        "diskWeightBasedPlacementEnabled", "enforceMinNumFaultDomainsForWrite", "ignoreLocalNodeInPlacementPolicy",
+        "networkTopologyStabilizePeriodSeconds",
+    ),
+    **_group(
+        "region-aware placement feature flags: Vellum has no feature provider (durability follows "
+        "reppRegionsToWrite / reppMinimumRegionsForDurability, every region may receive bookies)",
+        "reppDisableDurabilityFeatureName", "reppDisableDurabilityEnforcementFeature",
+        "reppDisallowBookiePlacementInRegionFeatureName",
+    ),
+    **_group(
+        "client setting (speculative reads, quarantine, timeouts, connection pool): read by "
         "clients; in a bookie's file it is ignored",
         "addEntryQuorumTimeoutSec", "batchReadEnabled", "bookieAddressResolverEnabled",
         "bookieConnectionErrorQuarantineEnabled", "bookieErrorThresholdPerInterval",
@@ -174,16 +193,15 @@ ACCEPTED: dict[str, str] = {
         "clientReceiveBufferSize",
         "clientRole", "clientSendBufferSize", "clientSockKeepalive", "clientTcpNoDelay",
         "clientTcpUserTimeoutMillis", "clientWriteBufferHighWaterMark", "clientWriteBufferLowWaterMark",
-        "delayEnsembleChange", "desiredNumZonesPerWriteQuorum", "disableEnsembleChangeFeatureName",
-        "diskWeightBasedPlacementEnabled", "enableBookieAddressTracking", "enableBookieFailureTracking",
-        "enableDigestTypeAutodetection", "enableParallelRecoveryRead", "enforceMinNumFaultDomainsForWrite",
-        "enforceStrictZoneawarePlacement", "firstSpeculativeReadLACTimeout", "firstSpeculativeReadTimeout",
+        "delayEnsembleChange", "disableEnsembleChangeFeatureName",
+        "enableBookieAddressTracking", "enableBookieFailureTracking",
+        "enableDigestTypeAutodetection", "enableParallelRecoveryRead",
+        "firstSpeculativeReadLACTimeout", "firstSpeculativeReadTimeout",
         "getBookieInfoIntervalSeconds", "getBookieInfoRetryIntervalSeconds", "getBookieInfoTimeoutSecs",
-        "ignoreLocalNodeInPlacementPolicy", "maxSpeculativeReadLACTimeout", "maxSpeculativeReadTimeout",
-        "minNumZonesPerWriteQuorum", "networkTopologyScriptNumberArgs", "networkTopologyStabilizePeriodSeconds",
+        "maxSpeculativeReadLACTimeout", "maxSpeculativeReadTimeout",
         "numChannelsPerBookie", "opportunisticStriping", "passwd", "pcbcTimeoutTimerNumTicks",
         "pcbcTimeoutTimerTickDurationMs", "readReorderThresholdPendingRequests", "readTimeout",
-        "recoveryBatchReadEnabled", "reorderReadSequenceEnabled", "reppDnsResolverClass",
+        "recoveryBatchReadEnabled", "reorderReadSequenceEnabled",
         "stickyReadSEnabled", "tcpKeepCnt", "tcpKeepIdle", "tcpKeepIntvl", "throttle",
         "timeoutMonitorIntervalSec", "timeoutTaskIntervalMillis", "timeoutTimerNumTicks",
         "timeoutTimerTickDurationMs", "useV2WireProtocol",

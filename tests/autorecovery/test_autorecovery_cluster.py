@@ -10,6 +10,8 @@
    acknowledged entry reads back.
 3. A replica corrupted on a bookie that stays up is found by the replicas check
    (auditorReplicasCheckInterval) and replaced; every replica then verifies.
+4. The bookies' workers pick replacements with the placement policy of their file: rack-aware
+   (write quorums stay on two racks) and zone-aware (E=6 WQ=3 on three zones stay on three).
 """
 
 from __future__ import annotations
@@ -24,15 +26,18 @@ from typing import Any
 
 from click.testing import CliRunner
 
+from vellum.autorecovery.auditor import Auditor
 from vellum.autorecovery.fragments import bookies_of, fragments
+from vellum.autorecovery.settings import AutoRecoverySettings
 from vellum.cli.main import cli
 from vellum.client.bookkeeper import BookKeeper
 from vellum.client.named import NamedLedgers, OpenMode
-from vellum.config import ClientConfig
+from vellum.config import ClientConfig, build_config
 from vellum.format.entry import DigestManager, DigestType
 from vellum.ids import BookieId
 from vellum.meta import open_metadata_store
 from vellum.meta.model import LedgerMetadata
+from vellum.standalone import format_if_needed
 from vellum.testing.local_cluster import LocalCluster
 
 BASE = {"autoRecoveryDaemonEnabled": "true", "rereplicationEntryBatchSize": "50",
@@ -275,12 +280,15 @@ def test_the_workers_in_the_bookies_pick_replacements_with_the_placement_policy_
     bookies' own workers pick: a write quorum spread over two racks stays spread after healing."""
     racks = tmp_path / "racks.txt"
     conf = {**BASE, "lostBookieRecoveryDelay": "0", "ensemblePlacementPolicy": "rackaware",
-            "enforceMinNumRacksPerWriteQuorum": "true", "networkTopologyScriptFileName": str(racks)}
+            "enforceMinNumRacksPerWriteQuorum": "true"}
     cluster = LocalCluster(tmp_path / "c", bookies=4, bookie_conf=conf)
     rack_of = {b: "/a" if i < 2 else "/b" for i, b in enumerate(cluster.bookie_ids)}
+    # every bookie is on 127.0.0.1 here, so the racks come from the stored mapping (by bookie id),
+    # not from a topology script (by host)
     racks.write_text("".join(f"{b} {r}\n" for b, r in rack_of.items()))
-    client = ClientConfig(ensemble_placement_policy="rackaware", enforce_min_num_racks_per_write_quorum=True,
-                          network_topology_script_file_name=str(racks))
+    format_if_needed(cluster.metadata_uri)
+    _shell("racks", "--uri", cluster.metadata_uri, "--file", str(racks))
+    client = ClientConfig(ensemble_placement_policy="rackaware", enforce_min_num_racks_per_write_quorum=True)
     victim_index = 2
     victim = cluster.bookie_ids[victim_index]
 
@@ -304,3 +312,72 @@ def test_the_workers_in_the_bookies_pick_replacements_with_the_placement_policy_
         for lid, md in _metadata(cluster.metadata_uri, ids).items():
             assert {rack_of[str(b)] for b in md.ensembles[0]} == {"/a", "/b"}, (lid, md.ensembles)
         asyncio.run(_check_replicas(cluster.metadata_uri, ids, {lid: 4 for lid in ids}))
+
+
+def test_zoneaware_ledgers_keep_three_zones_in_every_write_quorum_after_autorecovery(tmp_path: Path) -> None:
+    """Nine bookies in three zones (the mapping `vellum shell racks` stores, read by the bookies'
+    AutoRecovery and by the client), ensemblePlacementPolicy=zoneaware with BookKeeper's class name
+    and strict placement: ledgers E=6 WQ=3 have one bookie per zone in every write quorum; a bookie
+    is lost and the bookies' workers replace it, after which every write quorum still spans three
+    zones (only a bookie of the lost one's zone keeps that; two of the three candidates are not)."""
+    policy = "org.apache.bookkeeper.client.ZoneawareEnsemblePlacementPolicy"
+    conf = {**BASE, "lostBookieRecoveryDelay": "0", "ensemblePlacementPolicy": policy,
+            "minNumZonesPerWriteQuorum": "2", "desiredNumZonesPerWriteQuorum": "3",
+            "enforceStrictZoneawarePlacement": "true"}
+    cluster = LocalCluster(tmp_path / "c", bookies=9, bookie_conf=conf)
+    zone_of = {b: f"/zone{i % 3}" for i, b in enumerate(cluster.bookie_ids)}
+    format_if_needed(cluster.metadata_uri)
+    _shell("racks", "--uri", cluster.metadata_uri,
+           *(arg for i, b in enumerate(cluster.bookie_ids) for arg in ("--set", f"{b}={zone_of[b]}/ud{i // 3}")))
+    client = build_config(ClientConfig, {"ensemblePlacementPolicy": policy})
+    victim_index = 0
+    victim = cluster.bookie_ids[victim_index]
+
+    def zones_per_write_quorum(ensemble: Any) -> set[int]:
+        zones = [zone_of[str(b)] for b in ensemble]
+        return {len({zones[(s + j) % 6] for j in range(3)}) for s in range(6)}
+
+    async def write() -> list[int]:
+        ids: list[int] = []
+        async with BookKeeper(cluster.metadata_uri, config=client) as bk:
+            for _ in range(40):
+                if len(ids) >= 6:
+                    break
+                lh = await bk.create_ledger(ensemble_size=6, write_quorum_size=3, ack_quorum_size=2)
+                await asyncio.gather(*(lh.append_async(_payload(lh.ledger_id, e)) for e in range(12)))
+                await lh.close()
+                assert zones_per_write_quorum(lh.metadata.ensembles[0]) == {3}, lh.metadata.ensembles
+                if victim in map(str, lh.metadata.ensembles[0]):
+                    ids.append(lh.ledger_id)
+        return ids
+
+    async def badly_placed() -> int:
+        """A ledger the default (random) policy put with one write quorum in a single zone."""
+        async with BookKeeper(cluster.metadata_uri, config=ClientConfig()) as bk:
+            for _ in range(100):
+                lh = await bk.create_ledger(ensemble_size=6, write_quorum_size=3, ack_quorum_size=2)
+                await lh.close()
+                if 1 in zones_per_write_quorum(lh.metadata.ensembles[0]):
+                    return lh.ledger_id
+                await bk.delete_ledger(lh.ledger_id)
+        raise AssertionError("no single-zone write quorum in 100 random ensembles")
+
+    async def placement_check() -> int:
+        """The auditor's placement check, with the zone-aware policy the bookies use."""
+        async with BookKeeper(cluster.metadata_uri, config=client) as bk:
+            return await Auditor(bk, AutoRecoverySettings()).placement_check()
+
+    with cluster:
+        ids = asyncio.run(write())
+        assert len(ids) >= 6
+        asyncio.run(badly_placed())
+        assert asyncio.run(placement_check()) == 1
+        cluster.kill(victim_index)
+        shutil.rmtree(cluster.ledger_dir(victim_index))
+        shutil.rmtree(cluster.journal_dir(victim_index))
+        _wait(lambda: not _on(cluster.metadata_uri, ids, victim), 180, "every ledger healed", cluster)
+        for lid, md in _metadata(cluster.metadata_uri, ids).items():
+            assert list(md.ensembles) == [0], (lid, md.ensembles)
+            assert zones_per_write_quorum(md.ensembles[0]) == {3}, (lid, md.ensembles)
+        assert asyncio.run(placement_check()) == 1  # the replacements adhere, the random ledger still not
+        asyncio.run(_check_replicas(cluster.metadata_uri, ids, {lid: 11 for lid in ids}))

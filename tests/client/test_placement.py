@@ -9,6 +9,7 @@ exists (or an error when enforced).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 from collections import Counter
@@ -212,17 +213,25 @@ def test_rack_mapping_file_and_config(tmp_path: Path) -> None:
         load_rack_mapping(path)
 
     assert isinstance(placement_policy_for(ClientConfig()), DefaultPlacementPolicy)
-    path.write_text("10.0.0.1:3181 /r1\n")
+    # networkTopologyScriptFileName is a script, run as BookKeeper runs it (tests/client/test_topology.py)
+    script = tmp_path / "topology.sh"
+    script.write_text("#!/bin/sh\nfor h in \"$@\"; do echo /r1; done\n")
+    script.chmod(0o755)
     config = ClientConfig(
         ensemble_placement_policy="rackaware",
-        network_topology_script_file_name=str(path),
+        network_topology_script_file_name=str(script),
         enforce_min_num_racks_per_write_quorum=True,
     )
     rackaware = placement_policy_for(config)
     assert isinstance(rackaware, RackawarePlacementPolicy)
     assert rackaware.rack("10.0.0.1:3181") == "/r1"
-    from_store = placement_policy_for(config, rack_mapping={"x:1": "/z"})
+    no_script = ClientConfig(ensemble_placement_policy="rackaware")
+    from_store = placement_policy_for(no_script, rack_mapping={"x:1": "/z"})
     assert isinstance(from_store, RackawarePlacementPolicy) and from_store.rack("x:1") == "/z"
+    # a mapping file given as the script (what Vellum used to read) is refused with what to do
+    with pytest.raises(ConfigError, match=r"networkTopologyScriptFileName=.*racks.txt: the topology script failed "
+                                          r"its check run .*Permission denied.* one network location per argument"):
+        placement_policy_for(dataclasses.replace(config, network_topology_script_file_name=str(path)))
 
 
 def test_rack_mapping_from_the_metadata_store(tmp_path: Path) -> None:

@@ -206,7 +206,8 @@ class _OnlyThisBookie(PlacementPolicy):
         return [self._bookie]
 
     def replace_bookie(self, ensemble: Sequence[str], index: int, write_quorum: int, *, writable: Collection[str],
-                       read_only: Collection[str], exclude: Collection[str] = ()) -> str:
+                       read_only: Collection[str], exclude: Collection[str] = (),
+                       ack_quorum: int | None = None) -> str:
         raise NotEnoughBookiesError(f"the sanity check uses bookie {self._bookie} only")
 
 

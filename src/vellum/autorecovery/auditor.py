@@ -219,10 +219,14 @@ class Auditor:
         policy = self._bk.context.placement
         registered = self._registered()
         bad = 0
-        for lid, md in await self._ledgers():
+        ledgers = await self._ledgers()
+        # where the members of every ensemble are (may run the topology script): off the loop
+        await asyncio.to_thread(policy.learn, {str(b) for _lid, md in ledgers for b in bookies_of(md)})
+        for lid, md in ledgers:
             for first, ensemble in md.ensembles.items():
                 members = [str(b) for b in ensemble]
-                if not policy.adheres(members, md.write_quorum_size, bookies=registered | set(members)):
+                if not policy.adheres(members, md.write_quorum_size, bookies=registered | set(members),
+                                      ack_quorum=md.ack_quorum_size):
                     log.warning("auditor placement check: ledger %d segment at %d (%s) does not adhere to the "
                                 "placement policy", lid, first, ", ".join(members))
                     bad += 1

@@ -163,10 +163,13 @@ class ReplicationWorker:
         fresh = next(f for f in fragments(ledger_id, md)
                      if f.first_entry == fragment.first_entry and f.index == fragment.index)
         segment = [str(b) for b in md.ensembles[fragment.first_entry]]
+        # a lost bookie may never have been registered while this client ran: learn where it was
+        # (may run the topology script) off the loop
+        await asyncio.to_thread(ctx.placement.learn, segment)
         target = ctx.placement.replace_bookie(
             segment, fragment.index, md.write_quorum_size,
             writable=ctx.writable_bookies, read_only=ctx.read_only_bookies,
-            exclude=set(segment) | suspects,
+            exclude=set(segment) | suspects, ack_quorum=md.ack_quorum_size,
         )
         entries = len(fresh.entries(md.write_quorum_size))
         log.info("ledger %d: copying fragment [%d..%s] of %s (%d entries) to %s", ledger_id, fresh.first_entry,

@@ -136,13 +136,15 @@ def recover(uri: str, ledger_id: int, password: str, as_json: bool) -> None:
 
 @click.command()
 @_uri_option
-@click.option("--set", "assignments", multiple=True, metavar="BOOKIE=/RACK", help="assign a bookie to a rack")
+@click.option("--set", "assignments", multiple=True, metavar="BOOKIE=/LOCATION",
+              help="put a bookie at a network location: /rack, /zone/upgradedomain or /region/rack")
 @click.option("--file", "mapping_file", type=click.Path(exists=True, dir_okay=False),
               help="replace the whole mapping by a file of 'bookie_id /rack' lines")
 @click.option("--json", "as_json", is_flag=True)
 def racks(uri: str, assignments: tuple[str, ...], mapping_file: str | None, as_json: bool) -> None:
-    """Show or change the bookie -> rack mapping kept in the metadata store (used by clients
-    with ensemblePlacementPolicy=rackaware and no networkTopologyScriptFileName)."""
+    """Show or change the bookie -> network location mapping kept in the metadata store (read by
+    the rack-, zone- and region-aware policies of clients and bookies when no
+    networkTopologyScriptFileName is set; docs/operations.md, "Placement")."""
     from vellum.client.bookkeeper import RACK_MAPPING_KEY
     from vellum.client.placement import load_rack_mapping, parse_rack_mapping
     from vellum.errors import ConfigError, MetadataVersionError

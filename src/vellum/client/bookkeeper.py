@@ -31,7 +31,7 @@ from vellum.client.ledger import READER, WRITER, ClientContext, LedgerHandle
 from vellum.client.metadata_security import open_configured_store
 from vellum.client.placement import PlacementPolicy, parse_rack_mapping, placement_policy_for
 from vellum.client.recovery import recover_ledger
-from vellum.config import DEFAULT_DATA_DIR, ClientConfig
+from vellum.config import DEFAULT_DATA_DIR, ClientConfig, placement_policy_name
 from vellum.errors import (
     ClientClosedError,
     IncorrectParameterError,
@@ -145,11 +145,15 @@ class BookKeeper:
                                         max_adds_in_flight=self._max_adds_in_flight)
         writable, read_only = await asyncio.to_thread(_list_bookies, store)
         ctx.writable_bookies, ctx.read_only_bookies = writable, read_only
+        # network locations (the topology script) are learnt off the loop, here and on each change
+        await asyncio.to_thread(placement.learn, writable | read_only, retry_failed=True)
 
         def on_change(read_only_kind: bool) -> Callable[[frozenset[BookieId]], None]:
             def apply(bookies: frozenset[BookieId]) -> None:
-                # Watch callbacks run on a driver thread: hand the new set to the loop.
+                # Watch callbacks run on a driver thread: learn the locations of the bookies
+                # here (may run the topology script), then hand the new set to the loop.
                 value = frozenset(str(b) for b in bookies)
+                placement.learn(value, retry_failed=True)
 
                 def set_value() -> None:
                     if read_only_kind:
@@ -260,7 +264,9 @@ class BookKeeper:
             ensemble = self._new_ensemble(ctx, e, wq, aq)
         except NotEnoughBookiesError:
             # The watch may lag behind a registration that just happened: look again once.
-            ctx.writable_bookies, ctx.read_only_bookies = await asyncio.to_thread(_list_bookies, ctx.store)
+            writable, read_only = await asyncio.to_thread(_list_bookies, ctx.store)
+            await asyncio.to_thread(ctx.placement.learn, writable | read_only)
+            ctx.writable_bookies, ctx.read_only_bookies = writable, read_only
             ensemble = self._new_ensemble(ctx, e, wq, aq)
         md = LedgerMetadata(
             ensemble_size=e,
@@ -347,9 +353,10 @@ RACK_MAPPING_KEY = "bookies/racks"
 
 
 def _placement_from_config(config: ClientConfig, store: MetadataStore) -> PlacementPolicy:
-    # may read the rack mapping file or the store: runs in a worker thread
+    # may run the topology script or read the store: runs in a worker thread
     mapping = None
-    if config.ensemble_placement_policy == "rackaware" and not config.network_topology_script_file_name:
+    if (placement_policy_name(config.ensemble_placement_policy) != "default"
+            and not config.network_topology_script_file_name):
         record = store.kv.get(RACK_MAPPING_KEY)
         if record is not None:
             mapping = parse_rack_mapping(record.value.decode("utf-8"), source=f"metadata {RACK_MAPPING_KEY}")

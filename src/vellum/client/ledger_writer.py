@@ -463,7 +463,7 @@ class LedgerWriter:
                     replacement = ctx.placement.replace_bookie(
                         new_ensemble, idx, self._WQ,
                         writable=ctx.writable_bookies, read_only=ctx.read_only_bookies,
-                        exclude=frozenset(exclude),
+                        exclude=frozenset(exclude), ack_quorum=self._AQ,
                     )
                     new_ensemble[idx] = replacement
                     exclude.add(replacement)
