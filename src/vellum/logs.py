@@ -201,6 +201,9 @@ def configure(
         h.close()
     if config_file:
         data = load_config_file(config_file)
+        # dictConfig's own default would silence every logger imported before it (all of
+        # Vellum's): keep them unless the file says otherwise.
+        data.setdefault("disable_existing_loggers", False)
         try:
             logging.config.dictConfig(data)
         except (ValueError, TypeError, AttributeError, ImportError) as e:

@@ -334,6 +334,10 @@ class Bookie:
             raise
         if state.fenced and not recovery:
             self.adds_rejected["fenced"] += 1
+            # A writer that lost its ledger to a recovery: a few lines per such writer at most
+            # (its handle fails at the first refusal), and the operator wants to see which.
+            log.info("refused entry %d:%d: the ledger is fenced", ledger_id, entry_id,
+                     extra={"ledger_id": ledger_id, "entry_id": entry_id})
             raise LedgerFencedError(f"ledger {ledger_id} is fenced; refused entry {entry_id}")
         return ledger_id, entry_id, lac
 
