@@ -118,7 +118,7 @@ def test_config_checks_of_the_log_and_metrics_keys(tmp_path: Path) -> None:
         build_config(ServerConfig, {"logConfigFile": str(bad)})
     good = tmp_path / "good.json"
     good.write_text('{"version": 1}')
-    with pytest.raises(ConfigError, match="logConfigFile=.* logFile=.*remove"):
+    with pytest.raises(ConfigError, match=r"logConfigFile=.* logFile=.*remove"):
         build_config(ServerConfig, {"logConfigFile": str(good), "logFile": str(tmp_path / "x.log")})
     with pytest.raises(ConfigError, match="logFormat='xml' is not one of logfmt, json, text"):
         build_config(ServerConfig, {"logFormat": "xml"})
