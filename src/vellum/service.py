@@ -7,7 +7,8 @@ Start order: metadata store (the cluster must be formatted) -> listen addresses 
 (``server/listen.py``: an unreachable combination stops here) -> local storage (locks, cookies
 checked against the store's copy, journal replay) -> limbo marking if the bookie may have lost
 data (``dataIntegrityChecking``: every ledger of this bookie in the store, before anything is
-served; ``admin/integrity_check.py``) -> network server -> admin HTTP -> registration (writable
+served; ``admin/integrity_check.py``) -> network server -> admin HTTP -> metrics port
+(``prometheusStatsHttpPort``, metrics only) -> registration (writable
 or read-only as the bookie is, following every later change: ``bookie/registration.py``) -> the
 background integrity check while any ledger is limbo (its own client, on this loop).
 Stop order is the reverse: deregister first so clients stop choosing this bookie, then close
