@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -143,3 +144,15 @@ def test_the_prometheus_keys_are_honoured_not_accepted(tmp_path: Path) -> None:
                        accepted=accepted)
     assert (cfg.prometheus_stats_http_port, cfg.prometheus_stats_http_address) == (9100, "127.0.0.1")
     assert list(accepted) == ["prometheusStatsLatencyRolloverSeconds"]
+
+
+def test_text_keeps_the_earlier_format_and_a_traceback_stays_on_one_logfmt_line() -> None:
+    line = logs.TextFormatter().format(_record("plain", ledger_id=7))
+    assert line.endswith(" WARNING vellum.test: plain [ledger=7]"), line
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        record = logging.LogRecord("vellum.test", logging.ERROR, __file__, 1, "failed", (), sys.exc_info())
+    out = logs.LogfmtFormatter().format(record)
+    assert "\n" not in out and ' exc="Traceback' in out and "ValueError: boom" in out
+    assert json.loads(logs.JsonFormatter().format(record))["exc"].endswith("ValueError: boom")
