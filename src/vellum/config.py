@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar, get_type_hints
 
-from vellum import config_keys
+from vellum import config_keys, logs
 from vellum.errors import ConfigError
 
 _T = TypeVar("_T")
@@ -554,6 +554,55 @@ class ServerConfig:
         "admin HTTP bind address; empty = the bookie port's bind address (loopback unless the bookie "
         "advertises or binds another; BookKeeper: 0.0.0.0)",
     )
+    # --- metrics port (BookKeeper's PrometheusMetricsProvider keys; docs/operations.md, Metrics) ---
+    enable_statistics: bool = _opt(
+        "enableStatistics", True,
+        "export metrics on prometheusStatsHttpPort; false = no metrics port (the admin HTTP /metrics still "
+        "answers: Vellum's counters cost nothing to keep)",
+    )
+    prometheus_stats_http_enable: bool = _opt(
+        "prometheusStatsHttpEnable", True,
+        "serve GET /metrics on prometheusStatsHttpPort (BookKeeper's provider key). Unlike BookKeeper, Vellum "
+        "serves it also when httpServerEnabled=true, so both scrape configurations work",
+    )
+    prometheus_stats_http_port: int = _opt(
+        "prometheusStatsHttpPort", 8000,
+        "port of the metrics-only HTTP listener (GET /metrics, the same metrics as the admin HTTP /metrics); "
+        "0 = any free port (in the READY line and the start log)",
+        lo=0, hi=65535,
+    )
+    prometheus_stats_http_address: str = _opt(
+        "prometheusStatsHttpAddress", "0.0.0.0",
+        "bind address of the metrics port (BookKeeper's default 0.0.0.0: every interface, so that Prometheus "
+        "on another host can scrape it; it serves metrics only, never the admin API)",
+    )
+    # --- logs (Vellum's keys: BookKeeper configures log4j2 in its own file; docs/operations.md, Logs) ---
+    log_format: str = _opt(
+        "logFormat", "logfmt",
+        "log line format: logfmt (ts=... level=... logger=... msg=\"...\" bookie=... ledger=... entry=...), "
+        "json (one object per line, same keys), text (the plain format of earlier releases)",
+        choices=("logfmt", "json", "text"),
+    )
+    log_levels: str = _opt(
+        "logLevels", "",
+        "levels per module, comma list of module=LEVEL (a bare LEVEL is every module's), e.g. "
+        "INFO,vellum.storage=DEBUG,vellum.client=WARNING; empty = INFO (DEBUG with -v)",
+    )
+    log_file: str = _opt(
+        "logFile", "", "write the log to this file, rotated by size, instead of stderr; empty = stderr"
+    )
+    log_file_max_size_mb: int = _opt(
+        "logFileMaxSizeMb", 100, "logFile is rotated when it would grow past this size", lo=1
+    )
+    log_file_backups: int = _opt(
+        "logFileBackups", 10, "rotated logFile copies kept (logFile.1 ... logFile.N, oldest dropped)", lo=0
+    )
+    log_config_file: str = _opt(
+        "logConfigFile", "",
+        "a logging.config.dictConfig dictionary in a .json file, used instead of logFormat and logFile "
+        "(logLevels still applies over it); Vellum's formatters and bookie filter are vellum.logs."
+        "LogfmtFormatter, JsonFormatter and BookieIdFilter",
+    )
     # --- TLS on the bookie port (START_TLS; PEM files) ---
     tls_provider_factory_class: str = _opt(
         "tlsProviderFactoryClass", "",
@@ -716,6 +765,7 @@ class ServerConfig:
         _validate_ranges(self)
         _validate_tls(self)
         _validate_server_auth(self)
+        _validate_logs_and_metrics(self)
         _validate_zk_security(self)
         if self.tls_enabled and not (self.tls_key_store and self.tls_certificate_path):
             raise ConfigError("tlsProviderFactoryClass turns TLS on: set tlsCertificatePath and tlsKeyStore too "
@@ -763,6 +813,11 @@ class ServerConfig:
         if self.db_storage_write_cache_max_size_mb > 0:
             return self.db_storage_write_cache_max_size_mb * 1024 * 1024
         return max(16 * 1024 * 1024, memory_bytes // 4)
+
+    @property
+    def metrics_port_enabled(self) -> bool:
+        """Does the bookie open its metrics port (``enableStatistics`` and ``prometheusStatsHttpEnable``)?"""
+        return self.enable_statistics and self.prometheus_stats_http_enable
 
     @property
     def effective_index_directories(self) -> tuple[str, ...]:
@@ -1068,6 +1123,25 @@ def _validate_server_auth(cfg: ServerConfig) -> None:
             "or httpServerTlsEnable=true with httpServerTrustStorePath (client certificates with the admin role), "
             "or httpServerEnabled=false; to run it open on purpose, set httpServerAdminInsecure=true"
         )
+
+
+def _validate_logs_and_metrics(cfg: ServerConfig) -> None:
+    logs.parse_levels(cfg.log_levels)
+    if cfg.log_config_file and cfg.log_file:
+        raise ConfigError(f"logConfigFile={cfg.log_config_file} configures the handlers itself, logFile={cfg.log_file} "
+                          "too: name the file in the dictConfig (a logging.handlers.RotatingFileHandler) and remove "
+                          "logFile, or remove logConfigFile")
+    if cfg.log_config_file:
+        logs.load_config_file(cfg.log_config_file)
+    port = cfg.prometheus_stats_http_port
+    if not cfg.metrics_port_enabled or port == 0:
+        return
+    if port == cfg.bookie_port:
+        raise ConfigError(f"prometheusStatsHttpPort and bookiePort are both {port}: give the metrics port another "
+                          "port, or prometheusStatsHttpEnable=false")
+    if cfg.http_server_enabled and port == cfg.http_server_port:
+        raise ConfigError(f"prometheusStatsHttpPort and httpServerPort are both {port}: the admin HTTP server "
+                          "already serves /metrics there; set prometheusStatsHttpEnable=false, or another port")
 
 
 def _validate_zk_security(obj: Any) -> None:

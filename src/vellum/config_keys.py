@@ -59,11 +59,12 @@ ACCEPTED: dict[str, str] = {
         "waitTimeoutOnResponseBackpressureMs",
     ),
     **_group(
-        "stats provider setting: Vellum exports Prometheus metrics on the admin HTTP port (/metrics)",
-        "statsProviderClass", "enableStatistics", "codahaleStatsCSVEndpoint",
+        "stats provider setting: Vellum exports Prometheus metrics (prometheusStatsHttpPort and the admin "
+        "HTTP /metrics), counts without latency summaries, and has no JVM",
+        "statsProviderClass", "codahaleStatsCSVEndpoint",
         "codahaleStatsGraphiteEndpoint", "codahaleStatsJmxEndpoint", "codahaleStatsOutputFrequencySeconds",
-        "codahaleStatsPrefix", "codahaleStatsSlf4jEndpoint", "prometheusStatsHttpAddress",
-        "prometheusStatsHttpPort", "prometheusStatsLatencyRolloverSeconds", "exposeDefaultJVMMetrics",
+        "codahaleStatsPrefix", "codahaleStatsSlf4jEndpoint",
+        "prometheusStatsLatencyRolloverSeconds", "exposeDefaultJVMMetrics",
         "limitStatsLogging", "sanityCheckMetricsEnabled",
     ),
     **_group(

@@ -7,7 +7,8 @@ Start order: metadata store (the cluster must be formatted) -> listen addresses 
 (``server/listen.py``: an unreachable combination stops here) -> local storage (locks, cookies
 checked against the store's copy, journal replay) -> limbo marking if the bookie may have lost
 data (``dataIntegrityChecking``: every ledger of this bookie in the store, before anything is
-served; ``admin/integrity_check.py``) -> network server -> admin HTTP -> registration (writable
+served; ``admin/integrity_check.py``) -> network server -> admin HTTP -> metrics port
+(``prometheusStatsHttpPort``, metrics only) -> registration (writable
 or read-only as the bookie is, following every later change: ``bookie/registration.py``) -> the
 background integrity check while any ledger is limbo (its own client, on this loop).
 Stop order is the reverse: deregister first so clients stop choosing this bookie, then close
@@ -52,6 +53,7 @@ from vellum.server.bookie_server import BookieServer, ServerLimits
 from vellum.server.guard import PeerLimits
 from vellum.server.listen import ListenAddresses, advertised_host, resolve_listen_addresses
 from vellum.server.metrics import process_server_metrics
+from vellum.server.metrics_http import MetricsHttpServer
 
 log = logging.getLogger(__name__)
 
@@ -175,6 +177,7 @@ class BookieService:
         self.opened: OpenedBookie | None = None
         self.server: BookieServer | None = None
         self.http: AdminHttpServer | None = None
+        self.metrics_http: MetricsHttpServer | None = None
         self.bookie_id: BookieId | None = None
         self.addresses: ListenAddresses | None = None
         self._async_bookie: AsyncBookie | None = None
@@ -264,6 +267,11 @@ class BookieService:
                 header_read_timeout_s=cfg.http_server_header_read_timeout_ms / 1000.0,
             )
             await self.http.start()
+        if cfg.metrics_port_enabled:
+            # BookKeeper's Prometheus port: metrics only, so it may listen wider than the admin API.
+            self.metrics_http = MetricsHttpServer(cfg.prometheus_stats_http_address, cfg.prometheus_stats_http_port,
+                                                  header_read_timeout_s=cfg.http_server_header_read_timeout_ms / 1000)
+            await self.metrics_http.start()
         # The listener is attached before the first registration: that one may wait for a
         # crashed predecessor's registration to lapse, and a state change meanwhile must count.
         self.registration = BookieRegistration(store.registration, self.bookie_id,
@@ -278,7 +286,7 @@ class BookieService:
                 client_config=bookie_client_config(cfg, "the bookie's AutoRecovery client")))
             await asyncio.to_thread(self.autorecovery.start)
         log.info(
-            "bookie %s serving on %s:%d%s (http %s), metadata %s",
+            "bookie %s serving on %s:%d%s (http %s, metrics %s), metadata %s",
             self.bookie_id,
             addresses.bind_host,
             self.server.port,
@@ -286,6 +294,7 @@ class BookieService:
             + (f", authentication {'+'.join(cfg.auth_providers)}, authorized roles "
                f"{list(cfg.authorized_roles) or 'any'}" if auth else ""),
             self.http.port if self.http else "off",
+            f"{cfg.prometheus_stats_http_address}:{self.metrics_http.port}" if self.metrics_http else "off",
             self.metadata_uri,
         )
 
@@ -361,6 +370,8 @@ class BookieService:
             await self.server.stop()
         if self.http is not None:
             await self.http.stop()
+        if self.metrics_http is not None:
+            await self.metrics_http.stop()
         if self._async_bookie is not None:
             self._async_bookie.close()
         if self.opened is not None:
@@ -447,7 +458,8 @@ def run_bookie(config: ServerConfig, *, metadata_uri: str | None = None) -> int:
             await service.stop()
             raise
         print(f"READY {service.bookie_id} port={service.server.port if service.server else 0} "
-              f"http={service.http.port if service.http else 0}", flush=True)
+              f"http={service.http.port if service.http else 0} "
+              f"metrics={service.metrics_http.port if service.metrics_http else 0}", flush=True)
         await stop.wait()
         log.info("shutting down bookie %s", service.bookie_id)
         await service.stop()

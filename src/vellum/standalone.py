@@ -15,6 +15,10 @@ a client configuration file and an admin token (renewed at each start) are writt
 the same token as a curl header file (``admin.header``, for ``curl -H @file``: a token on a
 command line is visible to every local user in ``ps``).
 
+Each bookie's metrics port (``prometheusStatsHttpPort``) listens on loopback at
+``metrics_port_base + i`` (``vellum standalone``: 8000 + i), or on any free port when the base
+is 0 (the default of this class: several clusters on one machine never collide).
+
 Invariants: bookie ``i`` listens on ``port_base + i`` (its id is ``127.0.0.1:<port>``, tied to
 its disks by the cookie), so a restart with the same data dir is the same bookie; a bookie
 that exits during start fails ``start()`` with the tail of its log.
@@ -39,7 +43,9 @@ from vellum.security import pki, tokens
 @dataclass
 class BookieProcessSpec:
     """Where bookie process ``index`` listens and keeps its data; ``extra`` are more
-    ``bk_server.conf`` keys (over the ones derived from the spec)."""
+    ``bk_server.conf`` keys (over the ones derived from the spec). ``metrics_port`` is its
+    ``prometheusStatsHttpPort`` on loopback; 0 (the default) = any free port, so that bookies on
+    one machine never collide on BookKeeper's 8000."""
 
     index: int
     port: int
@@ -47,18 +53,22 @@ class BookieProcessSpec:
     base: Path
     conf_file: Path
     extra: dict[str, str] = field(default_factory=dict)
+    metrics_port: int = 0
 
     @property
     def bookie_id(self) -> str:
         return f"127.0.0.1:{self.port}"
 
 
-def process_specs(data_dir: Path, *, bookies: int, port_base: int, http_port_base: int) -> list[BookieProcessSpec]:
-    """Bookie ``i`` on ``port_base + i`` (admin HTTP on ``http_port_base + i``), its data and
+def process_specs(data_dir: Path, *, bookies: int, port_base: int, http_port_base: int,
+                  metrics_port_base: int = 0) -> list[BookieProcessSpec]:
+    """Bookie ``i`` on ``port_base + i`` (admin HTTP on ``http_port_base + i``, metrics port on
+    ``metrics_port_base + i``, or any free port when that base is 0), its data and
     ``bk_server.conf`` under ``data_dir/bookie-<i>``."""
     return [
         BookieProcessSpec(i, port_base + i, http_port_base + i, data_dir / f"bookie-{i}",
-                          data_dir / f"bookie-{i}" / "bk_server.conf")
+                          data_dir / f"bookie-{i}" / "bk_server.conf",
+                          metrics_port=metrics_port_base + i if metrics_port_base else 0)
         for i in range(bookies)
     ]
 
@@ -69,6 +79,8 @@ def bookie_conf_text(spec: BookieProcessSpec, metadata_uri: str) -> str:
     values = {
         "bookiePort": str(spec.port),
         "httpServerPort": str(spec.http_port),
+        "prometheusStatsHttpAddress": "127.0.0.1",
+        "prometheusStatsHttpPort": str(spec.metrics_port),
         "journalDirectories": str(spec.base / "journal"),
         "ledgerDirectories": str(spec.base / "ledgers"),
         "metadataServiceUri": metadata_uri,
@@ -176,11 +188,11 @@ class Standalone:
     """Supervises N bookie processes sharing one embedded metadata store."""
 
     def __init__(self, data_dir: Path, *, bookies: int, port_base: int, http_port_base: int,
-                 metadata_uri: str | None = None, tls: bool = False) -> None:
+                 metrics_port_base: int = 0, metadata_uri: str | None = None, tls: bool = False) -> None:
         self.data_dir = data_dir.resolve()
         self.metadata_uri = metadata_uri or f"sqlite:///{self.data_dir / 'metadata.db'}"
         self.specs = process_specs(self.data_dir, bookies=bookies, port_base=port_base,
-                                   http_port_base=http_port_base)
+                                   http_port_base=http_port_base, metrics_port_base=metrics_port_base)
         self.tls = tls
         self.security: StandaloneSecurity | None = None
         self.procs: dict[int, subprocess.Popen[bytes]] = {}

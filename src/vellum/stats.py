@@ -58,6 +58,14 @@ def histogram(name: str, doc: str, labels: tuple[str, ...] = ()) -> Histogram:
     return metric
 
 
+#: How a metric is exported: ``counter`` and ``gauge`` as prometheus_client spells them (a
+#: counter's sample is ``<name>_total``); the two spellings of BookKeeper's Prometheus provider,
+#: for the names its dashboards query: ``bk_counter``, a counter whose sample is ``<name>``
+#: itself (typed untyped, since the text format would otherwise want ``_total``), and ``bk_count``,
+#: the ``<name>_count`` sample of an operation summary (``success`` label; no quantiles nor
+#: ``_sum``: Vellum counts these operations without timing them).
+Kind: TypeAlias = Literal["counter", "gauge", "bk_counter", "bk_count"]
+
 #: One source's values of one metric: {label values: value}.
 Samples: TypeAlias = Mapping[tuple[str, ...], float]
 S = TypeVar("S")
@@ -72,7 +80,7 @@ class SourceMetric(Generic[S]):
     name: str
     doc: str
     read: Callable[[S], Samples]
-    kind: Literal["counter", "gauge"] = "counter"
+    kind: Kind = "counter"
     labels: tuple[str, ...] = ()
     combine: Literal["sum", "min"] = "sum"
 
@@ -144,10 +152,24 @@ def combine_samples(per_source: Sequence[Samples], how: Literal["sum", "min"]) -
     return merged
 
 
-def _family(metric: SourceMetric[S]) -> CounterMetricFamily | GaugeMetricFamily:
+def _family(metric: SourceMetric[S]) -> CounterMetricFamily | GaugeMetricFamily | _BookKeeperFamily:
     if metric.kind == "counter":
         return CounterMetricFamily(metric.name, metric.doc, labels=metric.labels)
-    return GaugeMetricFamily(metric.name, metric.doc, labels=metric.labels)
+    if metric.kind == "gauge":
+        return GaugeMetricFamily(metric.name, metric.doc, labels=metric.labels)
+    return _BookKeeperFamily(metric.name, metric.doc, metric.kind, metric.labels)
+
+
+class _BookKeeperFamily(Metric):
+    """A family spelled as BookKeeper's Prometheus provider spells it (``Kind``)."""
+
+    def __init__(self, name: str, doc: str, kind: Kind, labels: tuple[str, ...]) -> None:
+        super().__init__(name, doc, "summary" if kind == "bk_count" else "unknown")
+        self._sample_name = f"{name}_count" if kind == "bk_count" else name
+        self._labels = labels
+
+    def add_metric(self, label_values: Sequence[str], value: float) -> None:
+        self.add_sample(self._sample_name, dict(zip(self._labels, label_values, strict=True)), value)
 
 
 def once_per_process(make: Callable[[], T]) -> Callable[[], T]:

@@ -67,11 +67,11 @@ def test_two_bookies_in_one_process_keep_separate_counts(tmp_path: Path) -> None
 
         # The process exports their sum, with a single bookie's names and labels.
         text = _text(registry)
-        assert "bookie_BOOKIE_ADD_ENTRY_total 5.0" in text
-        assert "bookie_BOOKIE_READ_ENTRY_total 1.0" in text
+        assert 'bookie_BOOKIE_ADD_ENTRY_count{success="true"} 5.0' in text
+        assert 'bookie_BOOKIE_READ_ENTRY_count{success="true"} 1.0' in text
         assert 'bookie_BOOKIE_ADD_ENTRY_REJECTED_total{reason="readonly"} 1.0' in text
         assert 'bookie_BOOKIE_ADD_ENTRY_REJECTED_total{reason="deleted"} 0.0' in text
-        assert 'bookie_journal_JOURNAL_SYNC_total{journal="0"}' in text
+        assert 'bookie_journal_JOURNAL_SYNC_count{journal="0",success="true"}' in text
         assert metrics.samples("bookie_journal_JOURNAL_SYNCED_RECORDS")[("0",)] >= 5
         # One read-only bookie: the process is not writable.
         assert "bookie_SERVER_STATUS 0.0" in text
@@ -80,7 +80,7 @@ def test_two_bookies_in_one_process_keep_separate_counts(tmp_path: Path) -> None
         # A closed bookie no longer counts; the other's counts are untouched.
         assert metrics.sources == (a.bookie,)
         text = _text(registry)
-        assert "bookie_BOOKIE_ADD_ENTRY_total 3.0" in text
+        assert 'bookie_BOOKIE_ADD_ENTRY_count{success="true"} 3.0' in text
         assert "bookie_SERVER_STATUS 1.0" in text
     finally:
         a.close()

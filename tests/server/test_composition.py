@@ -62,3 +62,15 @@ def test_bookie_conf_is_a_loadable_bk_server_conf(tmp_path: Path) -> None:
 
 def test_bookie_command_runs_this_interpreter() -> None:
     assert bookie_command(Path("/c.conf")) == [sys.executable, "-m", "vellum.cli.main", "bookie", "--conf", "/c.conf"]
+
+
+def test_bookies_on_one_machine_get_their_own_metrics_ports(tmp_path: Path) -> None:
+    """``vellum standalone`` gives bookie i the metrics port base + i on loopback; without a base
+    (tests, embedders) each bookie takes any free port, never BookKeeper's 8000 for all."""
+    specs = process_specs(tmp_path, bookies=3, port_base=4000, http_port_base=9000, metrics_port_base=8000)
+    assert [s.metrics_port for s in specs] == [8000, 8001, 8002]
+    assert [s.metrics_port for s in process_specs(tmp_path, bookies=2, port_base=4000, http_port_base=9000)] == [0, 0]
+    write_bookie_conf(specs[1], "sqlite:///x.db")
+    cfg = load_server_config(str(specs[1].conf_file))
+    assert (cfg.prometheus_stats_http_port, cfg.prometheus_stats_http_address) == (8001, "127.0.0.1")
+    assert cfg.metrics_port_enabled

@@ -365,7 +365,8 @@ def _replay_into(journal: Journal, mark: LogMark, router: LedgerRouter) -> int:
             # durable: the delete is final (the metadata is gone), and bringing the ledger back
             # would let a stale writer's next add recreate it.
             log.info("journal replay: %s record %d:%d of deleted ledger skipped",
-                     kind.name, record.ledger_id, record.entry_id)
+                     kind.name, record.ledger_id, record.entry_id,
+                     extra={"ledger_id": record.ledger_id, "entry_id": record.entry_id})
         elif kind is RecordKind.ENTRY:
             # A ledger's key record precedes its first entry in the journal; an entry whose
             # ledger has no key here lost its key record (an index rebuild, or a delete whose
@@ -373,7 +374,8 @@ def _replay_into(journal: Journal, mark: LogMark, router: LedgerRouter) -> int:
             # all the same (never drop a journaled entry): the next add's key is adopted.
             if storage.get_master_key(record.ledger_id) is None:
                 log.info("journal replay: entry %d:%d of a ledger with no master key (deleted by GC?)",
-                         record.ledger_id, record.entry_id)
+                         record.ledger_id, record.entry_id,
+                         extra={"ledger_id": record.ledger_id, "entry_id": record.entry_id})
             storage.add_entry(bytes(record.data))
         elif kind is RecordKind.MASTER_KEY:
             if storage.get_master_key(record.ledger_id) is None:
@@ -384,7 +386,8 @@ def _replay_into(journal: Journal, mark: LogMark, router: LedgerRouter) -> int:
             # Skipped, as BookKeeper skips deleted ledgers: fencing it again would fail the
             # start, and bringing it back would undo the delete.
             if not storage.ledger_exists(record.ledger_id):
-                log.info("journal replay: %s record of deleted ledger %d skipped", kind.name, record.ledger_id)
+                log.info("journal replay: %s record of deleted ledger %d skipped", kind.name, record.ledger_id,
+                         extra={"ledger_id": record.ledger_id})
             elif kind is RecordKind.FENCE:
                 storage.set_fenced(record.ledger_id)
             else:

@@ -300,7 +300,8 @@ class Bookie:
             if now - self._check_warned_at >= _CHECK_WARN_INTERVAL_S:
                 self._check_warned_at = now
                 log.warning("cannot check the master key of ledger %d against its metadata (%s): its first "
-                            "requests here are refused as retryable until the metadata store answers", ledger_id, e)
+                            "requests here are refused as retryable until the metadata store answers", ledger_id, e,
+                            extra={"ledger_id": ledger_id})
             raise OperationRejectedError(
                 f"cannot check the master key of ledger {ledger_id} against its metadata now ({type(e).__name__}); "
                 "retry"
@@ -328,10 +329,15 @@ class Bookie:
             # Only a deleted ledger (its tombstone) refuses here: logged, it is a writer that
             # has not learnt of the delete and would otherwise believe lost data durable.
             self.adds_rejected["deleted"] += 1
-            log.warning("refused entry %d:%d: the ledger was deleted (fenced for good)", ledger_id, entry_id)
+            log.warning("refused entry %d:%d: the ledger was deleted (fenced for good)", ledger_id, entry_id,
+                        extra={"ledger_id": ledger_id, "entry_id": entry_id})
             raise
         if state.fenced and not recovery:
             self.adds_rejected["fenced"] += 1
+            # A writer that lost its ledger to a recovery: a few lines per such writer at most
+            # (its handle fails at the first refusal), and the operator wants to see which.
+            log.info("refused entry %d:%d: the ledger is fenced", ledger_id, entry_id,
+                     extra={"ledger_id": ledger_id, "entry_id": entry_id})
             raise LedgerFencedError(f"ledger {ledger_id} is fenced; refused entry {entry_id}")
         return ledger_id, entry_id, lac
 

@@ -96,7 +96,8 @@ class LimboLedgers:
             try:
                 storage.set_master_key(ledger_id, master_key)
             except LedgerFencedError:
-                log.warning("ledger %d: deleted on this bookie, not marked limbo", ledger_id)
+                log.warning("ledger %d: deleted on this bookie, not marked limbo", ledger_id,
+                            extra={"ledger_id": ledger_id})
                 return False
             homes = [storage]
         else:
@@ -104,7 +105,8 @@ class LimboLedgers:
                 try:
                     home.set_master_key(ledger_id, master_key)  # adopts it if none was set
                 except UnauthorizedAccessError:
-                    log.warning("ledger %d: the stored master key differs from its metadata's", ledger_id)
+                    log.warning("ledger %d: the stored master key differs from its metadata's", ledger_id,
+                                extra={"ledger_id": ledger_id})
         for home in homes:
             home.set_fenced(ledger_id)
             home.set_limbo(ledger_id, True)

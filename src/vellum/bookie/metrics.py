@@ -1,5 +1,8 @@
 """The bookie metrics of a process: what every live ``Bookie`` counts, exported under
-BookKeeper's names (``bookie_BOOKIE_ADD_ENTRY``, ``bookie_SERVER_STATUS``, ...).
+BookKeeper's names (``bookie_BOOKIE_ADD_ENTRY``, ``bookie_SERVER_STATUS``, ...). Where BookKeeper
+exports an operation summary (adds, reads, journal fsyncs), the sample is spelled as its
+Prometheus provider spells the count, ``bookie_BOOKIE_ADD_ENTRY_count{success="true"}``, so
+BookKeeper's dashboards find it (``stats.Kind``: counts only, no quantiles).
 
 A ``Bookie`` counts with plain ints on its hot paths and is given a ``BookieMetrics`` by the
 composition (``bookie/assembly.py``); it is tracked from construction to shutdown. The
@@ -54,12 +57,14 @@ class MeteredBookie(Protocol):
 _METRICS: tuple[stats.SourceMetric[MeteredBookie], ...] = (
     stats.SourceMetric("bookie_SERVER_STATUS", "1 = writable, 0 = read-only",
                        lambda b: {(): 0.0 if b.is_read_only else 1.0}, kind="gauge", combine="min"),
-    stats.SourceMetric("bookie_BOOKIE_ADD_ENTRY", "entries added to storage and journal",
-                       lambda b: {(): float(b.adds_total)}),
-    stats.SourceMetric("bookie_BOOKIE_READ_ENTRY", "entries read", lambda b: {(): float(b.reads_total)}),
+    stats.SourceMetric("bookie_BOOKIE_ADD_ENTRY", "entries added to storage and journal (refused adds: "
+                       "bookie_BOOKIE_ADD_ENTRY_REJECTED)",
+                       lambda b: {("true",): float(b.adds_total)}, kind="bk_count", labels=("success",)),
+    stats.SourceMetric("bookie_BOOKIE_READ_ENTRY", "entries read",
+                       lambda b: {("true",): float(b.reads_total)}, kind="bk_count", labels=("success",)),
     stats.SourceMetric("bookie_journal_JOURNAL_SYNC", "journal fsyncs",
-                       lambda b: {(str(j.index),): float(j.fsyncs_total) for j in b.journals},
-                       labels=("journal",)),
+                       lambda b: {("true", str(j.index)): float(j.fsyncs_total) for j in b.journals},
+                       kind="bk_count", labels=("success", "journal")),
     stats.SourceMetric("bookie_journal_JOURNAL_SYNCED_RECORDS", "journal records covered by an fsync",
                        lambda b: {(str(j.index),): float(j.records_synced_total) for j in b.journals},
                        labels=("journal",)),

@@ -197,7 +197,8 @@ class LedgerRouter:
         if lac is not None and target.ledger_exists(ledger_id):
             target.set_explicit_lac(ledger_id, lac)
         homes.append(target)
-        log.info("ledger %d continues in %s: %s is full", ledger_id, target.ledger_dir, old.ledger_dir)
+        log.info("ledger %d continues in %s: %s is full", ledger_id, target.ledger_dir, old.ledger_dir,
+                 extra={"ledger_id": ledger_id})
         return target
 
 

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 
 import click
 
-from vellum.config import load_server_config
+from vellum import logs
+from vellum.config import ServerConfig, load_server_config
 
 if TYPE_CHECKING:
     from vellum.console.server import ConsoleThread
@@ -23,11 +24,14 @@ def register(cli: click.Group) -> None:
     cli.add_command(standalone)
 
 
-def _logging(verbose: bool) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+def _logging(verbose: bool, config: ServerConfig | None = None, *, bookie_id: str | None = None) -> None:
+    """The process's logging from the log keys of its file (``logFormat``, ``logLevels``,
+    ``logFile``..., docs/operations.md, Logs); before the file is read, the defaults on stderr.
+    ``bookie_id`` goes on every line (the bookie id filter)."""
+    cfg = config or ServerConfig()
+    logs.configure(fmt=cfg.log_format, levels=cfg.log_levels, default_level=logging.DEBUG if verbose else logging.INFO,
+                   file=cfg.log_file, max_size_mb=cfg.log_file_max_size_mb, backups=cfg.log_file_backups,
+                   config_file=cfg.log_config_file, bookie_id=bookie_id)
 
 
 @click.command()
@@ -36,11 +40,12 @@ def _logging(verbose: bool) -> None:
 @click.option("-v", "--verbose", is_flag=True)
 def bookie(conf_file: str | None, metadata_uri: str | None, verbose: bool) -> None:
     """Run one bookie until SIGTERM or Ctrl-C (clean shutdown: flush, checkpoint, deregister)."""
-    from vellum.service import run_bookie
+    from vellum.service import bookie_id_of, run_bookie
 
     _logging(verbose)
     accepted: dict[str, str] = {}
     config = load_server_config(conf_file, accepted=accepted)
+    _logging(verbose, config, bookie_id=str(bookie_id_of(config, config.bookie_port)))
     _say_accepted(conf_file, accepted)
     raise SystemExit(run_bookie(config, metadata_uri=metadata_uri))
 
@@ -60,6 +65,7 @@ def autorecovery(conf_file: str | None, metadata_uri: str | None, worker_id: str
     _logging(verbose)
     accepted: dict[str, str] = {}
     config = load_server_config(conf_file, accepted=accepted)
+    _logging(verbose, config)
     _say_accepted(conf_file, accepted)
     raise SystemExit(run_autorecovery(config, metadata_uri=metadata_uri, worker_id=worker_id))
 
@@ -69,20 +75,22 @@ def autorecovery(conf_file: str | None, metadata_uri: str | None, worker_id: str
 @click.option("--data-dir", default="data/standalone", show_default=True, type=click.Path(file_okay=False))
 @click.option("--port-base", default=3181, show_default=True, help="bookie i listens on port-base + i")
 @click.option("--http-port-base", default=8080, show_default=True, help="admin HTTP of bookie i on this + i")
+@click.option("--metrics-port-base", default=8000, show_default=True,
+              help="metrics port (prometheusStatsHttpPort, loopback) of bookie i on this + i; 0: any free port")
 @click.option("--metadata-uri", default=None, help="default: sqlite:///<data-dir>/metadata.db")
 @click.option("--tls", is_flag=True, help="secured: mutual TLS, authentication and authorization on the bookie "
               "ports, https and admin tokens on the admin HTTP (certificates made once under <data-dir>/security)")
 @click.option("--console-port", default=8090, show_default=True,
               help="port of the operator console (vellum console) started with the bookies; 0: any free port")
 @click.option("--no-console", is_flag=True, help="do not start the operator console")
-def standalone(bookies: int, data_dir: str, port_base: int, http_port_base: int, metadata_uri: str | None,
-               tls: bool, console_port: int, no_console: bool) -> None:
+def standalone(bookies: int, data_dir: str, port_base: int, http_port_base: int, metrics_port_base: int,
+               metadata_uri: str | None, tls: bool, console_port: int, no_console: bool) -> None:
     """Run N bookies with the embedded metadata store on this machine, until Ctrl-C."""
     from vellum.standalone import Standalone
 
     _logging(False)
-    cluster = Standalone(Path(data_dir), bookies=bookies, port_base=port_base,
-                         http_port_base=http_port_base, metadata_uri=metadata_uri, tls=tls)
+    cluster = Standalone(Path(data_dir), bookies=bookies, port_base=port_base, http_port_base=http_port_base,
+                         metrics_port_base=metrics_port_base, metadata_uri=metadata_uri, tls=tls)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -103,6 +111,8 @@ def standalone(bookies: int, data_dir: str, port_base: int, http_port_base: int,
         for spec in cluster.specs:
             click.echo(f"  bookie {spec.index}:  {spec.bookie_id}   admin {scheme}://127.0.0.1:{spec.http_port}"
                        f"/api/v1/bookie/info   log {spec.base / 'bookie.log'}")
+            if spec.metrics_port:
+                click.echo(f"             metrics http://127.0.0.1:{spec.metrics_port}/metrics")
         click.echo("")
         e = min(3, bookies)
         create = (f"  lh = bk.create_ledger(ensemble_size={e}, write_quorum_size={min(2, e)}, "

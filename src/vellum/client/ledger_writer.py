@@ -382,10 +382,12 @@ class LedgerWriter:
             return  # already being replaced (said once, at its first failure)
         if acked:
             log.warning("ledger %d: entry %d was acknowledged, but its write to bookie %s then failed (%s): "
-                        "under-replicated; replacing the bookie", self.ledger_id, op.entry_id, bookie, exc)
+                        "under-replicated; replacing the bookie", self.ledger_id, op.entry_id, bookie, exc,
+                        extra={"ledger_id": self.ledger_id, "entry_id": op.entry_id, "peer": str(bookie)})
         else:
             log.info("ledger %d: write of entry %d to bookie %s failed (%s); changing ensemble",
-                     self.ledger_id, op.entry_id, bookie, exc)
+                     self.ledger_id, op.entry_id, bookie, exc,
+                     extra={"ledger_id": self.ledger_id, "entry_id": op.entry_id, "peer": str(bookie)})
         self._failed[idx] = bookie
         self._ever_failed.add(bookie)
         if not self._changing_ensemble:
@@ -470,7 +472,8 @@ class LedgerWriter:
                 first_entry_id = self._view.lac + 1
                 await self._metadata.add_segment(first_entry_id, new_ensemble)  # the view adopts it
                 log.info("ledger %d: ensemble change at entry %d: %s -> %s", self.ledger_id,
-                         first_entry_id, old_ensemble, new_ensemble)
+                         first_entry_id, old_ensemble, new_ensemble,
+                         extra={"ledger_id": self.ledger_id, "entry_id": first_entry_id})
                 self._num_ensemble_changes += 1
                 for idx, bookie in failed.items():
                     if self._failed.get(idx) == bookie:
@@ -493,7 +496,7 @@ class LedgerWriter:
                 # the change again later.
                 log.warning("ledger %d: no replacement for failed bookies %s (%s); writing to the "
                             "remaining ones and retrying the ensemble change", self.ledger_id,
-                            sorted(self._failed.values()), e)
+                            sorted(self._failed.values()), e, extra={"ledger_id": self.ledger_id})
                 self._retry_timer = self._loop.call_later(_ENSEMBLE_RETRY_S, self._retry_ensemble_change)
             else:
                 self._fail(NotEnoughBookiesError(
@@ -502,7 +505,8 @@ class LedgerWriter:
         except VellumError as e:
             self._fail(e)
         except Exception as e:  # never leave adds hanging on an unexpected failure
-            log.exception("ledger %d: ensemble change failed", self.ledger_id)
+            log.exception("ledger %d: ensemble change failed", self.ledger_id,
+                          extra={"ledger_id": self.ledger_id})
             self._fail(WriteError(f"ledger {self.ledger_id}: ensemble change failed: {e!r}"))
         finally:
             self._changing_ensemble = False
@@ -540,7 +544,8 @@ class LedgerWriter:
         )
         for b, r in zip(ensemble, results):
             if isinstance(r, BaseException):
-                log.debug("ledger %d: explicit LAC %d to bookie %s failed: %s", self.ledger_id, lac, b, r)
+                log.debug("ledger %d: explicit LAC %d to bookie %s failed: %s", self.ledger_id, lac, b, r,
+                          extra={"ledger_id": self.ledger_id, "peer": str(b)})
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = self._loop.create_task(coro)

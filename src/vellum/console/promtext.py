@@ -21,8 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 #: counters (sample names as exported) the console turns into rates
 RATE_COUNTERS = {
-    "adds": "bookie_BOOKIE_ADD_ENTRY_total",
-    "reads": "bookie_BOOKIE_READ_ENTRY_total",
+    "adds": "bookie_BOOKIE_ADD_ENTRY_count",
+    "reads": "bookie_BOOKIE_READ_ENTRY_count",
     "rereplicatedBytes": "replication_worker_NUM_BYTES_WRITTEN_total",
     "rereplicatedEntries": "replication_worker_NUM_ENTRIES_WRITTEN_total",
     "rereplicatedLedgers": "replication_worker_REREPLICATED_LEDGERS_total",

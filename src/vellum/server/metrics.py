@@ -43,6 +43,13 @@ _METRICS: tuple[stats.SourceMetric[ServerCounters], ...] = (
                        "(unauthenticated budget, authentication or idle timeout, oversized frame before "
                        "authentication, plaintext before START_TLS, failed TLS handshake or AUTH, ...)",
                        lambda c: {(reason,): float(n) for reason, n in c.refused.items()}, labels=("reason",)),
+    # BookKeeper's counters of overload rejections, spelled as its Prometheus provider does
+    stats.SourceMetric("bookkeeper_server_ADD_ENTRY_REJECTED", "adds rejected for overload (BookKeeper's name; "
+                       "also in bookkeeper_server_REJECTED)",
+                       lambda c: {(): float(c.rejected["ADD"])}, kind="bk_counter"),
+    stats.SourceMetric("bookkeeper_server_READ_ENTRY_REJECTED", "reads (single, batch, strided) rejected for "
+                       "overload (BookKeeper's name; also in bookkeeper_server_REJECTED)",
+                       lambda c: {(): float(sum(n for op, n in c.rejected.items() if "READ" in op))}, kind="bk_counter"),
     stats.SourceMetric("bookkeeper_server_CONNECTIONS", "open client connections",
                        lambda c: {(): float(c.connections)}, kind="gauge"),
     stats.SourceMetric("bookkeeper_server_UNAUTHENTICATED_CONNECTIONS",

@@ -580,7 +580,8 @@ class GarbageCollectorThread:
                 if lister.ledger_exists(lid) or lister.ledger_exists(lid):
                     continue
             except Exception as e:
-                log.warning("doGcLedgers on %s: cannot verify ledger %d (%s); kept", self._label, lid, e)
+                log.warning("doGcLedgers on %s: cannot verify ledger %d (%s); kept", self._label, lid, e,
+                            extra={"ledger_id": lid})
                 continue
             self.storage.delete_ledger(lid)
             if self.on_ledger_deleted is not None:
@@ -750,7 +751,7 @@ class GarbageCollectorThread:
         path = self.storage.entry_logger.log_path(meta.log_id)
         for lid, eid, offset, why in result.unreadable[:10]:
             log.error("entry log %s: live entry (ledger %d, entry %d) at offset %d cannot be read: %s",
-                      path, lid, eid, offset, why)
+                      path, lid, eid, offset, why, extra={"ledger_id": lid, "entry_id": eid})
         ledgers = sorted({lid for lid, _e, _o, _w in result.unreadable})
         meta.held_ledgers = set(ledgers)
         meta.held = (f"{len(result.unreadable)} live entries cannot be read (ledgers "

@@ -353,7 +353,8 @@ class LedgerStorage:
             if known is not None:
                 log.info("ledger %d: entry %d does not verify with the %s digest of its earlier entries; "
                          "its entries are no longer checked on reads", ledger_id, entry_id,
-                         DigestType(known).name if known in _CHECKED_DIGESTS else known)
+                         DigestType(known).name if known in _CHECKED_DIGESTS else known,
+                         extra={"ledger_id": ledger_id, "entry_id": entry_id})
             self._put_ledger(ledger_id, _replace(data, digest_type=learnt))
 
     def _flush_loop(self) -> None:
@@ -651,7 +652,8 @@ class LedgerStorage:
             _CORRUPT_READS.labels(str(self.ledger_dir)).inc()
             log.error("corrupt entry: ledger %d entry %d in entry log %s at offset %d (location %d): %s; "
                       "answered EIO, another replica must serve it and re-replication replace this copy",
-                      ledger_id, entry_id, path, offset, location, why)
+                      ledger_id, entry_id, path, offset, location, why,
+                      extra={"ledger_id": ledger_id, "entry_id": entry_id})
         return CorruptEntryError(f"ledger {ledger_id} entry {entry_id}: stored copy is corrupt ({why}) "
                                  f"in {path} at offset {offset}")
 

@@ -1,6 +1,7 @@
 """A local cluster of real bookie processes on loopback, for tests and examples.
 
-Each bookie is a ``vellum bookie --conf ...`` process with free ports and its own dirs under a
+Each bookie is a ``vellum bookie --conf ...`` process with free ports (bookie, admin HTTP and
+metrics port: ``metrics_url(i)``) and its own dirs under a
 base directory; the metadata store is the embedded SQLite store (default) or any URI (e.g. the
 real ZooKeeper from ``vellum.testing.zookeeper``). Faults: ``kill(i)`` (SIGKILL),
 ``pause(i)``/``resume(i)`` (SIGSTOP/SIGCONT), ``restart(i)`` (same ports and dirs, so the same
@@ -97,7 +98,7 @@ class LocalCluster:
         for i in range(bookies):
             base = self.base_dir / f"bookie-{i}"
             spec = BookieProcessSpec(i, free_port(taken), free_port(taken), base, base / "bk_server.conf",
-                                     dict(self._conf))
+                                     dict(self._conf), metrics_port=free_port(taken))
             self._bookies.append(_Bookie(spec))
 
     # ------------------------------------------------------------------------------ lifecycle
@@ -160,6 +161,11 @@ class LocalCluster:
 
     def http_url(self, i: int) -> str:
         return f"http://127.0.0.1:{self._bookies[i].spec.http_port}"
+
+    def metrics_url(self, i: int) -> str:
+        """Bookie i's metrics port (``prometheusStatsHttpPort``, a free loopback port kept across
+        restarts)."""
+        return f"http://127.0.0.1:{self._bookies[i].spec.metrics_port}/metrics"
 
     def http_get(self, i: int, path: str) -> Any:
         with urllib.request.urlopen(self.http_url(i) + path, timeout=10) as resp:
