@@ -240,3 +240,10 @@ def test_plain_http_to_the_https_port_gets_a_clear_answer(secured: Secured) -> N
     assert "https://" in body
     assert secured.call("/api/v1/bookie/state")[0] == 200  # https still served
     assert "plain http from 127.0.0.1" in secured.cluster.log_text(0)
+
+
+def test_readable_sizes_are_bookkeepers() -> None:
+    from vellum.admin.bookie_admin import readable_bytes
+
+    assert [readable_bytes(v) for v in (0, 999, 1000, 1500, 1_234_567, 2_000_000_000, 5 * 10**15)] == \
+        ["", "", "(1KB)", "(1.5KB)", "(1.234MB)", "(2GB)", "(5000TB)"]
