@@ -152,7 +152,7 @@ class BookieAdmin:
             await asyncio.wait_for(self._sanity_lock.acquire(), SANITY_WAIT_S)
         except TimeoutError:
             raise TooManyRequestsError(f"another sanity check of bookie {self.bookie_id} is still running after "
-                                  f"{SANITY_WAIT_S:g}s: try again later") from None
+                                       f"{SANITY_WAIT_S:g}s: try again later") from None
         try:
             await asyncio.wait_for(
                 recovery_admin.bookie_sanity(None, str(self.bookie_id), SANITY_ENTRIES, config=self._client_config,
