@@ -29,6 +29,7 @@ from pathlib import Path
 from vellum.admin.bookie_admin import BookieAdmin
 from vellum.admin.gc_admin import DiskThresholds, GcAdmin
 from vellum.admin.integrity_check import IntegrityCheck, mark_ledgers_limbo
+from vellum.admin.ledger_admin import LedgerAdmin
 from vellum.autorecovery.daemon import AutoRecovery, AutoRecoveryThread
 from vellum.autorecovery.settings import AutoRecoverySettings
 from vellum.bookie.assembly import OpenedBookie, open_bookie
@@ -44,6 +45,7 @@ from vellum.format.entry import master_key
 from vellum.http.admin_http import AdminHttpServer, HttpSecurity
 from vellum.http.autorecovery_routes import autorecovery_routes
 from vellum.http.gc_routes import gc_routes
+from vellum.http.ledger_routes import ledger_routes
 from vellum.ids import BookieId, LedgerId, bookie_id_for
 from vellum.meta.api import LedgerManager, MetadataStore, SessionEvent, Versioned
 from vellum.security.auth import BookieAuthenticator
@@ -247,11 +249,13 @@ class BookieService:
         )
         await self.server.start()
         if cfg.http_server_enabled:
+            admin_client = bookie_client_config(cfg, "the bookie's admin HTTP client")
             admin = BookieAdmin(
                 bookie=bookie,
                 bookie_id=self.bookie_id,
                 store=store,
                 config=cfg,
+                client_config=admin_client,
                 is_shutting_down=lambda: self._stopping,
             )
             self.http = AdminHttpServer(
@@ -260,8 +264,8 @@ class BookieService:
                     bookie=bookie, bookie_id=self.bookie_id,
                     disk_thresholds=DiskThresholds(cfg.disk_usage_warn_threshold, cfg.disk_usage_threshold,
                                                    cfg.disk_usage_lwm_threshold)))
-                + autorecovery_routes(store, self.metadata_uri, AutoRecoverySettings.from_config(cfg),
-                                      bookie_client_config(cfg, "the bookie's admin HTTP client")),
+                + autorecovery_routes(store, self.metadata_uri, AutoRecoverySettings.from_config(cfg), admin_client)
+                + ledger_routes(LedgerAdmin(store=store, client_config=admin_client)),
                 security=http_security(cfg, verifier, addresses.http_host),
                 ssl_context=http_tls(cfg),
                 header_read_timeout_s=cfg.http_server_header_read_timeout_ms / 1000.0,

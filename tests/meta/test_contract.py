@@ -187,8 +187,12 @@ def test_cookies_instance_id_layout(store: MetadataStore) -> None:
     with pytest.raises(MetadataVersionError):
         reg.put_cookie(BookieId("bk:1"), b"x", v)
     assert reg.get_cookie(BookieId("bk:1")) == Versioned(b"5\ncookie2", v2)
+    assert reg.list_cookies() == {BookieId("bk:1")}
+    reg.put_cookie(BookieId("bk:2"), b"5\ncookie", None)
+    assert reg.list_cookies() == {BookieId("bk:1"), BookieId("bk:2")}
     reg.remove_cookie(BookieId("bk:1"))
     assert reg.get_cookie(BookieId("bk:1")) is None
+    assert reg.list_cookies() == {BookieId("bk:2")}
     iid = reg.get_instance_id()
     assert iid and len(iid) == 36
     expected = "flat" if "flat" in store.uri else "longhierarchical" if "longhier" in store.uri else "hierarchical"
@@ -198,6 +202,24 @@ def test_cookies_instance_id_layout(store: MetadataStore) -> None:
     lid, _ = store.ledgers.create_ledger(MD)
     assert store.format(force=True) != iid
     assert not store.ledgers.ledger_exists(lid)
+
+
+def test_cluster_info_counts_bookies_with_a_cookie_that_are_down(store: MetadataStore) -> None:
+    reg = store.registration
+    for b in ("up:1", "ro:1", "down:1"):
+        reg.put_cookie(BookieId(b), b"5\ncookie", None)
+    reg.register_bookie(BookieId("up:1"))
+    reg.register_bookie(BookieId("ro:1"), read_only=True)
+    reg.register_bookie(BookieId("new:1"))  # registered before its cookie reached the store
+    try:
+        info = store.cluster_info()
+        assert (info.total_bookies, info.writable_bookies, info.read_only_bookies, info.unavailable_bookies) == \
+            (4, 2, 1, 1)
+    finally:
+        for b in ("up:1", "ro:1", "new:1"):
+            reg.unregister_bookie(BookieId(b))
+        for b in ("up:1", "ro:1", "down:1"):
+            reg.remove_cookie(BookieId(b))
 
 
 def test_key_value_area(store: MetadataStore) -> None:

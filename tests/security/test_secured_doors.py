@@ -109,8 +109,9 @@ def test_over_https_with_client_certificates_changes_need_the_admin_role(tmp_pat
             body["error"], body
         status, body = http(url, "PUT", context=context(p.admin))
         assert status == 200 and "Triggered GC" in str(body)
-        with pytest.raises(OSError):  # no plain http at all
-            http(cluster.http_url(0) + "/api/v1/bookie/gc", "PUT")
+        # no plain http at all: a 400 saying so, before any credential is looked at
+        status, body = http(cluster.http_url(0) + "/api/v1/bookie/gc", "PUT")
+        assert status == 400 and "this port speaks https" in body, body
         assert "admin HTTP PUT /api/v1/bookie/gc from 127.0.0.1 refused" in cluster.log_text(0)
 
 

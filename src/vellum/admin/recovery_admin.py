@@ -211,11 +211,12 @@ class _OnlyThisBookie(PlacementPolicy):
         raise NotEnoughBookiesError(f"the sanity check uses bookie {self._bookie} only")
 
 
-async def bookie_sanity(metadata_uri: str, bookie: str, entries: int = 10, *,
-                        config: ClientConfig | None = None) -> None:
+async def bookie_sanity(metadata_uri: str | None, bookie: str, entries: int = 10, *,
+                        config: ClientConfig | None = None, store: MetadataStore | None = None) -> None:
     """Write ``entries`` to a ledger on ``bookie`` alone, read them back, delete the ledger
-    (BookKeeper's ``bookiesanity``). Raises what went wrong."""
-    async with BookKeeper(metadata_uri, config=config, placement=_OnlyThisBookie(bookie)) as bk:
+    (BookKeeper's ``bookiesanity``). Raises what went wrong. ``store``: an open metadata store
+    to use (stays open) instead of opening ``metadata_uri``."""
+    async with BookKeeper(metadata_uri, config=config, store=store, placement=_OnlyThisBookie(bookie)) as bk:
         lh = await bk.create_ledger(ensemble_size=1, write_quorum_size=1, ack_quorum_size=1)
         try:
             payloads = [f"bookiesanity {i}".encode() for i in range(entries)]

@@ -1,10 +1,12 @@
 """The bookie's admin HTTP server (aiohttp), on the bookie's own event loop.
 
 Paths and JSON shapes follow BookKeeper's REST API (``/heartbeat``, ``/metrics``,
-``/api/v1/bookie/...``, ``/api/v1/ledger/metadata``). Handlers only parse and render: the work
+``/api/v1/config/server_config``, ``/api/v1/bookie/...``, ``/api/v1/ledger/metadata``; the
+other ``/api/v1/ledger/*`` paths are ``ledger_routes``). Handlers only parse and render: the work
 is done by ``admin.BookieAdmin`` in a thread, so a slow metadata store never blocks the loop.
-Errors come back as JSON ``{"error": "..."}`` with 400 (bad parameter), 404 (unknown ledger)
-or 500.
+Errors come back as JSON ``{"error": "..."}`` with 400 (bad parameter), 404 (unknown ledger),
+501 (a BookKeeper path whose change a running Vellum bookie cannot make: the answer says how
+to make it), 503 (busy) or 500.
 
 Security (``HttpSecurity``, docs/security.md), applied by one middleware to every route, the
 ones other modules add included:
@@ -14,12 +16,16 @@ ones other modules add included:
   ``admin_required`` (the bookie port requires authentication) or a token key is set: a token
   (``Authorization: Bearer <token>``, audience ``audience``) or, over https that requires client
   certificates (``certificates``), the client certificate; either must carry the ``admin``
-  role: 401 without a valid credential, 403 without the role. With ``tokens_for_reads`` every
+  role: 401 without a valid credential, 403 without the role. So do the reads in
+  ``ADMIN_READS`` (``ledger/read``, ``bookie/sanity``). With ``tokens_for_reads`` every
   other request needs a credential too, with one of ``authorized_roles`` (or ``admin``) when
   that list is not empty. A bearer token, when sent, is the credential (a bad one is refused
   even over a good certificate). ``/heartbeat`` is always open (liveness probes). Refusals are
   logged with the peer, the method, the path and the reason, never the token;
-* TLS is the server's ``ssl_context`` (``httpServerTlsEnable``);
+* TLS is the server's ``ssl_context`` (``httpServerTlsEnable``). Each new connection's first
+  byte is peeked before the handshake: one that does not open a TLS record (plain http sent to
+  the https port) gets a plain-text ``400`` saying the port speaks https, rather than a
+  connection closed without a word;
 * a connection that has not sent a complete request head within ``header_read_timeout_s`` of
   its accept or of its previous answer is closed (``httpServerHeaderReadTimeoutMs``): a peer
   that sends half a request, or nothing, does not hold a descriptor for long;
@@ -33,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -42,14 +49,8 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from vellum.admin.bookie_admin import BookieAdmin
-from vellum.errors import (
-    IncorrectParameterError,
-    NoSuchLedgerError,
-    NoSuchLedgerOnMetadataServerError,
-    SecurityError,
-    VellumError,
-)
-from vellum.http.json_io import json_response, parse_json_object
+from vellum.errors import IncorrectParameterError, SecurityError
+from vellum.http.json_io import guarded, json_response, parse_json_object
 from vellum.security.redaction import redact
 from vellum.security.tls import peer_principal
 from vellum.security.tokens import ADMIN_AUDIENCE, TokenVerifier
@@ -63,6 +64,10 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 ADMIN_ROLE = "admin"
 #: paths open whatever the settings (liveness probes)
 OPEN_PATHS = frozenset({"/heartbeat"})
+#: reads that need the admin role whenever changes do: ``ledger/read`` hands out any ledger's
+#: entries, read with the bookie's own identity (past the bookie port's authentication and
+#: authorizedRoles), and ``bookie/sanity`` writes and deletes a ledger
+ADMIN_READS = frozenset({"/api/v1/ledger/read", "/api/v1/bookie/sanity"})
 _MUTATING = frozenset({"PUT", "POST", "DELETE", "PATCH"})
 
 
@@ -143,7 +148,7 @@ def security_middleware(security: HttpSecurity) -> Any:
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.path not in OPEN_PATHS:
-            mutating = request.method in _MUTATING
+            mutating = request.method in _MUTATING or request.path in ADMIN_READS
             if security.mutations_need_admin if mutating else security.tokens_for_reads:
                 caller = _caller(request, security)
                 if isinstance(caller, str):
@@ -206,22 +211,6 @@ def build_app(admin: BookieAdmin, extra_routes: list[web.RouteDef] | None = None
               security: HttpSecurity | None = None) -> web.Application:
     """The aiohttp application; ``extra_routes`` lets later features (GC) add their paths."""
 
-    def guarded(fn: Callable[[web.Request], Awaitable[Any]]) -> Handler:
-        async def handler(request: web.Request) -> web.StreamResponse:
-            try:
-                result = await fn(request)
-            except IncorrectParameterError as e:
-                return _error(str(e), 400)
-            except (NoSuchLedgerError, NoSuchLedgerOnMetadataServerError) as e:
-                return _error(str(e), 404)
-            except VellumError as e:
-                return _error(str(e), 500)
-            if isinstance(result, web.StreamResponse):
-                return result
-            return _json(result)
-
-        return handler
-
     async def heartbeat(_r: web.Request) -> web.Response:
         return web.Response(text="OK\n")
 
@@ -249,8 +238,39 @@ def build_app(admin: BookieAdmin, extra_routes: list[web.RouteDef] | None = None
         hostnames = r.query.get("print_hostnames", "false").lower() == "true"
         return await asyncio.to_thread(admin.list_bookies, kind, hostnames)
 
+    async def list_bookie_info(_r: web.Request) -> Any:
+        found = await admin.list_bookie_info()
+        return found if found else _error("Not found any Bookie info.", 404)
+
     async def cluster_info(_r: web.Request) -> Any:
         return await asyncio.to_thread(admin.cluster_info)
+
+    async def sanity(_r: web.Request) -> Any:
+        return await admin.sanity()
+
+    async def server_config_get(_r: web.Request) -> Any:
+        return admin.server_config()
+
+    async def server_config_put(r: web.Request) -> Any:
+        body = await _body(r)
+        log.warning("admin HTTP PUT %s from %s refused: keys %s; the configuration is fixed at start", r.path,
+                    r.remote, sorted(body))
+        return _error(f"a running bookie's configuration does not change: set {', '.join(sorted(body)) or 'the keys'} "
+                      "in its bk_server.conf and restart it (`vellum config show` lists the keys)", 501)
+
+    async def expand_storage(r: web.Request) -> Any:
+        log.warning("admin HTTP PUT %s from %s refused: storage is expanded at start", r.path, r.remote)
+        return _error("a running bookie's directories are fixed: add the new empty directories to "
+                      "ledgerDirectories (or indexDirectories) in its bk_server.conf, set allowStorageExpansion=true "
+                      "and restart it; the start stamps their cookies and updates the metadata store's copy", 501)
+
+    async def entry_location_compact_get(_r: web.Request) -> Any:
+        return admin.entry_location_compaction()
+
+    async def entry_location_compact(r: web.Request) -> Any:
+        log.warning("admin HTTP %s %s from %s refused: not supported", r.method, r.path, r.remote)
+        return _error("this bookie does not compact its entry-location index on request: RocksDB compacts it in "
+                      "the background", 501)
 
     async def ledger_metadata(r: web.Request) -> Any:
         ledger_id = _int_param(r, "ledger_id")
@@ -271,15 +291,22 @@ def build_app(admin: BookieAdmin, extra_routes: list[web.RouteDef] | None = None
         [
             web.get("/heartbeat", heartbeat),
             web.get("/metrics", metrics),
+            web.get("/api/v1/config/server_config", guarded(server_config_get)),
+            web.put("/api/v1/config/server_config", guarded(server_config_put)),
             web.get("/api/v1/bookie/info", guarded(info)),
             web.get("/api/v1/bookie/state", guarded(state)),
             web.get("/api/v1/bookie/state/readonly", guarded(readonly_get)),
             web.put("/api/v1/bookie/state/readonly", guarded(readonly_put)),
             web.get("/api/v1/bookie/is_ready", is_ready),
+            web.get("/api/v1/bookie/sanity", guarded(sanity)),
             web.get("/api/v1/bookie/list_bookies", guarded(list_bookies)),
+            web.get("/api/v1/bookie/list_bookie_info", guarded(list_bookie_info)),
             web.get("/api/v1/bookie/cluster_info", guarded(cluster_info)),
             web.get("/api/v1/bookie/list_disk_file", guarded(list_disk_file)),
             web.get("/api/v1/bookie/last_log_mark", guarded(last_log_mark)),
+            web.put("/api/v1/bookie/expand_storage", guarded(expand_storage)),
+            web.get("/api/v1/bookie/entry_location_compact", guarded(entry_location_compact_get)),
+            web.put("/api/v1/bookie/entry_location_compact", guarded(entry_location_compact)),
             web.get("/api/v1/ledger/metadata", guarded(ledger_metadata)),
             *(extra_routes or []),
         ]
@@ -287,8 +314,22 @@ def build_app(admin: BookieAdmin, extra_routes: list[web.RouteDef] | None = None
     return app
 
 
+#: the first byte of every TLS connection: a handshake record (ClientHello)
+_TLS_HANDSHAKE = 0x16
+
+
+def plain_http_answer(host: str, port: int) -> bytes:
+    """What a plain-http request to the https port gets: a 400 in plain text that says so."""
+    text = (f"400 Bad Request: this port speaks https, not http. Use https://{host}:{port}/ "
+            "(the bookie has httpServerTlsEnable=true).\n").encode()
+    head = ("HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\n"
+            f"Content-Length: {len(text)}\r\nConnection: close\r\n\r\n").encode()
+    return head + text
+
+
 class AdminHttpServer:
-    """Runs ``build_app`` on (host, port) on the current event loop."""
+    """Runs ``build_app`` on (host, port) on the current event loop; over TLS, its own accept
+    loop peeks at each connection's first byte (plain http gets ``plain_http_answer``)."""
 
     def __init__(
         self, admin: BookieAdmin, *, host: str, port: int, extra_routes: list[web.RouteDef] | None = None,
@@ -301,6 +342,9 @@ class AdminHttpServer:
         self._port = port
         self._ssl = ssl_context
         self._runner: web.AppRunner | None = None
+        self._listener: socket.socket | None = None
+        self._accepting: asyncio.Task[None] | None = None
+        self._sorting: set[asyncio.Task[None]] = set()
 
     @property
     def scheme(self) -> str:
@@ -316,14 +360,114 @@ class AdminHttpServer:
         # not affected): exactly a header read timeout.
         self._runner = web.AppRunner(self._app, access_log=None, keepalive_timeout=self._header_read_timeout_s)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self._host, self._port, reuse_address=True, ssl_context=self._ssl)
+        if self._ssl is not None:
+            await self._start_tls()
+            return
+        site = web.TCPSite(self._runner, self._host, self._port, reuse_address=True)
         await site.start()
         server = site._server  # the bound socket tells the real port when 0 was asked
         sockets = getattr(server, "sockets", None)
         if sockets:
             self._port = sockets[0].getsockname()[1]
 
+    async def _start_tls(self) -> None:
+        loop = asyncio.get_running_loop()
+        infos = await loop.getaddrinfo(self._host or None, self._port, type=socket.SOCK_STREAM,
+                                       flags=socket.AI_PASSIVE)
+        family, _type, _proto, _name, address = infos[0]
+        listener = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind(address)
+            listener.listen(128)
+            listener.setblocking(False)
+        except OSError:
+            listener.close()
+            raise
+        self._listener = listener
+        self._port = listener.getsockname()[1]
+        self._accepting = loop.create_task(self._accept(listener), name="admin-https-accept")
+
+    async def _accept(self, listener: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                conn, _peer = await loop.sock_accept(listener)
+            except OSError as e:
+                log.warning("admin https port %d: accept failed: %s", self._port, e)
+                await asyncio.sleep(0.1)  # e.g. out of descriptors: do not spin
+                continue
+            conn.setblocking(False)
+            task = loop.create_task(self._sort(conn))
+            self._sorting.add(task)
+            task.add_done_callback(self._sorting.discard)
+
+    async def _first_byte(self, conn: socket.socket) -> bytes:
+        loop = asyncio.get_running_loop()
+        readable: asyncio.Future[None] = loop.create_future()
+
+        def ready() -> None:
+            if not readable.done():
+                readable.set_result(None)
+
+        loop.add_reader(conn.fileno(), ready)
+        try:
+            await readable
+        finally:
+            loop.remove_reader(conn.fileno())
+        return conn.recv(1, socket.MSG_PEEK)
+
+    async def _sort(self, conn: socket.socket) -> None:
+        """Hand a TLS connection to aiohttp; answer plain http with a 400; drop silence."""
+        assert self._runner is not None and self._runner.server is not None and self._ssl is not None
+        server = self._runner.server
+        loop = asyncio.get_running_loop()
+        handed = False  # once handed over, the transport owns (and closes) the socket
+        try:
+            first = await asyncio.wait_for(self._first_byte(conn), self._header_read_timeout_s)
+            if first and first[0] == _TLS_HANDSHAKE:
+                handed = True
+                await loop.connect_accepted_socket(server, conn, ssl=self._ssl,
+                                                   ssl_handshake_timeout=self._header_read_timeout_s)
+            elif first:
+                await self._refuse_plain_http(conn)
+        except (OSError, TimeoutError) as e:  # ssl.SSLError is an OSError
+            log.info("admin https connection dropped before its first request: %s", str(e) or type(e).__name__)
+        finally:
+            if not handed:
+                conn.close()
+
+    async def _refuse_plain_http(self, conn: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            peer = conn.getpeername()[0]
+        except OSError:
+            peer = "?"
+        # Read the request head first: closing with unread data would reset the connection
+        # and the client could lose the answer.
+        head = await asyncio.wait_for(loop.sock_recv(conn, 65536), self._header_read_timeout_s)
+        line = head.split(b"\r\n", 1)[0][:120].decode("ascii", "replace")
+        log.warning("admin https port %d: plain http from %s (%r) answered 400: this port speaks https",
+                    self._port, peer, line)
+        await loop.sock_sendall(conn, plain_http_answer(self._host, self._port))
+        conn.shutdown(socket.SHUT_WR)
+        try:  # until the client closes, briefly: its last bytes must not turn our close into a reset
+            while await asyncio.wait_for(loop.sock_recv(conn, 65536), 1.0):
+                pass
+        except (OSError, TimeoutError):
+            pass
+
     async def stop(self) -> None:
+        if self._accepting is not None:
+            self._accepting.cancel()
+            await asyncio.gather(self._accepting, return_exceptions=True)
+            self._accepting = None
+        for task in list(self._sorting):
+            task.cancel()
+        await asyncio.gather(*self._sorting, return_exceptions=True)
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None

@@ -182,6 +182,11 @@ class RegistrationManager(ABC):
     def remove_cookie(self, bookie_id: BookieId, expected_version: int | None = None) -> None: ...
 
     @abstractmethod
+    def list_cookies(self) -> frozenset[BookieId]:
+        """Every bookie id the store holds a cookie for: each bookie that ever joined the
+        cluster and was not decommissioned, running or not (BookKeeper's ``getAllBookies``)."""
+
+    @abstractmethod
     def get_instance_id(self) -> str | None:
         """The cluster's instance id (a UUID written at format time), or None if not formatted."""
 
@@ -419,6 +424,12 @@ class ClusterInfo:
     writable_bookies: int
     read_only_bookies: int
     ledger_count: int
+    #: bookies with a cookie or a registration; those neither writable nor read-only are down
+    total_bookies: int = 0
+
+    @property
+    def unavailable_bookies(self) -> int:
+        return self.total_bookies - self.writable_bookies - self.read_only_bookies
 
 
 class MetadataStore(ABC):
@@ -478,12 +489,19 @@ class MetadataStore(ABC):
     def cluster_info(self) -> ClusterInfo:
         layout = self.layout.read_layout()
         count = sum(len(r.ledger_ids) for r in self.ledgers.ledger_ranges()) if layout else 0
+        reg = self.registration
+        writable = reg.list_bookies()
+        read_only = reg.list_bookies(read_only=True) - writable
+        # A registered bookie always has a cookie; the union keeps the count of down bookies
+        # from going negative if one was removed by hand while the bookie runs.
+        known = reg.list_cookies() | writable | read_only
         return ClusterInfo(
-            instance_id=self.registration.get_instance_id(),
+            instance_id=reg.get_instance_id(),
             layout=layout,
-            writable_bookies=len(self.registration.list_bookies()),
-            read_only_bookies=len(self.registration.list_bookies(read_only=True)),
+            writable_bookies=len(writable),
+            read_only_bookies=len(read_only),
             ledger_count=count,
+            total_bookies=len(known),
         )
 
     def __enter__(self) -> MetadataStore:

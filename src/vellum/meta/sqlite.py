@@ -504,6 +504,12 @@ class SqliteRegistrationManager(RegistrationManager):
     def remove_cookie(self, bookie_id: BookieId, expected_version: int | None = None) -> None:
         _delete(self._db, "system", f"{P.COOKIES}/{bookie_id}", expected_version)
 
+    def list_cookies(self) -> frozenset[BookieId]:
+        prefix = f"{P.COOKIES}/"
+        rows = self._db.query("listing cookies", "SELECT key FROM system WHERE substr(key, 1, ?) = ?",
+                              (len(prefix), prefix))
+        return frozenset(BookieId(r[0][len(prefix):]) for r in rows)
+
     def get_instance_id(self) -> str | None:
         v = _sys_get(self._db, P.INSTANCEID)
         return None if v is None else v.value.decode("ascii", "replace")

@@ -609,6 +609,14 @@ class ZkRegistrationManager(RegistrationManager):
         except TRANSIENT as e:
             unavailable(e, f"deleting {path}")
 
+    def list_cookies(self) -> frozenset[BookieId]:
+        try:
+            return frozenset(BookieId(n) for n in self._client.get_children(self._cookies))
+        except NoNodeError:
+            return frozenset()
+        except TRANSIENT as e:
+            unavailable(e, f"listing {self._cookies}")
+
     def get_instance_id(self) -> str | None:
         path = f"{self._root}/{P.INSTANCEID}"
         try:
