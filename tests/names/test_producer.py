@@ -74,7 +74,7 @@ def test_linger_seals_a_small_batch_into_one_entry(sqlite_cluster: LocalCluster)
                 assert not any(f.done() for f in futs), "a batch below batch_size_bytes went before linger_ms"
                 got = await asyncio.wait_for(asyncio.gather(*futs), 30)
             assert got == [RecordPosition(0, 0), RecordPosition(0, 1), RecordPosition(0, 2)]
-            ((eid, recs),) = await _records(named, name)
+            ((_eid, recs),) = await _records(named, name)
             assert [r.value for r in recs] == [b"r0", b"r1", b"r2"]
 
     run(main())
@@ -144,23 +144,23 @@ def test_a_failed_entry_fails_its_batch_and_every_later_record(sqlite_cluster: L
 def test_bad_arguments_are_clear_errors(sqlite_cluster: LocalCluster) -> None:
     with pytest.raises(IncorrectParameterError, match="batch_size_bytes must be > 0"):
         ProducerSettings(batch_size_bytes=0)
-    with pytest.raises(IncorrectParameterError, match="max_record_bytes .* above buffer_memory_bytes"):
+    with pytest.raises(IncorrectParameterError, match=r"max_record_bytes .* above buffer_memory_bytes"):
         ProducerSettings(buffer_memory_bytes=1000, max_record_bytes=2000)
 
     async def main() -> None:
-        async with BookKeeper(sqlite_cluster.metadata_uri) as bk:
-            async with await Producer.open(NamedLedgers(bk), unique_name("prod-bad"),
-                                           settings=ProducerSettings(max_record_bytes=100), **QUORUM) as p:
-                with pytest.raises(IncorrectParameterError, match="value must be bytes"):
-                    await p.write("text")  # type: ignore[arg-type]
-                with pytest.raises(IncorrectParameterError, match="key must be bytes"):
-                    await p.write(b"v", key=3)  # type: ignore[arg-type]
-                with pytest.raises(IncorrectParameterError, match="timestamp must be milliseconds"):
-                    await p.write(b"v", timestamp=-5)
-                with pytest.raises(IncorrectParameterError, match="header 1"):
-                    await p.write(b"v", headers=[(1, b"x")])  # type: ignore[list-item]
-                with pytest.raises(IncorrectParameterError, match="above max_record_bytes"):
-                    await p.write(b"x" * 200)
+        async with BookKeeper(sqlite_cluster.metadata_uri) as bk, await Producer.open(
+                NamedLedgers(bk), unique_name("prod-bad"), settings=ProducerSettings(max_record_bytes=100),
+                **QUORUM) as p:
+            with pytest.raises(IncorrectParameterError, match="value must be bytes"):
+                await p.write("text")  # type: ignore[arg-type]
+            with pytest.raises(IncorrectParameterError, match="key must be bytes"):
+                await p.write(b"v", key=3)  # type: ignore[arg-type]
+            with pytest.raises(IncorrectParameterError, match="timestamp must be milliseconds"):
+                await p.write(b"v", timestamp=-5)
+            with pytest.raises(IncorrectParameterError, match="header 1"):
+                await p.write(b"v", headers=[(1, b"x")])  # type: ignore[list-item]
+            with pytest.raises(IncorrectParameterError, match="above max_record_bytes"):
+                await p.write(b"x" * 200)
 
     run(main())
 
@@ -176,4 +176,4 @@ def test_blocking_producer(sqlite_cluster: LocalCluster) -> None:
         # (record_size): a second record would overfill a 120-byte batch, so each gets an entry.
         assert got == [RecordPosition(i, 0) for i in range(9)]
         recs = bk.run(_records(NamedLedgers(bk.aio), name))
-        assert [r for _, rs in recs for r in rs][0] == Record(b"%038d" % 0, b"k", None, (("h", b"1"), ("h", b"2")))
+        assert next(r for _, rs in recs for r in rs) == Record(b"%038d" % 0, b"k", None, (("h", b"1"), ("h", b"2")))
