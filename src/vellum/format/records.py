@@ -267,16 +267,22 @@ def encode_records(records: Sequence[Record], append_timestamp: int) -> bytes:
     return b"".join(parts + data)
 
 
+def values_header(count: int, offsets: Sequence[int], append_timestamp: int) -> bytes:
+    """Everything of a ``records-v1`` entry of ``count`` bare values but their data: the caller
+    appends the values' bytes, whose ``offsets`` (starting at 0) are given (columnar writers)."""
+    if count < 1 or len(offsets) != count + 1 or offsets[0] != 0:
+        raise ValueError(f"need count >= 1 and count + 1 offsets starting at 0, got {count} and {len(offsets)}")
+    if offsets[-1] > MAX_SECTION:
+        raise ValueError(f"records entry: values of {offsets[-1]} bytes exceed the 2 GiB section limit")
+    return _RHEAD.pack(RECORDS_MAGIC, count, 0, append_timestamp) + struct.pack(f"<{count + 1}I", *offsets)
+
+
 def encode_values(count: int, offsets: Sequence[int], data: bytes | memoryview, append_timestamp: int) -> bytes:
     """A ``records-v1`` entry of ``count`` bare values (no key, timestamp or header), straight
     from their byte ``offsets`` (starting at 0) and concatenated ``data`` (columnar writers)."""
-    if count < 1 or len(offsets) != count + 1 or offsets[0] != 0 or offsets[-1] != len(data):
-        raise ValueError(f"need count >= 1 and count + 1 offsets from 0 to len(data), got {count} and "
-                         f"{len(offsets)} offsets")
-    if offsets[-1] > MAX_SECTION:
-        raise ValueError(f"records entry: values of {offsets[-1]} bytes exceed the 2 GiB section limit")
-    return b"".join((_RHEAD.pack(RECORDS_MAGIC, count, 0, append_timestamp),
-                     struct.pack(f"<{count + 1}I", *offsets), data))
+    if len(offsets) != count + 1 or offsets[-1] != len(data):
+        raise ValueError(f"need count + 1 offsets ending at len(data) ({len(data)}), got {len(offsets)} offsets")
+    return values_header(count, offsets, append_timestamp) + bytes(data)
 
 
 @dataclass(frozen=True, slots=True)
