@@ -134,6 +134,7 @@ def test_a_failed_entry_fails_its_batch_and_every_later_record(sqlite_cluster: L
             with pytest.raises(LedgerFencedError):
                 await p.write(b"c")
             assert p.buffered_bytes == 0
+            await p.close()  # a failed producer still closes (its segment is left to the new writer)
             await other.close()
             values = [r.value for _, recs in await _records(named, name) for r in recs]
             assert values == [b"a0", b"a1", b"a2"]
@@ -177,3 +178,27 @@ def test_blocking_producer(sqlite_cluster: LocalCluster) -> None:
         assert got == [RecordPosition(i, 0) for i in range(9)]
         recs = bk.run(_records(NamedLedgers(bk.aio), name))
         assert next(r for _, rs in recs for r in rs) == Record(b"%038d" % 0, b"k", None, (("h", b"1"), ("h", b"2")))
+
+
+def test_writers_waiting_for_room_keep_their_order(sqlite_cluster: LocalCluster) -> None:
+    # A buffer of three records and 60 writers started in order: most of them wait for room,
+    # and are served first come, first served, so positions follow the order of the writes.
+    async def main() -> None:
+        async with BookKeeper(sqlite_cluster.metadata_uri) as bk:
+            named = NamedLedgers(bk)
+            name = unique_name("prod-order")
+            settings = ProducerSettings(batch_size_bytes=60, linger_ms=1, buffer_memory_bytes=3 * 30,
+                                        max_record_bytes=30)
+            async with await Producer.open(named, name, settings=settings, **QUORUM) as p:
+
+                async def one(i: int) -> RecordPosition:
+                    return await (await p.write(b"%06d" % i))  # 6 + 22 = 28 bytes each
+
+                got = await asyncio.gather(*(asyncio.create_task(one(i)) for i in range(60)))
+                assert p.buffered_bytes == 0
+            keys = [(g.entry_id, g.batch_index) for g in got]
+            assert keys == sorted(keys) and len(set(keys)) == 60
+            values = [r.value for _, recs in await _records(named, name) for r in recs]
+            assert values == [b"%06d" % i for i in range(60)]
+
+    run(main())
