@@ -453,6 +453,11 @@ def _published(messages: Sequence[WriterCommitMessage | None]) -> list[VellumCom
     return sorted(msgs, key=lambda m: m.partition_id)
 
 
+def _target(opts: WriteOptions) -> str:
+    """What the sink writes into, for log lines."""
+    return repr(opts.name) if not opts.name_from_column else "(the names of the 'name' column)"
+
+
 def _by_name(opts: WriteOptions, msgs: Sequence[VellumCommit]) -> dict[str, list[int]]:
     """The staging ledgers to publish into each name, in partition order (``msgs`` are sorted)."""
     out: dict[str, list[int]] = {} if opts.name_from_column else {opts.name: []}
@@ -503,7 +508,7 @@ def commit_job(opts: WriteOptions, job: str, messages: Sequence[WriterCommitMess
             cleanup_staging(bk, job, published)
         except Exception as exc:
             log.warning("vellum sink %s: job %s is %s, but cleaning its staging up failed (%s); "
-                        "run `vellum spark staging-gc` to remove what is left", opts.name, job,
+                        "run `vellum spark staging-gc` to remove what is left", _target(opts), job,
                         "committed" if any_done else "a replay (skipped)", exc)
         return any_done
 
@@ -572,7 +577,7 @@ class VellumStreamWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
                           cursor=(cursor_key(query_id), batchId))
         if not done:
             log.info("vellum sink %s: batch %d of query %s was committed before: replay skipped",
-                     self.opts.name, batchId, query_id)
+                     _target(self.opts), batchId, query_id)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         msgs = _published(messages)
