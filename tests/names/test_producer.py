@@ -158,6 +158,8 @@ def test_bad_arguments_are_clear_errors(sqlite_cluster: LocalCluster) -> None:
                 await p.write(b"v", key=3)  # type: ignore[arg-type]
             with pytest.raises(IncorrectParameterError, match="timestamp must be milliseconds"):
                 await p.write(b"v", timestamp=-5)
+            with pytest.raises(IncorrectParameterError, match="end of year 9999"):
+                await p.write(b"v", timestamp=2**62)
             with pytest.raises(IncorrectParameterError, match="header 1"):
                 await p.write(b"v", headers=[(1, b"x")])  # type: ignore[list-item]
             with pytest.raises(IncorrectParameterError, match="above max_record_bytes"):

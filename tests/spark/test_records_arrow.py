@@ -74,3 +74,9 @@ def _arrow_schema() -> pa.Schema:
 def test_plain_entries_have_null_record_columns() -> None:
     batch = _batch(_arrow_schema(), None, 7, [0, 1], [0, 0], RecordColumns([b"x", b"y"]), None).to_pydict()
     assert batch["value"] == [b"x", b"y"] and batch["key"] == [None, None] and batch["name"] == [None, None]
+
+
+def test_timestamp_beyond_spark_is_a_clear_error() -> None:
+    entry = encode_records([Record(b"v", timestamp=2**62)], APPEND_MS)
+    with pytest.raises(CorruptionError, match="ledger 7 entry 4: a record timestamp is beyond"):
+        _unpack(PART, [LedgerEntry(7, 4, entry)], True)

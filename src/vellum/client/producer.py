@@ -40,6 +40,8 @@ __all__ = ["Producer", "ProducerSettings", "RecordPosition"]
 
 log = logging.getLogger(__name__)
 
+#: the last millisecond of year 9999: later times have no Spark (or ISO-8601) representation
+MAX_TIMESTAMP_MS = 253_402_300_799_999
 #: a packed entry travels in one frame (nettyMaxFrameSizeBytes is 5 MB by default)
 MAX_BATCH_BYTES = 4 * 1024 * 1024
 
@@ -108,9 +110,10 @@ def make_record(value: bytes | bytearray | memoryview, key: bytes | bytearray | 
         raise IncorrectParameterError(f"value must be bytes, got {type(value).__name__}")
     if key is not None and not isinstance(key, (bytes, bytearray, memoryview)):
         raise IncorrectParameterError(f"key must be bytes or None, got {type(key).__name__}")
-    if timestamp is not None and (not isinstance(timestamp, int) or isinstance(timestamp, bool) or timestamp < 0):
-        raise IncorrectParameterError(f"timestamp must be milliseconds since the Unix epoch (an int >= 0) or "
-                                      f"None, got {timestamp!r}")
+    if timestamp is not None and (not isinstance(timestamp, int) or isinstance(timestamp, bool)
+                                  or not 0 <= timestamp <= MAX_TIMESTAMP_MS):
+        raise IncorrectParameterError(f"timestamp must be milliseconds since the Unix epoch (an int from 0 to "
+                                      f"{MAX_TIMESTAMP_MS}, the end of year 9999) or None, got {timestamp!r}")
     return Record(bytes(value), None if key is None else bytes(key), timestamp, _headers(headers))
 
 

@@ -384,7 +384,11 @@ def _record_columns(view: RecordsView, where: str) -> RecordColumns:
             event = pa.array([int.from_bytes(view.timestamps[8 * i:8 * i + 8], "little", signed=True)
                               for i in range(n)], pa.int64())
         given = pa.Array.from_buffers(pa.bool_(), n, [None, pa.py_buffer(bytes(view.ts_validity))])
-        micros = pc.if_else(given, pc.multiply(event, 1000), append_us)
+        try:
+            micros = pc.if_else(given, pc.multiply_checked(event, 1000), append_us)
+        except pa.ArrowInvalid:
+            raise CorruptionError(f"{where}: a record timestamp is beyond what Spark can represent "
+                                  "(year 9999)") from None
         ts_type = pc.if_else(given, pa.scalar(0, pa.int32()), pa.scalar(1, pa.int32()))
     else:
         micros = pa.repeat(append_us, n)
