@@ -49,9 +49,9 @@ def test_batch_write_then_read_back(spark: Any, cluster: LocalCluster, bk: Any) 
 
 
 def test_packed_and_plain_entries(spark: Any, cluster: LocalCluster, bk: Any) -> None:
-    """Rows are packed into entries up to entryMaxRows / entryMaxBytes; entryMaxRows=1 writes
-    plain entries any client reads; a plain client unpacks packed ones with vellum.records."""
-    from vellum.format.records import ENTRY_FORMAT_KEY, ROWS_V1, unpack
+    """Rows are packed into records-v1 entries up to entryMaxRows / entryMaxBytes; entryMaxRows=1
+    writes plain entries any client reads; a plain client unpacks packed ones with vellum.records."""
+    from vellum.format.records import ENTRY_FORMAT_KEY, RECORDS_V1, unpack
 
     uri = cluster.metadata_uri
     rows = [(b"%04d" % i) * (1 + i % 50) for i in range(600)]  # 4..200 bytes, distinct
@@ -63,7 +63,7 @@ def test_packed_and_plain_entries(spark: Any, cluster: LocalCluster, bk: Any) ->
     packed = _record(bk, "tests/packed")
     (seg,) = packed.segments
     h = bk.open_ledger(seg.ledger_id)
-    assert h.metadata.custom_metadata[ENTRY_FORMAT_KEY] == ROWS_V1
+    assert h.metadata.custom_metadata[ENTRY_FORMAT_KEY] == RECORDS_V1
     entries = [unpack(e.payload) for e in h.read(0, h.last_add_confirmed)]
     assert [r for e in entries for r in e] == rows
     assert all(len(e) <= 64 and (len(e) == 1 or sum(map(len, e)) <= 4096) for e in entries)
@@ -117,7 +117,7 @@ def test_write_options_are_validated(spark: Any, cluster: LocalCluster) -> None:
 
     df = spark.createDataFrame([(b"a", 1)], "payload binary, other int")
     w = df.write.format("vellum").option("metadataServiceUri", cluster.metadata_uri).mode("append")
-    with pytest.raises(AnalysisException, match="writes only the 'payload' column"):
+    with pytest.raises(AnalysisException, match=r"other columns: \['other'\]"):
         w.save("tests/x")
     with pytest.raises(AnalysisException, match="option name is required"):
         df.select("payload").write.format("vellum").option("metadataServiceUri", cluster.metadata_uri) \

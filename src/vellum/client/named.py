@@ -205,11 +205,14 @@ class NamedLedgers:
         write_quorum_size: int | None = None,
         ack_quorum_size: int | None = None,
         custom_metadata: dict[str, bytes] | None = None,
+        segment_metadata: Mapping[str, bytes] | None = None,
     ) -> NamedLedgerHandle:
         """Open ``name``: CREATE (``LedgerExistsError`` if it exists), APPEND (``NoSuchLedgerError``
         if missing; fences the previous writer session), READ_ONLY (changes nothing), or
         CREATE_OR_APPEND. The quorum sizes and digest apply to new segments (CREATE defaults them
-        from the client configuration, APPEND from the record)."""
+        from the client configuration, APPEND from the record). ``segment_metadata``: custom
+        metadata of the segment ledger this writer session creates (e.g. its entry format,
+        ``vellum.format.records``), beside the name and epoch the segment is always stamped with."""
         mode = OpenMode(mode)
         validate_name(name)
         if not isinstance(password, (bytes, bytearray)):
@@ -217,7 +220,7 @@ class NamedLedgers:
         password = bytes(password)
         quorum = (ensemble_size, write_quorum_size, ack_quorum_size)
         if mode is OpenMode.CREATE:
-            return await self._create(name, digest_type, password, quorum, custom_metadata)
+            return await self._create(name, digest_type, password, quorum, custom_metadata, segment_metadata)
         if mode is OpenMode.READ_ONLY:
             v = await self._get_existing(name)
             v.value.check_password(password)
@@ -233,10 +236,10 @@ class NamedLedgers:
                     f"no named ledger {name!r}: APPEND needs an existing name (use CREATE or CREATE_OR_APPEND)"
                 )
             try:
-                return await self._create(name, digest_type, password, quorum, custom_metadata)
+                return await self._create(name, digest_type, password, quorum, custom_metadata, segment_metadata)
             except LedgerExistsError:
                 got = await self._get_existing(name)  # created meanwhile: append to it
-        return await self._acquire(got, password, quorum)
+        return await self._acquire(got, password, quorum, segment_metadata)
 
     async def _create(
         self,
@@ -245,6 +248,7 @@ class NamedLedgers:
         password: bytes,
         quorum: Quorum,
         custom_metadata: dict[str, bytes] | None,
+        segment_metadata: Mapping[str, bytes] | None = None,
     ) -> NamedLedgerHandle:
         cfg = self._bk.config
         e, wq, aq = resolve_quorum(quorum, (cfg.ensemble_size, cfg.write_quorum_size, cfg.ack_quorum_size))
@@ -254,7 +258,7 @@ class NamedLedgers:
             ack_quorum_size=aq, writer_epoch=1, writer=_writer_identity(), ctime_ms=int(time.time() * 1000),
             custom_metadata=dict(custom_metadata or {}),
         )
-        seg, md, md_version = await self._new_segment(rec, 0, 1)
+        seg, md, md_version = await self._new_segment(rec, 0, 1, segment_metadata=segment_metadata)
         rec = rec.replace(segments=(seg,))
         try:
             version = await self._create_record(rec)
@@ -268,6 +272,7 @@ class NamedLedgers:
 
     async def _new_segment(
         self, rec: NamedLedgerRecord, first_entry_id: int, epoch: int, quorum: Quorum = (None, None, None),
+        *, segment_metadata: Mapping[str, bytes] | None = None,
     ) -> tuple[Segment, LedgerMetadata, int]:
         """Create the OPEN ledger of a new segment: 2 metadata writes (ledger id, ledger metadata)."""
         ctx = self._ctx()
@@ -282,7 +287,8 @@ class NamedLedgers:
             ensemble = ctx.placement.new_ensemble(e, wq, aq, writable=ctx.writable_bookies,
                                                   read_only=ctx.read_only_bookies)
         md = rec.segment_ledger_metadata((e, wq, aq), ensemble, epoch, ctime_ms=int(time.time() * 1000),
-                                         creator_token=int.from_bytes(os.urandom(7), "big"))
+                                         creator_token=int.from_bytes(os.urandom(7), "big"),
+                                         extra=segment_metadata)
         store = ctx.store
         ledger_id = await self._meta(store.id_generator.generate_ledger_id)
         md_version: int = await self._meta(store.ledgers.create_ledger_with_id, ledger_id, md)
@@ -294,6 +300,7 @@ class NamedLedgers:
         got: Versioned[NamedLedgerRecord],
         password: bytes,
         quorum: Quorum,
+        segment_metadata: Mapping[str, bytes] | None = None,
     ) -> NamedLedgerHandle:
         """APPEND: fence + recover the open segment, create the next one, one CAS (see module doc)."""
         got.value.check_password(password)
@@ -314,7 +321,8 @@ class NamedLedgers:
                     end = recovered[key]
                 if new is None:
                     # Its first entry id and epoch are placed by acquired(), on each retry's record.
-                    new = await self._new_segment(rec, 0, rec.writer_epoch + 1, quorum)
+                    new = await self._new_segment(rec, 0, rec.writer_epoch + 1, quorum,
+                                                   segment_metadata=segment_metadata)
                 updated = rec.acquired(end, new[0], _writer_identity())
                 try:
                     version = await self._cas(updated, got.version)

@@ -181,16 +181,19 @@ class NamedLedgerRecord:
         )
 
     def segment_ledger_metadata(
-        self, quorum: tuple[int, int, int], ensemble: Sequence[str], epoch: int, *, ctime_ms: int, creator_token: int
+        self, quorum: tuple[int, int, int], ensemble: Sequence[str], epoch: int, *, ctime_ms: int, creator_token: int,
+        extra: Mapping[str, bytes] | None = None,
     ) -> LedgerMetadata:
         """The OPEN metadata of a new segment's ledger: the name's digest and password, stamped
-        with the name and the writer epoch (``CUSTOM_NAME_KEY``, ``CUSTOM_EPOCH_KEY``)."""
+        with the name and the writer epoch (``CUSTOM_NAME_KEY``, ``CUSTOM_EPOCH_KEY``), plus the
+        writer's ``extra`` custom metadata (its entry format)."""
         e, wq, aq = quorum
         return LedgerMetadata(
             ensemble_size=e, write_quorum_size=wq, ack_quorum_size=aq,
             ensembles={0: tuple(BookieId(b) for b in ensemble)},
             digest_type=self.digest_type, password=self.password, state=LedgerState.OPEN,
-            custom_metadata={CUSTOM_NAME_KEY: self.name.encode(), CUSTOM_EPOCH_KEY: str(epoch).encode()},
+            custom_metadata={**(extra or {}), CUSTOM_NAME_KEY: self.name.encode(),
+                             CUSTOM_EPOCH_KEY: str(epoch).encode()},
             ctime_ms=ctime_ms, creator_token=creator_token,
         )
 

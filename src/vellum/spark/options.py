@@ -29,10 +29,18 @@ EARLIEST = -2
 LATEST = -1
 
 #: Column names of the read schema (stable, documented in docs/spark.md).
+#: Kafka's source column names where they mean the same (key, value, timestamp, timestampType,
+#: headers); ``payload`` is the compatibility alias of ``value``.
+COL_KEY = "key"
+COL_VALUE = "value"
 COL_NAME = "name"
 COL_LEDGER = "ledgerId"
 COL_ENTRY = "entryId"
+COL_BATCH_INDEX = "batchIndex"
+COL_TIMESTAMP = "timestamp"
+COL_TIMESTAMP_TYPE = "timestampType"
 COL_PAYLOAD = "payload"
+COL_HEADERS = "headers"
 COL_METADATA = "customMetadata"
 
 
@@ -56,6 +64,8 @@ _READ_KEYS = {
     "minpartitions": "minPartitions",
     "includepayload": "includePayload",
     "includemetadata": "includeMetadata",
+    "includeheaders": "includeHeaders",
+    "payloadcolumn": "payloadColumn",
     "maxentriespertrigger": "maxEntriesPerTrigger",
     "maxbytespertrigger": "maxBytesPerTrigger",
     "minentriespertrigger": "minEntriesPerTrigger",
@@ -207,6 +217,10 @@ class ReadOptions:
     arrow_batch_entries: int
     password: bytes = field(repr=False)  # never in a log line or error message
     client_properties: tuple[tuple[str, str], ...]
+    #: add Kafka's ``headers`` column (array<struct<key: string, value: binary>>)
+    include_headers: bool = False
+    #: keep the ``payload`` column (the same bytes as ``value``) for jobs written before ``value``
+    payload_column: bool = True
 
     @property
     def named(self) -> bool:
@@ -319,6 +333,8 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
         arrow_batch_entries=_int(options, "arrowBatchEntries", 4096) or 4096,
         password=password,
         client_properties=_bk_passthrough(options),
+        include_headers=_bool(options, "includeHeaders", False),
+        payload_column=_bool(options, "payloadColumn", True),
     )
 
 
@@ -339,6 +355,12 @@ class WriteOptions:
     entry_max_rows: int = 1000
     #: a packed entry is closed before its rows' bytes pass this (a bigger row gets an entry alone)
     entry_max_bytes: int = 131072
+    #: the DataFrame's columns (value or payload, and any of key, timestamp, headers, name)
+    columns: tuple[str, ...] = ("value",)
+    #: the column holding the values: ``value``, or ``payload`` (its compatibility alias)
+    value_column: str = "value"
+    #: rows go to the named ledger in their ``name`` column (no ``name`` option given)
+    name_from_column: bool = False
 
     @property
     def packed(self) -> bool:
@@ -351,12 +373,15 @@ MAX_PACKED_ENTRY_BYTES = 4 * 1024 * 1024
 _DIGESTS = ("CRC32", "CRC32C", "HMAC", "DUMMY")
 
 
-def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
+def parse_write_options(options: Mapping[str, str], *, name_column: bool = False) -> WriteOptions:
+    """``name_column``: the DataFrame has a ``name`` column, which routes rows when the option
+    ``name`` is not given (Kafka's ``topic`` column and option)."""
     _check_keys(options, _WRITE_KEYS, "write")
     uri = _uri(options)
     name = _get(options, "name") or _get(options, "path")
-    if not name:
-        raise OptionError("option name is required: the named ledger to write into (or save(name))")
+    if not name and not name_column:
+        raise OptionError("option name is required: the named ledger to write into (or save(name)), unless the "
+                          "DataFrame has a 'name' column (string) naming each row's named ledger")
     digest = _get(options, "digestType")
     if digest is not None and digest.upper() not in _DIGESTS:
         raise OptionError(f"option digestType must be one of {', '.join(_DIGESTS)}, got {digest!r}")
@@ -371,7 +396,8 @@ def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
         raise OptionError(f"need ensembleSize >= writeQuorumSize >= ackQuorumSize, got {e} >= {w} >= {a}")
     return WriteOptions(
         metadata_uri=uri,
-        name=name,
+        name=name or "",
+        name_from_column=not name,
         ensemble_size=e,
         write_quorum_size=w,
         ack_quorum_size=a,

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.datasource import (
@@ -50,7 +51,7 @@ from pyspark.sql.types import StructType
 from vellum.client.blocking import BookKeeper, LedgerEntry
 from vellum.client.ledger import LedgerHandle as AsyncLedgerHandle
 from vellum.errors import CorruptionError, NoSuchEntryError, NoSuchLedgerError, VellumError
-from vellum.format.records import decode, is_packed
+from vellum.format.records import RECORDS_V1, RecordsView, decode, decode_records, entry_format, is_packed
 from vellum.spark.catalog import Bounds, Catalog, DataLossError, Span, catalog_for, resolve_offset
 from vellum.spark.connection import client, drop_client, shared_client
 from vellum.spark.loss import (
@@ -65,7 +66,20 @@ from vellum.spark.loss import (
     task_ids,
     write_losses,
 )
-from vellum.spark.options import ReadOptions
+from vellum.spark.options import (
+    COL_BATCH_INDEX,
+    COL_ENTRY,
+    COL_HEADERS,
+    COL_KEY,
+    COL_LEDGER,
+    COL_METADATA,
+    COL_NAME,
+    COL_PAYLOAD,
+    COL_TIMESTAMP,
+    COL_TIMESTAMP_TYPE,
+    COL_VALUE,
+    ReadOptions,
+)
 
 log = logging.getLogger(__name__)
 #: ranges of a partition read ahead of the one being converted (each about arrowBatchEntries rows)
@@ -220,7 +234,7 @@ def read_range(opts: ReadOptions, schema: StructType, part: EntryRange,
     (``vellum.format.records``) are unpacked into their rows. Lost entries (failOnDataLoss=false)
     are added to ``lost``.
     """
-    arrow_schema = to_arrow_schema(schema)
+    arrow_schema = to_arrow_schema(schema, timezone="UTC")  # as the Python data source worker checks it
     named = not opts.ledger_ids
     name_value = part.key if named else None
     with_md = opts.include_metadata
@@ -233,7 +247,7 @@ def read_range(opts: ReadOptions, schema: StructType, part: EntryRange,
             for lo in range(part.first, part.last + 1, opts.arrow_batch_entries):
                 hi = min(part.last, lo + opts.arrow_batch_entries - 1)
                 ids = list(range(lo, hi + 1))
-                yield _batch(arrow_schema, name_value, part.ledger_id, ids, [0] * len(ids), None, None)
+                yield _batch(arrow_schema, name_value, part.ledger_id, ids, [0] * len(ids), RecordColumns(None), None)
             return
         handle = bk.open_ledger(part.ledger_id, password=part.password, recovery=False)
     except NoSuchLedgerError:
@@ -244,7 +258,8 @@ def read_range(opts: ReadOptions, schema: StructType, part: EntryRange,
         drop_client(opts.metadata_uri, opts.client_properties)
         raise
     custom = dict(handle.metadata.custom_metadata)
-    packed = is_packed(custom)
+    fmt = entry_format(custom)
+    packed = fmt is not None
     rows_wanted = opts.arrow_batch_entries
     # Entries per read: the rows wanted for plain entries; for packed ones start small and
     # follow the rows per entry seen so far, so a batch stays near the rows wanted.
@@ -288,17 +303,18 @@ def read_range(opts: ReadOptions, schema: StructType, part: EntryRange,
                     refill(_READS_AHEAD)
                     continue
             if packed:
-                ids, index, payload_array = _unpack(part, entries)
+                ids, index, cols = _unpack(part, entries, fmt == RECORDS_V1)
                 step = max(1, rows_wanted * len(entries) // max(1, len(ids)))
             refill(_READS_AHEAD)
             if packed:
-                yield _batch(arrow_schema, name_value, part.ledger_id, ids, index,
-                             payload_array if opts.include_payload else None, custom if with_md else None)
+                if not opts.include_payload:
+                    cols.value = None
+                yield _batch(arrow_schema, name_value, part.ledger_id, ids, index, cols, custom if with_md else None)
             else:
                 ids = [e.entry_id + part.base for e in entries]
                 payloads = [e.payload for e in entries] if opts.include_payload else None
-                yield _batch(arrow_schema, name_value, part.ledger_id, ids, [0] * len(ids), payloads,
-                             custom if with_md else None)
+                yield _batch(arrow_schema, name_value, part.ledger_id, ids, [0] * len(ids),
+                             RecordColumns(payloads), custom if with_md else None)
     finally:
         for _lo, _hi, fut in pending:
             fut.cancel()  # the consumer stopped early (or a range was lost): drop the reads ahead
@@ -319,32 +335,127 @@ def read_partition(opts: ReadOptions, schema: StructType, partition: InputPartit
             write_losses(opts.data_loss_location, lost, task_ids())
 
 
-def _unpack(part: EntryRange, entries: list[LedgerEntry]) -> tuple[list[int], list[int], pa.Array]:
-    """Rows of packed entries: their global entry ids, batch indexes and one binary array.
+@dataclass
+class RecordColumns:
+    """The record columns of a run of rows (None: null for every row): ``value`` (also the
+    ``payload`` alias), and for ``records-v1`` entries ``key``, ``timestamp`` (Spark's
+    microseconds, UTC), ``timestampType`` (0 event time given by the writer, 1 append time) and
+    ``headers`` (Kafka's ``array<struct<key, value>>``, null for a record without headers)."""
 
-    Each entry's offsets and data become an Arrow array without copying a row (the format is
+    value: list[bytes] | pa.Array | None
+    key: pa.Array | None = None
+    timestamp: pa.Array | None = None
+    timestamp_type: pa.Array | None = None
+    headers: pa.Array | None = None
+
+
+#: Kafka's header shape: array<struct<key: string, value: binary>>
+HEADER_TYPE = pa.list_(pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())]))
+
+
+def _binary(type_: pa.DataType, n: int, validity: memoryview | None, offsets: memoryview, data: memoryview,
+            where: str, what: str) -> pa.Array:
+    """A binary/string Arrow array straight from a packed entry's little-endian section (no row
+    copied); Arrow's full validation checks the offsets (and UTF-8 of strings) in C."""
+    if _BIG_ENDIAN:
+        offs = [int.from_bytes(offsets[4 * i:4 * i + 4], "little") for i in range(n + 1)]
+        offsets = memoryview(pa.array(offs, pa.int32()).buffers()[1])
+    arr = pa.Array.from_buffers(type_, n, [None if validity is None else pa.py_buffer(validity),
+                                           pa.py_buffer(offsets), pa.py_buffer(data)])
+    try:
+        arr.validate(full=True)
+    except pa.ArrowInvalid as exc:
+        raise CorruptionError(f"{where}: packed entry {what} are invalid ({exc})") from None
+    return arr
+
+
+def _record_columns(view: RecordsView, where: str) -> RecordColumns:
+    """Arrow columns of one records-v1 entry."""
+    n = view.count
+    value = _binary(pa.binary(), n, None, view.value_offsets, view.values, where, "value offsets")
+    key = None
+    if view.key_offsets is not None and view.keys is not None:
+        key = _binary(pa.binary(), n, view.key_validity, view.key_offsets, view.keys, where, "key offsets")
+    append_us = pa.scalar(view.append_timestamp * 1000, pa.int64())
+    if view.timestamps is not None and view.ts_validity is not None:
+        # copied (n * 8 bytes): an entry's sections are not 8-byte aligned
+        event = pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(bytes(view.timestamps))])
+        if _BIG_ENDIAN:
+            event = pa.array([int.from_bytes(view.timestamps[8 * i:8 * i + 8], "little", signed=True)
+                              for i in range(n)], pa.int64())
+        given = pa.Array.from_buffers(pa.bool_(), n, [None, pa.py_buffer(bytes(view.ts_validity))])
+        try:
+            micros = pc.if_else(given, pc.multiply_checked(event, 1000), append_us)
+        except pa.ArrowInvalid:
+            raise CorruptionError(f"{where}: a record timestamp is beyond what Spark can represent "
+                                  "(year 9999)") from None
+        ts_type = pc.if_else(given, pa.scalar(0, pa.int32()), pa.scalar(1, pa.int32()))
+    else:
+        micros = pa.repeat(append_us, n)
+        ts_type = pa.repeat(pa.scalar(1, pa.int32()), n)
+    headers = None
+    if view.header_offsets is not None:
+        assert view.header_name_offsets is not None and view.header_names is not None
+        assert view.header_value_offsets is not None and view.header_values is not None
+        h = view.header_count
+        names = _binary(pa.string(), h, None, view.header_name_offsets, view.header_names, where, "header names")
+        values = _binary(pa.binary(), h, None, view.header_value_offsets, view.header_values, where,
+                         "header values")
+        offs = pa.array([int.from_bytes(view.header_offsets[4 * i:4 * i + 4], "little") for i in range(n + 1)],
+                        pa.int32())
+        empty = pc.equal(pc.subtract(offs.slice(1), offs.slice(0, n)), 0)  # Kafka: no headers -> null
+        try:
+            headers = pa.ListArray.from_arrays(offs, pa.StructArray.from_arrays([names, values], ["key", "value"]),
+                                               type=HEADER_TYPE, mask=empty)
+            headers.validate(full=True)
+        except (pa.ArrowInvalid, ValueError) as exc:
+            raise CorruptionError(f"{where}: packed entry header offsets are invalid ({exc})") from None
+    return RecordColumns(value, key, micros.cast(pa.timestamp("us", tz="UTC")), ts_type, headers)
+
+
+def _unpack(part: EntryRange, entries: list[LedgerEntry], records: bool) -> tuple[list[int], list[int], RecordColumns]:
+    """Rows of packed entries (``rows-v1``, or ``records-v1`` when ``records``): their global
+    entry ids, batch indexes and columns.
+
+    Each entry's offsets and data become Arrow arrays without copying a row (the format is
     little-endian like Arrow); Arrow's full validation checks every offset in C.
     """
     ids: list[int] = []
     index: list[int] = []
-    arrays: list[pa.Array] = []
+    parts: list[RecordColumns] = []
     for e in entries:
         where = f"ledger {part.ledger_id} entry {e.entry_id}"
-        view = decode(e.payload, where=where, check_offsets=_BIG_ENDIAN)
-        if _BIG_ENDIAN:
-            arrays.append(pa.array(view.rows(), pa.binary()))
+        if records:
+            rview = decode_records(e.payload, where=where, check_offsets=False)
+            parts.append(_record_columns(rview, where))
+            count = rview.count
         else:
-            arr = pa.Array.from_buffers(pa.binary(), view.count,
-                                        [None, pa.py_buffer(view.offsets_raw), pa.py_buffer(view.data)])
-            try:
-                arr.validate(full=True)
-            except pa.ArrowInvalid as exc:
-                raise CorruptionError(f"{where}: packed entry offsets are invalid ({exc})") from None
-            arrays.append(arr)
-        ids.extend([e.entry_id + part.base] * view.count)
-        index.extend(range(view.count))
-    payloads = pa.concat_arrays(arrays) if arrays else pa.array([], pa.binary())
-    return ids, index, payloads
+            view = decode(e.payload, where=where, check_offsets=_BIG_ENDIAN)
+            parts.append(RecordColumns(_binary(pa.binary(), view.count, None, view.offsets_raw, view.data, where,
+                                               "offsets")))
+            count = view.count
+        ids.extend([e.entry_id + part.base] * count)
+        index.extend(range(count))
+    return ids, index, _concat(parts, len(ids))
+
+
+def _concat(parts: list[RecordColumns], n: int) -> RecordColumns:
+    """One RecordColumns of consecutive runs; a column absent from every run stays None."""
+
+    def join(arrays: list[pa.Array | None], counts: list[int], type_: pa.DataType) -> pa.Array | None:
+        if all(a is None for a in arrays):
+            return None
+        return pa.concat_arrays([pa.nulls(c, type_) if a is None else a for a, c in zip(arrays, counts, strict=True)])
+
+    counts = [len(p.value) if p.value is not None else 0 for p in parts]
+    value = join([p.value for p in parts], counts, pa.binary()) if parts else pa.array([], pa.binary())  # type: ignore[misc]
+    return RecordColumns(
+        value if value is not None else pa.nulls(n, pa.binary()),
+        join([p.key for p in parts], counts, pa.binary()),
+        join([p.timestamp for p in parts], counts, pa.timestamp("us", tz="UTC")),
+        join([p.timestamp_type for p in parts], counts, pa.int32()),
+        join([p.headers for p in parts], counts, HEADER_TYPE),
+    )
 
 
 async def _read(handle: AsyncLedgerHandle, first: int, last: int) -> list[LedgerEntry]:
@@ -419,27 +530,45 @@ def _batch(
     ledger_id: int,
     ids: list[int],
     batch_index: list[int],
-    payloads: list[bytes] | pa.Array | None,
+    cols: RecordColumns,
     custom: dict[str, bytes] | None,
 ) -> pa.RecordBatch:
+    """One Arrow batch of the read schema; each column is found by name (the schema's optional
+    columns: ``payload``, ``headers``, ``customMetadata``)."""
     n = len(ids)
-    if payloads is None:
-        payload_col = pa.nulls(n, pa.binary())
-    elif isinstance(payloads, pa.Array):
-        payload_col = payloads
+    if cols.value is None:
+        value = pa.nulls(n, pa.binary())
+    elif isinstance(cols.value, pa.Array):
+        value = cols.value
     else:
-        payload_col = pa.array(payloads, pa.binary())
-    cols: list[pa.Array] = [
-        pa.nulls(n, pa.string()) if name is None else pa.repeat(pa.scalar(name, pa.string()), n),
-        pa.repeat(pa.scalar(ledger_id, pa.int64()), n),
-        pa.array(ids, pa.int64()),
-        pa.array(batch_index, pa.int32()),
-        payload_col,
-    ]
-    if len(schema) > len(cols):
-        items = list((custom or {}).items())
-        cols.append(pa.array([items] * n, schema.field(len(cols)).type))
-    return pa.RecordBatch.from_arrays(cols, schema=schema)
+        value = pa.array(cols.value, pa.binary())
+    out: list[pa.Array] = []
+    for f in schema:
+        col: pa.Array | None
+        if f.name in (COL_VALUE, COL_PAYLOAD):
+            col = value
+        elif f.name == COL_NAME:
+            col = pa.nulls(n, pa.string()) if name is None else pa.repeat(pa.scalar(name, pa.string()), n)
+        elif f.name == COL_LEDGER:
+            col = pa.repeat(pa.scalar(ledger_id, pa.int64()), n)
+        elif f.name == COL_ENTRY:
+            col = pa.array(ids, pa.int64())
+        elif f.name == COL_BATCH_INDEX:
+            col = pa.array(batch_index, pa.int32())
+        elif f.name == COL_KEY:
+            col = cols.key
+        elif f.name == COL_TIMESTAMP:
+            col = cols.timestamp
+        elif f.name == COL_TIMESTAMP_TYPE:
+            col = cols.timestamp_type
+        elif f.name == COL_HEADERS:
+            col = cols.headers
+        elif f.name == COL_METADATA:
+            col = pa.array([list((custom or {}).items())] * n, f.type)
+        else:  # pragma: no cover - the schema is fixed (datasource.read_schema)
+            raise AssertionError(f"unknown read column {f.name}")
+        out.append(pa.nulls(n, f.type) if col is None else col.cast(f.type) if col.type != f.type else col)
+    return pa.RecordBatch.from_arrays(out, schema=schema)
 
 
 class VellumBatchReader(DataSourceReader):  # type: ignore[misc]

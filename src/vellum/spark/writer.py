@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import collections
+import dataclasses
 import json
 import logging
 import time
@@ -42,6 +43,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark import TaskContext
 from pyspark.sql.datasource import (
     DataSourceArrowWriter,
@@ -50,11 +52,19 @@ from pyspark.sql.datasource import (
 )
 
 from vellum.client.blocking import BookKeeper
+from vellum.client.blocking import LedgerHandle as BlockingLedgerHandle
 from vellum.client.ledger import LedgerHandle as AsyncLedgerHandle
 from vellum.errors import MetadataVersionError
-from vellum.format.records import ENTRY_FORMAT_KEY, ROWS_V1, pack_header
+from vellum.format.records import (
+    ENTRY_FORMAT_KEY,
+    RECORDS_V1,
+    Record,
+    encode_records,
+    record_size,
+    values_header,
+)
 from vellum.spark.connection import client, shared_client
-from vellum.spark.options import WriteOptions
+from vellum.spark.options import COL_HEADERS, COL_KEY, COL_NAME, COL_TIMESTAMP, WriteOptions
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +80,9 @@ _PACKED_IN_FLIGHT_BYTES = 32 * 1024 * 1024
 
 @dataclass(frozen=True)
 class VellumCommit(WriterCommitMessage):  # type: ignore[misc]
-    """What one successful task attempt wrote: a closed staging ledger (or ``ledger_id=-1`` if empty)."""
+    """What one successful task attempt wrote: a closed staging ledger (or ``ledger_id=-1`` if
+    empty) for the ``name`` option; with a ``name`` column, ``segments`` lists one closed staging
+    ledger per name the task's rows went to, ``(name, ledger id)``, and ``ledger_id`` is -1."""
 
     job: str
     partition_id: int
@@ -80,19 +92,29 @@ class VellumCommit(WriterCommitMessage):  # type: ignore[misc]
     bytes: int
     query_id: str | None = None
     batch_id: int | None = None
+    segments: tuple[tuple[str, int], ...] = ()
+
+    def ledger_ids(self) -> list[int]:
+        """Every staging ledger of this attempt."""
+        return [lid for _n, lid in self.segments] + ([self.ledger_id] if self.ledger_id >= 0 else [])
 
 
-def _payload_column(batch: pa.RecordBatch) -> pa.Array:
-    """The batch's payload column as a binary array without nulls (strings become their UTF-8)."""
-    idx = batch.schema.get_field_index("payload")
+def _value_column(batch: pa.RecordBatch, column: str) -> pa.Array:
+    """The batch's value column (``value``, or its alias ``payload``) as a binary array without
+    nulls (strings become their UTF-8)."""
+    idx = batch.schema.get_field_index(column)
+    if idx < 0:  # callers that skipped save()'s schema check: the alias either way
+        column = "payload" if column == "value" else "value"
+        idx = batch.schema.get_field_index(column)
     if idx < 0:
-        raise ValueError("[VELLUM_WRITE] the DataFrame needs a 'payload' column (binary or string)")
-    column = batch.column(idx)
-    if column.null_count:
-        raise ValueError("[VELLUM_WRITE] payload is null: every row needs a payload")
-    if not pa.types.is_binary(column.type):
-        column = column.cast(pa.binary())  # string (UTF-8 already) and large types: no re-encoding
-    return column
+        raise ValueError("[VELLUM_WRITE] the DataFrame needs a 'value' column (binary or string)")
+    col = batch.column(idx)
+    if col.null_count:
+        raise ValueError(f"[VELLUM_WRITE] column {column} is null in {col.null_count} row(s): every row needs a "
+                         "value (filter them out, or coalesce them to an empty value)")
+    if not pa.types.is_binary(col.type):
+        col = col.cast(pa.binary())  # string (UTF-8 already) and large types: no re-encoding
+    return col
 
 
 def _offsets(column: pa.Array) -> memoryview:
@@ -103,7 +125,8 @@ def _offsets(column: pa.Array) -> memoryview:
 
 
 def pack_column(column: pa.Array, max_rows: int, max_bytes: int) -> list[bytes]:
-    """Cut a binary column into packed entries (``vellum.format.records``), rows kept in order.
+    """Cut a binary column into ``records-v1`` entries of bare values (``vellum.format.records``),
+    rows kept in order.
 
     An entry takes rows while it has fewer than ``max_rows`` and their bytes stay within
     ``max_bytes``; a row bigger than ``max_bytes`` gets an entry of its own. The rows' bytes are
@@ -115,6 +138,7 @@ def pack_column(column: pa.Array, max_rows: int, max_bytes: int) -> list[bytes]:
     offs = _offsets(column).tolist()
     data = column.buffers()[2]
     mv = memoryview(data) if data is not None else memoryview(b"")
+    now_ms = int(time.time() * 1000)
     out: list[bytes] = []
     i = 0
     while i < n:
@@ -122,57 +146,123 @@ def pack_column(column: pa.Array, max_rows: int, max_bytes: int) -> list[bytes]:
         if j <= i:
             j = i + 1
         base = offs[i]
-        out.append(pack_header(j - i, [o - base for o in offs[i:j + 1]]) + mv[base:offs[j]])
+        out.append(values_header(j - i, [o - base for o in offs[i:j + 1]], now_ms) + mv[base:offs[j]])
         i = j
     return out
 
 
+def _record_column_names(opts: WriteOptions) -> list[str]:
+    return [c for c in (COL_KEY, COL_TIMESTAMP, COL_HEADERS) if c in opts.columns]
+
+
+def pack_records(batch: pa.RecordBatch, value: pa.Array, opts: WriteOptions) -> list[bytes]:
+    """Rows with a key, timestamp or headers column as ``records-v1`` entries, in row order,
+    cut like :func:`pack_column` (``entryMaxRows``, ``entryMaxBytes`` counted with
+    :func:`vellum.format.records.record_size`). Bad cells are errors naming the column."""
+    n = batch.num_rows
+    cols = {c: batch.column(batch.schema.get_field_index(c)) for c in _record_column_names(opts)}
+    values = value.to_pylist()
+    keys: list[bytes | None] = [None] * n
+    if COL_KEY in cols:
+        k = cols[COL_KEY]
+        keys = (k if pa.types.is_binary(k.type) else k.cast(pa.binary())).to_pylist()
+    stamps: list[int | None] = [None] * n
+    if COL_TIMESTAMP in cols:
+        us = cols[COL_TIMESTAMP].cast(pa.int64()).to_pylist()
+        stamps = [None if t is None else t // 1000 for t in us]
+        bad = next((t for t in stamps if t is not None and t < 0), None)
+        if bad is not None:
+            raise ValueError(f"[VELLUM_WRITE] column timestamp: {bad} ms is before 1970-01-01 (record "
+                             "timestamps are milliseconds since the Unix epoch, >= 0); null means none")
+    headers: list[tuple[tuple[str, bytes], ...]] = [()] * n
+    if COL_HEADERS in cols:
+        raw = cols[COL_HEADERS].to_pylist()
+        headers = []
+        for row in raw:
+            hs = []
+            for h in row or ():
+                if h is None or h["key"] is None or h["value"] is None:
+                    raise ValueError(f"[VELLUM_WRITE] column headers: a header, its key or its value is null "
+                                     f"({h!r}); every header needs a key and a value (binary)")
+                v = h["value"]
+                hs.append((h["key"], v.encode() if isinstance(v, str) else bytes(v)))
+            headers.append(tuple(hs))
+    now_ms = int(time.time() * 1000)
+    out: list[bytes] = []
+    cur: list[Record] = []
+    cur_bytes = 0
+    for i in range(n):
+        rec = Record(values[i], keys[i], stamps[i], headers[i])
+        size = record_size(len(rec.value), None if rec.key is None else len(rec.key), rec.headers)
+        if cur and (len(cur) >= opts.entry_max_rows or cur_bytes + size > opts.entry_max_bytes):
+            out.append(encode_records(cur, now_ms))
+            cur, cur_bytes = [], 0
+        cur.append(rec)
+        cur_bytes += size
+    if cur:
+        out.append(encode_records(cur, now_ms))
+    return out
+
+
+def _route(batch: pa.RecordBatch, opts: WriteOptions) -> list[tuple[str, pa.RecordBatch]]:
+    """``(name, rows)`` of a batch: all of it to the ``name`` option, or, with a ``name`` column
+    (and no option), the rows of each name in the order they came (order kept within a name)."""
+    if not opts.name_from_column:
+        return [(opts.name, batch)]
+    col = batch.column(batch.schema.get_field_index(COL_NAME))
+    if col.null_count:
+        raise ValueError(f"[VELLUM_WRITE] column name is null in {col.null_count} row(s): every row needs the "
+                         "named ledger to go to (or set the option name for all rows)")
+    names = pc.unique(col).to_pylist()
+    if len(names) == 1:
+        return [(names[0], batch)]
+    return [(n, batch.filter(pc.equal(col, n))) for n in names]
+
+
 def write_task(opts: WriteOptions, job: str, batches: Iterator[pa.RecordBatch],
                query_id: str | None = None, batch_id: int | None = None) -> VellumCommit:
-    """Write one task attempt's rows into a new staging ledger (executor side)."""
+    """Write one task attempt's rows into new staging ledgers, one per name its rows go to
+    (executor side)."""
     ctx = TaskContext.get()
     partition = ctx.partitionId() if ctx is not None else 0
     attempt = ctx.attemptNumber() if ctx is not None else 0
     bk = shared_client(opts.metadata_uri, opts.client_properties)
-    handle = None
+    handles: dict[str, BlockingLedgerHandle] = {}
     rows = nbytes = 0
     try:
         for batch in batches:
             if batch.num_rows == 0:
                 continue
-            if handle is None:
-                handle = bk.create_ledger(
-                    ensemble_size=opts.ensemble_size, write_quorum_size=opts.write_quorum_size,
-                    ack_quorum_size=opts.ack_quorum_size, digest_type=opts.digest_type,
-                    password=opts.password,
-                    custom_metadata=_staging_metadata(opts, job, partition, attempt),
-                )
-                _register_staging(bk, job, partition, attempt, handle.ledger_id)
-                if bk.aio.store.kv.get(f"{FINISHED_PREFIX}{job}") is not None:
-                    # The driver committed or aborted this job already (this attempt is late):
-                    # undo the registration ourselves; the except below deletes the ledger.
-                    bk.aio.store.kv.delete(_registration_key(job, partition, attempt, handle.ledger_id))
-                    raise RuntimeError(f"[VELLUM_WRITE] job {job} already finished; task attempt dropped")
-            column = _payload_column(batch)
-            if opts.packed:
-                entries = pack_column(column, opts.entry_max_rows, opts.entry_max_bytes)
-                window = max(1, min(opts.max_in_flight, _PACKED_IN_FLIGHT_BYTES // opts.entry_max_bytes))
-            else:
-                entries = column.to_pylist()
-                window = opts.max_in_flight
-            # The whole Arrow batch is appended by one coroutine on the client's loop: one thread
-            # hop per batch instead of one per entry.
-            bk.run(_append_all(handle.aio, entries, window))
-            rows += len(column)
-            if len(column):
-                offs = _offsets(column)
-                nbytes += offs[-1] - offs[0]  # the rows' bytes, without listing every offset
-        if handle is None:
-            return VellumCommit(job, partition, attempt, -1, 0, 0, query_id, batch_id)
-        handle.close()
-        return VellumCommit(job, partition, attempt, handle.ledger_id, rows, nbytes, query_id, batch_id)
+            for name, part in _route(batch, opts):
+                handle = handles.get(name)
+                if handle is None:
+                    handle = handles[name] = _staging_ledger(bk, opts, name, job, partition, attempt)
+                column = _value_column(part, opts.value_column)
+                if _record_column_names(opts):
+                    entries = pack_records(part, column, opts)
+                    window = max(1, min(opts.max_in_flight, _PACKED_IN_FLIGHT_BYTES // opts.entry_max_bytes))
+                elif opts.packed:
+                    entries = pack_column(column, opts.entry_max_rows, opts.entry_max_bytes)
+                    window = max(1, min(opts.max_in_flight, _PACKED_IN_FLIGHT_BYTES // opts.entry_max_bytes))
+                else:
+                    entries = column.to_pylist()
+                    window = opts.max_in_flight
+                # The whole Arrow batch is appended by one coroutine on the client's loop: one thread
+                # hop per batch instead of one per entry.
+                bk.run(_append_all(handle.aio, entries, window))
+                rows += len(column)
+                if len(column):
+                    offs = _offsets(column)
+                    nbytes += offs[-1] - offs[0]  # the rows' bytes, without listing every offset
+        for handle in handles.values():
+            handle.close()
+        if not opts.name_from_column:
+            lid = handles[opts.name].ledger_id if handles else -1
+            return VellumCommit(job, partition, attempt, lid, rows, nbytes, query_id, batch_id)
+        return VellumCommit(job, partition, attempt, -1, rows, nbytes, query_id, batch_id,
+                            tuple((n, h.ledger_id) for n, h in handles.items()))
     except BaseException:
-        if handle is not None:
+        for handle in handles.values():
             # Best effort now; commit/abort sweeps the registration anyway.
             try:
                 bk.delete_ledger(handle.ledger_id)
@@ -182,11 +272,47 @@ def write_task(opts: WriteOptions, job: str, batches: Iterator[pa.RecordBatch],
         raise
 
 
-def _staging_metadata(opts: WriteOptions, job: str, partition: int, attempt: int) -> dict[str, bytes]:
-    md = {TAG_JOB: job.encode(), "vellum.spark.name": opts.name.encode(),
+def _staging_ledger(bk: BookKeeper, opts: WriteOptions, name: str, job: str, partition: int,
+                    attempt: int) -> BlockingLedgerHandle:
+    """Create and register this attempt's staging ledger for ``name`` (with the name's digest
+    and quorums: a name met in the ``name`` column is resolved here, on first sight)."""
+    if opts.name_from_column:
+        from vellum.client.named import validate_name
+        from vellum.spark.names import resolve_write_settings
+
+        try:
+            validate_name(name)
+        except ValueError as exc:
+            raise ValueError(f"[VELLUM_WRITE] column name: {name!r} is not a valid name ({exc})") from None
+        opts = resolve_write_settings(bk, dataclasses.replace(opts, name=name))
+    handle = bk.create_ledger(
+        ensemble_size=opts.ensemble_size, write_quorum_size=opts.write_quorum_size,
+        ack_quorum_size=opts.ack_quorum_size, digest_type=opts.digest_type,
+        password=opts.password,
+        custom_metadata=_staging_metadata(opts, name, job, partition, attempt),
+    )
+    try:
+        _register_staging(bk, job, partition, attempt, handle.ledger_id)
+        if bk.aio.store.kv.get(f"{FINISHED_PREFIX}{job}") is not None:
+            # The driver committed or aborted this job already (this attempt is late): undo the
+            # registration ourselves; the caller's except deletes the ledger.
+            bk.aio.store.kv.delete(_registration_key(job, partition, attempt, handle.ledger_id))
+            raise RuntimeError(f"[VELLUM_WRITE] job {job} already finished; task attempt dropped")
+    except BaseException:
+        try:
+            bk.delete_ledger(handle.ledger_id)
+        except Exception as exc:
+            log.warning("staging ledger %d of failed task: delete failed (%s); left for cleanup",
+                        handle.ledger_id, exc)
+        raise
+    return handle
+
+
+def _staging_metadata(opts: WriteOptions, name: str, job: str, partition: int, attempt: int) -> dict[str, bytes]:
+    md = {TAG_JOB: job.encode(), "vellum.spark.name": name.encode(),
           "vellum.spark.partition": str(partition).encode(), "vellum.spark.attempt": str(attempt).encode()}
-    if opts.packed:
-        md[ENTRY_FORMAT_KEY] = ROWS_V1  # readers unpack every entry of this ledger into rows
+    if opts.packed or _record_column_names(opts):
+        md[ENTRY_FORMAT_KEY] = RECORDS_V1  # readers decode every entry of this ledger into records
     return md
 
 
@@ -235,7 +361,7 @@ def _registered_ledger(key: str) -> int:
         return -1
 
 
-def _forget_published(bk: BookKeeper, job: str, msgs: Sequence[VellumCommit]) -> None:
+def _forget_published(bk: BookKeeper, job: str, msgs: Sequence[VellumCommit], published: set[int]) -> None:
     """Remove the registrations of the ledgers the CAS just published: they are segments now.
 
     Keys come from the commit messages (no listing), so this is the first thing after the CAS;
@@ -244,8 +370,9 @@ def _forget_published(bk: BookKeeper, job: str, msgs: Sequence[VellumCommit]) ->
     """
     kv = bk.aio.store.kv
     for m in msgs:
-        if m.ledger_id >= 0:
-            kv.delete(_registration_key(job, m.partition_id, m.attempt, m.ledger_id))
+        for lid in m.ledger_ids():
+            if lid in published:
+                kv.delete(_registration_key(job, m.partition_id, m.attempt, lid))
 
 
 def cleanup_staging(bk: BookKeeper, job: str, keep: set[int], *, also: Sequence[int] = ()) -> StagingCleanup:
@@ -326,44 +453,71 @@ def _published(messages: Sequence[WriterCommitMessage | None]) -> list[VellumCom
     return sorted(msgs, key=lambda m: m.partition_id)
 
 
+def _target(opts: WriteOptions) -> str:
+    """What the sink writes into, for log lines."""
+    return repr(opts.name) if not opts.name_from_column else "(the names of the 'name' column)"
+
+
+def _by_name(opts: WriteOptions, msgs: Sequence[VellumCommit]) -> dict[str, list[int]]:
+    """The staging ledgers to publish into each name, in partition order (``msgs`` are sorted)."""
+    out: dict[str, list[int]] = {} if opts.name_from_column else {opts.name: []}
+    for m in msgs:
+        for name, lid in m.segments:
+            out.setdefault(name, []).append(lid)
+        if m.ledger_id >= 0:
+            out.setdefault(opts.name, []).append(m.ledger_id)
+    return out
+
+
 def commit_job(opts: WriteOptions, job: str, messages: Sequence[WriterCommitMessage | None], *,
                overwrite: bool, cursor: tuple[str, int] | None = None) -> bool:
-    """Publish the job's staging ledgers by one CAS; False if the cursor says it is a replay."""
+    """Publish the job's staging ledgers by one CAS per name; False if the cursor says it is a
+    replay for every name (a name whose cursor is already at the batch is left untouched).
+
+    With a ``name`` column a job publishes into several names: each name's publish is atomic
+    and exactly-once (the stream cursor lives in each name's record), the set of names is not
+    (a driver that dies between two CASes leaves the first name published; a stream's replay
+    then publishes only the others).
+    """
     from vellum.spark.names import NameWriter
 
     msgs = _published(messages)
-    ids = [m.ledger_id for m in msgs if m.ledger_id >= 0]
+    published: set[int] = set()
+    any_done = False
     with client(opts.metadata_uri, opts.client_properties) as bk:
-        writer = NameWriter(bk, opts)
-        for attempt in range(20):
-            try:
-                done = writer.publish(ids, overwrite=overwrite, cursor=cursor)
-                break
-            except MetadataVersionError:
-                # Another writer changed the record between our read and CAS: re-read and retry.
-                time.sleep(min(1.0, 0.02 * 2 ** attempt))
-        else:
-            raise RuntimeError(f"[VELLUM_WRITE] could not publish into {opts.name!r}: the name record kept "
-                               "changing (20 compare-and-set conflicts)")
+        for name, ids in sorted(_by_name(opts, msgs).items()):
+            writer = NameWriter(bk, dataclasses.replace(opts, name=name))
+            for attempt in range(20):
+                try:
+                    done = writer.publish(ids, overwrite=overwrite, cursor=cursor)
+                    break
+                except MetadataVersionError:
+                    # Another writer changed the record between our read and CAS: re-read and retry.
+                    time.sleep(min(1.0, 0.02 * 2 ** attempt))
+            else:
+                raise RuntimeError(f"[VELLUM_WRITE] could not publish into {name!r}: the name record kept "
+                                   "changing (20 compare-and-set conflicts)")
+            if done:
+                published.update(ids)
+                any_done = True
         # The CAS was the commit: an error from here on must not fail the job (Spark would abort
         # it, or a batch job be re-run, while its data is already visible). What is left behind
         # is safe for staging-gc, which never deletes a ledger a name references.
         try:
-            if done:
-                _forget_published(bk, job, msgs)
-            cleanup_staging(bk, job, set(ids) if done else set())
+            _forget_published(bk, job, msgs, published)
+            cleanup_staging(bk, job, published)
         except Exception as exc:
             log.warning("vellum sink %s: job %s is %s, but cleaning its staging up failed (%s); "
-                        "run `vellum spark staging-gc` to remove what is left", opts.name, job,
-                        "committed" if done else "a replay (skipped)", exc)
-        return done
+                        "run `vellum spark staging-gc` to remove what is left", _target(opts), job,
+                        "committed" if any_done else "a replay (skipped)", exc)
+        return any_done
 
 
 def abort_job(opts: WriteOptions, job: str, messages: Sequence[WriterCommitMessage | None]) -> None:
     with client(opts.metadata_uri, opts.client_properties) as bk:
         # The messages' ledgers too (usually registered as well): a commit whose CAS was applied
         # but reported an error ends here, and cleanup_staging keeps what a name references.
-        cleanup_staging(bk, job, set(), also=[m.ledger_id for m in _published(messages) if m.ledger_id >= 0])
+        cleanup_staging(bk, job, set(), also=[lid for m in _published(messages) for lid in m.ledger_ids()])
 
 
 class VellumBatchWriter(DataSourceArrowWriter):  # type: ignore[misc]
@@ -423,7 +577,7 @@ class VellumStreamWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
                           cursor=(cursor_key(query_id), batchId))
         if not done:
             log.info("vellum sink %s: batch %d of query %s was committed before: replay skipped",
-                     self.opts.name, batchId, query_id)
+                     _target(self.opts), batchId, query_id)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         msgs = _published(messages)
