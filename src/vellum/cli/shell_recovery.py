@@ -75,16 +75,20 @@ def register(shell: click.Group) -> None:
 @_json_option
 def listunderreplicated(uri: str, missingreplica: str | None, excludingmissingreplica: str | None,
                         as_json: bool) -> None:
-    """Ledgers marked under-replicated, with their missing replicas and who works on them."""
+    """Ledgers marked under-replicated, with their missing replicas, who works on them and, for
+    those a replication worker cannot heal, why (no spare bookie, placement cannot be met)."""
     with _store(uri) as store:
         rows = ra.list_under_replicated(store, missing_replica=missingreplica,
                                         excluding_missing_replica=excludingmissingreplica)
     if as_json:
         emit_json([r.to_json() for r in rows])
         return
-    emit_table(["ledger", "missing replicas", "marked (ms since epoch)", "locked by"],
-               [(r.ledger_id, ", ".join(r.missing_replicas), r.ctime_ms, r.locked_by or "") for r in rows],
+    emit_table(["ledger", "missing replicas", "marked (ms since epoch)", "locked by", "cannot heal"],
+               [(r.ledger_id, ", ".join(r.missing_replicas), r.ctime_ms, r.locked_by or "",
+                 r.cannot_heal.kind if r.cannot_heal else "") for r in rows],
                title=f"{len(rows)} under-replicated ledgers")
+    for reason, count in ra.cannot_heal_reasons(rows):
+        click.echo(f"{count} ledger{'s' if count > 1 else ''} cannot heal: {reason}")
 
 
 @click.command()
@@ -145,8 +149,11 @@ def autorecovery(uri: str, action: str, as_json: bool) -> None:
         emit_json({"enabled": enabled, **state})
     else:
         emit_kv({"re-replication": "enabled" if enabled else "disabled", "auditor": state["auditorId"] or "none",
-                 "under-replicated ledgers": "yes" if state["clusterUnderReplicated"] else "none"},
+                 "under-replicated ledgers": "yes" if state["clusterUnderReplicated"] else "none",
+                 "ledgers that cannot heal": state["ledgersThatCannotHeal"]},
                 title="autorecovery")
+        if state["ledgersThatCannotHeal"]:
+            click.echo("`vellum shell listunderreplicated` says why")
 
 
 @click.command()

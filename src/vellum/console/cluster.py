@@ -721,6 +721,7 @@ class ClusterConsole:
         lost = [v for v in views if not v.up]
         per_lost = {v.bookie_id: sum(1 for row in ur if v.bookie_id in row.missing_replicas) for v in lost}
         return {"rows": ur[:500], "total": len(ur), "auditor": auditor, "enabled": enabled, "delay": delay,
+                "cannot_heal": recovery_admin.cannot_heal_reasons(ur),
                 "lost": lost, "per_lost": per_lost, "eta_s": eta, "bookies": views,
                 "rate_chart": {"t": t, "series": [{"label": "re-replicated bytes/s", "values": rate}]},
                 "ur_chart": {"t": t_ur, "series": [{"label": "under-replicated ledgers", "values": ur_counts}]},
