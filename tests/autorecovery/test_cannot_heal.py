@@ -100,6 +100,13 @@ def test_a_ledger_that_cannot_heal_says_why_once_and_heals_when_a_bookie_joins(t
                 await lh.close()
                 assert b[2] in map(str, lh.metadata.ensembles[0]) and b[3] not in map(str, lh.metadata.ensembles[0])
                 (wide if e == 3 else narrow).append(lh.ledger_id)
+            # and one left open by a writer that went away: fenced and recovered after the grace
+            # period, whose recovery cannot replace the lost bookie either
+            lh = await plain.create_ledger(ensemble_size=3, write_quorum_size=3, ack_quorum_size=2)
+            for i in range(5):
+                await lh.append(b"entry %d" % i)
+            lh.abandon()
+            wide.append(lh.ledger_id)
         return wide, narrow
 
     with cluster:
