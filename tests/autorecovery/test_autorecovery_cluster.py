@@ -352,15 +352,17 @@ def test_zoneaware_ledgers_keep_three_zones_in_every_write_quorum_after_autoreco
         return ids
 
     async def badly_placed() -> int:
-        """A ledger the default (random) policy put with one write quorum in a single zone."""
+        """A ledger the default (random) policy put with one write quorum in a single zone, not
+        on the victim (healing it would replace a member and might mend its placement)."""
         async with BookKeeper(cluster.metadata_uri, config=ClientConfig()) as bk:
-            for _ in range(100):
+            for _ in range(200):
                 lh = await bk.create_ledger(ensemble_size=6, write_quorum_size=3, ack_quorum_size=2)
                 await lh.close()
-                if 1 in zones_per_write_quorum(lh.metadata.ensembles[0]):
+                if 1 in zones_per_write_quorum(lh.metadata.ensembles[0]) and \
+                        victim not in map(str, lh.metadata.ensembles[0]):
                     return lh.ledger_id
                 await bk.delete_ledger(lh.ledger_id)
-        raise AssertionError("no single-zone write quorum in 100 random ensembles")
+        raise AssertionError("no single-zone write quorum off the victim in 200 random ensembles")
 
     async def placement_check() -> int:
         """The auditor's placement check, with the zone-aware policy the bookies use."""

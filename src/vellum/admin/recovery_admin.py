@@ -2,7 +2,8 @@
 (``/api/v1/autorecovery/*``), so both do exactly the same thing.
 
 Metadata-only (any process that can open the metadata store):
-- ``list_under_replicated``: the records, with their missing replicas, mark time and lock owner;
+- ``list_under_replicated``: the records, with their missing replicas, mark time, lock owner
+  and, when a replication worker found it cannot heal the ledger, why (``cannot_heal``);
 - ``who_is_auditor``, ``status`` / ``set_enabled`` (the global switch), the lost-bookie delay,
   ``trigger_audit`` (re-sets the delay, which makes the auditor mark every lost bookie's ledgers
   at once, as BookKeeper's ``triggeraudit``);
@@ -23,6 +24,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from vellum.autorecovery.cannot_heal import CannotHeal, CannotHealRecords
 from vellum.autorecovery.fragments import bookies_of
 from vellum.autorecovery.settings import AutoRecoverySettings
 from vellum.autorecovery.worker import Outcome, ReplicationWorker
@@ -49,15 +51,19 @@ class UnderReplicatedRow:
     missing_replicas: tuple[str, ...]
     ctime_ms: int
     locked_by: str | None
+    #: why a replication worker cannot heal it (None: nothing known against healing)
+    cannot_heal: CannotHeal | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"ledgerId": self.ledger_id, "missingReplicas": list(self.missing_replicas),
-                "ctime": self.ctime_ms, "lockedBy": self.locked_by}
+                "ctime": self.ctime_ms, "lockedBy": self.locked_by,
+                "cannotHeal": self.cannot_heal.to_json() if self.cannot_heal is not None else None}
 
 
 def list_under_replicated(store: MetadataStore, *, missing_replica: str | None = None,
                           excluding_missing_replica: str | None = None) -> list[UnderReplicatedRow]:
     urm = store.underreplication
+    why = CannotHealRecords(store.kv).all()
     rows = []
     for rec in urm.list_under_replicated():
         replicas = tuple(str(b) for b in rec.replicas)
@@ -65,8 +71,18 @@ def list_under_replicated(store: MetadataStore, *, missing_replica: str | None =
             continue
         if excluding_missing_replica is not None and excluding_missing_replica in replicas:
             continue
-        rows.append(UnderReplicatedRow(int(rec.ledger_id), replicas, rec.ctime_ms, urm.lock_owner(rec.ledger_id)))
+        rows.append(UnderReplicatedRow(int(rec.ledger_id), replicas, rec.ctime_ms, urm.lock_owner(rec.ledger_id),
+                                       why.get(int(rec.ledger_id))))
     return rows
+
+
+def cannot_heal_reasons(rows: Sequence[UnderReplicatedRow]) -> list[tuple[str, int]]:
+    """The distinct reasons why listed ledgers cannot heal, commonest first, with their counts."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        if row.cannot_heal is not None:
+            counts[row.cannot_heal.reason] = counts.get(row.cannot_heal.reason, 0) + 1
+    return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
 
 
 def who_is_auditor(store: MetadataStore) -> str | None:
@@ -110,8 +126,13 @@ def cluster_state(store: MetadataStore) -> dict[str, Any]:
     urm = store.underreplication
     auditor = urm.current_auditor()
     under = next(iter(urm.list_under_replicated()), None) is not None
+    why = CannotHealRecords(store.kv).all() if under else {}
+    blocked = 0
+    if why:  # only then every record is read (a stale reason, for a healed ledger, is not counted)
+        blocked = len(set(why) & {int(r.ledger_id) for r in urm.list_under_replicated()})
     return {"auditorElected": auditor is not None, "auditorId": str(auditor) if auditor else "",
-            "clusterUnderReplicated": under, "ledgerReplicationEnabled": urm.is_replication_enabled()}
+            "clusterUnderReplicated": under, "ledgerReplicationEnabled": urm.is_replication_enabled(),
+            "ledgersThatCannotHeal": blocked}
 
 
 def _ledgers_on(store: MetadataStore, bookies: set[str]) -> list[int]:
@@ -148,6 +169,7 @@ async def recover(bk: BookKeeper, bookies: set[str], settings: AutoRecoverySetti
             continue
         if outcome is Outcome.HEALED:
             await asyncio.to_thread(urm.mark_replicated, LedgerId(lid))
+            await asyncio.to_thread(worker.cannot_heal.clear, lid)
         results[lid] = outcome.value
     say("ledgers", len(ledgers), len(ledgers))
     return results

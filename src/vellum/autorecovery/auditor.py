@@ -24,6 +24,11 @@ What it does, every ``tick_s`` (1 s) while leading:
   segment the placement policy would not choose (``PlacementPolicy.adheres``: a write quorum on
   fewer racks than it could span) are counted (``auditor_PLACEMENT_POLICY_NOT_ADHERING_LEDGERS``)
   and logged; they are not re-replicated (their copies are all there).
+- **cannot-heal summary** (every ``cannot_heal_summary_s``, 300 s, while there are any): the
+  ledgers a replication worker found it cannot heal (no spare bookie, placement cannot be met;
+  ``cannot_heal``; each said once by the worker that found it) are counted
+  (``auditor_LEDGERS_THAT_CANNOT_HEAL``) and summarized in one log line; records of ledgers
+  that are no longer under-replicated are swept.
 The audit times are stored (``checkallledgersctime``, ``replicascheckctime``) so a newly elected
 auditor continues the schedule instead of starting over.
 
@@ -41,6 +46,7 @@ import time
 from collections.abc import Iterable
 
 from vellum import stats
+from vellum.autorecovery.cannot_heal import CannotHeal, CannotHealRecords, summarize
 from vellum.autorecovery.copier import FragmentCopier
 from vellum.autorecovery.fragments import bookies_of, fragments
 from vellum.autorecovery.settings import AutoRecoverySettings
@@ -56,6 +62,8 @@ LOST_BOOKIES = stats.gauge("auditor_LOST_BOOKIES", "bookies the auditor counts a
 UNDER_REPLICATED = stats.gauge("auditor_NUM_UNDER_REPLICATED_LEDGERS", "under-replicated ledger records")
 NOT_ADHERING = stats.gauge("auditor_PLACEMENT_POLICY_NOT_ADHERING_LEDGERS",
                            "ledgers the last placement check found not adhering to the placement policy")
+CANNOT_HEAL = stats.gauge("auditor_LEDGERS_THAT_CANNOT_HEAL",
+                         "under-replicated ledgers a replication worker found no bookie to heal them with")
 CHECKS = stats.counter("auditor_CHECKS", "audit passes completed", ("check",))
 
 
@@ -72,6 +80,8 @@ class Auditor:
         self.lost: dict[str, float] = {}
         self._store_delay: int | None = None
         self._triggered = False
+        self._cannot_heal = CannotHealRecords(bk.store.kv)
+        self._next_summary = time.monotonic() + settings.cannot_heal_summary_s
 
     # ------------------------------------------------------------------------------ loop
     async def run(self, stop: asyncio.Event) -> None:
@@ -128,6 +138,9 @@ class Auditor:
                     await asyncio.to_thread(urm.set_placement_policy_check_ctime, int(time.time() * 1000))
                     next_placement = now + self._settings.placement_policy_check_interval_s
                 LOST_BOOKIES.set(len(self.lost))
+                if now >= self._next_summary:
+                    await self.cannot_heal_summary()
+                    self._next_summary = now + self._settings.cannot_heal_summary_s
                 if ticks % 10 == 0:
                     UNDER_REPLICATED.set(await asyncio.to_thread(lambda: sum(1 for _ in urm.list_under_replicated())))
                 ticks += 1
@@ -169,6 +182,21 @@ class Auditor:
                         marked, ", ".join(sorted(due)))
             for b in due:  # marked: the bookie check marks again whatever is still on them
                 self.lost.pop(b, None)
+
+    async def cannot_heal_summary(self) -> int:
+        """Sweep stale cannot-heal records, log one line about the others; how many there are."""
+        urm = self._bk.store.underreplication
+
+        def sweep_and_read() -> dict[int, CannotHeal]:
+            self._cannot_heal.sweep(lambda: [int(r.ledger_id) for r in urm.list_under_replicated()])
+            return dict(self._cannot_heal.all())
+
+        records = await asyncio.to_thread(sweep_and_read)
+        CANNOT_HEAL.set(len(records))
+        if records:
+            log.warning("auditor: %d under-replicated ledgers cannot heal (`vellum shell listunderreplicated` "
+                        "shows each): %s", len(records), summarize(records))
+        return len(records)
 
     # ---------------------------------------------------------------------------- checks
     async def _ledgers(self) -> list[tuple[int, LedgerMetadata]]:

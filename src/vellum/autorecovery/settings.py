@@ -24,6 +24,8 @@ class AutoRecoverySettings:
     request_timeout_s: float = 10.0
     #: how often the auditor looks at the registrations for lost bookies
     tick_s: float = 1.0
+    #: how often the auditor logs one summary of the ledgers that cannot heal (while there are any)
+    cannot_heal_summary_s: float = 300.0
 
     @classmethod
     def from_config(cls, config: ServerConfig) -> AutoRecoverySettings:

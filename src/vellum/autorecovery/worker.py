@@ -5,6 +5,11 @@ Loop: take the lock of an under-replicated ledger nobody works on; find its bad 
 replace each (copy, then one compare-and-set of the ledger's metadata); when none is left,
 delete the record (only if nobody marked it again meanwhile) and let go of the lock.
 
+A ledger that cannot heal because no bookie may take a fragment's place (no spare bookie, or
+the placement policy's constraint cannot be met: ``cannot_heal``) is said once: the reason is
+recorded in the metadata store and logged as a warning only when it is new or changed; the
+ledger is retried when the registered bookies change, else every ``BLOCKED_RETRY_S``.
+
 A fragment is bad when its bookie is not registered (lost, decommissioned), or when the record
 names the bookie (the auditor found entries missing or corrupt there) and a verified read of
 the fragment from it fails. Replacing a fragment:
@@ -35,12 +40,19 @@ import socket
 import time
 
 from vellum import stats
+from vellum.autorecovery.cannot_heal import (
+    NOT_ENOUGH_BOOKIES,
+    CannotHealError,
+    CannotHealRecords,
+    no_spare_bookie,
+    placement_unmet,
+)
 from vellum.autorecovery.copier import FragmentCopier
 from vellum.autorecovery.fragments import Fragment, fragments, replace_bookie
 from vellum.autorecovery.settings import AutoRecoverySettings
 from vellum.client.bookkeeper import BookKeeper
 from vellum.client.recovery import recover_ledger
-from vellum.errors import MetadataVersionError, NoSuchLedgerError, VellumError
+from vellum.errors import MetadataVersionError, NoSuchLedgerError, NotEnoughBookiesError, VellumError
 from vellum.ids import LedgerId
 from vellum.meta.api import UnderReplicatedLedger, UnderReplicationManager, Versioned
 from vellum.meta.model import LedgerMetadata
@@ -52,6 +64,8 @@ FRAGMENTS = stats.counter("replication_worker_REPLACED_FRAGMENTS", "fragments co
 FAILED = stats.counter("replication_worker_FAILED_LEDGERS", "attempts that left a ledger for a retry")
 
 _MAX_CAS = 50
+#: seconds before a ledger that cannot heal is tried again while the registered bookies stay the same
+BLOCKED_RETRY_S = 60.0
 
 
 class Outcome(enum.Enum):
@@ -72,12 +86,17 @@ class ReplicationWorker:
                                       yield_target_s=settings.yield_target_s)
         #: ledger -> monotonic time before which this worker leaves it alone
         self._retry_after: dict[int, float] = {}
+        #: ledgers left because they cannot heal, retried early when the bookies change
+        self._blocked: set[int] = set()
+        self._bookies_seen: frozenset[str] = frozenset()
+        self.cannot_heal = CannotHealRecords(bk.store.kv)
         self.current: int | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         urm = self._bk.store.underreplication
         while not stop.is_set():
             now = time.monotonic()
+            self._retry_blocked_if_bookies_changed()
             self._retry_after = {lid: t for lid, t in self._retry_after.items() if t > now}
             try:
                 lid = await asyncio.to_thread(urm.acquire_ledger_to_rereplicate, set(self._retry_after),
@@ -95,13 +114,41 @@ class ReplicationWorker:
             finally:
                 self.current = None
 
+    def _retry_blocked_if_bookies_changed(self) -> None:
+        ctx = self._bk.context
+        bookies = frozenset(ctx.writable_bookies) | frozenset(f"ro:{b}" for b in ctx.read_only_bookies)
+        if bookies != self._bookies_seen:
+            self._bookies_seen = bookies
+            for lid in self._blocked:
+                self._retry_after.pop(lid, None)
+            self._blocked.clear()
+
     async def _process(self, urm: UnderReplicationManager, lid: LedgerId) -> None:
         record = await asyncio.to_thread(urm.get_under_replicated, lid)
+        blocked: CannotHealError | None = None
         try:
             outcome = await self.heal(int(lid), record)
+        except CannotHealError as exc:
+            blocked, outcome = exc, Outcome.FAILED
+        except NotEnoughBookiesError as exc:  # the client's own (e.g. a recovery's ensemble change)
+            blocked, outcome = CannotHealError(NOT_ENOUGH_BOOKIES, str(exc)), Outcome.FAILED
         except Exception as exc:  # every failure releases the lock for a retry
             log.warning("replication worker %s: ledger %d left for a retry: %s", self.worker_id, lid, exc)
             outcome = Outcome.FAILED
+        try:
+            if blocked is not None:
+                if await asyncio.to_thread(self.cannot_heal.record, int(lid), blocked.kind, blocked.reason,
+                                           self.worker_id):
+                    log.warning("replication worker %s: ledger %d cannot heal: %s (said once; "
+                                "`vellum shell listunderreplicated` shows it)", self.worker_id, lid, blocked.reason)
+                else:
+                    log.debug("replication worker %s: ledger %d still cannot heal: %s", self.worker_id, lid,
+                              blocked.reason)
+            else:
+                await asyncio.to_thread(self.cannot_heal.clear, int(lid))
+        except VellumError as exc:
+            log.warning("replication worker %s: cannot record why ledger %d cannot heal: %s", self.worker_id,
+                        lid, exc)
         if outcome is Outcome.HEALED:
             deleted = await asyncio.to_thread(urm.mark_replicated, lid)
             REREPLICATED.inc()
@@ -111,6 +158,9 @@ class ReplicationWorker:
         if outcome is Outcome.FAILED:
             FAILED.inc()
         delay = self._settings.backoff_ms / 1000 if outcome is Outcome.FAILED else 1.0
+        if blocked is not None:
+            delay = max(delay, BLOCKED_RETRY_S)
+            self._blocked.add(int(lid))
         self._retry_after[int(lid)] = time.monotonic() + delay
         await asyncio.to_thread(urm.release_ledger, lid)
 
@@ -166,11 +216,18 @@ class ReplicationWorker:
         # a lost bookie may never have been registered while this client ran: learn where it was
         # (may run the topology script) off the loop
         await asyncio.to_thread(ctx.placement.learn, segment)
-        target = ctx.placement.replace_bookie(
-            segment, fragment.index, md.write_quorum_size,
-            writable=ctx.writable_bookies, read_only=ctx.read_only_bookies,
-            exclude=set(segment) | suspects, ack_quorum=md.ack_quorum_size,
-        )
+        writable, read_only = ctx.writable_bookies, ctx.read_only_bookies
+        if not set(writable) - set(read_only) - set(segment) - suspects:
+            raise no_spare_bookie(fragment.bookie, len(segment), writable=writable, read_only=read_only,
+                                  excluded=suspects | {fragment.bookie})
+        try:
+            target = ctx.placement.replace_bookie(
+                segment, fragment.index, md.write_quorum_size, writable=writable, read_only=read_only,
+                exclude=set(segment) | suspects, ack_quorum=md.ack_quorum_size,
+            )
+        except NotEnoughBookiesError as exc:
+            raise placement_unmet(fragment.bookie, f"ensemblePlacementPolicy={ctx.config.ensemble_placement_policy}",
+                                  exc) from exc
         entries = len(fresh.entries(md.write_quorum_size))
         log.info("ledger %d: copying fragment [%d..%s] of %s (%d entries) to %s", ledger_id, fresh.first_entry,
                  fresh.last_entry, fresh.bookie, entries, target)

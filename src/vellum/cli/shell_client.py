@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 import click
 from rich.progress import Progress
@@ -37,23 +38,33 @@ def register(shell: click.Group) -> None:
 @click.option("-n", "--entries", default=100, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
 def simpletest(uri: str, ensemble: int, write_quorum: int, ack_quorum: int, entries: int, as_json: bool) -> None:
-    """Create a ledger, write N entries, read them back, verify, close."""
+    """Create a ledger, write N entries, read them back, verify, close. A test refused midway
+    (too few writable bookies, read-only bookies, ...) closes and deletes the ledger it made."""
     from vellum.client.blocking import BookKeeper
+    from vellum.errors import VellumError
 
     t0 = time.perf_counter()
     with BookKeeper(uri, config=shell_client_config()) as bk:
-        lh = bk.create_ledger(ensemble_size=ensemble, write_quorum_size=write_quorum, ack_quorum_size=ack_quorum)
-        payloads = [f"simpletest entry {i} ".encode() * 4 for i in range(entries)]
-        futures = [lh.append_async(p) for p in payloads]
-        for i, f in enumerate(futures):
-            got = f.result()
-            if got != i:
-                raise click.ClickException(f"entry {i} was given id {got}")
-        written = time.perf_counter() - t0
-        back = lh.read(0, entries - 1) if entries else []
-        bad = [e.entry_id for e, p in zip(back, payloads) if e.payload != p]
-        lh.close()
-        md = bk.ledger_metadata(lh.ledger_id)
+        try:
+            lh = bk.create_ledger(ensemble_size=ensemble, write_quorum_size=write_quorum,
+                                  ack_quorum_size=ack_quorum)
+        except VellumError as e:
+            raise click.ClickException(f"simpletest refused: cannot create a ledger: {e}") from None
+        try:
+            payloads = [f"simpletest entry {i} ".encode() * 4 for i in range(entries)]
+            futures = [lh.append_async(p) for p in payloads]
+            for i, f in enumerate(futures):
+                got = f.result()
+                if got != i:
+                    raise click.ClickException(f"entry {i} was given id {got}")
+            written = time.perf_counter() - t0
+            back = lh.read(0, entries - 1) if entries else []
+            bad = [e.entry_id for e, p in zip(back, payloads) if e.payload != p]
+            lh.close()
+            md = bk.ledger_metadata(lh.ledger_id)
+        except (VellumError, click.ClickException) as e:
+            raise click.ClickException(f"simpletest failed on ledger {lh.ledger_id}: {e}; "
+                                       + _discard(bk, lh)) from None
     result = {
         "ledgerId": lh.ledger_id,
         "entriesWritten": entries,
@@ -69,6 +80,26 @@ def simpletest(uri: str, ensemble: int, write_quorum: int, ack_quorum: int, entr
         emit_kv(result, title="simpletest")
     if bad or len(back) != entries:
         raise click.ClickException(f"{len(bad)} entries read back differ")
+
+
+def _discard(bk: Any, lh: Any) -> str:
+    """Close and delete simpletest's ledger after a failure; what became of it (a sentence)."""
+    import logging
+
+    from vellum.errors import VellumError
+
+    log = logging.getLogger(__name__)
+    try:
+        lh.close()
+    except VellumError as e:  # its bookies refused: the delete below still removes it
+        log.info("simpletest: closing ledger %d after the failure: %s", lh.ledger_id, e)
+    try:
+        bk.delete_ledger(lh.ledger_id)
+    except VellumError as e:
+        log.warning("simpletest: deleting ledger %d after the failure: %s", lh.ledger_id, e)
+        return (f"the ledger could not be deleted ({e}): delete it with "
+                f"`vellum shell deleteledger {lh.ledger_id}`")
+    return "the ledger it created was deleted"
 
 
 @click.command()

@@ -75,16 +75,20 @@ def register(shell: click.Group) -> None:
 @_json_option
 def listunderreplicated(uri: str, missingreplica: str | None, excludingmissingreplica: str | None,
                         as_json: bool) -> None:
-    """Ledgers marked under-replicated, with their missing replicas and who works on them."""
+    """Ledgers marked under-replicated, with their missing replicas, who works on them and, for
+    those a replication worker cannot heal, why (no spare bookie, placement cannot be met)."""
     with _store(uri) as store:
         rows = ra.list_under_replicated(store, missing_replica=missingreplica,
                                         excluding_missing_replica=excludingmissingreplica)
     if as_json:
         emit_json([r.to_json() for r in rows])
         return
-    emit_table(["ledger", "missing replicas", "marked (ms since epoch)", "locked by"],
-               [(r.ledger_id, ", ".join(r.missing_replicas), r.ctime_ms, r.locked_by or "") for r in rows],
+    emit_table(["ledger", "missing replicas", "marked (ms since epoch)", "locked by", "cannot heal"],
+               [(r.ledger_id, ", ".join(r.missing_replicas), r.ctime_ms, r.locked_by or "",
+                 r.cannot_heal.kind if r.cannot_heal else "") for r in rows],
                title=f"{len(rows)} under-replicated ledgers")
+    for reason, count in ra.cannot_heal_reasons(rows):
+        click.echo(f"{count} ledger{'s' if count > 1 else ''} cannot heal: {reason}")
 
 
 @click.command()
@@ -145,8 +149,11 @@ def autorecovery(uri: str, action: str, as_json: bool) -> None:
         emit_json({"enabled": enabled, **state})
     else:
         emit_kv({"re-replication": "enabled" if enabled else "disabled", "auditor": state["auditorId"] or "none",
-                 "under-replicated ledgers": "yes" if state["clusterUnderReplicated"] else "none"},
+                 "under-replicated ledgers": "yes" if state["clusterUnderReplicated"] else "none",
+                 "ledgers that cannot heal": state["ledgersThatCannotHeal"]},
                 title="autorecovery")
+        if state["ledgersThatCannotHeal"]:
+            click.echo("`vellum shell listunderreplicated` says why")
 
 
 @click.command()
@@ -210,35 +217,69 @@ def decommissionbookie(uri: str, bookie: str, timeout: float) -> None:
 
 @click.command()
 @click.option("--conf", "conf_file", type=click.Path(dir_okay=False, exists=True), required=True,
-              help="the bookie's bk_server.conf (its directories and id)")
-@_uri_option
+              help="the bookie's bk_server.conf (its directories, id and metadataServiceUri)")
+@click.option("--uri", default=None, help="metadataServiceUri (default: the one of --conf, as the bookie uses)")
 @click.option("--delete-cookie", is_flag=True, help="also delete the bookie's cookie from the metadata store")
 @click.option("--force", is_flag=True, help="do not ask")
-def bookieformat(conf_file: str, uri: str, delete_cookie: bool, force: bool) -> None:
-    """Wipe a stopped bookie's journal, ledger and index dirs (BookKeeper's bookieformat). With
-    --delete-cookie it may rejoin under its id with empty disks: its ledgers must be healed
-    first (decommissionbookie / recoverbookie), or the bookie started with dataIntegrityChecking."""
-    from vellum.service import bookie_id_of
+def bookieformat(conf_file: str, uri: str | None, delete_cookie: bool, force: bool) -> None:
+    """Wipe a stopped bookie's journal, ledger and index dirs (BookKeeper's bookieformat: each
+    dir is emptied, a missing one created). Refused while the bookie runs (registered, or a
+    process holds its directories' lock). The metadata store keeps its cookie, so the bookie
+    is refused at its next start (its disks lost their data) until `--delete-cookie`, after
+    which it starts as a new, empty bookie under its id: heal its ledgers first
+    (decommissionbookie / recoverbookie), or start it with dataIntegrityChecking."""
+    from vellum.client.metadata_security import open_configured_store
+    from vellum.service import bookie_client_config, bookie_id_of, default_metadata_uri
+    from vellum.storage.dirs import current_dir
+    from vellum.storage.markers import LOCK_FILENAME, acquire_dir_locks
 
     cfg = _config(conf_file)
     bookie = bookie_id_of(cfg, cfg.bookie_port)
-    dirs = [Path(d) for d in (*cfg.journal_directories, *cfg.ledger_directories, *cfg.index_directories)]
+    uri = uri or default_metadata_uri(cfg)
+    dirs = list(dict.fromkeys(Path(d) for d in (*cfg.journal_directories, *cfg.ledger_directories,
+                                                 *cfg.effective_index_directories)))
     if not force:
         click.confirm(f"delete everything in {', '.join(map(str, dirs))} of bookie {bookie}?", abort=True)
-    with _store(uri) as store:
+    try:
+        store = open_configured_store(uri, bookie_client_config(cfg, "bookieformat"))
+    except VellumError as e:
+        raise click.ClickException(f"cannot open the metadata store {uri}: {e}") from None
+    with store:
         reg = store.registration
         if bookie in (reg.list_bookies() | reg.list_bookies(read_only=True)):
-            raise click.ClickException(f"bookie {bookie} is running (registered): stop it first")
-        for d in dirs:
-            if d.exists():
+            raise click.ClickException(f"bookie {bookie} is running (registered in {uri}): stop it first")
+        try:
+            for d in dirs:  # a missing dir is created, as BookKeeper's format does
+                d.mkdir(parents=True, exist_ok=True)
+            locks = acquire_dir_locks(dirs)
+        except OSError as e:
+            raise click.ClickException(f"cannot create {e.filename}: {e.strerror}") from None
+        except VellumError as e:
+            raise click.ClickException(f"bookie {bookie} is running: {e}") from None
+        try:
+            for d in dirs:
+                lock_file = current_dir(d) / LOCK_FILENAME  # held by us until the end: kept
                 for child in d.iterdir():
-                    if child.is_dir():
-                        shutil.rmtree(child)
+                    if child == current_dir(d):
+                        for inner in child.iterdir():
+                            if inner != lock_file:
+                                _remove(inner)
                     else:
-                        child.unlink()
+                        _remove(child)
+        finally:
+            for lock in locks:
+                lock.release()
         if delete_cookie and reg.get_cookie(BookieId(bookie)) is not None:
             reg.remove_cookie(BookieId(bookie))
-    click.echo(f"bookie {bookie} formatted" + (" and its stored cookie deleted" if delete_cookie else ""))
+    click.echo(f"bookie {bookie} formatted" + (" and its stored cookie deleted" if delete_cookie else
+                                                "; its cookie stays in the metadata store (--delete-cookie)"))
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
 
 
 @click.command()

@@ -111,7 +111,12 @@ class BookieDirectory:
                 self._known[b] = KnownBookie(b, None, now, None)
         return [self._known[b] for b in sorted(self._known)]
 
+    def known(self) -> list[KnownBookie]:
+        """Every bookie seen so far, by id (no update)."""
+        return [self._known[b] for b in sorted(self._known)]
+
     def forget(self, bookie_id: str) -> None:
+        """The bookie left the cluster (decommissioned): it is shown no more."""
         self._known.pop(bookie_id, None)
 
 

@@ -513,18 +513,31 @@ class ClusterConsole:
 
     async def bookies(self, *, with_gc: bool = True) -> tuple[list[BookieView], list[recovery_admin.UnderReplicatedRow]]:
         reg, ur = await self._registrations()
-        for b in list(self.decommissioning):
-            # a decommission ends by deleting the bookie's cookie: it has left the cluster
-            if b not in reg.writable | reg.read_only and await self.meta(
-                    lambda s, b=b: s.registration.get_cookie(BookieId(b))) is None:
-                del self.decommissioning[b]
-                self.directory.forget(b)
         missing = {b for row in ur for b in row.missing_replicas}
+        await self._forget_decommissioned(reg, missing)
         known = self.directory.update(reg, missing | set(self.decommissioning))
         views = await asyncio.gather(*(probe(self.http, k, reg, with_gc=with_gc,
                                              decommissioning=k.bookie_id in self.decommissioning)
                                        for k in known))
         return list(views), ur
+
+    async def _forget_decommissioned(self, reg: Registration, missing: set[str]) -> None:
+        """A bookie that is not registered and whose cookie is gone from the metadata store was
+        decommissioned (from this console, the shell or admin HTTP; the decommission ends by
+        deleting the cookie): it left the cluster, so it is no longer shown, down or otherwise,
+        and its metric history goes with it. A bookie still named as a missing replica stays."""
+        registered = reg.writable | reg.read_only
+        gone = [k.bookie_id for k in self.directory.known() if k.bookie_id not in registered
+                and k.bookie_id not in missing]
+        gone += [b for b in self.decommissioning if b not in registered and b not in gone]
+        if not gone:
+            return
+        cookies = await self.meta(lambda s: {b: s.registration.get_cookie(BookieId(b)) for b in gone})
+        for b, cookie in cookies.items():
+            if cookie is None:
+                self.decommissioning.pop(b, None)
+                self.directory.forget(b)
+                self.history.forget(b)
 
     def up_urls(self, views: list[BookieView]) -> list[str]:
         return [v.http_url for v in views if v.up and v.http_url]
@@ -546,7 +559,7 @@ class ClusterConsole:
                 log.debug("metrics of %s: %s", bookie, e)
 
         await asyncio.gather(*(scrape(b, u) for b, u in reg.http.items() if u))
-        self.history.forget_except([*reg.http, CLUSTER, *(k.bookie_id for k in self.directory.update(reg))])
+        self.history.forget_except([*reg.http, CLUSTER, *(k.bookie_id for k in self.directory.known())])
 
     async def _sample_forever(self) -> None:
         while True:
@@ -721,6 +734,7 @@ class ClusterConsole:
         lost = [v for v in views if not v.up]
         per_lost = {v.bookie_id: sum(1 for row in ur if v.bookie_id in row.missing_replicas) for v in lost}
         return {"rows": ur[:500], "total": len(ur), "auditor": auditor, "enabled": enabled, "delay": delay,
+                "cannot_heal": recovery_admin.cannot_heal_reasons(ur),
                 "lost": lost, "per_lost": per_lost, "eta_s": eta, "bookies": views,
                 "rate_chart": {"t": t, "series": [{"label": "re-replicated bytes/s", "values": rate}]},
                 "ur_chart": {"t": t_ur, "series": [{"label": "under-replicated ledgers", "values": ur_counts}]},

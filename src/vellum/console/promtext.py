@@ -82,6 +82,10 @@ class MetricsHistory:
             ring = self._by_bookie[bookie] = deque(maxlen=self._max)
         ring.append(Sample(at, values))
 
+    def forget(self, bookie: str) -> None:
+        """Drop one bookie's samples (it left the cluster)."""
+        self._by_bookie.pop(bookie, None)
+
     def forget_except(self, bookies: Iterable[str]) -> None:
         keep = set(bookies)
         for b in list(self._by_bookie):
