@@ -13,6 +13,7 @@ from vellum.client.named_record import (
     CUSTOM_NAME_KEY,
     MAX_CURSOR_BYTES,
     NamedLedgerRecord,
+    PositionCursor,
     Segment,
     append_segments,
     first_published,
@@ -150,6 +151,31 @@ def test_shrunk() -> None:
     assert REC.shrunk(21, 20, force=False)[0].start_entry_id == 21  # up to the last entry + 1
     with pytest.raises(IncorrectParameterError, match="the last entry is 20"):
         REC.shrunk(22, 20, force=False)
+
+
+def test_position_cursor_round_trip_and_opaque_cursors() -> None:
+    pos = PositionCursor(120, True, {"queryId": "q1", "batchId": 7})
+    assert PositionCursor.decode(pos.encode()) == pos
+    assert PositionCursor.decode(PositionCursor(5).encode()) == PositionCursor(5, False, {})
+    # anything else is an opaque marker: never taken for a position
+    for other in (b"21", b"batch-7", b"", None, b"{", b"[1]", b'{"nextEntryId": "7"}', b'{"nextEntryId": -1}',
+                  b'{"nextEntryId": true}', b'{"nextEntryId": 3, "retain": "yes"}'):
+        assert PositionCursor.decode(other) is None, other
+
+
+def test_a_retaining_cursor_stops_a_shrink_past_it_others_hold_nothing_back() -> None:
+    rec = REC.with_cursors({"free": PositionCursor(3).encode(), "opaque": b"1",
+                            "reader": PositionCursor(8, retain=True).encode()})
+    assert rec.shrunk(8, 20, force=False)[0].start_entry_id == 8  # up to the retaining cursor: fine
+    for force in (False, True):
+        with pytest.raises(IncorrectParameterError, match=r"cannot shrink to 9: cursor 'reader' retains the "
+                                                          r"entries from 8 on.*at most 8.*remove the cursor"):
+            rec.shrunk(9, 20, force=force)
+    # the same start again moves nothing: allowed even with a retaining cursor below it
+    behind = REC.replace(start_entry_id=10).with_cursors({"reader": PositionCursor(4, retain=True).encode()})
+    assert behind.shrunk(10, 20, force=True)[0].start_entry_id == 10
+    # without retain the cursor holds nothing back
+    assert REC.with_cursors({"reader": PositionCursor(8).encode()}).shrunk(15, 20, force=False)[0].start_entry_id == 15
 
 
 def test_published_appends_after_the_sealed_open_segment() -> None:

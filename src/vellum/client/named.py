@@ -52,6 +52,7 @@ from vellum.client.named_record import (
     NamedLedgerEntry,
     NamedLedgerInfo,
     NamedLedgerRecord,
+    PositionCursor,
     Quorum,
     RecoveredEnd,
     Segment,
@@ -84,7 +85,7 @@ from vellum.meta.model import LedgerMetadata, LedgerState
 __all__ = [
     "CUSTOM_EPOCH_KEY", "CUSTOM_NAME_KEY", "KEY_PREFIX", "RECORD_FORMAT_NAME", "RECORD_FORMAT_VERSION",
     "BookieCollection", "EntriesShrunkError", "NamedLedgerEntry", "NamedLedgerHandle", "NamedLedgerInfo", "NamedLedgerRecord",
-    "NamedLedgers", "OpenMode", "Segment", "ShrinkResult", "deserialize_record", "record_key", "serialize_record",
+    "NamedLedgers", "OpenMode", "PositionCursor", "Segment", "ShrinkResult", "deserialize_record", "record_key", "serialize_record",
     "validate_name",
 ]
 

@@ -16,6 +16,9 @@ Invariants (kept by every transition here):
   the open last one (:meth:`NamedLedgerRecord.held_by`);
 - the start only moves forward and never past the last entry + 1; entry ids are never reused
   (an overwrite starts the new segments after the old last entry);
+- a cursor holds nothing back unless it says so: a *position cursor* (:class:`PositionCursor`)
+  with ``retain`` set stops a shrink from moving the start past its position; every other
+  cursor is an opaque marker a shrink ignores;
 - a record written by a newer format version is refused (``MetaStoreError``), never rewritten.
 """
 
@@ -53,6 +56,43 @@ CAS_RETRIES = 50
 Quorum = tuple[int | None, int | None, int | None]
 #: an open segment's recovered end: (last entry id *in its ledger*, length in bytes)
 RecoveredEnd = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class PositionCursor:
+    """A cursor that holds a reader's position: the next global entry id it will read.
+
+    Stored as a JSON object (``{"nextEntryId": 120, "retain": false, ...}``; other keys are
+    information such as the query and batch that wrote it) so that tools can tell it apart from
+    an opaque cursor and compute its lag (entries between it and the name's end). With
+    ``retain`` a shrink refuses to move the start past ``next_entry_id`` (docs/named-ledgers.md
+    "Cursors").
+    """
+
+    next_entry_id: int
+    retain: bool = False
+    info: Mapping[str, Any] = field(default_factory=dict)
+
+    def encode(self) -> bytes:
+        body = {**dict(self.info), "nextEntryId": int(self.next_entry_id), "retain": bool(self.retain)}
+        return json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
+
+    @classmethod
+    def decode(cls, value: bytes | None) -> PositionCursor | None:
+        """The position cursor ``value`` holds, or None for any other cursor value."""
+        if not value or not value.lstrip().startswith(b"{"):
+            return None
+        try:
+            d = json.loads(value)
+        except ValueError:
+            return None
+        if not isinstance(d, dict):
+            return None
+        pos = d.pop("nextEntryId", None)
+        retain = d.pop("retain", False)
+        if not isinstance(pos, int) or isinstance(pos, bool) or pos < 0 or not isinstance(retain, bool):
+            return None
+        return cls(pos, retain, d)
 
 
 @dataclass(frozen=True)
@@ -250,6 +290,19 @@ class NamedLedgerRecord:
                 cursors[k] = bytes(v)
         return self.replace(cursors=cursors)
 
+    def check_retaining_cursors(self, end_entry_id: int) -> None:
+        """``IncorrectParameterError`` naming the first position cursor with ``retain`` set whose
+        position is below ``end_entry_id`` (moving the start there would drop entries it has not
+        read); cursors without ``retain`` hold nothing back."""
+        for key, value in sorted(self.cursors.items()):
+            pos = PositionCursor.decode(value)
+            if pos is not None and pos.retain and pos.next_entry_id < end_entry_id:
+                raise IncorrectParameterError(
+                    f"named ledger {self.name!r}: cannot shrink to {end_entry_id}: cursor {key!r} retains "
+                    f"the entries from {pos.next_entry_id} on (it has not read them yet). Shrink to at most "
+                    f"{pos.next_entry_id}, or remove the cursor (or store it without retain) first"
+                )
+
     def shrunk(
         self, end_entry_id: int, last_entry_id: int, *, force: bool
     ) -> tuple[NamedLedgerRecord, tuple[Segment, ...]]:
@@ -266,6 +319,8 @@ class NamedLedgerRecord:
             raise IncorrectParameterError(
                 f"named ledger {self.name!r}: cannot shrink to {end_entry_id}: the last entry is {last_entry_id}"
             )
+        if end_entry_id > self.start_entry_id:  # the same start again moves nothing
+            self.check_retaining_cursors(end_entry_id)
         start = end_entry_id
         segments = list(self.segments)
         dropped: list[Segment] = []
