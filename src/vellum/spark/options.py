@@ -66,6 +66,8 @@ _READ_KEYS = {
     "arrowbatchentries": "arrowBatchEntries",
     "password": "password",
     "path": "path",  # Spark passes load(path) as an option: accepted as `name`
+    "cursorname": "cursorName",
+    "cursorretain": "cursorRetain",
 }
 
 _WRITE_KEYS = {
@@ -207,6 +209,11 @@ class ReadOptions:
     arrow_batch_entries: int
     password: bytes = field(repr=False)  # never in a log line or error message
     client_properties: tuple[tuple[str, str], ...]
+    #: streams of names: after each committed micro-batch, its end is stored as this position
+    #: cursor in every name read (docs/spark.md "Lag and cursors"); None: no cursor
+    cursor_name: str | None = None
+    #: the cursor is stored with ``retain``: a shrink of the name refuses to pass it
+    cursor_retain: bool = False
 
     @property
     def named(self) -> bool:
@@ -297,6 +304,13 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
             raise OptionError(f"option dataLossLocation must be an absolute directory path that every executor "
                               f"can write (a shared filesystem on a cluster), got {loss_location!r}")
     password = (_get(options, "password") or "").encode()
+    cursor_name = _get(options, "cursorName") or None
+    cursor_retain = _bool(options, "cursorRetain", False)
+    if cursor_name is not None and (not streaming or ledger_ids is not None):
+        raise OptionError("option cursorName is for streaming reads of named ledgers (name, names or namePattern): "
+                          "a cursor is stored in a name's record")
+    if cursor_retain and cursor_name is None:
+        raise OptionError("option cursorRetain applies to the cursor of option cursorName: give cursorName too")
     return ReadOptions(
         metadata_uri=uri,
         ledger_ids=ledger_ids,
@@ -319,6 +333,8 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
         arrow_batch_entries=_int(options, "arrowBatchEntries", 4096) or 4096,
         password=password,
         client_properties=_bk_passthrough(options),
+        cursor_name=cursor_name,
+        cursor_retain=cursor_retain,
     )
 
 
