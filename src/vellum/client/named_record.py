@@ -112,6 +112,8 @@ class Segment:
     write_quorum_size: int = 0
     ack_quorum_size: int = 0
     ensembles: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
+    #: how many merges its entries went through (0: as written; see ``merged``)
+    level: int = 0
 
     @property
     def is_open(self) -> bool:
@@ -137,6 +139,8 @@ class Segment:
             })
         else:
             d.update({"lastEntryId": self.last_entry_id, "length": self.length})
+            if self.level:
+                d["level"] = self.level  # only on merged segments (older clients ignore it)
         return d
 
     @classmethod
@@ -148,7 +152,7 @@ class Segment:
         if d["state"] != "CLOSED":
             raise ValueError(f"unknown segment state {d['state']!r}")
         return cls(int(d["ledgerId"]), int(d["firstEntryId"]), int(d["lastEntryId"]), int(d.get("length", 0)),
-                   int(d.get("epoch", 0)))
+                   int(d.get("epoch", 0)), level=int(d.get("level", 0)))
 
 
 @dataclass(frozen=True)
@@ -358,6 +362,60 @@ class NamedLedgerRecord:
             start_entry_id=start, trimmed_to=max(self.trimmed_to, start) if overwrite else self.trimmed_to,
         )
         return updated, replaced
+
+    def merge_windows(self, factor: int, max_bytes: int) -> list[tuple[Segment, ...]]:
+        """Runs of ``factor`` consecutive CLOSED segments of one merge level that may be merged
+        into one segment (``merged``), newest first: together at most ``max_bytes``, and all at
+        or after the start (entries below it may be trimmed on the bookies: never copied).
+
+        Merging ``factor`` segments of level L into one of level L+1 works like a counter in base
+        ``factor``: a name that gains one segment per micro-batch keeps fewer than ``factor``
+        segments per level, about ``factor * log_factor(segments written)`` in all, and each
+        entry is copied once per level it climbs (segments above ``max_bytes`` stop climbing).
+        """
+        if factor < 2:
+            return []
+        closed = [s for s in self.segments if not s.is_open and s.first_entry_id >= self.start_entry_id]
+        out: list[tuple[Segment, ...]] = []
+        for i in range(len(closed) - factor, -1, -1):
+            window = tuple(closed[i:i + factor])
+            level = window[0].level
+            if any(s.level != level for s in window):
+                continue
+            if sum(s.length for s in window) <= max_bytes:
+                out.append(window)
+        return out
+
+    def merged(self, ledger_ids: Sequence[int], md_ledger_id: int, md: LedgerMetadata) -> NamedLedgerRecord:
+        """The consecutive CLOSED segments ``ledger_ids`` replaced by one segment on ledger
+        ``md_ledger_id`` (CLOSED, the name's digest and password) holding a copy of their
+        entries: the same global ids (its entry 0 is the first segment's first entry), the same
+        number of entries and payload bytes, one level above the highest merged."""
+        ids = list(ledger_ids)
+        if len(ids) < 2 or len(set(ids)) != len(ids):
+            raise IncorrectParameterError(f"named ledger {self.name!r}: a merge needs two or more distinct "
+                                          f"segments, got {ids}")
+        at = next((i for i, s in enumerate(self.segments) if s.ledger_id == ids[0]), None)
+        run = self.segments[at:at + len(ids)] if at is not None else ()
+        if [s.ledger_id for s in run] != ids or any(s.is_open for s in run):
+            raise IncorrectParameterError(f"named ledger {self.name!r}: ledgers {ids} are not consecutive "
+                                          "closed segments of it (any more)")
+        if any(s.ledger_id == md_ledger_id for s in self.segments):
+            raise IncorrectParameterError(f"ledger {md_ledger_id} is already a segment of {self.name!r}")
+        if not md.is_closed or md.password != self.password or md.digest_type != self.digest_type:
+            raise IncorrectParameterError(f"ledger {md_ledger_id}: a merged segment must be CLOSED, with the "
+                                          f"digest type and password of named ledger {self.name!r}")
+        entries = sum(s.entry_count or 0 for s in run)
+        length = sum(s.length for s in run)
+        if md.last_entry_id + 1 != entries or md.length != length:
+            raise IncorrectParameterError(
+                f"ledger {md_ledger_id} holds {md.last_entry_id + 1} entries ({md.length} bytes), the segments "
+                f"{ids} of {self.name!r} {entries} ({length} bytes): not a copy of them")
+        first, last = run[0].first_entry_id, run[-1].last_entry_id
+        seg = Segment(md_ledger_id, first, last, length, max(s.epoch for s in run),
+                      level=max(s.level for s in run) + 1)
+        assert at is not None
+        return self.replace(segments=(*self.segments[:at], seg, *self.segments[at + len(ids):]))
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -82,6 +82,9 @@ _WRITE_KEYS = {
     "maxinflight": "maxInFlight",
     "entrymaxrows": "entryMaxRows",
     "entrymaxbytes": "entryMaxBytes",
+    "segmentmergefactor": "segmentMergeFactor",
+    "segmentmergemaxbytes": "segmentMergeMaxBytes",
+    "segmentretiredelay": "segmentRetireDelay",
 }
 
 
@@ -355,6 +358,13 @@ class WriteOptions:
     entry_max_rows: int = 1000
     #: a packed entry is closed before its rows' bytes pass this (a bigger row gets an entry alone)
     entry_max_bytes: int = 131072
+    #: streams: merge this many same-level closed segments into one (0: never; docs/spark.md
+    #: "A sink that runs for a year")
+    segment_merge_factor: int = 10
+    #: ... when together they hold at most this many payload bytes
+    segment_merge_max_bytes: int = 64 * 1024 * 1024
+    #: replaced segments' ledgers (and old finished markers) are deleted after this long
+    segment_retire_delay_ms: int = 3_600_000
 
     @property
     def packed(self) -> bool:
@@ -397,4 +407,16 @@ def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
         client_properties=_bk_passthrough(options),
         entry_max_rows=_int(options, "entryMaxRows", 1000, minimum=1) or 1000,
         entry_max_bytes=max_bytes,
+        segment_merge_factor=_merge_factor(options),
+        segment_merge_max_bytes=_int(options, "segmentMergeMaxBytes", 64 << 20, minimum=1) or 64 << 20,
+        segment_retire_delay_ms=(parse_duration_ms(raw_delay, "segmentRetireDelay")
+                                 if (raw_delay := _get(options, "segmentRetireDelay")) else 3_600_000),
     )
+
+
+def _merge_factor(options: Mapping[str, str]) -> int:
+    factor = _int(options, "segmentMergeFactor", 10, minimum=0)
+    if factor == 1:
+        raise OptionError("option segmentMergeFactor must be 0 (no merging) or at least 2 (segments merged at a "
+                          "time), got 1")
+    return 10 if factor is None else factor

@@ -424,6 +424,11 @@ class VellumStreamWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
         if not done:
             log.info("vellum sink %s: batch %d of query %s was committed before: replay skipped",
                      self.opts.name, batchId, query_id)
+        # Bounded for a year of micro-batches: merge small segments, retire what they replaced
+        # (docs/spark.md "A sink that runs for a year"); never fails the committed batch.
+        from vellum.spark.merge import keep_bounded
+
+        keep_bounded(shared_client(self.opts.metadata_uri, self.opts.client_properties), self.opts)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         msgs = _published(messages)
