@@ -121,3 +121,82 @@ def test_thousands_of_micro_batches_stay_bounded(spark: Any, cluster: LocalClust
     assert ids == list(range(len(ids)))
     values = sorted(int(r.payload) for r in rows)
     assert values == list(range(len(values))), "a row lost or written twice"
+
+
+def _segments_and_rows(bk: Any, name: str) -> tuple[list[int], list[bytes]]:
+    from vellum.client.named_blocking import NamedLedgers as BlockingNamed
+
+    named = BlockingNamed(bk)
+    rec = named.record(name).value
+    h = named.open(name, "read_only")
+    rows = [e.payload for e in h.read(0, h.last_add_confirmed)]
+    h.close()
+    return [s.ledger_id for s in rec.segments], rows
+
+
+def test_a_merge_cut_short_leaves_the_old_or_the_new_segments(cluster: LocalCluster, bk: Any, monkeypatch: Any) -> None:
+    """A merge whose CAS fails, or whose process dies before or after its CAS (its cleanup never
+    runs), leaves either the old segments or the copy; retiring then deletes exactly the
+    ledger nothing references. Every row stays readable at its id throughout."""
+    import pyarrow as pa
+
+    from vellum.spark import merge
+    from vellum.spark.options import parse_write_options
+    from vellum.spark.writer import VellumStreamWriter, write_task
+
+    name = "tests/sink/cut-short"
+    base = {"metadataServiceUri": cluster.metadata_uri, "name": name, "entryMaxRows": "1", "ensembleSize": "2",
+            "writeQuorumSize": "2", "ackQuorumSize": "2", "segmentRetireDelay": "1h"}
+    writer = VellumStreamWriter(parse_write_options({**base, "segmentMergeFactor": "0"}), overwrite=False)
+    for batch_id in range(4):
+        rows = pa.RecordBatch.from_pydict({"payload": pa.array([b"%d" % batch_id, b"x"], pa.binary())})
+        writer.commit([write_task(writer.opts, f"s-q.{batch_id}.t", iter([rows]), "q", batch_id)], batch_id)
+    opts = parse_write_options({**base, "segmentMergeFactor": "4"})
+    old, rows = _segments_and_rows(bk, name)
+    assert len(old) == 4 and len(rows) == 8
+    kv = bk.aio.store.kv
+
+    def merge_keys() -> list[str]:
+        return [k for k in kv.list("spark/staging/") if "/m-" in k or "/r-" in k or k.split("/")[2][:2] in ("m-", "r-")]
+
+    ledgers = set(bk.list_ledgers())
+
+    def refused(*_a: Any, **_k: Any) -> Any:
+        raise RuntimeError("injected: the CAS was refused")
+
+    # 1. the CAS fails: the copy is deleted, the old segments stay, nothing stays registered
+    monkeypatch.setattr(merge.NamedLedgers, "merge_segments", refused)
+    try:
+        merge.merge_once(bk, opts)
+        raise AssertionError("the injected failure must surface")
+    except RuntimeError as exc:
+        assert "injected" in str(exc)
+    assert _segments_and_rows(bk, name) == (old, rows)
+    assert set(bk.list_ledgers()) == ledgers and merge_keys() == []
+    # 2. the process dies before the CAS (its cleanup never runs): the copy is left registered
+    monkeypatch.setattr(merge, "_drop", refused)
+    monkeypatch.setattr(bk, "delete_ledger", refused)
+    try:
+        merge.merge_once(bk, opts)
+    except RuntimeError:
+        pass
+    monkeypatch.undo()
+    assert _segments_and_rows(bk, name) == (old, rows)
+    orphan = set(bk.list_ledgers()) - ledgers
+    assert len(orphan) == 1 and merge_keys()
+    merge.retire(bk, name, 0)  # (staging-gc does the same once its --older-than passed)
+    assert set(bk.list_ledgers()) == ledgers and merge_keys() == []
+    assert _segments_and_rows(bk, name) == (old, rows)
+    # 3. the process dies after the CAS, before it unregisters the copy: the copy is a segment
+    monkeypatch.setattr(merge, "_drop", refused)
+    try:
+        merge.merge_once(bk, opts)
+    except RuntimeError:
+        pass
+    monkeypatch.undo()
+    new, after = _segments_and_rows(bk, name)
+    assert after == rows and len(new) == 1 and new[0] not in old
+    assert set(old) <= set(bk.list_ledgers())  # replaced ledgers stay readable for in-flight reads ...
+    merge.retire(bk, name, 0)
+    assert not set(old) & set(bk.list_ledgers())  # ... until retired; the copy, referenced, is kept
+    assert _segments_and_rows(bk, name) == (new, rows) and merge_keys() == []
