@@ -80,23 +80,39 @@ def test_two_thousand_commits_stay_bounded(cluster: LocalCluster, bk: Any) -> No
 
 
 def test_thousands_of_micro_batches_stay_bounded(spark: Any, cluster: LocalCluster, bk: Any, tmp_path: Path) -> None:
+    """Through Spark: a rate source into the sink, one segment per micro-batch, merged as it
+    goes, while a second query streams the name: it reads every entry once, at its id, across
+    the swaps (failOnDataLoss=true: a planned read of a replaced ledger would fail it)."""
     name = "tests/sink/bounded"
     seen: list[tuple[int, tuple[int, int, int, int]]] = []
+    read: list[tuple[int, int]] = []
+
+    def collect(df: Any, _batch_id: int) -> None:
+        read.extend((r.entryId, int(r.payload)) for r in df.select("entryId", "payload").collect())
+
     started = time.monotonic()
     ledgers_before = len(bk.list_ledgers())
     q = (spark.readStream.format("rate").option("rowsPerSecond", 200).option("numPartitions", 1).load()
          .selectExpr("CAST(value AS STRING) AS payload")
          .writeStream.format("vellum").option("metadataServiceUri", cluster.metadata_uri)
          .option("checkpointLocation", str(tmp_path / "cp")).option("entryMaxRows", 1)
-         .option("segmentMergeFactor", 4).option("segmentRetireDelay", "1s")
+         .option("segmentMergeFactor", 4).option("segmentRetireDelay", "10s")
          .trigger(processingTime="0 seconds").start(name))
+    reader = None
     try:
         while True:
             p = q.lastProgress
             done = p["batchId"] + 1 if p else 0
+            if reader is None and done >= 2:
+                reader = (spark.readStream.format("vellum").option("metadataServiceUri", cluster.metadata_uri)
+                          .option("name", name).option("startingOffsets", "earliest")
+                          .option("lacPollIntervalMs", 200).load()
+                          .writeStream.foreachBatch(collect).option("checkpointLocation", str(tmp_path / "rcp"))
+                          .trigger(processingTime="1 second").start())
             if done >= BATCHES:
                 break
             assert q.exception() is None and q.isActive
+            assert reader is None or (reader.exception() is None and reader.isActive), reader.exception()
             assert time.monotonic() - started < 3000, f"only {done} micro-batches in 3000 s"
             if p and (not seen or done - seen[-1][0] >= max(1, BATCHES // 10)):
                 seen.append((done, _sizes(bk, name, ledgers_before)))
@@ -121,6 +137,18 @@ def test_thousands_of_micro_batches_stay_bounded(spark: Any, cluster: LocalClust
     assert ids == list(range(len(ids)))
     values = sorted(int(r.payload) for r in rows)
     assert values == list(range(len(values))), "a row lost or written twice"
+    by_id = {r.entryId: int(r.payload) for r in rows}
+    # the concurrent stream saw the same entries at the same ids, each once
+    assert reader is not None
+    total = len(rows)
+    _deadline = time.monotonic() + 120
+    while len(read) < total and time.monotonic() < _deadline:
+        assert reader.exception() is None, reader.exception()
+        time.sleep(0.5)
+    reader.stop()
+    assert reader.exception() is None
+    assert sorted(i for i, _v in read) == list(range(total))
+    assert all(by_id[i] == v for i, v in read)
 
 
 def _segments_and_rows(bk: Any, name: str) -> tuple[list[int], list[bytes]]:
