@@ -25,6 +25,9 @@ Protocol and invariants:
   ledger is untouched (exactly once per micro-batch across restarts and replays);
 - ``mode("overwrite")`` replaces the name's segments by the job's in the same CAS; the old
   segments' ledgers are deleted after it;
+- after each micro-batch's commit the driver keeps the name bounded (``merge.py``): small
+  closed segments are merged into copies swapped in by CAS, and what they replaced (and old
+  finished markers) is deleted after ``segmentRetireDelay``; that never fails the batch;
 - writers hold only options and a job tag (picklable); commit relies only on the messages and
   the metadata store, since Spark runs it on a separate copy of the writer.
 """
