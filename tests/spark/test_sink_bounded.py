@@ -1,7 +1,9 @@
-"""A streaming sink that can run for a year: through real Spark and real bookies, thousands of
-tiny micro-batches (one segment each) leave a bounded number of segments and ledgers and a
-name record of bounded size, because small segments are merged (copies swapped in by CAS) and
-what they replaced is retired; every row is still there exactly once, at the same entry ids."""
+"""A streaming sink that can run for a year, on real bookies: 2,000 micro-batch commits of the
+sink's own code, and a stream through real Spark (120 micro-batches by default: ~1 s each on
+a loaded 2-core machine), each batch one new segment, leave a bounded number of segments and
+ledgers, a name record of bounded size and few sink keys, because small segments are merged
+(copies swapped in by CAS) and what they replaced is retired; every row is still there exactly
+once, at the same entry ids, also for a stream reading the name meanwhile."""
 
 from __future__ import annotations
 
@@ -79,7 +81,7 @@ def test_two_thousand_commits_stay_bounded(cluster: LocalCluster, bk: Any) -> No
     assert entries.segments[0].first_entry_id == 0
 
 
-def test_thousands_of_micro_batches_stay_bounded(spark: Any, cluster: LocalCluster, bk: Any, tmp_path: Path) -> None:
+def test_a_stream_through_spark_stays_bounded_while_read(spark: Any, cluster: LocalCluster, bk: Any, tmp_path: Path) -> None:
     """Through Spark: a rate source into the sink, one segment per micro-batch, merged as it
     goes, while a second query streams the name: it reads every entry once, at its id, across
     the swaps (failOnDataLoss=true: a planned read of a replaced ledger would fail it)."""
