@@ -122,3 +122,27 @@ def test_named_writer_ensemble_change_is_in_the_record_first(tmp_path: Path) -> 
         r = named.open(name, OpenMode.READ_ONLY)
         assert [e.payload for e in r.read(0, 15)] == [f"e{i}".encode() for i in range(16)]
         named.drain()
+
+
+def test_shell_cursor_shows_a_position_and_deletes_a_retaining_cursor(sqlite_cluster: LocalCluster) -> None:
+    from vellum.client.named import PositionCursor
+    from vellum.errors import IncorrectParameterError
+
+    uri = sqlite_cluster.metadata_uri
+    name = unique_name("cursor")
+    with BookKeeper(uri) as bk:
+        named = NamedLedgers(bk)
+        with named.open(name, OpenMode.CREATE, **QUORUM) as w:
+            for i in range(10):
+                w.append(f"c{i}".encode())
+        version = named.record(name).version
+        named.set_cursor(name, "reader", PositionCursor(4, retain=True).encode(), version)
+        with pytest.raises(IncorrectParameterError, match="cursor 'reader' retains"):
+            named.shrink(name, 6)
+        got = json.loads(shell(uri, "cursor", name, "reader", "--json"))
+        assert (got["position"], got["retain"], got["lag"], got["deleted"]) == (4, True, 6, False)
+        got = json.loads(shell(uri, "cursor", name, "reader", "--delete", "--json"))
+        assert got["deleted"] and "reader" not in named.record(name).value.cursors
+        assert named.shrink(name, 6).start_entry_id == 6  # nothing holds it back any more
+        result = CliRunner().invoke(cli, ["shell", "cursor", name, "reader", "--uri", uri])
+        assert result.exit_code != 0 and "has no cursor 'reader'" in result.output

@@ -13,6 +13,7 @@ from vellum.client.named_record import (
     CUSTOM_NAME_KEY,
     MAX_CURSOR_BYTES,
     NamedLedgerRecord,
+    PositionCursor,
     Segment,
     append_segments,
     first_published,
@@ -152,6 +153,31 @@ def test_shrunk() -> None:
         REC.shrunk(22, 20, force=False)
 
 
+def test_position_cursor_round_trip_and_opaque_cursors() -> None:
+    pos = PositionCursor(120, True, {"queryId": "q1", "batchId": 7})
+    assert PositionCursor.decode(pos.encode()) == pos
+    assert PositionCursor.decode(PositionCursor(5).encode()) == PositionCursor(5, False, {})
+    # anything else is an opaque marker: never taken for a position
+    for other in (b"21", b"batch-7", b"", None, b"{", b"[1]", b'{"nextEntryId": "7"}', b'{"nextEntryId": -1}',
+                  b'{"nextEntryId": true}', b'{"nextEntryId": 3, "retain": "yes"}'):
+        assert PositionCursor.decode(other) is None, other
+
+
+def test_a_retaining_cursor_stops_a_shrink_past_it_others_hold_nothing_back() -> None:
+    rec = REC.with_cursors({"free": PositionCursor(3).encode(), "opaque": b"1",
+                            "reader": PositionCursor(8, retain=True).encode()})
+    assert rec.shrunk(8, 20, force=False)[0].start_entry_id == 8  # up to the retaining cursor: fine
+    for force in (False, True):
+        with pytest.raises(IncorrectParameterError, match=r"cannot shrink to 9: cursor 'reader' retains the "
+                                                          r"entries from 8 on.*at most 8.*remove the cursor"):
+            rec.shrunk(9, 20, force=force)
+    # the same start again moves nothing: allowed even with a retaining cursor below it
+    behind = REC.replace(start_entry_id=10).with_cursors({"reader": PositionCursor(4, retain=True).encode()})
+    assert behind.shrunk(10, 20, force=True)[0].start_entry_id == 10
+    # without retain the cursor holds nothing back
+    assert REC.with_cursors({"reader": PositionCursor(8).encode()}).shrunk(15, 20, force=False)[0].start_entry_id == 15
+
+
 def test_published_appends_after_the_sealed_open_segment() -> None:
     mds = [_closed_md(4, 40), _closed_md(-1, 0), _closed_md(1, 5)]
     rec, replaced = REC.published((2, 30), [20, 21, 22], mds, {"c": b"9"}, overwrite=False)
@@ -264,3 +290,54 @@ def test_shrink_never_moves_the_start_back_nor_past_the_end(rec: NamedLedgerReco
     if shrunk.start_entry_id <= last:
         assert held is not None  # the entry at the start is still reachable
     _assert_well_formed(shrunk)
+
+
+def _batches(n: int, *, size: int = 10, per: int = 2) -> tuple[Segment, ...]:
+    """``n`` closed segments of ``per`` entries and ``size`` bytes each, as a sink publishes them."""
+    return tuple(Segment(100 + i, i * per, i * per + per - 1, size, 1) for i in range(n))
+
+
+def test_merged_swaps_a_run_for_its_copy_keeping_every_global_id() -> None:
+    rec = _record((*_batches(5), _open(9, 10, 2)))
+    out = rec.merged([101, 102, 103], 500, _closed_md(5, 30))
+    assert [(s.ledger_id, s.first_entry_id, s.last_entry_id, s.level) for s in out.segments[:3]] == [
+        (100, 0, 1, 0), (500, 2, 7, 1), (104, 8, 9, 0)]
+    assert out.segments[3] == rec.segments[5] and out.segment_for(5) == out.segments[1]
+    assert out.merged([100, 500, 104], 501, _closed_md(9, 50)).segments[0].level == 2
+    from vellum.client.named_record import deserialize_record, serialize_record
+    assert deserialize_record(serialize_record(out), where="t").segments == out.segments  # level kept
+    bad = [([101, 103], _closed_md(3, 20), "not consecutive"), ([101, 9], _closed_md(3, 20), "not consecutive"),
+           ([101], _closed_md(1, 10), "two or more"), ([101, 102], _closed_md(4, 20), "not a copy"),
+           ([101, 102], _closed_md(3, 21), "not a copy"),
+           ([101, 102], _closed_md(3, 20, password=b"x"), "digest type and password")]
+    for ids, md, why in bad:
+        with pytest.raises(IncorrectParameterError, match=why):
+            rec.merged(ids, 500, md)
+    with pytest.raises(IncorrectParameterError, match="already a segment"):
+        rec.merged([101, 102], 104, _closed_md(3, 20))
+
+
+def test_merge_windows_work_like_a_counter_and_keep_the_segment_count_logarithmic() -> None:
+    """Publishing one segment per batch and merging the newest window after each: 2,000
+    batches leave fewer than factor segments per level, every entry at its global id."""
+    factor = 4
+    rec = _record(())
+    for i in range(2000):
+        seg = Segment(10_000 + i, i * 2, i * 2 + 1, 10, 1)
+        rec = rec.replace(segments=(*rec.segments, seg))
+        windows = rec.merge_windows(factor, max_bytes=1 << 30)
+        while windows:
+            w = windows[0]
+            entries = sum(s.entry_count or 0 for s in w)
+            rec = rec.merged([s.ledger_id for s in w], 50_000 + i * 10 + w[0].level,
+                             _closed_md(entries - 1, sum(s.length for s in w)))
+            windows = rec.merge_windows(factor, max_bytes=1 << 30)
+        assert len(rec.segments) <= (factor - 1) * 6, (i, len(rec.segments))
+    assert rec.segments[0].first_entry_id == 0 and rec.segments[-1].last_entry_id == 3999
+    assert all(a.last_entry_id + 1 == b.first_entry_id for a, b in zip(rec.segments, rec.segments[1:]))  # type: ignore[operator]
+    assert sum(s.length for s in rec.segments) == 20_000
+    # a byte cap stops the climb; segments below the start (maybe trimmed) are never copied
+    capped = _record(_batches(8)).merge_windows(4, max_bytes=30)
+    assert capped == []
+    shrunk = _record(_batches(8), start_entry_id=3)
+    assert [w[0].ledger_id for w in shrunk.merge_windows(4, max_bytes=100)] == [104, 103, 102]

@@ -233,7 +233,7 @@ def test_min_entries_per_trigger(spark: Any, cluster: LocalCluster, bk: Any, tmp
         """Entries the source reported available (reportLatestOffset) in the newest progress."""
         p = q.lastProgress
         raw = p["sources"][0].get("latestOffset") if p and p.get("sources") else None
-        return int(json.loads(raw).get(str(lid), -1)) if raw else -1
+        return int(json.loads(raw).get(str(lid), {}).get("latest", -1)) if raw else -1
 
     # Idle triggers report progress (with the source's latest offset) every 100 ms, not 10 s.
     spark.conf.set("spark.sql.streaming.noDataProgressEventInterval", "100")

@@ -1,8 +1,8 @@
-"""Shell commands for named ledgers (seed 002): names, name, readname, shrink.
+"""Shell commands for named ledgers (seed 002): names, name, readname, shrink, cursor.
 
 Each command opens the blocking client on ``--uri`` (default ``$VELLUM_METADATA_URI`` or
 ``vellum.config.DEFAULT_METADATA_URI``), prints a table (or JSON with ``--json``) and closes it.
-Only ``shrink`` changes state; ``name`` and ``readname`` never fence a writer.
+Only ``shrink`` and ``cursor --delete`` change state; ``name`` and ``readname`` never fence a writer.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ def register(shell: click.Group) -> None:
     shell.add_command(name_cmd)
     shell.add_command(readname)
     shell.add_command(shrink_cmd)
+    shell.add_command(cursor_cmd)
 
 
 @click.command("names")
@@ -169,3 +170,45 @@ def shrink_cmd(uri: str, name: str, entry: int, force: bool, as_json: bool) -> N
         raise click.ClickException(
             f"the start moved to {result.start_entry_id}, but {', '.join(failed)} could not collect: their "
             "space comes back at their next GC pass; run the shrink with --force again to retry")
+
+
+@click.command("cursor")
+@_uri_option
+@click.argument("name")
+@click.argument("key")
+@click.option("--delete", is_flag=True, help="remove the cursor (e.g. a retaining cursor of a query that is gone)")
+@click.option("--json", "as_json", is_flag=True)
+def cursor_cmd(uri: str, name: str, key: str, delete: bool, as_json: bool) -> None:
+    """Show cursor KEY of NAME: its value and, for a position cursor, the next entry it reads,
+    whether it holds back a shrink (retain) and its lag; or remove it with --delete."""
+    from vellum.client.blocking import BookKeeper
+    from vellum.client.named_blocking import NamedLedgers
+    from vellum.client.named_record import CAS_RETRIES, PositionCursor
+    from vellum.errors import MetadataVersionError
+
+    with BookKeeper(uri, config=shell_client_config()) as bk:
+        named = NamedLedgers(bk)
+        info = named.info(name)
+        value = info.record.cursors.get(key)
+        if value is None:
+            raise click.ClickException(f"named ledger {name!r} has no cursor {key!r} "
+                                       f"(its cursors: {', '.join(sorted(info.record.cursors)) or 'none'})")
+        if delete:
+            for _ in range(CAS_RETRIES):
+                try:
+                    named.set_cursor(name, key, None, named.record(name).version)
+                    break
+                except MetadataVersionError:
+                    continue  # another change to the record won: read it again
+            else:
+                raise click.ClickException(f"named ledger {name!r}: the record kept changing; try again")
+    pos = PositionCursor.decode(value)
+    out: dict[str, Any] = {"name": name, "cursor": key, "value": value.decode("utf-8", "backslashreplace"),
+                           "position": None if pos is None else pos.next_entry_id,
+                           "retain": bool(pos is not None and pos.retain),
+                           "lag": None if pos is None else max(0, info.last_entry_id + 1 - pos.next_entry_id),
+                           "deleted": delete}
+    if as_json:
+        emit_json(out)
+    else:
+        emit_kv(out, title=f"{name}: cursor {key}" + (" (deleted)" if delete else ""))

@@ -52,6 +52,7 @@ from vellum.client.named_record import (
     NamedLedgerEntry,
     NamedLedgerInfo,
     NamedLedgerRecord,
+    PositionCursor,
     Quorum,
     RecoveredEnd,
     Segment,
@@ -84,7 +85,7 @@ from vellum.meta.model import LedgerMetadata, LedgerState
 __all__ = [
     "CUSTOM_EPOCH_KEY", "CUSTOM_NAME_KEY", "KEY_PREFIX", "RECORD_FORMAT_NAME", "RECORD_FORMAT_VERSION",
     "BookieCollection", "EntriesShrunkError", "NamedLedgerEntry", "NamedLedgerHandle", "NamedLedgerInfo", "NamedLedgerRecord",
-    "NamedLedgers", "OpenMode", "Segment", "ShrinkResult", "deserialize_record", "record_key", "serialize_record",
+    "NamedLedgers", "OpenMode", "PositionCursor", "Segment", "ShrinkResult", "deserialize_record", "record_key", "serialize_record",
     "validate_name",
 ]
 
@@ -574,6 +575,24 @@ class NamedLedgers:
         there, so readers never see an id reused. The replaced ledgers are deleted afterwards.
         """
         return await self._publish(name, ledger_ids, expected_version, cursor_updates, overwrite=True)
+
+    async def merge_segments(self, name: str, ledger_ids: Sequence[int], merged_ledger_id: int) -> int:
+        """Replace the consecutive CLOSED segments ``ledger_ids`` by ledger ``merged_ledger_id``,
+        a CLOSED copy of their entries in order (the same global ids, count and bytes; checked),
+        in one CAS, retried on the fresh record while unrelated changes win the race (a change
+        to those segments themselves, e.g. a forced shrink dropping one, is an
+        ``IncorrectParameterError``). The replaced ledgers are *not* deleted: a reader may have
+        planned reads of them; the caller deletes them once no such read can be running.
+        Returns the record's new version."""
+        md = (await self._ctx().read_metadata(merged_ledger_id)).value
+        for _ in range(CAS_RETRIES):
+            got = await self._get_existing(name)
+            updated = got.value.merged(ledger_ids, merged_ledger_id, md)
+            try:
+                return await self._cas(updated, got.version)
+            except MetadataVersionError:
+                continue
+        raise MetadataVersionError(f"named ledger {name!r}: merging segments lost {CAS_RETRIES} CAS races")
 
     async def _publish(
         self,

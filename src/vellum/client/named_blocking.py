@@ -81,4 +81,5 @@ class NamedLedgers(BlockingFacade[AsyncNamedLedgers]):
     set_cursor = blocking(AsyncNamedLedgers.set_cursor)
     publish_segments = blocking(AsyncNamedLedgers.publish_segments)
     overwrite = blocking(AsyncNamedLedgers.overwrite)
+    merge_segments = blocking(AsyncNamedLedgers.merge_segments)
     drain = blocking(AsyncNamedLedgers.drain)

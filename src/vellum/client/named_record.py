@@ -16,6 +16,9 @@ Invariants (kept by every transition here):
   the open last one (:meth:`NamedLedgerRecord.held_by`);
 - the start only moves forward and never past the last entry + 1; entry ids are never reused
   (an overwrite starts the new segments after the old last entry);
+- a cursor holds nothing back unless it says so: a *position cursor* (:class:`PositionCursor`)
+  with ``retain`` set stops a shrink from moving the start past its position; every other
+  cursor is an opaque marker a shrink ignores;
 - a record written by a newer format version is refused (``MetaStoreError``), never rewritten.
 """
 
@@ -56,6 +59,43 @@ RecoveredEnd = tuple[int, int]
 
 
 @dataclass(frozen=True)
+class PositionCursor:
+    """A cursor that holds a reader's position: the next global entry id it will read.
+
+    Stored as a JSON object (``{"nextEntryId": 120, "retain": false, ...}``; other keys are
+    information such as the query and batch that wrote it) so that tools can tell it apart from
+    an opaque cursor and compute its lag (entries between it and the name's end). With
+    ``retain`` a shrink refuses to move the start past ``next_entry_id`` (docs/named-ledgers.md
+    "Cursors").
+    """
+
+    next_entry_id: int
+    retain: bool = False
+    info: Mapping[str, Any] = field(default_factory=dict)
+
+    def encode(self) -> bytes:
+        body = {**dict(self.info), "nextEntryId": int(self.next_entry_id), "retain": bool(self.retain)}
+        return json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
+
+    @classmethod
+    def decode(cls, value: bytes | None) -> PositionCursor | None:
+        """The position cursor ``value`` holds, or None for any other cursor value."""
+        if not value or not value.lstrip().startswith(b"{"):
+            return None
+        try:
+            d = json.loads(value)
+        except ValueError:
+            return None
+        if not isinstance(d, dict):
+            return None
+        pos = d.pop("nextEntryId", None)
+        retain = d.pop("retain", False)
+        if not isinstance(pos, int) or isinstance(pos, bool) or pos < 0 or not isinstance(retain, bool):
+            return None
+        return cls(pos, retain, d)
+
+
+@dataclass(frozen=True)
 class Segment:
     """One ledger of a named ledger. ``last_entry_id`` (global) is None while the segment is OPEN.
 
@@ -72,6 +112,8 @@ class Segment:
     write_quorum_size: int = 0
     ack_quorum_size: int = 0
     ensembles: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
+    #: how many merges its entries went through (0: as written; see ``merged``)
+    level: int = 0
 
     @property
     def is_open(self) -> bool:
@@ -97,6 +139,8 @@ class Segment:
             })
         else:
             d.update({"lastEntryId": self.last_entry_id, "length": self.length})
+            if self.level:
+                d["level"] = self.level  # only on merged segments (older clients ignore it)
         return d
 
     @classmethod
@@ -108,7 +152,7 @@ class Segment:
         if d["state"] != "CLOSED":
             raise ValueError(f"unknown segment state {d['state']!r}")
         return cls(int(d["ledgerId"]), int(d["firstEntryId"]), int(d["lastEntryId"]), int(d.get("length", 0)),
-                   int(d.get("epoch", 0)))
+                   int(d.get("epoch", 0)), level=int(d.get("level", 0)))
 
 
 @dataclass(frozen=True)
@@ -253,6 +297,19 @@ class NamedLedgerRecord:
                 cursors[k] = bytes(v)
         return self.replace(cursors=cursors)
 
+    def check_retaining_cursors(self, end_entry_id: int) -> None:
+        """``IncorrectParameterError`` naming the first position cursor with ``retain`` set whose
+        position is below ``end_entry_id`` (moving the start there would drop entries it has not
+        read); cursors without ``retain`` hold nothing back."""
+        for key, value in sorted(self.cursors.items()):
+            pos = PositionCursor.decode(value)
+            if pos is not None and pos.retain and pos.next_entry_id < end_entry_id:
+                raise IncorrectParameterError(
+                    f"named ledger {self.name!r}: cannot shrink to {end_entry_id}: cursor {key!r} retains "
+                    f"the entries from {pos.next_entry_id} on (it has not read them yet). Shrink to at most "
+                    f"{pos.next_entry_id}, or remove the cursor (or store it without retain) first"
+                )
+
     def shrunk(
         self, end_entry_id: int, last_entry_id: int, *, force: bool
     ) -> tuple[NamedLedgerRecord, tuple[Segment, ...]]:
@@ -269,6 +326,8 @@ class NamedLedgerRecord:
             raise IncorrectParameterError(
                 f"named ledger {self.name!r}: cannot shrink to {end_entry_id}: the last entry is {last_entry_id}"
             )
+        if end_entry_id > self.start_entry_id:  # the same start again moves nothing
+            self.check_retaining_cursors(end_entry_id)
         start = end_entry_id
         segments = list(self.segments)
         dropped: list[Segment] = []
@@ -306,6 +365,60 @@ class NamedLedgerRecord:
             start_entry_id=start, trimmed_to=max(self.trimmed_to, start) if overwrite else self.trimmed_to,
         )
         return updated, replaced
+
+    def merge_windows(self, factor: int, max_bytes: int) -> list[tuple[Segment, ...]]:
+        """Runs of ``factor`` consecutive CLOSED segments of one merge level that may be merged
+        into one segment (``merged``), newest first: together at most ``max_bytes``, and all at
+        or after the start (entries below it may be trimmed on the bookies: never copied).
+
+        Merging ``factor`` segments of level L into one of level L+1 works like a counter in base
+        ``factor``: a name that gains one segment per micro-batch keeps fewer than ``factor``
+        segments per level, about ``factor * log_factor(segments written)`` in all, and each
+        entry is copied once per level it climbs (segments above ``max_bytes`` stop climbing).
+        """
+        if factor < 2:
+            return []
+        closed = [s for s in self.segments if not s.is_open and s.first_entry_id >= self.start_entry_id]
+        out: list[tuple[Segment, ...]] = []
+        for i in range(len(closed) - factor, -1, -1):
+            window = tuple(closed[i:i + factor])
+            level = window[0].level
+            if any(s.level != level for s in window):
+                continue
+            if sum(s.length for s in window) <= max_bytes:
+                out.append(window)
+        return out
+
+    def merged(self, ledger_ids: Sequence[int], md_ledger_id: int, md: LedgerMetadata) -> NamedLedgerRecord:
+        """The consecutive CLOSED segments ``ledger_ids`` replaced by one segment on ledger
+        ``md_ledger_id`` (CLOSED, the name's digest and password) holding a copy of their
+        entries: the same global ids (its entry 0 is the first segment's first entry), the same
+        number of entries and payload bytes, one level above the highest merged."""
+        ids = list(ledger_ids)
+        if len(ids) < 2 or len(set(ids)) != len(ids):
+            raise IncorrectParameterError(f"named ledger {self.name!r}: a merge needs two or more distinct "
+                                          f"segments, got {ids}")
+        at = next((i for i, s in enumerate(self.segments) if s.ledger_id == ids[0]), None)
+        run = self.segments[at:at + len(ids)] if at is not None else ()
+        if [s.ledger_id for s in run] != ids or any(s.is_open for s in run):
+            raise IncorrectParameterError(f"named ledger {self.name!r}: ledgers {ids} are not consecutive "
+                                          "closed segments of it (any more)")
+        if any(s.ledger_id == md_ledger_id for s in self.segments):
+            raise IncorrectParameterError(f"ledger {md_ledger_id} is already a segment of {self.name!r}")
+        if not md.is_closed or md.password != self.password or md.digest_type != self.digest_type:
+            raise IncorrectParameterError(f"ledger {md_ledger_id}: a merged segment must be CLOSED, with the "
+                                          f"digest type and password of named ledger {self.name!r}")
+        entries = sum(s.entry_count or 0 for s in run)
+        length = sum(s.length for s in run)
+        if md.last_entry_id + 1 != entries or md.length != length:
+            raise IncorrectParameterError(
+                f"ledger {md_ledger_id} holds {md.last_entry_id + 1} entries ({md.length} bytes), the segments "
+                f"{ids} of {self.name!r} {entries} ({length} bytes): not a copy of them")
+        first, last = run[0].first_entry_id, run[-1].last_entry_id
+        seg = Segment(md_ledger_id, first, last, length, max(s.epoch for s in run),
+                      level=max(s.level for s in run) + 1)
+        assert at is not None
+        return self.replace(segments=(*self.segments[:at], seg, *self.segments[at + len(ids):]))
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -35,6 +35,7 @@ from aiohttp import web
 from vellum.console.access import AddressCheck, Session, Sessions
 from vellum.console.actions import ACTIONS, ActionRefused, describe, run_action
 from vellum.console.cluster import ClusterConsole, LedgerQuery, SourceUnavailable
+from vellum.console.cursors import metrics_text
 from vellum.errors import NoSuchLedgerError, SecurityError
 from vellum.security.pki import principal_of, roles_of
 from vellum.security.tls import peer_certificate
@@ -49,6 +50,8 @@ STATIC_DIR = HERE / "static"
 CONSOLE_KEY: web.AppKey[ClusterConsole] = web.AppKey("console", ClusterConsole)
 CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; object-src 'none'; "
        "base-uri 'none'; frame-ancestors 'none'; form-action 'self'")
+#: Prometheus text of the named ledgers' cursor lag (docs/console.md)
+METRICS_PATH = "/metrics"
 #: paths served without a session (the login page itself, its style, liveness probes)
 OPEN_PATHS = frozenset({"/login", "/healthz"})
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -177,6 +180,8 @@ class ConsoleApp:
             return _plain(403, "a change must come from the console's own pages: this request's Origin "
                                f"({(origin or 'none')[:100]}) is not the console")
         session = self.sessions.get(request.cookies.get(self.cookie_name(request)))
+        if request.path == METRICS_PATH and session is None:
+            return self._scraper_door(request)
         public = request.path in OPEN_PATHS or request.path.startswith("/static/")
         if session is None and not self.login_required and request.path not in ("/healthz", "/favicon.ico") \
                 and not request.path.startswith("/static/"):
@@ -197,6 +202,27 @@ class ConsoleApp:
                 return self.error(request, 403, "the form is stale or came from another site: open it again "
                                                 "from the console")
         return None
+
+    def _scraper_door(self, request: web.Request) -> web.StreamResponse | None:
+        """``/metrics`` without a session (a Prometheus scraper): open on a console without login
+        keys (no session is made per scrape); else a valid login token as ``Authorization:
+        Bearer`` or a client certificate the console's CA verifies, any role (it shows what every
+        page shows)."""
+        if not self.login_required:
+            return None
+        if self._certificate_login(request) is not None:
+            return None
+        auth = request.headers.get("Authorization", "")
+        if auth[:7].lower() == "bearer " and self.verifier is not None:
+            try:
+                self.verifier.verify(auth[7:].strip(), audience=self.console.settings.token_audience)
+                return None
+            except SecurityError as e:
+                log.warning("console: %s from %s refused: %s", METRICS_PATH, request.remote, e)
+                return _plain(401, f"the bearer token was refused: {e}")
+        return _plain(401, f"{METRICS_PATH} needs a login: scrape it with the header 'Authorization: Bearer "
+                           "<token>' (a login token, `vellum security issue-token`) or a client certificate "
+                           "the console's CA verifies")
 
     @web.middleware
     async def middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
@@ -350,6 +376,11 @@ class ConsoleApp:
         data = await self.console.name_page(name)
         return self.render(r, "name.html.j2", "names", f"Named ledger {name}", **data)
 
+    async def metrics(self, _r: web.Request) -> web.Response:
+        """Prometheus text: every named ledger's segments, end and position cursors' lag."""
+        body = metrics_text(await self.console.name_lags())
+        return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
     async def storage(self, r: web.Request) -> web.Response:
         data = await self.console.storage_page()
         return self.render(r, "storage.html.j2", "storage", "Storage & GC", **data)
@@ -465,6 +496,7 @@ def build_app(console: ClusterConsole, *, listen_host: str = "127.0.0.1") -> web
         web.get("/names", ui.names),
         web.get(r"/names/{name:.+}", ui.name),
         web.get("/storage", ui.storage),
+        web.get(METRICS_PATH, ui.metrics),
         web.get("/recovery", ui.recovery),
         web.get("/actions/{action}", ui.confirm),
         web.post("/actions/{action}", ui.perform),

@@ -42,6 +42,7 @@ from vellum.console.bookies import (
     probe,
     read_registrations,
 )
+from vellum.console.cursors import NameLag, cursor_lag, name_lag, position_cursors
 from vellum.console.promtext import MetricsFormatError, MetricsHistory, parse_metrics, tracked_values
 from vellum.errors import ConfigError, NoSuchLedgerError, SecurityError, VellumError
 from vellum.format.entry import parse_entry_header
@@ -340,12 +341,20 @@ def list_names_page(store: MetadataStore, prefix: str, after: str | None, limit:
     return rows, (rows[-1].name if more and rows else None)
 
 
-def cursor_lag(value: str, last_entry_id: int) -> int | None:
-    """Entries behind the last entry when a cursor holds an entry id (a plain integer)."""
-    text = value.strip()
-    if text.lstrip("-").isdigit():
-        return max(0, last_entry_id - int(text))
-    return None
+def all_name_records(store: MetadataStore) -> list[tuple[str, NamedLedgerRecord | None]]:
+    """Blocking: every named ledger's record (None where it is unreadable or was just deleted)."""
+    out: list[tuple[str, NamedLedgerRecord | None]] = []
+    for key in store.kv.list(KEY_PREFIX):
+        name = key[len(KEY_PREFIX):]
+        got = store.kv.get(key)
+        if got is None:
+            continue
+        try:
+            out.append((name, deserialize_record(got.value, where=f"named ledger {name}")))
+        except VellumError as e:
+            log.warning("console: named ledger %r: unreadable record left out of the metrics: %s", name, e)
+            out.append((name, None))
+    return out
 
 
 # --------------------------------------------------------------------------------- storage / GC
@@ -672,12 +681,40 @@ class ClusterConsole:
                 last_entry = seg.first_entry_id + h.last_add_confirmed
             except Exception as e:  # the open segment's bookies: shown, not fatal
                 lac_error = f"{type(e).__name__}: {e}"
-        cursors = [{"name": k, "value": _text(v)[:200], "lag": cursor_lag(_text(v), last_entry)}
+        positions = position_cursors(rec)
+        cursors = [{"name": k, "value": _text(v)[:200], "lag": cursor_lag(v, last_entry),
+                    "retain": k in positions and positions[k].retain}
                    for k, v in sorted(rec.cursors.items())]
         return {"name": name, "record": rec, "row": name_row(name, rec), "version": got.version,
                 "last_entry": last_entry, "lac_error": lac_error, "cursors": cursors,
                 "entries": max(0, last_entry - rec.start_entry_id + 1),
                 "size": sum(s.length for s in rec.segments if not s.is_open)}
+
+    async def _readable_end(self, rec: NamedLedgerRecord) -> int | None:
+        """The id after the name's last readable entry (the open segment's LAC + 1, asked of its
+        bookies); None if they could not be asked (logged)."""
+        seg = rec.open_segment
+        if seg is None:
+            return rec.closed_end
+        try:
+            bk = await self.client()
+            h = await asyncio.wait_for(bk.open_ledger(seg.ledger_id, password=rec.password, recovery=False), 5.0)
+            return max(rec.start_entry_id, seg.first_entry_id + h.last_add_confirmed + 1)
+        except Exception as e:  # the open segment's bookies: its lag is left out, not a failed scrape
+            log.warning("console: named ledger %r: the LAC of open segment %d could not be read (%s: %s); "
+                        "its cursors' lag is left out", rec.name, seg.ledger_id, type(e).__name__, e)
+            return None
+
+    async def name_lags(self) -> list[NameLag]:
+        """Every named ledger's segment count, end and position cursors' lag (``/metrics``).
+        The bookies are asked only for the names that have a position cursor and an open segment."""
+        out: list[NameLag] = []
+        for _name, rec in await self.meta(all_name_records):
+            if rec is None:
+                continue
+            end = await self._readable_end(rec) if position_cursors(rec) else None
+            out.append(name_lag(rec, end))
+        return out
 
     async def storage_page(self) -> dict[str, Any]:
         views, _ur = await self.bookies(with_gc=True)

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from vellum.client.blocking import BookKeeper, LedgerHandle
-from vellum.client.named import NamedLedgerRecord, NamedLedgers, OpenMode
+from vellum.client.named import NamedLedgerRecord, NamedLedgers, OpenMode, PositionCursor
+from vellum.client.named_record import CAS_RETRIES
 from vellum.errors import MetadataVersionError, NoSuchLedgerError
 from vellum.meta.api import Versioned
 from vellum.spark.options import WriteOptions
@@ -102,6 +103,26 @@ class NameReader:
         end = max(rec.start_entry_id, segs[-1].last_readable + 1 if segs else rec.start_entry_id)
         avg = max(1, length // entries) if entries > 0 and length > 0 else 1024
         return NameView(rec.start_entry_id, end, tuple(segs), rec.password, dict(rec.custom_metadata), avg)
+
+
+def store_position_cursor(bk: BookKeeper, name: str, key: str, next_entry_id: int, *, retain: bool) -> bool:
+    """Store cursor ``key`` of ``name`` as a position (the next entry to read) by CAS on a fresh
+    record, retried while other changes (writers, publishes, other cursors) win the race.
+    False if the name does not exist."""
+    import time
+
+    named = NamedLedgers(bk.aio)
+    value = PositionCursor(next_entry_id, retain, {"updatedMs": int(time.time() * 1000)}).encode()
+    for _ in range(CAS_RETRIES):
+        try:
+            got = _call(bk, named.record(name))
+            _call(bk, named.set_cursor(name, key, value, got.version))
+            return True
+        except NoSuchLedgerError:
+            return False
+        except MetadataVersionError:
+            continue
+    raise MetadataVersionError(f"named ledger {name!r}: cursor {key!r} lost {CAS_RETRIES} compare-and-set races")
 
 
 class NameScanError(RuntimeError):

@@ -76,6 +76,8 @@ _READ_KEYS = {
     "arrowbatchentries": "arrowBatchEntries",
     "password": "password",
     "path": "path",  # Spark passes load(path) as an option: accepted as `name`
+    "cursorname": "cursorName",
+    "cursorretain": "cursorRetain",
 }
 
 _WRITE_KEYS = {
@@ -90,6 +92,9 @@ _WRITE_KEYS = {
     "maxinflight": "maxInFlight",
     "entrymaxrows": "entryMaxRows",
     "entrymaxbytes": "entryMaxBytes",
+    "segmentmergefactor": "segmentMergeFactor",
+    "segmentmergemaxbytes": "segmentMergeMaxBytes",
+    "segmentretiredelay": "segmentRetireDelay",
 }
 
 
@@ -221,6 +226,11 @@ class ReadOptions:
     include_headers: bool = False
     #: keep the ``payload`` column (the same bytes as ``value``) for jobs written before ``value``
     payload_column: bool = True
+    #: streams of names: after each committed micro-batch, its end is stored as this position
+    #: cursor in every name read (docs/spark.md "Lag and cursors"); None: no cursor
+    cursor_name: str | None = None
+    #: the cursor is stored with ``retain``: a shrink of the name refuses to pass it
+    cursor_retain: bool = False
 
     @property
     def named(self) -> bool:
@@ -311,6 +321,13 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
             raise OptionError(f"option dataLossLocation must be an absolute directory path that every executor "
                               f"can write (a shared filesystem on a cluster), got {loss_location!r}")
     password = (_get(options, "password") or "").encode()
+    cursor_name = _get(options, "cursorName") or None
+    cursor_retain = _bool(options, "cursorRetain", False)
+    if cursor_name is not None and (not streaming or ledger_ids is not None):
+        raise OptionError("option cursorName is for streaming reads of named ledgers (name, names or namePattern): "
+                          "a cursor is stored in a name's record")
+    if cursor_retain and cursor_name is None:
+        raise OptionError("option cursorRetain applies to the cursor of option cursorName: give cursorName too")
     return ReadOptions(
         metadata_uri=uri,
         ledger_ids=ledger_ids,
@@ -335,6 +352,8 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
         client_properties=_bk_passthrough(options),
         include_headers=_bool(options, "includeHeaders", False),
         payload_column=_bool(options, "payloadColumn", True),
+        cursor_name=cursor_name,
+        cursor_retain=cursor_retain,
     )
 
 
@@ -361,6 +380,13 @@ class WriteOptions:
     value_column: str = "value"
     #: rows go to the named ledger in their ``name`` column (no ``name`` option given)
     name_from_column: bool = False
+    #: streams: merge this many same-level closed segments into one (0: never; docs/spark.md
+    #: "A sink that runs for a year")
+    segment_merge_factor: int = 10
+    #: ... when together they hold at most this many payload bytes
+    segment_merge_max_bytes: int = 64 * 1024 * 1024
+    #: replaced segments' ledgers (and old finished markers) are deleted after this long
+    segment_retire_delay_ms: int = 3_600_000
 
     @property
     def packed(self) -> bool:
@@ -407,4 +433,16 @@ def parse_write_options(options: Mapping[str, str], *, name_column: bool = False
         client_properties=_bk_passthrough(options),
         entry_max_rows=_int(options, "entryMaxRows", 1000, minimum=1) or 1000,
         entry_max_bytes=max_bytes,
+        segment_merge_factor=_merge_factor(options),
+        segment_merge_max_bytes=_int(options, "segmentMergeMaxBytes", 64 << 20, minimum=1) or 64 << 20,
+        segment_retire_delay_ms=(parse_duration_ms(raw_delay, "segmentRetireDelay")
+                                 if (raw_delay := _get(options, "segmentRetireDelay")) else 3_600_000),
     )
+
+
+def _merge_factor(options: Mapping[str, str]) -> int:
+    factor = _int(options, "segmentMergeFactor", 10, minimum=0)
+    if factor == 1:
+        raise OptionError("option segmentMergeFactor must be 0 (no merging) or at least 2 (segments merged at a "
+                          "time), got 1")
+    return 10 if factor is None else factor

@@ -15,6 +15,10 @@ Invariants:
   "from the key's first readable entry" (a newly discovered name or ledger);
 - the reader objects hold only picklable option values; clients are created lazily in the
   process that uses them and never pickled;
+- a stream's lag (entries and estimated bytes between each micro-batch's end and the readable
+  end) is reported through ``reportLatestOffset`` (Spark's progress has no other place a Python
+  source can fill); the optional position cursor (``cursorName``) is written only in
+  ``commit``, after Spark recorded the batch as done, and never holds the query up;
 - with ``failOnDataLoss=false`` a read skips exactly the lost entries (a :class:`Loss` each,
   logged once where found); losses found while planning ride on a partition, so the task that
   runs it writes every row of ``dataLossLocation`` with its query and micro-batch ids; a
@@ -643,12 +647,15 @@ class VellumStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
         self._target: dict[str, int] | None = None  # availableNow: frozen end
         self._pending: list[Loss] = []  # found by initialOffset: recorded by the next batch's tasks
         self._last_batch_at: float | None = None  # minEntriesPerTrigger: when the last batch was admitted
+        self._reported: dict[str, int] = {}  # the offsets latestOffset returned last (lag is measured from them)
+        self._cursors: dict[str, tuple[int, bool]] = {}  # cursorName: what this run stored per name
         if opts.data_loss_location:
             check_location(opts.data_loss_location)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.update(_bk=None, _catalog=None, _latest={}, _latest_at=-math.inf, _pending=[], _last_batch_at=None)
+        state.update(_bk=None, _catalog=None, _latest={}, _latest_at=-math.inf, _pending=[], _last_batch_at=None,
+                     _reported={}, _cursors={})
         return state
 
     # --------------------------------------------------------------------------- helpers
@@ -708,10 +715,15 @@ class VellumStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = {k: b.end for k, b in self._refresh(force=True).items()}
 
-    def reportLatestOffset(self) -> dict[str, int]:
-        return {k: b.end for k, b in self._latest.items()}
+    def reportLatestOffset(self) -> dict[str, dict[str, int]]:
+        """What Spark shows as the source's ``latestOffset`` in the query's progress: per key the
+        readable end (``latest``) and how far the micro-batch just planned ends behind it
+        (``entriesBehind``, and ``bytesBehind`` estimated from the key's average entry size).
+        Spark calls it right after ``latestOffset``; a key not planned yet has no lag fields."""
+        return lag_report(self._latest, self._reported)
 
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
+        self._store_cursors(start)  # the last committed end (see _store_cursors)
         latest = self._refresh()
         target = dict(self._target) if self._target is not None else {k: b.end for k, b in latest.items()}
         end: dict[str, int] = {}
@@ -754,6 +766,7 @@ class VellumStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
         out = {k: end[k] + take.get(k, 0) for k in end}
         if out != start:
             self._last_batch_at = time.monotonic()
+        self._reported = dict(out)
         return out
 
     def _fail_on_loss(self, loss: Loss) -> None:
@@ -800,9 +813,55 @@ class VellumStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
         return read_partition(self.opts, self.schema, partition)
 
     def commit(self, end: dict[str, int]) -> None:
-        # Nothing to do: positions live in Spark's checkpoint (a commit of the last availableNow
-        # batch only happens at the next run, so no correctness may depend on it).
-        return None
+        """Positions live in Spark's checkpoint; nothing here may matter for correctness (the
+        commit of the last availableNow batch only happens at the next run). With
+        ``cursorName`` the committed end of each name is stored as a position cursor."""
+        self._store_cursors(end)
+
+    def _store_cursors(self, positions: Mapping[str, int]) -> None:
+        """``cursorName``: store each name's committed position (skipped while unchanged).
+
+        Called from ``commit(end)``, and from ``latestOffset(start)``: Spark hands a source the
+        commit of batch N only when it plans batch N+1 *with data*, so an idle query's cursor
+        would stay one batch behind; ``start`` of ``latestOffset`` is the end of the last batch
+        in Spark's commit log (or the initial offsets, before which nothing will be read).
+        A failure is logged and retried at the next call, never raised: the cursor serves
+        monitoring and retention, not the query's correctness.
+        """
+        if self.opts.cursor_name is None:
+            return
+        from vellum.spark.names import store_position_cursor
+
+        retain = self.opts.cursor_retain
+        for name, pos in sorted(positions.items()):
+            if self._cursors.get(name) == (pos, retain):
+                continue  # unchanged since this run stored it: no record write
+            try:
+                self._cat()
+                assert self._bk is not None
+                stored = store_position_cursor(self._bk, name, self.opts.cursor_name, pos, retain=retain)
+            except Exception as exc:
+                log.warning("stream of %r: storing cursor %r at %d failed (%s: %s); retried at the next "
+                            "trigger", name, self.opts.cursor_name, pos, type(exc).__name__, exc)
+                continue
+            if stored:
+                self._cursors[name] = (pos, retain)
+            else:
+                log.info("stream of %r: cursor %r not stored: the named ledger no longer exists", name,
+                         self.opts.cursor_name)
+
+
+def lag_report(latest: Mapping[str, Bounds], positions: Mapping[str, int]) -> dict[str, dict[str, int]]:
+    """Per key its readable end, and the entries (and estimated bytes) from ``positions`` to it."""
+    out: dict[str, dict[str, int]] = {}
+    for key, b in sorted(latest.items()):
+        row = {"latest": b.end}
+        pos = positions.get(key)
+        if pos is not None:
+            behind = max(0, b.end - pos)
+            row.update(entriesBehind=behind, bytesBehind=behind * b.avg_entry_bytes)
+        out[key] = row
+    return out
 
 
 def _allocate(

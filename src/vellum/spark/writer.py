@@ -25,6 +25,9 @@ Protocol and invariants:
   ledger is untouched (exactly once per micro-batch across restarts and replays);
 - ``mode("overwrite")`` replaces the name's segments by the job's in the same CAS; the old
   segments' ledgers are deleted after it;
+- after each micro-batch's commit the driver keeps the name bounded (``merge.py``): small
+  closed segments are merged into copies swapped in by CAS, and what they replaced (and old
+  finished markers) is deleted after ``segmentRetireDelay``; that never fails the batch;
 - writers hold only options and a job tag (picklable); commit relies only on the messages and
   the metadata store, since Spark runs it on a separate copy of the writer.
 """
@@ -578,6 +581,14 @@ class VellumStreamWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
         if not done:
             log.info("vellum sink %s: batch %d of query %s was committed before: replay skipped",
                      _target(self.opts), batchId, query_id)
+        # Bounded for a year of micro-batches: merge small segments, retire what they replaced
+        # (docs/spark.md "A sink that runs for a year"), in every name this batch wrote into;
+        # never fails the committed batch.
+        from vellum.spark.merge import keep_bounded
+
+        bk = shared_client(self.opts.metadata_uri, self.opts.client_properties)
+        for name in _by_name(self.opts, msgs):
+            keep_bounded(bk, self.opts if name == self.opts.name else dataclasses.replace(self.opts, name=name))
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         msgs = _published(messages)
