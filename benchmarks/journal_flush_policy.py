@@ -1,5 +1,5 @@
 """journalFlushWhenQueueEmpty=true (Vellum's default) against false (BookKeeper's and seed
-003's default), side by side (issue 16: a default that differs from the seed needs a
+003's default), side by side (docs/operations.md: a default that differs from the seed needs a
 measurement).
 
 Two single-bookie clusters, identical but for that key, both with Vellum's default group wait

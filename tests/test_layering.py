@@ -1,4 +1,4 @@
-"""The layering rules of design.md hold: import contracts pass and the pure layers do no I/O."""
+"""The layering rules of docs/architecture.md hold: import contracts pass and the pure layers do no I/O."""
 
 from __future__ import annotations
 

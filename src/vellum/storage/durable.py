@@ -1,6 +1,6 @@
 """Durable files: the one place that knows how a file or a name survives a crash.
 
-Design rules 7 (``lastMark`` only moves forward) and 8 (compaction writes and fsyncs its new
+Rules 7 of docs/correctness.md (``lastMark`` only moves forward) and 8 (compaction writes and fsyncs its new
 log and the directory before the index points to it) rest on these sequences, so they are
 written once, here, and every storage module goes through them:
 
