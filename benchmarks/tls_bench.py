@@ -7,7 +7,7 @@ open; each slice appends to an E=W=A=1 ledger for ``--seconds`` with ``--infligh
 flight (default 64), 1 KiB then 64 KiB entries. Slices alternate in ABBA order for ``--pairs``
 pairs (docs/benchmarks.md, "How we measure"); the figure is the median of the per-pair ratios
 TLS / plaintext with p10..p90, after an A/A control (plaintext against itself, two ledgers)
-that shows the noise floor. Targets (docs/security.md): >= 0.8 at 1 KiB, >= 0.7 at 64 KiB.
+that shows the noise floor. Targets: >= 0.8 at 1 KiB, >= 0.7 at 64 KiB.
 
 Adds are acknowledged after the journal fsync (journalSyncData=true, the production setting),
 so the disk is part of every figure; ``--no-sync`` turns the fsync off on both clusters to

@@ -1,7 +1,9 @@
 """Ledger recovery: fence the ledger, recover its tail, close it (BookKeeper's ``LedgerRecoveryOp``).
 
 Responsibility: what "open with recovery" does to a ledger that is not CLOSED
-(reference/bookkeeper.md §1.4, the TLA+ model of §5.2):
+(BookKeeper's ``LedgerRecoveryOp`` with the two fixes its TLA+ model found: fencing recovery
+reads, and the LAC floor at the first entry of the last segment; rules 3, 4 and 10 of
+docs/correctness.md):
 
 1. CAS the metadata state OPEN -> IN_RECOVERY (already IN_RECOVERY: continue; a recoverer may
    have died half way). From then on the writer's ensemble changes and close fail.

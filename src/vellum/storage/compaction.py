@@ -199,7 +199,7 @@ class CompactionResult:
 class Throttle:
     """Compaction throttle by entries (``compactionRateByEntries``) or bytes
     (``isThrottleByBytes`` + ``compactionRateByBytes``). Both the read and the write of an entry
-    pass through it (BookKeeper throttled only writes: PR #3976)."""
+    pass through it (BookKeeper throttled only writes: BookKeeper PR #3976)."""
 
     def __init__(
         self,
