@@ -147,3 +147,32 @@ def test_the_module_check_can_fail(tmp_path: Path) -> None:
     for rel in ("__init__.py", "a.py", "pkg/__init__.py", "pkg/b.py"):
         (tmp_path / rel).write_text("")
     assert missing_modules(tmp_path, "| `__init__.py` | `a.py` |") == ["pkg/", "pkg/b.py"]
+
+
+def orphan_table_rows(text: str) -> list[int]:
+    """Lines of table rows that start a table without a header and a ``|---|`` separator under
+    them: Markdown renders such a row as plain text with pipes."""
+    lines = text.splitlines()
+    orphans, in_table, fenced = [], False, False
+    for i, line in enumerate(lines):
+        if line.startswith("```"):
+            fenced = not fenced
+        if fenced or not line.startswith("|"):
+            in_table = False
+            continue
+        if not in_table:
+            nxt = lines[i + 1].replace(" ", "") if i + 1 < len(lines) else ""
+            if not re.match(r"\|:?-", nxt):
+                orphans.append(i + 1)
+        in_table = True
+    return orphans
+
+
+def test_every_table_row_of_the_docs_renders() -> None:
+    bad = [f"{p.relative_to(ROOT)}:{n}" for p in sorted((ROOT / "docs").glob("*.md")) for n in orphan_table_rows(p.read_text())]
+    assert bad == [], "table rows outside a table (no header and |---| line above them): " + ", ".join(bad)
+
+
+def test_the_table_check_can_fail() -> None:
+    text = "| a | b |\n|---|---|\n| 1 | 2 |\n\nprose\n\n| 3 | 4 |\n"
+    assert orphan_table_rows(text) == [7]
