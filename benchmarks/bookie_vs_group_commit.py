@@ -1,4 +1,4 @@
-"""One Vellum bookie against the minimal group-commit server (issue 18, target 1), side by side.
+"""One Vellum bookie against the minimal group-commit server (target 1 of docs/benchmarks.md), side by side.
 
 Both get the same raw BookKeeper v2 ADD frames (1 KiB entries by default, CRC32C digests, one
 ledger, increasing entry ids) from one client connection with ``--inflight`` requests in flight,
@@ -178,7 +178,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                                                                               bookie_pid, minimal.pid)
                 if args.versus_src or args.versus_conf:
                     report["bookie (a) vs the --versus bookie (b)"] = await versus(args, base, v1, bookie_pid)
-                report["memory (issue 18 target 4)"] = rss_report(bookie_pid, dict(args.conf))
+                report["memory (target 4)"] = rss_report(bookie_pid, dict(args.conf))
         finally:
             minimal.terminate()
             minimal.wait(10)

@@ -1,4 +1,4 @@
-"""The operator console with 10,000 ledgers in the metadata store (issue 17): time each page.
+"""The operator console with 10,000 ledgers in the metadata store (docs/console.md): time each page.
 
 A real local cluster (``--bookies`` bookie processes, embedded SQLite store); ``--ledgers``
 ledgers' metadata written directly into the store (ensembles on the real bookies, mixed

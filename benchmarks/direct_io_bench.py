@@ -1,4 +1,4 @@
-"""Direct I/O for big entries (issue 18, target 3), side by side in one process and one run.
+"""Direct I/O for big entries (target 3 of docs/benchmarks.md), side by side in one process and one run.
 
 At ``--size`` bytes per entry (64 KiB by default), ``--inflight`` entries outstanding:
 

@@ -1,4 +1,4 @@
-"""GC and compaction benchmark (issue 7), every figure measured in the same run:
+"""GC and compaction benchmark (docs/gc.md), every figure measured in the same run:
 
 (a) sequential write rate: a plain Python loop appending 1 MiB chunks and fsyncing every 8 MiB
     (the disk's rate as Python sees it), then compaction throughput: MB/s of live data moved

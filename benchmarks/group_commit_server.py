@@ -1,4 +1,4 @@
-"""The minimal group-commit server of issue 18: what Python plus this disk can do for durable
+"""The minimal group-commit server of docs/benchmarks.md: what Python plus this disk can do for durable
 acknowledged appends, the bar a bookie is measured against.
 
 It speaks just enough of BookKeeper's v2 protocol for an ADD client: length-prefixed frames in,

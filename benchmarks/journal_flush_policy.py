@@ -1,6 +1,6 @@
-"""journalFlushWhenQueueEmpty=true (Vellum's default) against false (BookKeeper's and seed
-003's default), side by side (issue 16: a default that differs from the seed needs a
-measurement).
+"""journalFlushWhenQueueEmpty=true (Vellum's default) against false (BookKeeper's default, and
+requirement R4 of docs/correctness.md), side by side (docs/operations.md: a default that differs
+from BookKeeper's needs a measurement).
 
 Two single-bookie clusters, identical but for that key, both with Vellum's default group wait
 (journalMaxGroupWaitMSec=2). Vellum's client writes 1 KiB entries, E=W=A=1, with 1 and with 64

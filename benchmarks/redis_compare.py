@@ -1,9 +1,9 @@
-"""Vellum against Redis 7 (appendonly yes, appendfsync always), side by side (issue 4).
+"""Vellum against Redis 7 (appendonly yes, appendfsync always), side by side (docs/benchmarks.md).
 
 Both acknowledge a write only after fdatasync. Both are driven from this Python process with
 64 writes in flight and 1 KiB payloads: Vellum through its asyncio client, Redis through
 redis-py (hiredis parser) doing XADD of the same payloads over 64 pooled connections.
-Method (shared/reference/benchmarking.md): start both once, keep connections open, alternate
+Method (docs/benchmarks.md, "How we measure"): start both once, keep connections open, alternate
 ~1 s slices in ABBA order for N pairs, report the median of per-pair ratios with p10..p90,
 after an A/A control (Vellum against itself). Also recorded per configuration: entries per
 fsync (bookie journal counters), CPU seconds per 1,000 entries of the server processes

@@ -1,4 +1,4 @@
-"""Re-replication speed and its cost to foreground writes (issue 13), side by side in slices.
+"""Re-replication speed and its cost to foreground writes (docs/autorecovery.md), side by side in slices.
 
 Five bookies with AutoRecovery inside (autoRecoveryDaemonEnabled=true, lostBookieRecoveryDelay=0,
 Pulsar's rereplicationEntryBatchSize=100). The cluster is filled with closed ledgers E3 W2 A2

@@ -1,10 +1,10 @@
-"""Storage engine benchmark (issue 2), side by side in one process and one run.
+"""Storage engine benchmark (docs/benchmarks.md), side by side in one process and one run.
 
 (a) baseline: a plain Python loop writing the same bytes with one fdatasync per batch of
     ``--inflight`` entries: the disk's group-commit limit as Python sees it;
 (b) the bookie add path: journal (group commit, fsync) + DbLedgerStorage write cache, each add
     acknowledged after the fsync that covers it, ``--inflight`` adds in flight.
-Slices of (a) and (b) alternate in ABBA order (see shared/reference/benchmarking.md) and the
+Slices of (a) and (b) alternate in ABBA order (see docs/benchmarks.md, "How we measure") and the
 median of the per-pair ratios is reported with p10..p90, after an A/A control of (a) against
 itself. Also: flush throughput (write cache -> entry log + RocksDB index), sequential and
 random read throughput.

@@ -1,13 +1,13 @@
-"""TLS on the bookie port against plaintext, through Vellum's client (issue 15).
+"""TLS on the bookie port against plaintext, through Vellum's client (docs/security.md).
 
 Two one-bookie clusters on the same disk, started once: A serves plaintext, B mutual TLS with
 authorization (``bookieAuthProviderFactoryClass=tls``, ``authorizedRoles=client``; certificates
 made by ``vellum.security.pki``, EC P-256). One asyncio client per cluster keeps its connection
 open; each slice appends to an E=W=A=1 ledger for ``--seconds`` with ``--inflight`` adds in
 flight (default 64), 1 KiB then 64 KiB entries. Slices alternate in ABBA order for ``--pairs``
-pairs (shared/reference/benchmarking.md); the figure is the median of the per-pair ratios
+pairs (docs/benchmarks.md, "How we measure"); the figure is the median of the per-pair ratios
 TLS / plaintext with p10..p90, after an A/A control (plaintext against itself, two ledgers)
-that shows the noise floor. Targets (issue 15): >= 0.8 at 1 KiB, >= 0.7 at 64 KiB.
+that shows the noise floor. Targets: >= 0.8 at 1 KiB, >= 0.7 at 64 KiB.
 
 Adds are acknowledged after the journal fsync (journalSyncData=true, the production setting),
 so the disk is part of every figure; ``--no-sync`` turns the fsync off on both clusters to

@@ -157,7 +157,7 @@ def test_operations_doc_lists_every_key() -> None:
 
 
 def test_write_cache_defaults_to_a_quarter_of_the_memory_the_bookie_may_use() -> None:
-    """Seed 003: dbStorage_writeCacheMaxSizeMb defaults to 25% of the bookie's memory; a set
+    """Requirement R4 of docs/correctness.md: dbStorage_writeCacheMaxSizeMb defaults to 25% of the bookie's memory; a set
     value wins; the memory is the cgroup limit when one is set, else physical RAM."""
     from vellum.bookie.assembly import memory_limit_bytes
 

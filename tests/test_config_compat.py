@@ -1,4 +1,4 @@
-"""An operator's BookKeeper configuration file loads as it is (issue 16): every key BookKeeper
+"""An operator's BookKeeper configuration file loads as it is (docs/operations.md): every key BookKeeper
 4.16-4.18 defines is honoured, accepted as not used (with the reason) or refused for values
 Vellum cannot honour; a real bookie starts from a file that sets every key of BookKeeper's
 shipped ``bk_server.conf`` and from Pulsar's overrides; bad files get errors naming file, line

@@ -351,8 +351,8 @@ class ServerConfig:
         "dbStorage_writeCacheMaxSizeMb",
         0,
         "write cache per bookie, split across ledger dirs and in two; 0 = 25% of the memory the "
-        "bookie may use (its cgroup limit, else the machine's RAM), as seed 003 and BookKeeper "
-        "(25% of direct memory) size it",
+        "bookie may use (its cgroup limit, else the machine's RAM), as BookKeeper "
+        "(25% of direct memory) sizes it",
         lo=0,
     )
     db_storage_read_ahead_cache_max_size_mb: int = _opt(
@@ -389,7 +389,7 @@ class ServerConfig:
         lo=1,
     )
     entry_log_per_ledger_enabled: bool = _opt(
-        "entryLogPerLedgerEnabled", False, "one active entry log per active ledger (seed 000)"
+        "entryLogPerLedgerEnabled", False, "one active entry log per active ledger (docs/gc.md)"
     )
     entrylog_map_access_expiry_time_s: int = _opt(
         "entrylogMapAccessExpiryTimeInSeconds", 300, "evict idle ledger -> active log mappings", lo=1

@@ -1,4 +1,4 @@
-"""AutoRecovery end to end on real bookie processes (issue 13's acceptance).
+"""AutoRecovery end to end on real bookie processes (the acceptance test of docs/autorecovery.md).
 
 1. Five bookies, 200 ledgers E3 W2 A2 (two left open by a writer that went away), re-replication
    switched off, a bookie killed and its disks deleted: nothing is marked before the (long)

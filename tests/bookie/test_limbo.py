@@ -1,4 +1,4 @@
-"""Limbo ledgers (design rule 12, ``bookie/integrity.py``): a bookie that may have lost data of a
+"""Limbo ledgers (rule 12 of docs/correctness.md, ``bookie/integrity.py``): a bookie that may have lost data of a
 ledger answers "unknown" (never "no such entry/ledger") for what it does not hold, serves what
 it holds, refuses normal adds, stores recovery adds, and keeps the state across restarts until
 it is cleared. Also the start-up side (``bookie/assembly.py``): wiped dirs stamped over with

@@ -1,6 +1,6 @@
 """A ledger GC deleted while some of its entries were still only in the journal: after a crash
 the bookie must start (not refuse), and the ledger stays deleted: replay does not bring its
-entries back, and a writer that still holds it cannot recreate it (issue 12, defect 2)."""
+entries back, and a writer that still holds it cannot recreate it (defect D2 of docs/correctness.md)."""
 
 from __future__ import annotations
 

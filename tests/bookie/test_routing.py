@@ -1,4 +1,4 @@
-"""LedgerRouter (design rule 13): a ledger is served from the ledger dir that holds it, live or
+"""LedgerRouter (rule 13 of docs/correctness.md): a ledger is served from the ledger dir that holds it, live or
 as a tombstone, whatever the number of dirs; only a ledger no dir knows goes to id % dirs."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """``vellum shell cookie_get`` / ``cookie_delete``: the metadata store's copy of a bookie's
-cookie, which a bookie with every disk wiped is refused against (design rule 6)."""
+cookie, which a bookie with every disk wiped is refused against (rule 6 of docs/correctness.md)."""
 
 from __future__ import annotations
 

@@ -82,7 +82,7 @@ def _under_replicated_adds() -> float:
 
 
 def test_bookie_cut_off_while_the_ack_quorum_holds_is_replaced(cluster: LocalCluster) -> None:
-    """Issue 12, defect 3 (design rule 11). E4 W3 A2: one ensemble bookie stops answering; every
+    """Defect D3 of docs/correctness.md (rule 11 of docs/correctness.md). E4 W3 A2: one ensemble bookie stops answering; every
     add is still acknowledged by the two others, and the timeouts to the silent bookie come after
     the ack. It must still be replaced (the new ensemble persisted), and the under-replicated
     adds counted, instead of entries sitting at two copies with nothing said."""

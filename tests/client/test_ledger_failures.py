@@ -37,7 +37,7 @@ def test_ensemble_change_when_a_bookie_dies(tmp_path: Path) -> None:
             assert victim not in md.last_ensemble and victim in md.ensembles[0]
             spare = next(b.bookie_id for b in cc.bookies if b.bookie_id not in first)
             assert md.last_ensemble[1] == spare  # only the failed position changed
-            # the persisted metadata has the new segment (rule 5)
+            # the persisted metadata has the new segment (rule 5 of docs/correctness.md)
             stored = await cc.bk.ledger_metadata(lh.ledger_id)
             assert stored.ensembles == md.ensembles
             await lh.close()

@@ -34,7 +34,7 @@ def test_second_writer_fences_the_first(tmp_path: Path) -> None:
                 await lh.append(b"late")
             with pytest.raises(LedgerFencedError):
                 await lh.append(b"later")
-            # the recoverer closed at this writer's LAC: the writer's close agrees (rule 10)
+            # the recoverer closed at this writer's LAC: the writer's close agrees (rule 10 of docs/correctness.md)
             assert md.last_entry_id == lh.last_add_confirmed
             await lh.close()
             got = await rh.read(0, md.last_entry_id)

@@ -1,4 +1,4 @@
-"""Ledger recovery against a bookie in limbo (design rule 12): its EUNKNOWNLEDGERSTATE answers
+"""Ledger recovery against a bookie in limbo (rule 12 of docs/correctness.md): its EUNKNOWNLEDGERSTATE answers
 count as neither positive nor negative (like an error or a timeout), so such a bookie can never
 make recovery truncate a ledger. First at the level of the fencing and recovery reads (a fake
 bookie client), then end to end with in-process bookies."""

@@ -229,7 +229,7 @@ def test_unknown_digest_type_value_is_rejected() -> None:
         DigestManager(1, 9)  # type: ignore[arg-type]
 
 
-# -- keyless checksums a bookie verifies (issue 12, defect 5) ---------------------------------
+# -- keyless checksums a bookie verifies (defect D5 of docs/correctness.md) ---------------------------------
 
 
 @given(st.sampled_from(list(DigestType)), INT64, st.integers(0, 1 << 40), st.binary(max_size=300))

@@ -1,4 +1,4 @@
-"""Seed 000's advisory write close, end to end: a client's ``close()``, a recovery-open and a
+"""The advisory write close (requirement R1 of docs/correctness.md), end to end: a client's ``close()``, a recovery-open and a
 named ledger's APPEND each tell the bookies "ledger closed", and a bookie in entry-log-per-ledger
 mode seals that ledger's log at its next checkpoint. A ledger nobody closed keeps its log open
 (the idle expiry is far away), so the seals come from the notes.

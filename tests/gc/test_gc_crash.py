@@ -1,4 +1,4 @@
-"""kill -9 of a process running compaction at each step (design rule 8), then restart and
+"""kill -9 of a process running compaction at each step (rule 8 of docs/correctness.md), then restart and
 compact again: nothing live is lost, nothing dead (deleted ledgers, trimmed entries) comes
 back, and the leftovers of the interrupted compaction are gone after the next pass."""
 

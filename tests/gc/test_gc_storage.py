@@ -1,6 +1,6 @@
 """GC and compaction of one ledger storage (real files, real RocksDB): doGcLedgers against a
 metadata view, doGcEntryLogs, minor/major compaction, trimmed entries, disk-space states,
-suspend/resume, throttling, and entry log per ledger (seed 000) including switching the flag
+suspend/resume, throttling, and entry log per ledger (requirement R1 of docs/correctness.md) including switching the flag
 between restarts."""
 
 from __future__ import annotations
@@ -260,7 +260,7 @@ def test_rate_limiter_by_entries_and_bytes() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Entry log per ledger (seed 000)
+# Entry log per ledger (requirement R1 of docs/correctness.md)
 
 
 def test_entry_log_per_ledger_gc_reclaims_whole_files_without_compaction(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Issue 12, defect 2 (BookKeeper's ``TestFencing.testWriteAfterDeleted``, BK#4462), on real
+"""Defect D2 of docs/correctness.md (BookKeeper's ``TestFencing.testWriteAfterDeleted``, BK#4462), on real
 bookie processes: writer A holds an open ledger and is idle; client B recovers it (fences),
 deletes it, and every bookie garbage-collects it. A's later adds must all fail, also after a
 bookie restart: a deleted ledger's fence is never forgotten, and no bookie serves it again."""

@@ -1,4 +1,4 @@
-"""Ledger create/delete while ZooKeeper replies are lost (issue 12, defect 4; BookKeeper BK#1967).
+"""Ledger create/delete while ZooKeeper replies are lost (defect D4 of docs/correctness.md; BookKeeper BK#1967).
 
 ``_Lossy`` wraps one store's kazoo client on a real ZooKeeper: a request either reaches the
 server and its reply is lost (the create/delete really happens, the call raises ConnectionLoss,

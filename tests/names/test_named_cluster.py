@@ -1,6 +1,6 @@
 """Named ledgers on real bookie processes, on both metadata drivers (embedded store, ZooKeeper).
 
-Covers issue 5's cases: CREATE/APPEND errors, two writers racing for APPEND, a writer killed
+Covers the cases of docs/named-ledgers.md: CREATE/APPEND errors, two writers racing for APPEND, a writer killed
 mid-stream then re-opened, a reader tailing across three writer sessions, shrink with and
 without force while a reader tails, cursors by CAS, publish_segments atomicity, delete, and the
 metadata-operation count of an APPEND acquisition.

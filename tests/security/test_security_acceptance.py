@@ -1,4 +1,4 @@
-"""Issue 15's acceptance, on real processes with real TLS: a 3-bookie cluster (``LocalCluster``,
+"""The acceptance test of docs/security.md, on real processes with real TLS: a 3-bookie cluster (``LocalCluster``,
 configured from ``bk_server.conf`` with BookKeeper's keys) with mutual TLS, authentication by
 certificate or token (``bookieAuthProviderFactoryClass=tls,token``) and authorization
 (``authorizedRoles=client,bookie``), its admin HTTP on https with token checks.

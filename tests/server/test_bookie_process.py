@@ -179,7 +179,7 @@ def test_a_failed_cluster_start_leaves_no_bookie_running(tmp_path: Path) -> None
 
 
 def test_bookie_with_every_disk_wiped_is_refused_and_recovery_keeps_acked_entries(tmp_path: Path) -> None:
-    """Issue 12, defect 1. E3 W3 A2 on 3 bookies: the last 22 acknowledged entries reached only
+    """Defect D1 of docs/correctness.md. E3 W3 A2 on 3 bookies: the last 22 acknowledged entries reached only
     two bookies, the writer died, and one of those two lost all its disks. Restarted on the same
     address it must refuse to start (the metadata store holds its cookie, its disks hold none),
     every time, so that recovery never takes its empty answers as proof that entries are absent."""

@@ -1,4 +1,4 @@
-"""A corrupted entry in a bookie's entry log, with real bookie processes (issue 12, defect 5).
+"""A corrupted entry in a bookie's entry log, with real bookie processes (defect D5 of docs/correctness.md).
 
 One payload byte of a synced entry is flipped on disk while its bookie is down. Restarted, the
 bookie must answer that entry with an I/O error (EIO: not EOK with the bad bytes, not "no such

@@ -1,4 +1,4 @@
-"""Lost-disk safety with real bookie processes (issue 13, design rule 12, ``dataIntegrityChecking``):
+"""Lost-disk safety with real bookie processes (docs/autorecovery.md, rule 12 of docs/correctness.md, ``dataIntegrityChecking``):
 the interleaving of the wiped-bookie defect (tests/server/test_bookie_process.py), but the wiped
 bookie is let back in with ``dataIntegrityChecking=true`` and ``dataIntegrityStampMissingCookies=
 true``. It must start, answer "unknown" (EUNKNOWNLEDGERSTATE, never ENOENTRY) for what it lost

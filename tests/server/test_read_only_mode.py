@@ -50,9 +50,9 @@ def test_full_ledger_dir_turns_bookie_read_only_and_back(tmp_path: Path) -> None
 
 
 def test_ledgers_of_a_full_dir_continue_in_another_dir_and_read_back_across_a_restart(tmp_path: Path) -> None:
-    """Seed 000: with two ledger dirs, one filling up leaves the bookie writable; the ledger
+    """Requirement R1 of docs/correctness.md: with two ledger dirs, one filling up leaves the bookie writable; the ledger
     that lived in the full dir continues in the other one, and after a restart every entry is
-    read back from whichever dir holds it (never "no such entry": rule 3)."""
+    read back from whichever dir holds it (never "no such entry": rule 3 of docs/correctness.md)."""
     key = master_key(b"pw")
     base = (tmp_path / "c" / "bookie-0").resolve()
     conf = {"logSizeLimit": str(512 * 1024), "dbStorage_writeCacheMaxSizeMb": "1",

@@ -1,4 +1,4 @@
-"""Storage expansion on a real bookie process (issue 16, design rule 13): ledgers written on a
+"""Storage expansion on a real bookie process (docs/operations.md, rule 13 of docs/correctness.md): ledgers written on a
 bookie with one ledger dir stay readable, fenceable and recoverable after two empty ledger dirs
 are added with ``allowStorageExpansion=true``, including entries that reach storage only by
 journal replay across the expansion. Before, the bookie refused to start (the store-cookie

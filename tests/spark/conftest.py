@@ -1,8 +1,8 @@
 """Fixtures of the Spark tests: one SparkSession (local[2]) and one real LocalCluster per session.
 
 Spark costs ~8 s to start and ~1.2 GiB, so exactly one session serves every test here
-(docs: ../shared/reference/spark.md section 9): UI off, 2 shuffle partitions, bound to
-127.0.0.1. Without Java or pyspark the tests are skipped, except under ``CI=true`` where a
+(the settings Spark's own documentation gives for fast local tests): UI off, 2 shuffle partitions,
+bound to 127.0.0.1. Without Java or pyspark the tests are skipped, except under ``CI=true`` where a
 missing prerequisite is a failure (CI must not silently lose the Spark coverage).
 """
 

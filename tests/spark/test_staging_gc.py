@@ -1,4 +1,4 @@
-"""Staging cleanup never deletes published data (issue 12, defect 6).
+"""Staging cleanup never deletes published data (defect D6 of docs/correctness.md).
 
 A streaming driver is killed with SIGKILL at each step of the sink's commit (a real process, see
 ``sink_commit_proc.py``); ``vellum spark staging-gc --older-than 0`` runs; the query restarts

@@ -77,7 +77,7 @@ def test_wiped_ledger_dir_is_detected(dirs: dict[str, list[Path]]) -> None:
 
 
 def test_every_dir_wiped_while_the_store_holds_the_cookie_is_refused(dirs: dict[str, list[Path]]) -> None:
-    """Design rule 6: no dir has a cookie but the metadata store has one for this bookie id:
+    """Rule 6 of docs/correctness.md: no dir has a cookie but the metadata store has one for this bookie id:
     all its disks were wiped. Refused, and nothing stamped, so the next start is refused too."""
     stored = stamp(dirs)
     for d in dirs["journal"] + dirs["ledger"]:

@@ -2,7 +2,7 @@
 run again with the direct-I/O entry logger (``dbStorage_directIOEntryLogger``).
 
 A deleted ledger is deleted for good: its adds and master key are refused as fenced, across
-reopens (issue 12, defect 2)."""
+reopens (defect D2 of docs/correctness.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Ledger storage verifies what it reads back from its entry logs (issue 12, defect 5).
+"""Ledger storage verifies what it reads back from its entry logs (defect D5 of docs/correctness.md).
 
 A stored entry whose payload was damaged on disk must be answered as an I/O error (never "no
 such entry", never as a good entry), logged with ledger, entry, log and offset, and counted;

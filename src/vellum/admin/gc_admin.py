@@ -1,4 +1,4 @@
-"""GC use-cases of one bookie, shared by the HTTP API and the shell (issue 7).
+"""GC use-cases of one bookie, shared by the HTTP API and the shell (docs/gc.md).
 
 Shapes follow BookKeeper's REST services (``TriggerGCService``, ``GCDetailsService``,
 ``SuspendCompactionService``, ``ResumeCompactionService``): force GC, "is a forced GC in

@@ -1,5 +1,5 @@
 """The data-integrity check of a bookie that may have lost data (``dataIntegrityChecking``,
-BookKeeper's ``DataIntegrityCheckImpl``; design rule 12). Runs in the bookie process, on its
+BookKeeper's ``DataIntegrityCheckImpl``; rule 12 of docs/correctness.md). Runs in the bookie process, on its
 event loop, with Vellum's own client; the limbo state it works on is ``bookie/integrity.py``.
 
 1. Before the bookie serves anything (``mark_ledgers_limbo``, called by ``service.py`` when

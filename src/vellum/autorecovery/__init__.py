@@ -1,5 +1,5 @@
 """AutoRecovery: the auditor that finds under-replicated ledgers and the replication workers
-that heal them (BookKeeper's ``replication`` package, issue 13).
+that heal them (BookKeeper's ``replication`` package, docs/autorecovery.md).
 
 - ``fragments``: which entries of a ledger a bookie holds (pure);
 - ``copier``: checking a fragment on a bookie and copying it to another (async, the client);

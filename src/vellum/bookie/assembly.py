@@ -8,14 +8,14 @@ takes plain values; this is the one place that reads the configuration for them.
 
 Invariants:
 - journals are replayed into storage before the ``Bookie`` exists, so no add, read or fence
-  is served from a storage that has not caught up with its journal (design rule 1);
+  is served from a storage that has not caught up with its journal (rule 1 of docs/correctness.md);
 - a journaled entry or key of a ledger whose deletion is durable (its tombstone) is not brought
   back by replay; a fence or explicit LAC of a ledger no longer in storage is skipped;
 - a bookie whose every disk lost its cookie, while the metadata store still has it, refuses to
-  start (rule 6, ``store_cookie``), and so does one with a wiped dir, unless
+  start (rule 6 of docs/correctness.md, ``store_cookie``), and so does one with a wiped dir, unless
   ``dataIntegrityChecking`` and ``dataIntegrityStampMissingCookies``: then the cookies are
   stamped over and ``OpenedBookie.integrity_check_needed`` says why; the composition root must
-  mark the bookie's ledgers limbo (``bookie/integrity.py``) before it serves anything (rule 12).
+  mark the bookie's ledgers limbo (``bookie/integrity.py``) before it serves anything (rule 12 of docs/correctness.md).
   The need survives a crash (``INTEGRITY_CHECK_NEEDED`` in the ledger dirs); a bookie that
   finds it with ``dataIntegrityChecking=false`` refuses to start. With
   ``dataIntegrityChecking`` and ``journalSyncData=false``, an unclean shutdown is a need too
@@ -131,7 +131,7 @@ def open_bookie(
     ``meta``); without it GC never deletes ledgers but still collects entry logs of ledgers
     deleted locally. ``gc_step_hook`` is called at each compaction step (crash tests).
     ``store_cookie`` is the metadata store's copy of this bookie's cookie: with it, a bookie
-    whose every disk lost its cookie refuses to start (design rule 6). ``metrics`` exports the
+    whose every disk lost its cookie refuses to start (rule 6 of docs/correctness.md). ``metrics`` exports the
     bookie's counts (default: the process's, on the registry the admin HTTP server exports).
     ``master_key_check`` checks the master key of a ledger the bookie has not seen against the
     ledger's metadata before it is set (``Bookie``; the composition root adapts ``meta``)."""
@@ -283,7 +283,7 @@ class _DirsListener(LedgerDirsListener):
 
 
 # ------------------------------------------------------------------------------------------------
-# GC wiring (issue 7): one GC thread per ledger storage, plain config values
+# GC wiring (docs/gc.md): one GC thread per ledger storage, plain config values
 
 
 def gc_settings(config: ServerConfig) -> GcSettings:
@@ -337,7 +337,7 @@ def _make_gc_threads(
 
 
 class _EntryLogRotationOnFullDir(LedgerDirsListener):
-    """Seed 000: when a ledger dir fills, seal every active entry log in it."""
+    """Requirement R1 of docs/correctness.md: when a ledger dir fills, seal every active entry log in it."""
 
     def __init__(self, storages: Sequence[LedgerStorage]) -> None:
         self._storages = {s.ledger_dir: s for s in storages}
@@ -353,7 +353,7 @@ class _EntryLogRotationOnFullDir(LedgerDirsListener):
 
 def _replay_into(journal: Journal, mark: LogMark, router: LedgerRouter) -> int:
     """Re-apply journal records after ``mark`` to ledger storage (idempotent), each to the
-    storage that holds its ledger (rule 13: a ledger dir added since must not take them)."""
+    storage that holds its ledger (rule 13 of docs/correctness.md: a ledger dir added since must not take them)."""
     count = 0
 
     def apply(record: JournalRecord) -> None:

@@ -4,9 +4,9 @@ A ``Bookie`` composes parts that are testable alone: one ``Journal`` per journal
 ``LedgerStorage`` per ledger dir, a ``LedgerDirsManager`` and a ``Checkpointer``. A ledger maps
 to journal ``ledger_id % len(journals)`` (journal dirs never change: the cookie fixes them) and
 to the storage that holds it (``bookie/routing.py``: where its data is, so that added ledger
-dirs never reroute an existing ledger, rule 13).
+dirs never reroute an existing ledger, rule 13 of docs/correctness.md).
 
-Invariants (design.md rules 1, 3, 4, 7):
+Invariants (rules 1, 3, 4, 7 of docs/correctness.md):
 - an add is acknowledged (its callback called without error) only after the journal fsync that
   covers it; the entry is put in the write cache before it is journaled, so a checkpoint mark
   taken after the journal write never skips it;
@@ -23,7 +23,7 @@ Invariants (design.md rules 1, 3, 4, 7):
 - a read-only bookie refuses normal adds but serves reads, fences and recovery adds;
 - "no such entry" is answered only by the storage, which knows what it holds, and never for a
   *limbo* ledger (one whose data this bookie may have lost, ``bookie/integrity.py``): there a
-  missing entry, the last entry and the LAC are "unknown" (design rule 12).
+  missing entry, the last entry and the LAC are "unknown" (rule 12 of docs/correctness.md).
 
 All methods are synchronous and thread-safe; durability is reported through callbacks that run
 on journal threads. ``bookie/executor.py`` is the only place where results cross to asyncio.
@@ -183,14 +183,14 @@ class Bookie:
         self._master_key_check = master_key_check
         self._check_warned_at = float("-inf")
         self._lacs = _LacWaiters()
-        #: ledgers whose data this bookie may have lost (rule 12), from the storages' flags
+        #: ledgers whose data this bookie may have lost (rule 12 of docs/correctness.md), from the storages' flags
         self.limbo = LimboLedgers(self._router, self._storages)
         # Plain counters on the hot path, read by ``metrics`` at scrape time.
         self.adds_total = 0
         self.reads_total = 0
         self.adds_rejected: dict[str, int] = {"readonly": 0, "fenced": 0, "deleted": 0}
         self._state_listeners: list[Callable[[bool], None]] = []
-        self._gc_threads = list(gc_threads)  # one per ledger storage (issue 7)
+        self._gc_threads = list(gc_threads)  # one per ledger storage (docs/gc.md)
         for gc in self._gc_threads:
             gc.on_ledger_deleted = self.forget_ledger
         self._metrics = metrics
@@ -643,7 +643,7 @@ class Bookie:
         return threads
 
     def note_ledger_closed(self, ledger_id: int) -> None:
-        """Advisory "ledger closed" from a client (seed 000: rotate its log at next checkpoint)."""
+        """Advisory "ledger closed" from a client (requirement R1 of docs/correctness.md: rotate its log at next checkpoint)."""
         self._storage(ledger_id).note_ledger_closed(ledger_id)
 
     @property

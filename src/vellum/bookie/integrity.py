@@ -1,4 +1,4 @@
-"""Lost-disk safety on the bookie: the *limbo* ledgers (design rule 12, BookKeeper's
+"""Lost-disk safety on the bookie: the *limbo* ledgers (rule 12 of docs/correctness.md, BookKeeper's
 ``dataIntegrityChecking``).
 
 A bookie that may have lost data it acknowledged must never answer "no such entry" or "no such

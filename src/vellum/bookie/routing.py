@@ -1,19 +1,18 @@
-"""Which ledger storage (ledger dir) holds a ledger, and where its next entry goes (rule 13,
-seed 000).
+"""Which ledger storage (ledger dir) holds a ledger, and where its next entry goes (rule 13 and requirement R1 of docs/correctness.md).
 
 A bookie with several ledger dirs runs one ``LedgerStorage`` per dir. Each ledger has one or
 more *homes*: the storages whose ``ledgers`` index knows it (live, or as the tombstone of a
 delete). The last home is its *write home*, where new entries go; every home is read.
 
 - A ledger no storage knows (a new one) gets the writable dir with the fewest active entry logs
-  (seed 000; in the shared-log mode every dir has one, and ties are spread by ledger id). It was
+  (requirement R1 of docs/correctness.md; in the shared-log mode every dir has one, and ties are spread by ledger id). It was
   once ``ledger_id % number of dirs``, which stops being true the moment
   ``allowStorageExpansion`` adds a dir: an existing ledger would then be looked up in a storage
   that never held it, which answers "no such entry", and recovery takes that as a negative
-  answer and can truncate (rule 3). A ledger's homes are therefore found where its data is,
+  answer and can truncate (rule 3 of docs/correctness.md). A ledger's homes are therefore found where its data is,
   never computed.
 - When the write home's dir is full and another dir is writable, the ledger continues there
-  (seed 000: "its ledgers move to other writable dirs"): the new home first receives the
+  (requirement R1 of docs/correctness.md: "its ledgers move to other writable dirs"): the new home first receives the
   ledger's master key, fence and explicit LAC, then the entries. A dir that becomes writable
   again is eligible again. Entries of one ledger may then span dirs; ``view`` reads across them.
 - After a restart the homes are found again from the indexes; the write home is the writable

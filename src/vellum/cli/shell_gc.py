@@ -1,4 +1,4 @@
-"""Shell commands driving a running bookie's GC over its admin HTTP API (issue 7).
+"""Shell commands driving a running bookie's GC over its admin HTTP API (docs/gc.md).
 
 - ``gc --http URL [--major] [--minor] [--wait]``: force a GC pass (``PUT /api/v1/bookie/gc``);
   with ``--wait`` a progress bar follows ``gc_details`` until ``GET /api/v1/bookie/gc`` says the

@@ -1,4 +1,4 @@
-"""Shell commands for named ledgers (seed 002): names, name, readname, shrink, cursor.
+"""Shell commands for named ledgers (requirement R3 of docs/correctness.md): names, name, readname, shrink, cursor.
 
 Each command opens the blocking client on ``--uri`` (default ``$VELLUM_METADATA_URI`` or
 ``vellum.config.DEFAULT_METADATA_URI``), prints a table (or JSON with ``--json``) and closes it.

@@ -14,7 +14,7 @@ big answers land in buffers of their own, decoded without copying their entries)
 * pipelined: any number of requests in flight; frames queued in one loop iteration leave in one
   ``transport.writelines`` call, entry payloads are never copied (``codec.encode_parts``); under
   TLS a burst leaves in slices of ``TLS_FLUSH_BYTES`` as it is queued, so that the first slice
-  is encrypted and on the wire while the next adds are built (issue 15);
+  is encrypted and on the wire while the next adds are built (docs/security.md);
 * a lost connection, a failed connect or a malformed answer fails every request pending on it at
   once with :class:`BookieHandleNotAvailableError` naming the bookie; the next request reconnects.
   After a failed *connect* the bookie is not retried for a short, growing backoff (requests in
@@ -392,7 +392,7 @@ class _Connection(asyncio.BufferedProtocol):
         if self.client._tls is not None:
             # Under TLS a flush encrypts everything queued before its first byte leaves: a burst
             # of big adds leaves in slices instead, each encrypted and on the wire while the
-            # next is built, and the TLS layer's buffers stay small (issue 15).
+            # next is built, and the TLS layer's buffers stay small (docs/security.md).
             self.out_bytes += sum(map(len, parts))
             if self.out_bytes >= TLS_FLUSH_BYTES:
                 self._flush()

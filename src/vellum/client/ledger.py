@@ -292,7 +292,7 @@ class LedgerHandle:
         self._ctx.writers.discard(self)
 
     async def close(self) -> None:
-        """Close the handle; a writer closes the ledger in the metadata (design.md rule 10, see
+        """Close the handle; a writer closes the ledger in the metadata (rule 10 of docs/correctness.md, see
         ``ledger_writer.py``). Idempotent: a second close waits for the first one's outcome."""
         try:
             if self._writer is not None:

@@ -8,7 +8,7 @@ a writing handle). No I/O: the roles that own the I/O update it.
 Invariants:
 - ``ensemble`` is always the last ensemble of ``metadata`` (replaced together, by :meth:`adopt`);
 - the LAC only moves forward (:meth:`set_lac`), except that adopting a CLOSED metadata sets it to
-  the ledger's last entry (design.md rule 10: the last entry of a closed ledger is final);
+  the ledger's last entry (rule 10 of docs/correctness.md: the last entry of a closed ledger is final);
 - every LAC change and every adopted close wakes the waiters.
 """
 

@@ -34,7 +34,7 @@ Ensemble change (write failure to bookie ``i``: dead, timeout, read-only...):
 - ``on_ensemble_change(new metadata)``, when given, runs before every such compare-and-set and
   may refuse the change by raising: a named ledger's segment writer first writes the new bookies
   into its name record, so that whoever fences the name fences them too;
-- while a change is in flight no entry is acknowledged to the caller (design.md rule 5: never ack
+- while a change is in flight no entry is acknowledged to the caller (rule 5 of docs/correctness.md: never ack
   an entry whose ensemble is not in the persisted metadata); acks from a replaced bookie are
   ignored, so only bookies of the persisted ensemble count towards ``AQ``;
 - a CAS conflict re-reads the metadata: if the ledger left the state this writer writes in
@@ -48,14 +48,14 @@ A ``LedgerFencedError`` from a bookie fails the writer the same way, and so does
 client's or the cluster's configuration, not a failed bookie, and replacing the bookie would
 only hide the reason behind a NotEnoughBookiesError.
 
-Delayed write failure (design.md rule 11): a write that fails or times out after its entry was
+Delayed write failure (rule 11 of docs/correctness.md): a write that fails or times out after its entry was
 already acknowledged (the other ``AQ`` bookies were faster) still marks that bookie failed and
 changes the ensemble, so a bookie that stops answering is replaced even while the ack quorum
-holds; the change is persisted before any later ack (rule 5). The acknowledged entry itself stays
+holds; the change is persisted before any later ack (rule 5 of docs/correctness.md). The acknowledged entry itself stays
 one copy short until re-replication repairs it: it is logged and counted in
 ``bookkeeper_client_ADD_ENTRY_UR`` (BookKeeper's under-replicated adds).
 
-Close (design.md rule 10): wait for pending adds, then CAS the metadata to CLOSED with
+Close (rule 10 of docs/correctness.md): wait for pending adds, then CAS the metadata to CLOSED with
 ``last entry = LAC`` and the length at the LAC; a conflict re-reads, accepts a CLOSED ledger only
 if its last entry equals this writer's LAC, and never overwrites anyone else's close. A recovery
 writer closes through :meth:`LedgerWriter.close_metadata` at the recovered end instead, and
@@ -373,7 +373,7 @@ class LedgerWriter:
                 op.backoffs += 1
                 self._loop.call_later(delay, self._resend_add, op, idx, bookie)
                 return
-        # Rule 11: an entry acknowledged by the others before this bookie failed is one copy
+        # Rule 11 of docs/correctness.md: an entry acknowledged by the others before this bookie failed is one copy
         # short; dropping the error would leave every later entry short too, with nothing said.
         acked = op.future.done() and not op.future.cancelled()
         if acked:
@@ -399,7 +399,7 @@ class LedgerWriter:
         if (self._error is not None or self._view.ensemble[idx] != bookie
                 or idx in self._failed or op.acked & (1 << idx)):
             return  # failed, or the bookie is being replaced (the change re-sends)
-        # An acknowledged entry is re-sent too: its copy on this bookie is still owed (rule 11).
+        # An acknowledged entry is re-sent too: its copy on this bookie is still owed (rule 11 of docs/correctness.md).
         self._send_to(op, idx, bookie)
 
     def _send_to(self, op: _PendingAdd, idx: int, bookie: str) -> None:
@@ -412,7 +412,7 @@ class LedgerWriter:
     def _complete_adds(self) -> None:
         """Acknowledge, in entry-id order, every leading entry that reached its ack quorum."""
         if self._changing_ensemble:
-            return  # rule 5: the new segment is not persisted yet
+            return  # rule 5 of docs/correctness.md: the new segment is not persisted yet
         pending = self._pending
         view = self._view
         aq = self._AQ
@@ -629,7 +629,7 @@ class LedgerWriter:
             self._stop()
 
     async def close_metadata(self, last_entry_id: int, length: int) -> Versioned[LedgerMetadata]:
-        """CAS the metadata to CLOSED(last_entry_id, length) (design.md rule 10, conflict rules in
+        """CAS the metadata to CLOSED(last_entry_id, length) (rule 10 of docs/correctness.md, conflict rules in
         ``metadata_update.py``); the handle adopts the closed metadata, which is returned. A
         recovery writer closes this way at the recovered end and accepts a concurrent
         recoverer's close."""

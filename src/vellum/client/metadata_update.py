@@ -13,7 +13,7 @@ Invariants:
   (first entry and ensemble) is still the one the writer knows: someone else changed only earlier,
   closed segments (re-replication). Otherwise the writer was fenced (``LedgerFencedError``, or
   ``LedgerRecoveryError`` for a recovery writer); a deleted ledger raises ``NoSuchLedgerError``;
-- a close never overwrites anyone else's close (design.md rule 10): a CLOSED ledger is accepted
+- a close never overwrites anyone else's close (rule 10 of docs/correctness.md): a CLOSED ledger is accepted
   only at the same last entry, or by a recovery writer (another recoverer won);
 - ``on_ensemble_change`` runs before every CAS of a new segment (a named ledger writes the new
   bookies into its record first); raising refuses the change;
@@ -112,7 +112,7 @@ class LedgerMetadataUpdater:
         raise MetadataVersionError(f"ledger {self.ledger_id}: ensemble change lost too many CAS races")
 
     async def close(self, last_entry_id: int, length: int) -> Versioned[LedgerMetadata]:
-        """CAS the metadata to CLOSED(last_entry_id, length) (design.md rule 10); the view adopts
+        """CAS the metadata to CLOSED(last_entry_id, length) (rule 10 of docs/correctness.md); the view adopts
         the closed metadata, which is returned.
 
         Conflict: re-read. CLOSED with the same last entry -> done (someone closed it the same

@@ -1,4 +1,4 @@
-"""Named ledgers (seed 002): open a log by name, re-open it for appending after another writer,
+"""Named ledgers (requirement R3 of docs/correctness.md): open a log by name, re-open it for appending after another writer,
 shrink it from the front, keep small cursors next to it.
 
 Responsibility: the asyncio API over a :class:`~vellum.client.bookkeeper.BookKeeper`:
@@ -93,7 +93,7 @@ log = logging.getLogger(__name__)
 
 
 class OpenMode(enum.Enum):
-    """How :meth:`NamedLedgers.open` treats the name (seed 002's ``O_CREATE/O_APPEND/O_RDONLY``).
+    """How :meth:`NamedLedgers.open` treats the name (``O_CREATE/O_APPEND/O_RDONLY`` of requirement R3 of docs/correctness.md).
 
     ``CREATE_OR_APPEND`` is Vellum's extra: APPEND, creating the name if it is missing.
     """

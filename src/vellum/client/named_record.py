@@ -1,4 +1,4 @@
-"""The named-ledger record (seed 002): what the metadata store keeps for one name, and every
+"""The named-ledger record (requirement R3 of docs/correctness.md): what the metadata store keeps for one name, and every
 change a named-ledger operation makes to it, as pure functions.
 
 Responsibility: :class:`NamedLedgerRecord` and its :class:`Segment` list, their readable versioned

@@ -1,7 +1,9 @@
 """Ledger recovery: fence the ledger, recover its tail, close it (BookKeeper's ``LedgerRecoveryOp``).
 
 Responsibility: what "open with recovery" does to a ledger that is not CLOSED
-(reference/bookkeeper.md §1.4, the TLA+ model of §5.2):
+(BookKeeper's ``LedgerRecoveryOp`` with the two fixes its TLA+ model found: fencing recovery
+reads, and the LAC floor at the first entry of the last segment; rules 3, 4 and 10 of
+docs/correctness.md):
 
 1. CAS the metadata state OPEN -> IN_RECOVERY (already IN_RECOVERY: continue; a recoverer may
    have died half way). From then on the writer's ensemble changes and close fail.
@@ -16,13 +18,13 @@ Responsibility: what "open with recovery" does to a ledger that is not CLOSED
    of the entry's write set in the last ensemble: an entry is recovered on one positive,
    digest-verified answer; it is absent when explicit negatives reach quorum coverage
    ``(WQ - AQ) + 1`` (then it cannot have been acknowledged); anything else aborts with the
-   retryable ``LedgerRecoveryError`` (never guess: design.md rule 3). "Unknown"
+   retryable ``LedgerRecoveryError`` (never guess: rule 3 of docs/correctness.md). "Unknown"
    (EUNKNOWNLEDGERSTATE, from a bookie that may have lost the ledger's data: its ledger is
-   limbo, rule 12) counts as neither positive nor negative, here and in fencing, like a timeout.
+   limbo, rule 12 of docs/correctness.md) counts as neither positive nor negative, here and in fencing, like a timeout.
 5. Each recovered entry is written back, byte for byte, to its write set with the RECOVERY_ADD
    flag (accepted by fenced bookies), so it reaches ``AQ`` copies; an ensemble change is allowed
    and is CAS-ed against the IN_RECOVERY metadata. Then the advisory "ledger closed" note goes to
-   the bookies of the ensemble (seed 000; recovery-open and a named ledger's APPEND both pass here).
+   the bookies of the ensemble (requirement R1 of docs/correctness.md; recovery-open and a named ledger's APPEND both pass here).
 6. Close by CAS: CLOSED, last entry = the last recovered entry (or the LAC), length from that
    entry's header. A concurrent recoverer that closed first wins: its result is accepted.
 
@@ -165,7 +167,7 @@ async def recover_tail(ctx: ClientContext, handle: LedgerHandle, password: bytes
         for w in writes:
             if w.done() and not w.cancelled():
                 w.exception()  # retrieved: the first failure was raised above
-    # Seed 000's advisory write close: the fenced ledger takes no more writes from its writer,
+    # The advisory write close (requirement R1 of docs/correctness.md): the fenced ledger takes no more writes from its writer,
     # so its bookies may seal its entry log at their next checkpoint (fire and forget).
     for b in dict.fromkeys(ensemble + [str(x) for x in handle.metadata.last_ensemble]):
         ctx.bookie_client.ledger_closed(b, ledger_id)

@@ -9,7 +9,7 @@ Invariants:
 - every entry returned was verified against its digest and its entry id; a bad copy is logged
   and skipped (the next replica is asked), never returned;
 - "no such entry" (``NoSuchEntryError``) only when every replica asked said explicitly that it has
-  no such entry or ledger (design.md rule 3); any other failure keeps its own error class;
+  no such entry or ledger (rule 3 of docs/correctness.md); any other failure keeps its own error class;
 - back-pressure (TOOMANYREQUESTS from every replica) is retried in rounds after
   ``backoff_delay``, within the read timeout, never counted as a missing entry;
 - single-entry reads run on callbacks only (no task, no coroutine per entry), so a window of
@@ -45,7 +45,7 @@ _F = TypeVar("_F", bound="asyncio.Future[Any]")
 
 #: errors that mean "this bookie does not have it" (explicit negatives for coverage). Never
 #: ``UnknownLedgerStateError`` (EUNKNOWNLEDGERSTATE): a bookie whose ledger is limbo may have lost
-#: the entry, so its answer is neither yes nor no, like a timeout (design.md rule 12)
+#: the entry, so its answer is neither yes nor no, like a timeout (rule 12 of docs/correctness.md)
 NEGATIVE_ANSWERS = (NoSuchEntryError, NoSuchLedgerError)
 
 #: rounds over a write set whose replicas all pushed back (TooManyRequestsError) before giving up

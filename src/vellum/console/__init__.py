@@ -1,4 +1,4 @@
-"""console layer: the operator console, a web view of the whole cluster (issue 17, docs/console.md).
+"""console layer: the operator console, a web view of the whole cluster (docs/console.md).
 
 Server-rendered pages (aiohttp + Jinja2 templates) over the metadata store, the bookies' admin
 HTTP API (found through their registrations) and Vellum's client; a vendored chart library

@@ -1,7 +1,7 @@
 """The bookie cookie: the text stamped in ``current/VERSION`` of every bookie directory and stored
 in the metadata store at ``/ledgers/cookies/<bookieId>``.
 
-A cookie ties a bookie id to its disks (design rule 6): a wiped, swapped or foreign directory
+A cookie ties a bookie id to its disks (rule 6 of docs/correctness.md): a wiped, swapped or foreign directory
 shows up as a missing or different cookie and the bookie refuses to start.
 
 Layout (UTF-8 text, what BookKeeper writes; current layout version 5)::

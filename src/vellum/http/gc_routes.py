@@ -1,4 +1,4 @@
-"""Admin HTTP routes for GC (issue 7), added to ``build_app`` through ``extra_routes``.
+"""Admin HTTP routes for GC (docs/gc.md), added to ``build_app`` through ``extra_routes``.
 
 BookKeeper's paths and JSON:
 - ``PUT /api/v1/bookie/gc``: force GC; optional body ``{"forceMajor": bool, "forceMinor": bool}``

@@ -1,4 +1,4 @@
-"""Metadata: ledger metadata, bookie registration, ledger ids, AutoRecovery (seed 001; docs/metadata.md).
+"""Metadata: ledger metadata, bookie registration, ledger ids, AutoRecovery (requirement R2 of docs/correctness.md; docs/metadata.md).
 
 Layer L2: imports only errors/ids/config (and kazoo/sqlite3). Two drivers implement
 ``meta.api``: ZooKeeper (``zk://``, BookKeeper's znode layout) and the embedded SQLite store

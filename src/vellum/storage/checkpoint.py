@@ -12,7 +12,7 @@ Sequence, for N journals and M ledger storages:
    dir that is "full" at 95%, and a stuck mark would pile up journals);
 4. only then ``j.gc_journals(mark)`` for every journal.
 
-Invariants (design rule 7):
+Invariants (rule 7 of docs/correctness.md):
 - a mark only moves forward: the checkpointer remembers the last persisted mark per journal
   (seeded from ``read_last_marks`` at start) and refuses a journal that reports a smaller one;
 - if a flush or a mark write fails, nothing after it happens (no mark, no journal deletion) and

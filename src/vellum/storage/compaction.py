@@ -1,8 +1,8 @@
 """Entry-log compaction of one ledger dir: per-log metadata, the crash-safe copy of live
 entries into a new log, recovery of interrupted compactions, and the compaction throttle.
 
-BookKeeper's ``EntryLogCompactor`` / ``TransactionalEntryLogCompactor`` (seed 004), with the
-order of design.md rule 8. Compacting log ``L``:
+BookKeeper's ``EntryLogCompactor`` / ``TransactionalEntryLogCompactor`` (requirement R5 of docs/correctness.md), with the
+order of rule 8 of docs/correctness.md. Compacting log ``L``:
 
 1. scan ``L``; an entry is *live* iff its ledger still exists locally **and** the location
    index points at exactly this record (``L``, offset). The entry-level check makes entries
@@ -199,7 +199,7 @@ class CompactionResult:
 class Throttle:
     """Compaction throttle by entries (``compactionRateByEntries``) or bytes
     (``isThrottleByBytes`` + ``compactionRateByBytes``). Both the read and the write of an entry
-    pass through it (BookKeeper throttled only writes: PR #3976)."""
+    pass through it (BookKeeper throttled only writes: BookKeeper PR #3976)."""
 
     def __init__(
         self,

@@ -1,6 +1,6 @@
 """Stamp and verify the cookie (``current/VERSION``) in every journal, ledger and index dir.
 
-Design rule 6: a cookie ties a bookie to its disks, so a wiped disk must not rejoin silently.
+Rule 6 of docs/correctness.md: a cookie ties a bookie to its disks, so a wiped disk must not rejoin silently.
 At start the bookie calls ``check_or_stamp_cookies``:
 
 - every dir has no cookie and no data (fresh bookie): create ``current/`` everywhere and stamp
@@ -25,7 +25,7 @@ ledger or index dir the stored cookie lists that lost its cookie. The dirs stamp
 reported (``CookieCheck.stamped_over``) and, before any cookie is written, the
 ``INTEGRITY_CHECK_NEEDED`` marker goes to every ledger dir (``storage/markers.py``): the bookie
 may have acknowledged entries it no longer holds, and must mark its ledgers limbo before it
-serves (design rule 12), even if it crashes between the stamp and that marking. A dir that holds
+serves (rule 12 of docs/correctness.md), even if it crashes between the stamp and that marking. A dir that holds
 data without a cookie, a foreign or mismatching cookie and a new dir without
 ``allowStorageExpansion`` are refused as before.
 

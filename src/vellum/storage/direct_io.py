@@ -23,7 +23,7 @@ Invariants:
   would be unaligned); the appender's content is then undefined and its caller abandons the
   file (journal: fail-stop; entry logger: the log is abandoned), never retries into it.
 - ``O_DIRECT`` bypasses the page cache, it does not make data durable: callers still
-  ``fdatasync`` before they acknowledge (design rule 1).
+  ``fdatasync`` before they acknowledge (rule 1 of docs/correctness.md).
 """
 
 from __future__ import annotations

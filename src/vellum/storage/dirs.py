@@ -246,7 +246,7 @@ class LedgerDirsManager:
 
     def pick_writable_dir(self, prefer_fewest: Callable[[Path], int] | None = None) -> Path:
         """A writable dir for a new entry log: the one with the smallest ``prefer_fewest(dir)``
-        (seed 000: fewest active entry logs), else the least used; ties keep configuration
+        (requirement R1 of docs/correctness.md: fewest active entry logs), else the least used; ties keep configuration
         order. Raises DiskFullError when every dir is full."""
         with self._lock:
             candidates = [(d, self._state[d].usage) for d in self._dirs if not self._state[d].full]

@@ -1,8 +1,9 @@
 """Durable files: the one place that knows how a file or a name survives a crash.
 
-Design rules 7 (``lastMark`` only moves forward) and 8 (compaction writes and fsyncs its new
-log and the directory before the index points to it) rest on these sequences, so they are
-written once, here, and every storage module goes through them:
+Rule 7 of docs/correctness.md (``lastMark`` only moves forward) and rule 8 of
+docs/correctness.md (compaction writes and fsyncs its new log and the directory before the index
+points to it) rest on these sequences, so they are written once, here, and every storage module
+goes through them:
 
 - ``replace_file(path, data)``: write ``<name>.tmp``, fsync it, rename it over ``path``, fsync
   the directory, in that order. A crash or a failure at any step before the rename leaves the

@@ -5,7 +5,7 @@ follows from it: the set of active logs, which of them one ledger or an idle spe
 which sealed logs GC may take. Two strategies, chosen by ``entryLogPerLedgerEnabled``:
 
 - ``SharedActiveLog``: every ledger appends to the one active log (BookKeeper's default).
-- ``PerLedgerActiveLogs`` (seed 000): a ledger without an active log gets a freshly allocated
+- ``PerLedgerActiveLogs`` (requirement R1 of docs/correctness.md): a ledger without an active log gets a freshly allocated
   one; at most ``max_active_logs`` (``maximumNumberOfActiveEntryLogs``) are open, the least
   recently used is sealed to make room; logs not written for ``access_expiry_s``
   (``entrylogMapAccessExpiryTimeInSeconds``) are idle.
@@ -102,7 +102,7 @@ class SharedActiveLog(ActiveLogPolicy):
 
 
 class PerLedgerActiveLogs(ActiveLogPolicy):
-    """Each ledger appends to a log of its own (seed 000)."""
+    """Each ledger appends to a log of its own (requirement R1 of docs/correctness.md)."""
 
     per_ledger = True
 

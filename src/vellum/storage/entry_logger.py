@@ -7,8 +7,8 @@ Files live in ``<ledger_dir>/current/``: ``<hex id>.log`` in BookKeeper's entry-
 - ``EntryLogAllocator`` (``entry_log_allocator``): log ids, ``lastId``, creating and
   preallocating logs, ids reserved for compaction outputs;
 - ``ActiveLogPolicy`` (``entry_log_policy``): "which log is active for this ledger": one
-  shared active log (``SharedActiveLog``) or one per ledger (``PerLedgerActiveLogs``, seed
-  000, ``entryLogPerLedgerEnabled``);
+  shared active log (``SharedActiveLog``) or one per ledger (``PerLedgerActiveLogs``, requirement
+  R1 of docs/correctness.md, ``entryLogPerLedgerEnabled``);
 - ``EntryLogReader`` (``entry_log_reader``): reads by location, runs, scans, ledgers maps;
 - ``EntryLogger`` (here): appends, buffering, rotation (sealing), flush, and the facade the
   rest of the bookie uses (ledger storage, GC, compaction, index rebuild, shell commands);

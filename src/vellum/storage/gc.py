@@ -1,4 +1,4 @@
-"""Garbage collection of one ledger dir (BookKeeper's ``GarbageCollectorThread``, seed 004).
+"""Garbage collection of one ledger dir (BookKeeper's ``GarbageCollectorThread``, requirement R5 of docs/correctness.md).
 
 One ``GarbageCollectorThread`` per ``LedgerStorage`` (i.e. per ledger dir) runs a pass every
 ``gcWaitTime`` (staggered by dir), or at once when forced (``PUT /api/v1/bookie/gc``):
@@ -7,9 +7,9 @@ One ``GarbageCollectorThread`` per ``LedgerStorage`` (i.e. per ledger dir) runs 
 2. doGcLedgers: ledgers held locally but gone from metadata are deleted from the local index.
    Metadata comes through a ``LedgerLister`` (the storage layer never imports ``meta/``): a
    complete listing, range by range (flat: pages; hierarchical: one leaf partition at a time,
-   seed 001), is compared with the local ledgers. A ledger is deleted only if (a) the listing
+   requirement R2 of docs/correctness.md), is compared with the local ledgers. A ledger is deleted only if (a) the listing
    completed, (b) the listing was not empty, (c) it is absent from it, and (d) two fresh
-   ``ledger_exists`` reads, one after the other, both say it is gone (design rule 9). A failed
+   ``ledger_exists`` reads, one after the other, both say it is gone (rule 9 of docs/correctness.md). A failed
    or partial listing deletes nothing. Deletes are synced before any entry log is touched;
 3. doGcEntryLogs: per flushed log, drop dead ledgers from its metadata (ledgers map read from
    the log's end, or a scan); delete logs left with no live ledger;
@@ -576,7 +576,7 @@ class GarbageCollectorThread:
             if self._stopping:
                 return
             try:
-                # Design rule 9: fresh metadata must say twice that the ledger is gone.
+                # Rule 9 of docs/correctness.md: fresh metadata must say twice that the ledger is gone.
                 if lister.ledger_exists(lid) or lister.ledger_exists(lid):
                     continue
             except Exception as e:

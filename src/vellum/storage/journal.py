@@ -465,7 +465,7 @@ class Journal:
     def gc_journals(self, mark: LogMark) -> list[Path]:
         """Delete journals below ``mark.journal_id``, keeping the newest ``max_backups`` of them.
 
-        Never deletes the current journal or any journal at or above the mark (rule 7: journals
+        Never deletes the current journal or any journal at or above the mark (rule 7 of docs/correctness.md: journals
         are deleted only below a persisted mark). Returns the deleted paths.
         """
         below = [i for i in self.journal_ids() if i < mark.journal_id and i != self._journal_id]

@@ -1,4 +1,4 @@
-"""Ledger storage of one ledger directory with DbLedgerStorage semantics (seed 003).
+"""Ledger storage of one ledger directory with DbLedgerStorage semantics (requirement R4 of docs/correctness.md).
 
 Parts with a role of their own live next to it: the write caches and their write-out
 (``storage/write_cache.py``), the read-ahead cache (``storage/read_ahead_cache.py``), the
@@ -25,7 +25,7 @@ the same range again). ``get_entries`` (BATCH_READ) reads a run of stored entrie
 and caches nothing: the request names what is wanted, and a client spreading its chunks over
 the replicas would make a read-ahead past the run wasted work.
 
-Verification (issue 12, defect 5): the bookie knows no ledger's digest type or password, so it
+Verification (defect D5 of docs/correctness.md): the bookie knows no ledger's digest type or password, so it
 learns the keyless digest (CRC32 or CRC32C) from a ledger's first adds (``_learn_digest``,
 stored as ``LedgerData.digest_type``); HMAC and DUMMY ledgers, and ledgers not learnt, are
 never checked, so a good entry is never flagged. Every entry of a checked ledger read from an
@@ -46,7 +46,7 @@ Invariants:
   indexed; an unknown ledger raises ``NoSuchLedgerError``; anything doubtful is a storage error.
 - A deleted ledger leaves a tombstone in the ``ledgers`` index (``exists=false, fenced=true``,
   durable at the next flush): a writer that still holds the ledger can never recreate it with
-  its next add, however long after GC (issue 12, defect 2; BookKeeper's BK#4462 covers only the
+  its next add, however long after GC (defect D2 of docs/correctness.md; BookKeeper's BK#4462 covers only the
   time before GC). Tombstones are read from RocksDB when an unknown ledger shows up, not kept in
   memory: ledger ids are never reused, so they cost a few bytes of index per deleted ledger.
 - Flushes, deletes, trims and compaction's index updates are serialised by ``_flush_lock``, so
@@ -55,7 +55,7 @@ Invariants:
   a trimmed, deleted or rewritten entry is never resurrected). Lock order: ``_flush_lock`` then
   ``_cond``.
 
-Entry log per ledger (seed 000): ``note_ledger_closed`` remembers the advisory "ledger closed";
+Entry log per ledger (requirement R1 of docs/correctness.md): ``note_ledger_closed`` remembers the advisory "ledger closed";
 the first ``flush()`` (checkpoint) that finds none of that ledger's entries left in the write
 caches seals its log. Every ``flush()`` also seals logs idle past the access expiry.
 
@@ -426,7 +426,7 @@ class LedgerStorage:
         self.entry_logger.rotate_idle()
 
     def note_ledger_closed(self, ledger_id: int) -> None:
-        """Advisory "ledger closed" (seed 000): its log is sealed at the next checkpoint after
+        """Advisory "ledger closed" (requirement R1 of docs/correctness.md): its log is sealed at the next checkpoint after
         its entries are flushed. Only meaningful with entry log per ledger."""
         if self.entry_logger.entry_log_per_ledger:
             with self._cond:
@@ -434,7 +434,7 @@ class LedgerStorage:
 
     def active_log_count(self) -> int:
         """Entry logs active in this dir, counting those the next flush opens for cached
-        entries (seed 000: a new ledger goes to the writable dir with the fewest)."""
+        entries (requirement R1 of docs/correctness.md: a new ledger goes to the writable dir with the fewest)."""
         with self._cond:
             cached = self._caches.ledgers()
         if self.entry_logger.entry_log_per_ledger:
@@ -442,7 +442,7 @@ class LedgerStorage:
         return 1 if cached or self.entry_logger.active_log_ids() else 0
 
     def rotate_entry_logs(self) -> None:
-        """Seal every active entry log (the ledger dir became full: seed 000)."""
+        """Seal every active entry log (the ledger dir became full: requirement R1 of docs/correctness.md)."""
         with self._flush_lock:
             self.entry_logger.rotate()
 

@@ -1,4 +1,4 @@
-"""The write caches of one ledger storage (DbLedgerStorage, seed 003) and how a full one is
+"""The write caches of one ledger storage (DbLedgerStorage, requirement R4 of docs/correctness.md) and how a full one is
 written out.
 
 Two caches: adds go to the *active* one; when it is full it becomes the *flushing* one (if that
