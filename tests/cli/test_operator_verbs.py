@@ -3,7 +3,7 @@ replicationRateByBytes (through recoverbookie's --conf).
 
 * bookieformat refuses a running bookie (registered; or holding its directories' lock, when
   the store named does not list it), wipes a stopped one's journal, ledger and index dirs as
-  BookKeeper's format does; the stored cookie then keeps the empty bookie out (design rule 6)
+  BookKeeper's format does; the stored cookie then keeps the empty bookie out (rule 6 of docs/correctness.md)
   until ``--delete-cookie``, after which it starts as a new bookie under its id;
 * bookiesanity passes on a live bookie (and leaves no ledger behind), fails with a sentence on a
   stopped one;
@@ -94,7 +94,7 @@ def test_bookieformat_and_bookiesanity(tmp_path: Path) -> None:
             assert _contents(d) <= {"current/.lock"}, (d, _contents(d))
         with open_metadata_store(uri) as store:
             assert store.registration.get_cookie(BookieId(victim)) is not None
-        cluster.restart(2, wait=False)  # emptied disks, cookie in the store: refused (rule 6)
+        cluster.restart(2, wait=False)  # emptied disks, cookie in the store: refused (rule 6 of docs/correctness.md)
 
         def exited() -> bool:
             try:
