@@ -20,15 +20,21 @@ bookie, from the client, AutoRecovery or another bookie, pays 2 ms +- 1 ms each 
 reset after a random lifetime (mean ``DROP_MEAN_S``), as a real network would do it.
 
 Scenario: write E=5/WQ=3/AQ=2 and E=3/WQ=3/AQ=2 ledgers on the whole cluster; then keep writing
-E=3 ledgers while host h5 dies (every process SIGKILLed), h4 is partitioned (its ``eth0`` down)
-and plugged back, and h3 is restarted (its units stopped with SIGTERM and started again);
-AutoRecovery replaces h5 in every E=3 ledger, and marks the E=5 ones (no sixth bookie can take
-h5's place). Finally every acknowledged entry is read back from the client host and compared.
+E=3 ledgers while host h5 dies (every process SIGKILLed), h4 is partitioned (its ``eth0`` down
+until its ZooKeeper session expires) and plugged back, and h3 gets a rolling restart (its units
+stopped with SIGTERM and started again, the recovery delay raised meanwhile). Every
+acknowledged entry is read back from the client host and compared; AutoRecovery replaces h5
+in every E=3 ledger and, through the auditor's ledger check, copies the entries a failed
+bookie never got (acknowledged by AQ=2 before the ensemble change), and marks the E=5 ones (no
+sixth bookie can take h5's place); everything is read back again; the console, reached from the
+client host, lists the live bookies.
 
-Skipped when the kernel refuses namespaces (a failure under ``CI=true``). Time ~60-90 s on two
-loaded cores; ``VELLUM_MANY_HOSTS_LONG=1`` writes more and longer. ``VELLUM_MANY_HOSTS_PLANT_AQ1=1``
-is the negative control: ledgers written with WQ=AQ=1 (one copy), so killing h5 loses entries
-and the final check must fail.
+Skipped when the kernel refuses namespaces (a failure under ``CI=true``). Time ~50-80 s on two
+loaded cores. ``VELLUM_MANY_HOSTS_SPARK=1`` adds a Spark job on an eighth host (``spk``,
+10.77.0.102): ``vellum spark replica-check`` over the E=3 ledgers must find every copy (without
+the ledger check above it reports the missing ones). ``VELLUM_MANY_HOSTS_LONG=1`` writes more
+for longer, Spark included. ``VELLUM_MANY_HOSTS_PLANT_AQ1=1`` is the negative control: ledgers
+written with WQ=AQ=1 (one copy), so killing h5 loses entries and the read-back check must fail.
 """
 
 from __future__ import annotations
@@ -60,10 +66,11 @@ CLIENT_JOB = Path(__file__).with_name("client_job.py")
 
 LONG = os.environ.get("VELLUM_MANY_HOSTS_LONG") == "1"
 PLANT_AQ1 = os.environ.get("VELLUM_MANY_HOSTS_PLANT_AQ1") == "1"
+SPARK = LONG or os.environ.get("VELLUM_MANY_HOSTS_SPARK") == "1"
 
 BOOKIE_HOSTS = {f"h{i}": f"10.77.0.1{i}" for i in range(1, 6)}
 ZK_HOSTS = ("h1", "h2", "h3")
-OPS, CLI = ("ops", "10.77.0.101"), ("cli", "10.77.0.100")
+OPS, CLI, SPK = ("ops", "10.77.0.101"), ("cli", "10.77.0.100"), ("spk", "10.77.0.102")
 BOOKIE_PORT, HTTP_PORT, ZK_PORT, CONSOLE_PORT = 3181, 8080, 2181, 8090
 ZK_URI = "zk+hierarchical://" + ",".join(f"{BOOKIE_HOSTS[h]}:{ZK_PORT}" for h in ZK_HOSTS) + "/ledgers"
 DROP_MEAN_S = 15.0
@@ -259,7 +266,7 @@ def make_pki(work: Path, machines: dict[str, Machine]) -> None:
     /etc/vellum/tls."""
     vellum_cli("security", "create-ca", "--dir", "ca", "--name", "Many hosts CA", cwd=work)
     for name, m in machines.items():
-        role = "client" if name == CLI[0] else "bookie"
+        role = "client" if name in (CLI[0], SPK[0]) else "bookie"
         vellum_cli("security", "issue-cert", "--ca-dir", "ca", "--role", role, "--name", name,
                    "--ip", m.host.address, "--dns", name, "--out", f"certs/{name}", cwd=work)
     vellum_cli("security", "create-secret", "--out", "token-secret", cwd=work)
@@ -288,7 +295,9 @@ def cert_name_check(work: Path) -> None:
 def test_a_secured_cluster_on_five_hosts_keeps_every_acknowledged_entry(lan: netns.Lan, tmp_path: Path) -> None:
     t0 = time.monotonic()
     machines: dict[str, Machine] = {}
-    for name, addr in [*BOOKIE_HOSTS.items(), OPS, CLI]:
+    if SPARK:
+        _require(_pyspark_missing() is None, f"many-hosts Spark job: {_pyspark_missing()}")
+    for name, addr in [*BOOKIE_HOSTS.items(), OPS, CLI, *([SPK] if SPARK else [])]:
         machines[name] = Machine(lan.add_host(name, addr), tmp_path / "hosts" / name)
     for name in BOOKIE_HOSTS:
         machines[name].host.add_local_address(private(BOOKIE_HOSTS[name]))
@@ -314,7 +323,8 @@ def test_a_secured_cluster_on_five_hosts_keeps_every_acknowledged_entry(lan: net
         wait_until("a ZooKeeper quorum", lambda: _zk_serving(ops.host), 90, diagnose)
 
         # format the metadata from the ops host (its own bk_server.conf: AutoRecovery and tools)
-        ops.write_conf("bk_server.conf", bk_server_conf(OPS[1], OPS[0], proxied=False))
+        ops.write_conf("bk_server.conf", {**bk_server_conf(OPS[1], OPS[0], proxied=False),
+                                          "auditorPeriodicCheckInterval": "5"})  # weekly by default
         out = ops.host.run([*VELLUM, "shell", "metaformat", "--uri", ZK_URI], timeout_s=120)
         assert out.returncode == 0, out.stderr
 
@@ -355,8 +365,13 @@ def test_a_secured_cluster_on_five_hosts_keeps_every_acknowledged_entry(lan: net
         h5.crash()  # the host dies: bookie and link proxy
         time.sleep(2)
         h4.host.unplug()
-        time.sleep(ZK_TIMEOUT_MS / 1000 + 2)  # long enough for h4's session to expire
-        h4.host.plug()
+        h4_id = f"{BOOKIE_HOSTS['h4']}:{BOOKIE_PORT}"
+        try:  # the partition is real: h4's session expires and its registration goes
+            wait_until("h4 dropped out of the registrations", lambda: h4_id not in registered(ops.host),
+                       ZK_TIMEOUT_MS / 1000 + 20, diagnose)
+            time.sleep(1)
+        finally:
+            h4.host.plug()
         assert shell_json(ops, "whoisauditor")["auditor"] == f"{OPS[1]}:{BOOKIE_PORT}"
         # a rolling restart of h3 as docs/deployment.md does it: the delay holds AutoRecovery back
         shell_json(ops, "lostbookierecoverydelay", "--set", "600")
@@ -382,17 +397,38 @@ def test_a_secured_cluster_on_five_hosts_keeps_every_acknowledged_entry(lan: net
         check = read_back(cli, ledgers)
         assert check["bad_count"] == 0, f"acknowledged entries lost or wrong: {check}\n{diagnose()}"
 
-        # AutoRecovery: h5 replaced in every E=3 ledger; the E=5 ones are marked (no sixth bookie)
+        # AutoRecovery: h5 replaced in every E=3 ledger; the E=5 ones are marked (no sixth bookie).
+        # Entries acknowledged by AQ=2 whose third copy never reached a bookie that failed (h4
+        # cut off, h3 stopping) stay behind in the old segment, as in BookKeeper: the auditor's
+        # ledger check (auditorPeriodicCheckInterval) finds them and the workers copy them.
         dead = f"{BOOKIE_HOSTS['h5']}:{BOOKIE_PORT}"
         e3_ids = [r["ledger"] for r in e3]
-        wait_until("AutoRecovery replaced h5 in every E=3 ledger",
-                   lambda: not ops.host.call(_ledgers_naming, e3_ids, dead), 120,
-                   lambda: f"{ops.host.call(_ledgers_naming, e3_ids, dead)}\n{ops.tail('vellum-autorecovery')}")
+        closed_ms = int(time.time() * 1000)  # every ledger is closed now (the reader recovered them)
+
+        def healed() -> bool:
+            checked_ms, naming, marked = ops.host.call(_recovery_state, e3_ids, dead)
+            return (checked_ms or 0) > closed_ms and not naming and not (marked & set(e3_ids))
+
+        wait_until("AutoRecovery replaced h5 and every missing copy in the E=3 ledgers", healed, 180,
+                   lambda: f"{ops.host.call(_recovery_state, e3_ids, dead)}\n{ops.tail('vellum-autorecovery')}")
         e5_ids = [r["ledger"] for r in rows if r.get("E") == 5 and r.get("ledger") is not None]
         marked = {r["ledgerId"]: r["missingReplicas"] for r in shell_json(ops, "listunderreplicated")}
         assert all(dead in marked.get(lid, []) for lid in e5_ids), (e5_ids, marked)
         check = read_back(cli, ledgers)  # again, now that the copies moved
         assert check["bad_count"] == 0, f"after AutoRecovery: {check}\n{diagnose()}"
+
+        if SPARK:  # every copy of the healed ledgers really is there: Spark's replica check from its own host
+            spk = machines[SPK[0]]
+            spk.write_conf("client.conf", client_conf(SPK[0]))
+            out = spk.host.run([*VELLUM, "spark", "--client-conf", str(spk.etc("client.conf")), "replica-check",
+                                "--metadata-uri", ZK_URI, "--json", *[f"--ledger={lid}" for lid in e3_ids]],
+                               timeout_s=600)
+            assert out.returncode == 0, out.stderr[-3000:]
+            report = json.loads(out.stdout)
+            assert report["ledgersChecked"] == len(e3_ids) and report["problems"] == [], \
+                json.dumps({"report": report, "metadata": ops.host.call(_ensembles, [
+                    p["ledgerId"] for p in report["problems"]]), "written": [
+                    r for r in rows if r.get("ledger") in {p["ledgerId"] for p in report["problems"]}]}, indent=1)
 
         # the console (from the client host, as an operator's browser would) lists the bookies
         page = cli.host.call(console_cluster_page, f"http://{OPS[1]}:{CONSOLE_PORT}",
@@ -401,8 +437,11 @@ def test_a_secured_cluster_on_five_hosts_keeps_every_acknowledged_entry(lan: net
             assert bookie in page, f"console's cluster page lacks {bookie}"
         total_s = time.monotonic() - t0
         changed = ops.host.call(_ledgers_with_ensemble_changes, [r["ledger"] for r in rows if r.get("ledger")])
+        assert changed >= 1, "no writer changed its ensemble: the faults never met a write"
+        found = ops.tail("vellum-autorecovery", 10**7).count("misses entries on")
         print(f"setup {setup_s:.1f}s, total {total_s:.1f}s, ledgers {len(rows)} ({changed} with ensemble changes), "
-              f"acked entries {acked}, checked {check['checked']}, proxy drops {proxy_drops(machines)}")
+              f"acked entries {acked}, checked {check['checked']}, proxy drops {proxy_drops(machines)}, "
+              f"fragments with missing copies found by the ledger check {found}")
     except BaseException:
         print(diagnose())
         raise
@@ -412,6 +451,14 @@ def test_a_secured_cluster_on_five_hosts_keeps_every_acknowledged_entry(lan: net
                 if proc.poll() is None:
                     proc.kill()
                     proc.wait(30)
+
+
+def _pyspark_missing() -> str | None:
+    try:
+        import pyspark  # noqa: F401
+    except ImportError:
+        return "pyspark is not installed (./run setup installs the spark extra)"
+    return None
 
 
 def start_proxy(m: Machine, address: str, seed: int) -> None:
@@ -467,6 +514,15 @@ def registered(host: netns.Host) -> set[str]:
     return host.call(ask)
 
 
+def _ensembles(ids: list[int]) -> dict[int, Any]:
+    with open_metadata_store(ZK_URI) as store:
+        out: dict[int, Any] = {}
+        for lid in ids:
+            md = store.ledgers.read_ledger(lid).value
+            out[lid] = {str(first): [str(b) for b in ens] for first, ens in md.ensembles.items()}
+        return out
+
+
 def _ledgers_naming(ids: list[int], bookie: str) -> list[int]:
     with open_metadata_store(ZK_URI) as store:
         naming = []
@@ -475,6 +531,17 @@ def _ledgers_naming(ids: list[int], bookie: str) -> list[int]:
             if any(bookie in ensemble for ensemble in md.ensembles.values()):
                 naming.append(lid)
         return naming
+
+
+def _recovery_state(ids: list[int], bookie: str) -> tuple[int | None, list[int], set[int]]:
+    """When the auditor last finished a ledger check, the ledgers of ``ids`` whose metadata
+    names ``bookie``, and the under-replicated ledgers."""
+    from vellum.admin import recovery_admin
+
+    with open_metadata_store(ZK_URI) as store:
+        checked = store.underreplication.get_check_all_ledgers_ctime()
+        marked = {r.ledger_id for r in recovery_admin.list_under_replicated(store)}
+    return checked, _ledgers_naming(ids, bookie), marked
 
 
 def _ledgers_with_ensemble_changes(ids: list[int]) -> int:
