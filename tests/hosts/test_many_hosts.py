@@ -287,6 +287,8 @@ def make_pki(work: Path, machines: dict[str, Machine]) -> None:
 # ------------------------------------------------------------------------------ the test
 
 
+@pytest.mark.zk
+@pytest.mark.timeout(1200 if LONG or SPARK else 300)
 def test_a_secured_cluster_on_five_hosts_keeps_every_acknowledged_entry(lan: netns.Lan, tmp_path: Path) -> None:
     t0 = time.monotonic()
     machines: dict[str, Machine] = {}
