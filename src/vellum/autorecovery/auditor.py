@@ -152,8 +152,13 @@ class Auditor:
             watch.cancel()
 
     def _delay_changed(self, delay: int | None) -> None:
+        # BookKeeper's Auditor.lostBookieRecoveryDelayChanged: re-setting the value it has
+        # (`triggeraudit`) or setting 0 audits now; another value only changes how long lost
+        # bookies are waited for (raising it before a rolling restart must not mark anything).
+        before = self.delay_s
         self._store_delay = delay
-        self._triggered = True
+        if self.delay_s in (0, before):
+            self._triggered = True
 
     @property
     def delay_s(self) -> int:
