@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from vellum.errors import EBADREQ, EBADVERSION, EOK, EUA
 from vellum.proto import codec
@@ -272,8 +272,7 @@ class SessionMachine(RuleBasedStateMachine):
         self.served_before_trusted = False
         self.after_close: list[Any] = []
 
-    @precondition(lambda self: self.session is None)
-    @rule(tls=st.booleans(), auth=st.booleans())
+    @initialize(tls=st.booleans(), auth=st.booleans())
     def open(self, tls: bool, auth: bool) -> None:
         authenticator = (BookieAuthenticator(["tls", "token"], authorized_roles=["client"],
                                              token_verifier=self.verifier)
@@ -290,7 +289,6 @@ class SessionMachine(RuleBasedStateMachine):
             if type(d) is Dispatch and self.trusted_decided == 0:
                 self.served_before_trusted = True
 
-    @precondition(lambda self: self.session is not None)
     @rule(kind=st.sampled_from(["add", "batch", "read", "list", "start_tls", "good_token", "bad_token",
                                 "bad_frame", "note"]),
           buffered=st.booleans())
@@ -312,7 +310,6 @@ class SessionMachine(RuleBasedStateMachine):
         assert self.session is not None
         self._apply(self.session.tls_established(principal, roles), False)
 
-    @precondition(lambda self: self.session is not None)
     @rule()
     def handshake_failed_or_closed(self) -> None:
         assert self.session is not None
@@ -341,4 +338,4 @@ class SessionMachine(RuleBasedStateMachine):
 
 
 TestSessionMachine = SessionMachine.TestCase
-TestSessionMachine.settings = settings(max_examples=60, stateful_step_count=20, deadline=None)
+TestSessionMachine.settings = settings(max_examples=100, stateful_step_count=12, deadline=None)
