@@ -143,11 +143,13 @@ class Channel:
             task.cancel()
 
     def status_for(self, exc: BaseException, op: str, ledger_id: int | None, entry_id: int | None = None,
-                   what: str | None = None, *, count: int = 1, quiet: bool = False) -> int:
+                   what: str | None = None, *, count: int = 1, quiet: bool = False,
+                   expected_level: int = logging.DEBUG) -> int:
         """The status answering ``exc`` for ``count`` ``op`` requests; counted, and logged unless
         ``quiet`` (the same exception already logged for another request of a batch); see the
         module docstring. ``what`` names the request in the log line (default: ``op`` and the
-        entry)."""
+        entry); ``expected_level``: the level of an expected answer's line (an admin operation's
+        failures are worth INFO)."""
         if isinstance(exc, VellumError):
             status = wire_status_for(exc)
         elif isinstance(exc, OSError):
@@ -168,8 +170,9 @@ class Channel:
             _KEY_REFUSALS.note(f"master key refused: {request}: {exc}", extra)
         elif status == EIO:
             _IO_ERRORS.note(f"{request}: answering EIO: {exc}", extra)
-        elif log.isEnabledFor(logging.DEBUG):
-            log.debug("%s: answering %s: %s", request, WIRE_STATUS_NAMES.get(status, status), exc, extra=extra)
+        elif log.isEnabledFor(expected_level):
+            log.log(expected_level, "%s: answering %s: %s", request, WIRE_STATUS_NAMES.get(status, status), exc,
+                    extra=extra)
         return status
 
     def check_force_waiters(self) -> None:
@@ -579,10 +582,8 @@ class CollectProcessor(Processor):
         try:
             out = await self.bookie.collect(req.ledger_id, bytes(req.master_key), req.end_entry_id)
         except Exception as e:
-            status = self.ch.status_for(e, "COLLECT", req.ledger_id, what=f"COLLECT below entry {req.end_entry_id}")
-            log.info("COLLECT of ledger %d below entry %d: answering %s: %s", req.ledger_id, req.end_entry_id,
-                     status, e, extra={"ledger_id": req.ledger_id, "entry_id": req.end_entry_id,
-                                       "peer": self.ch.describe_peer()})
+            status = self.ch.status_for(e, "COLLECT", req.ledger_id, what=f"COLLECT below entry {req.end_entry_id}",
+                                        expected_level=logging.INFO)
             self.send(m.CollectResponse(req.request_id, status, req.ledger_id))
             return
         log.info("COLLECT of ledger %d below entry %d: %d bytes reclaimed, %d garbage bytes left",
