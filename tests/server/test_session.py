@@ -85,6 +85,13 @@ def test_without_tls_or_authentication_a_session_serves_from_the_start() -> None
     assert s.receive([batch, READ]) == [Dispatch([batch, READ])]
 
 
+def test_the_fast_path_applies_only_to_operations_of_a_serving_session() -> None:
+    serving = Session(peer=PEER, tls=False, auth=None)
+    assert serving.dispatchable([_batch(2), READ, LIST])
+    assert not serving.dispatchable([READ, START_TLS])  # START_TLS is the session's to answer
+    assert not Session(peer=PEER, tls=True, auth=None).dispatchable([READ])
+
+
 def test_operations_are_dispatched_in_arrival_order_with_the_session_answers_between_them() -> None:
     s = Session(peer=PEER, tls=False, auth=None)
     bad = m.BadFrame("unknown opcode 99", opcode=99, version=m.PROTOCOL_VERSION)
@@ -302,7 +309,12 @@ class SessionMachine(RuleBasedStateMachine):
             "note": m.LedgerClosedNote(4, 7),
         }[kind]
         was_closed = self.session.closed
-        self._apply(self.session.receive([msg], buffered=buffered), was_closed)
+        fast = self.session.dispatchable([msg])
+        decisions = self.session.receive([msg], buffered=buffered)
+        # The transport's fast path decides exactly what receive() decides, when it applies.
+        assert not fast or decisions == [Dispatch([msg])]
+        assert fast or decisions != [Dispatch([msg])]
+        self._apply(decisions, was_closed)
 
     @precondition(lambda self: self.session is not None and self.session.phase is Phase.UPGRADING)
     @rule(principal=st.sampled_from([None, "alice"]), roles=st.sampled_from([(), ("client",), ("ops",)]))

@@ -565,14 +565,19 @@ def coalesce(parts: list[BytesLike]) -> list[BytesLike]:
     return out
 
 
+_ADD_RESP_HEADER = _V | (OP_ADD << 16)
+
+
 def encode_add_responses(status: int, ledger_ids: Sequence[int], entry_ids: Sequence[int]) -> bytes:
     """The frames of ``AddResponse(status, ledger_id, entry_id)`` for each pair, joined: how a
     bookie answers a batch of pipelined ADDs at once (one buffer, no message objects)."""
-    header = _V | (OP_ADD << 16)
+    if len(ledger_ids) != len(entry_ids):
+        raise IncorrectParameterError(
+            f"cannot encode ADD responses: {len(ledger_ids)} ledger ids for {len(entry_ids)} entry ids")
     pack = _ADD_RESP.pack
     try:
-        return b"".join([pack(24, header, status, lid, eid) for lid, eid in zip(ledger_ids, entry_ids, strict=True)])
-    except (struct.error, ValueError) as exc:
+        return b"".join([pack(24, _ADD_RESP_HEADER, status, lid, eid) for lid, eid in zip(ledger_ids, entry_ids)])
+    except struct.error as exc:
         raise IncorrectParameterError(f"cannot encode ADD responses with status {status}: {exc}") from exc
 
 

@@ -193,14 +193,10 @@ class BookieConnection(asyncio.BufferedProtocol):
         if not messages:
             return
         session = self._session
-        if session.serving:
-            decisions = session.receive(messages)
-            if len(decisions) == 1 and type(decisions[0]) is Dispatch:  # the hot path
-                self._processors.dispatch(decisions[0].requests)
-                return
-        else:
-            decisions = session.receive(messages, buffered=self._decoder.buffered > 0)
-        self._decide(decisions)
+        if session.dispatchable(messages):  # the hot path: what receive() would decide, undecorated
+            self._processors.dispatch(messages)
+            return
+        self._decide(session.receive(messages, buffered=self._decoder.buffered > 0))
 
     def _decide(self, decisions: list[Decision]) -> None:
         """Carry out the session's decisions, in order."""

@@ -17,6 +17,8 @@ from typing import Any
 from vellum.proto import codec
 from vellum.proto import messages as m
 
+_encode_add_responses = codec.encode_add_responses  # bound once: called per answered batch
+
 
 class ReplyWriter:
     """Queues encoded replies and writes them once per loop iteration."""
@@ -54,7 +56,7 @@ class ReplyWriter:
         """Queue one ADD response per (ledger id, entry id), all with ``status``."""
         if self._transport is None:
             return
-        self._out.append(codec.encode_add_responses(status, ledger_ids, entry_ids))
+        self._out.append(_encode_add_responses(status, ledger_ids, entry_ids))
         if not self._scheduled:
             self._scheduled = True
             self._loop.call_soon(self.flush)

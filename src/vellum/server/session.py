@@ -118,7 +118,7 @@ _TRUSTED = Trusted()
 class Session:
     """The decisions for one connection (see the module docstring)."""
 
-    __slots__ = ("_auth", "_early", "_phase", "_requests", "_tls", "cert_identity", "identity", "peer",
+    __slots__ = ("_auth", "_early", "_phase", "_requests", "_serving", "_tls", "cert_identity", "identity", "peer",
                  "principal", "roles")
 
     def __init__(self, *, peer: str, tls: bool, auth: BookieAuthenticator | None,
@@ -131,6 +131,7 @@ class Session:
         self._auth = auth
         self._requests: collections.Counter[str] = requests if requests is not None else collections.Counter()
         self._phase = Phase.AWAITING_TLS if tls else Phase.AWAITING_AUTH if auth is not None else Phase.SERVING
+        self._serving = self._phase is Phase.SERVING  # the hot path's one test, kept with _phase
         self._early: list[Any] = []
         #: from the peer's certificate after a mutual-TLS handshake (for authorization)
         self.principal: str | None = None
@@ -138,6 +139,10 @@ class Session:
         self.cert_identity: Identity | None = None
         #: who the connection is authenticated as (None without authentication)
         self.identity: Identity | None = None
+
+    def _enter(self, phase: Phase) -> None:
+        self._phase = phase
+        self._serving = phase is Phase.SERVING
 
     @property
     def phase(self) -> Phase:
@@ -157,6 +162,16 @@ class Session:
         return self._phase is Phase.SERVING
 
     # ------------------------------------------------------------------------------ events
+    def dispatchable(self, messages: list[Any]) -> bool:
+        """Would ``receive(messages)`` decide just ``Dispatch(messages)``? (Serving, and none of
+        them is a request the session answers: the transport's fast path, deciding nothing else.)"""
+        if not self._serving:
+            return False
+        for msg in messages:  # noqa: SIM110 (a loop: all() of a generator costs more, per read)
+            if type(msg) in _SESSION_REQUESTS:
+                return False
+        return True
+
     def receive(self, messages: list[Any], *, buffered: bool = False) -> list[Decision]:
         """Decoded requests arrived (``buffered``: bytes of a further, incomplete frame
         follow them). Returns what to do, in order."""
@@ -185,9 +200,9 @@ class Session:
             return []
         self.principal, self.roles = principal, roles
         out: list[Decision] = []
-        self._phase = Phase.AWAITING_AUTH
+        self._enter(Phase.AWAITING_AUTH)
         if self._auth is None:
-            self._phase = Phase.SERVING
+            self._enter(Phase.SERVING)
             out.append(_TRUSTED)
         else:
             self.cert_identity = self._auth.from_certificate(principal, roles)
@@ -207,7 +222,7 @@ class Session:
         """The TLS handshake failed (or the peer left during it) for ``reason``."""
         if self._phase is Phase.CLOSED:
             return []
-        self._phase = Phase.CLOSED
+        self._enter(Phase.CLOSED)
         return [Close(g.TLS_HANDSHAKE, f"TLS handshake with {self.peer} failed: {reason}", reason.split(" (")[0])]
 
     def framing_failed(self, error: str, max_frame_size: int) -> list[Decision]:
@@ -215,7 +230,7 @@ class Session:
         if self._phase is Phase.CLOSED:
             return []
         trusted = self.trusted
-        self._phase = Phase.CLOSED
+        self._enter(Phase.CLOSED)
         if trusted:
             return [Close(g.BAD_FRAMING, f"closing connection {self.peer}: {error}")]
         return [Close(g.FRAME_TOO_BIG, (
@@ -224,7 +239,7 @@ class Session:
 
     def close(self) -> None:
         """The transport closes the connection (a deadline, the budget, the server stopping)."""
-        self._phase = Phase.CLOSED
+        self._enter(Phase.CLOSED)
         self._early = []
 
     # ----------------------------------------------------------------------------- phases
@@ -235,11 +250,11 @@ class Session:
             self._requests["START_TLS"] += 1
             if len(messages) > 1 or buffered:
                 # Bytes sent in clear after START_TLS must never be taken as TLS traffic.
-                self._phase = Phase.CLOSED
+                self._enter(Phase.CLOSED)
                 return [Close(g.PLAINTEXT, f"closing connection {self.peer}: data after START_TLS before its answer")]
-            self._phase = Phase.UPGRADING
+            self._enter(Phase.UPGRADING)
             return [UpgradeTls(msg)]
-        self._phase = Phase.CLOSED
+        self._enter(Phase.CLOSED)
         out: list[Decision] = [Reply(m.ErrorResponse(EUA, opcode=m.OP_START_TLS))]
         answer = refusal_for(msg, EUA)
         if answer is not None:
@@ -326,12 +341,12 @@ class Session:
         self.identity = identity
         if self._phase is Phase.SERVING:  # authenticated again (a new token): no change of phase
             return [Authenticated(identity)]
-        self._phase = Phase.SERVING
+        self._enter(Phase.SERVING)
         return [Authenticated(identity), _TRUSTED]
 
     def _refuse_auth(self, request_id: int, reason: str, what: str, answer: Any = None) -> list[Decision]:
         """Answer EUA with ``reason`` (and ``answer``, the refused request's own EUA), then close."""
-        self._phase = Phase.CLOSED
+        self._enter(Phase.CLOSED)
         out: list[Decision] = [Reply(m.AuthResponse(request_id, EUA, clip(reason)))]
         if answer is not None:
             out.append(Reply(answer))
