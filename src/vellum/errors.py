@@ -369,6 +369,10 @@ EFENCED = 104
 EREADONLY = 105
 ETOOMANYREQUESTS = 106
 EUNKNOWNLEDGERSTATE = 107
+#: Vellum's own status (not BookKeeper's): the bookie failed unexpectedly serving the request (a
+#: bug, logged and counted there), not a disk error; a client treats it as it treats EIO
+#: (another replica). Outside BookKeeper's 100..107 and clear of codes it may add next.
+EINTERNAL = 199
 
 WIRE_STATUS_NAMES: dict[int, str] = {
     EOK: "EOK",
@@ -382,6 +386,7 @@ WIRE_STATUS_NAMES: dict[int, str] = {
     EREADONLY: "EREADONLY",
     ETOOMANYREQUESTS: "ETOOMANYREQUESTS",
     EUNKNOWNLEDGERSTATE: "EUNKNOWNLEDGERSTATE",
+    EINTERNAL: "EINTERNAL",
 }
 
 # One table, both directions: wire status <-> exception class.

@@ -92,3 +92,32 @@ def test_reads_run_on_the_reader_pool_and_in_memory_answers_on_the_loop() -> Non
                          "trim", "info"}
     assert all(name.startswith("bookie-read") for name in pool.values()), pool
     assert fake.calls["note_ledger_closed"] == loop_thread
+
+
+def test_a_failing_completion_does_not_drop_the_completions_after_it(caplog: pytest.LogCaptureFixture) -> None:
+    """Completions handed over together run in one loop callback: one that raises (a bug in a
+    request's answer) must not lose the others (other requests' answers)."""
+    from vellum.bookie.executor import LoopBridge
+
+    ran: list[int] = []
+
+    def bug() -> None:
+        raise RuntimeError("a bug in one answer")
+
+    async def main() -> None:
+        bridge = LoopBridge(asyncio.get_running_loop())
+        done = asyncio.get_running_loop().create_future()
+
+        def from_a_thread() -> None:
+            bridge.call(ran.append, 1)
+            bridge.call(bug)
+            bridge.call(ran.append, 2)
+            bridge.call(done.set_result, None)
+
+        threading.Thread(target=from_a_thread).start()
+        await asyncio.wait_for(done, 10)
+
+    with caplog.at_level("ERROR", logger="vellum.bookie.executor"):
+        asyncio.run(main())
+    assert ran == [1, 2]
+    assert "a completion on the loop failed" in caplog.text and "a bug in one answer" in caplog.text

@@ -13,6 +13,7 @@ from proto_strategies import REQUESTS, RESPONSES
 from vellum.errors import EBADREQ, EBADVERSION, EOK, FramingError, IncorrectParameterError
 from vellum.format.entry import ENTRY_HEADER_SIZE, DigestManager, DigestType, master_key
 from vellum.proto import FrameDecoder, decode_body, encode, encode_parts
+from vellum.proto.codec import encode_add_responses
 from vellum.proto.messages import (
     FLAG_DO_FENCING,
     MIN_ENTRY_SIZE,
@@ -94,6 +95,21 @@ def test_encode_parts_does_not_copy_the_entry() -> None:
     assert parts[-1] is payload
     resp_parts = encode_parts(ReadResponse(EOK, 3, 5, ENTRY))
     assert resp_parts[-1] is ENTRY
+
+
+@given(st.sampled_from([EOK, EBADREQ, 199]),
+       st.lists(st.tuples(st.integers(0, 2**63 - 1), st.integers(-1, 2**63 - 1)), max_size=20))
+def test_a_batch_of_add_responses_is_the_frames_of_its_add_responses(status: int, ids: list[tuple[int, int]]) -> None:
+    ledger_ids, entry_ids = [i[0] for i in ids], [i[1] for i in ids]
+    assert encode_add_responses(status, ledger_ids, entry_ids) == b"".join(
+        encode(AddResponse(status, lid, eid)) for lid, eid in ids)
+
+
+def test_a_batch_of_add_responses_is_checked() -> None:
+    with pytest.raises(IncorrectParameterError, match="cannot encode ADD responses"):
+        encode_add_responses(EOK, [1, 2], [0])
+    with pytest.raises(IncorrectParameterError, match="cannot encode ADD responses"):
+        encode_add_responses(EOK, [2**63], [0])
 
 
 def test_min_entry_size_matches_the_entry_format() -> None:

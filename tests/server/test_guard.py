@@ -60,6 +60,9 @@ def test_refusals_are_counted_always_and_logged_once_per_period_with_a_count(cap
     assert lines.count("AUTH refused: bad signature") == 2  # one per peer
     assert lines.count("AUTH refused: expired") == 1
     assert "99 more auth_refused refusals from 10.0.0.9 not logged in the last 61s" in lines
+    # the peer is a field of the record too, for a formatter that prints it
+    assert {getattr(r, "peer", None) for r in caplog.records if r.getMessage().startswith("AUTH refused")} == {
+        "10.0.0.9", "10.0.0.7"}
 
 
 def test_many_addresses_share_one_log_key_past_the_bound() -> None:

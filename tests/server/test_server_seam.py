@@ -6,16 +6,20 @@ In-process and without disks: a fake ``AsyncBookie`` answers from memory."""
 from __future__ import annotations
 
 import asyncio
+import errno
+import logging
 from collections.abc import Callable
 from typing import Any, cast
 
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from vellum.bookie.bookie import BookieInfo
 from vellum.bookie.executor import AsyncBookie
-from vellum.errors import ENOENTRY, EOK, NoSuchEntryError
+from vellum.errors import EINTERNAL, EIO, ENOENTRY, EOK, NoSuchEntryError
 from vellum.proto import FrameDecoder, encode
 from vellum.proto import messages as m
+from vellum.server import processors
 from vellum.server.bookie_server import BookieServer, ServerLimits
 from vellum.server.metrics import ServerMetrics
 
@@ -164,3 +168,73 @@ def test_two_servers_in_one_process_keep_separate_counts() -> None:
     scrape = asyncio.run(main())
     assert metrics.sources == ()
     assert 'op="READ"' not in scrape()
+
+
+class FailingAsyncBookie(FakeAsyncBookie):
+    """Reads of ledger 8 hit a bug (KeyError), reads of ledger 9 a disk error (OSError EIO);
+    every add hits a bug in the bookie's add path."""
+
+    def read_cached_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
+        return None
+
+    def read_entry(self, ledger_id: int, entry_id: int) -> asyncio.Future[bytes]:
+        if ledger_id == 8:
+            return self._failed(KeyError("a bug in the bookie"))
+        if ledger_id == 9:
+            return self._failed(OSError(errno.EIO, "Input/output error"))
+        return super().read_entry(ledger_id, entry_id)
+
+    def add_entries_cb(self, adds: list[tuple[Any, bytes, bool]],
+                       on_result: Callable[[list[BaseException | None], BaseException | None], None]) -> None:
+        bug = RuntimeError("a bug in the add path")
+        asyncio.get_running_loop().call_soon(on_result, [bug] * len(adds), None)
+
+
+def test_an_unexpected_exception_is_answered_einternal_logged_once_with_its_ids_and_counted(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    # Every line of this test is logged (no rate limit left over from other tests).
+    for name, level in (("_UNEXPECTED", logging.ERROR), ("_IO_ERRORS", logging.WARNING)):
+        monkeypatch.setattr(processors, name, processors._RateLimitedLog(level, 0.0))
+    registry = CollectorRegistry(auto_describe=True)
+    metrics = ServerMetrics(registry)
+    add = b"".join(encode(m.AddRequest(KEY, (8).to_bytes(8, "big") + i.to_bytes(8, "big") + bytes(24)))
+                   for i in range(3))
+
+    async def main() -> tuple[list[Any], str]:
+        server = _server(FailingAsyncBookie(), metrics)
+        await server.start()
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            writer.write(encode(m.ReadRequest(8, 2)) + encode(m.ReadRequest(9, 3)) + add)
+            decoder = FrameDecoder(m.DEFAULT_MAX_FRAME_SIZE, side="client")
+            got: list[Any] = []
+            while len(got) < 5:
+                data = await asyncio.wait_for(reader.read(1 << 16), 10)
+                assert data, "the server closed the connection"
+                got += decoder.feed(data)
+            writer.close()
+            await writer.wait_closed()
+            return got, generate_latest(registry).decode()
+        finally:
+            await server.stop()
+
+    with caplog.at_level(logging.DEBUG, logger="vellum.server.bookie_server"):
+        answers, text = asyncio.run(main())
+    reads = sorted((a for a in answers if type(a) is m.ReadResponse), key=lambda a: a.ledger_id)
+    # A bug is not a disk error: EINTERNAL, not EIO; a disk error stays EIO.
+    assert reads == [m.ReadResponse(EINTERNAL, 8, 2), m.ReadResponse(EIO, 9, 3)]
+    assert sorted((a.status, a.entry_id) for a in answers if type(a) is m.AddResponse) == [
+        (EINTERNAL, 0), (EINTERNAL, 1), (EINTERNAL, 2)]
+    errors = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    by_ledger = {(r.ledger_id, r.entry_id): r for r in errors}  # type: ignore[attr-defined]
+    assert len(errors) == 3, [r.getMessage() for r in errors]  # the three adds' one bug: one line
+    read_bug, disk, add_bug = by_ledger[(8, 2)], by_ledger[(9, 3)], by_ledger[(8, 0)]
+    assert read_bug.levelno == logging.ERROR and read_bug.exc_info is not None
+    assert "READ of entry 2 of ledger 8 from ('127.0.0.1'" in read_bug.getMessage()
+    assert "failed unexpectedly, answering EINTERNAL: KeyError('a bug in the bookie')" in read_bug.getMessage()
+    assert disk.levelno == logging.WARNING and "answering EIO" in disk.getMessage()
+    assert add_bug.levelno == logging.ERROR and "ADD of entry 0 of ledger 8" in add_bug.getMessage()
+    assert str(read_bug.peer).startswith("('127.0.0.1'")  # type: ignore[attr-defined]
+    assert 'bookkeeper_server_REQUEST_ERRORS_total{op="READ",status="EINTERNAL"} 1.0' in text
+    assert 'bookkeeper_server_REQUEST_ERRORS_total{op="READ",status="EIO"} 1.0' in text
+    assert 'bookkeeper_server_REQUEST_ERRORS_total{op="ADD",status="EINTERNAL"} 3.0' in text

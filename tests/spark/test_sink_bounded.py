@@ -23,12 +23,18 @@ from vellum.testing.local_cluster import LocalCluster
 BATCHES = int(os.environ.get("VELLUM_SINK_BATCHES", "120"))
 
 
-def _sizes(bk: Any, name: str, ledgers_before: int = 0) -> tuple[int, int, int, int]:
-    """(segments, record bytes, ledgers in the store added since, keys under spark/)."""
-    rec = _call(bk, NamedLedgers(bk.aio).record(name)).value
+def _sink_keys(bk: Any) -> set[str]:
     kv = bk.aio.store.kv
+    return set(kv.list("spark/staging/")) | set(kv.list("spark/finished/"))
+
+
+def _sizes(bk: Any, name: str, ledgers_before: int = 0, keys_before: frozenset[str] = frozenset()
+           ) -> tuple[int, int, int, int]:
+    """(segments, record bytes, ledgers in the store added since, keys under spark/ added since:
+    the session's cluster keeps what earlier tests' sinks left)."""
+    rec = _call(bk, NamedLedgers(bk.aio).record(name)).value
     return (len(rec.segments), len(serialize_record(rec)), len(bk.list_ledgers()) - ledgers_before,
-            len(kv.list("spark/staging/")) + len(kv.list("spark/finished/")))
+            len(_sink_keys(bk) - keys_before))
 
 
 @pytest.mark.timeout(1200)
@@ -48,6 +54,7 @@ def test_two_thousand_commits_stay_bounded(cluster: LocalCluster, bk: Any) -> No
                                 "segmentMergeFactor": "4", "segmentRetireDelay": "300ms"})
     writer = VellumStreamWriter(opts, overwrite=False)
     ledgers_before = len(bk.list_ledgers())
+    keys_before = frozenset(_sink_keys(bk))
     seen: list[tuple[int, tuple[int, int, int, int]]] = []
     started = time.monotonic()
     for batch_id in range(2000):
@@ -57,13 +64,13 @@ def test_two_thousand_commits_stay_bounded(cluster: LocalCluster, bk: Any) -> No
         msg = write_task(opts, job, iter([rows]), "q1", batch_id)
         writer.commit([msg], batch_id)
         if batch_id % 200 == 199:
-            seen.append((batch_id + 1, _sizes(bk, name, ledgers_before)))
+            seen.append((batch_id + 1, _sizes(bk, name, ledgers_before, keys_before)))
     # a replay of the last batch (Spark re-runs it after a crash before its commit log): skipped
     msg = write_task(opts, "s-q1.1999.again", iter([rows]), "q1", 1999)
     writer.commit([msg], 1999)
     time.sleep(0.5)
     writer.commit([write_task(opts, f"s-q1.2000.{writer.run_token}", iter([]), "q1", 2000)], 2000)  # retires
-    seen.append((2000, _sizes(bk, name, ledgers_before)))
+    seen.append((2000, _sizes(bk, name, ledgers_before, keys_before)))
     print("commits -> (segments, record bytes, ledgers, spark keys):", seen)
     # Without merging and retiring each would grow by one per commit (2,000 segments, ledgers,
     # finished markers); here they stay flat from the first samples on.
@@ -98,6 +105,7 @@ def test_a_stream_through_spark_stays_bounded_while_read(spark: Any, cluster: Lo
 
     started = time.monotonic()
     ledgers_before = len(bk.list_ledgers())
+    keys_before = frozenset(_sink_keys(bk))
     q = (spark.readStream.format("rate").option("rowsPerSecond", 200).option("numPartitions", 1).load()
          .selectExpr("CAST(value AS STRING) AS payload")
          .writeStream.format("vellum").option("metadataServiceUri", cluster.metadata_uri)
@@ -121,12 +129,12 @@ def test_a_stream_through_spark_stays_bounded_while_read(spark: Any, cluster: Lo
             assert reader is None or (reader.exception() is None and reader.isActive), reader.exception()
             assert time.monotonic() - started < BATCHES * 3 - 200, f"only {done} micro-batches"
             if p and (not seen or done - seen[-1][0] >= max(1, BATCHES // 10)):
-                seen.append((done, _sizes(bk, name, ledgers_before)))
+                seen.append((done, _sizes(bk, name, ledgers_before, keys_before)))
             time.sleep(0.5)
     finally:
         q.stop()
     assert q.exception() is None
-    final = _sizes(bk, name, ledgers_before)
+    final = _sizes(bk, name, ledgers_before, keys_before)
     seen.append((BATCHES, final))
     print("batches -> (segments, record bytes, ledgers, spark keys):", seen)
     # Levelled off: a factor-4 counter has at most 3 segments per level (< 6 levels up to 2,000
@@ -190,8 +198,13 @@ def test_a_merge_cut_short_leaves_the_old_or_the_new_segments(cluster: LocalClus
     assert len(old) == 4 and len(rows) == 8
     kv = bk.aio.store.kv
 
+    def all_merge_keys() -> set[str]:
+        return {k for k in kv.list("spark/staging/") if "/m-" in k or "/r-" in k or k.split("/")[2][:2] in ("m-", "r-")}
+
+    earlier = all_merge_keys()  # other tests' sinks in this session's cluster (retire delay 1 h)
+
     def merge_keys() -> list[str]:
-        return [k for k in kv.list("spark/staging/") if "/m-" in k or "/r-" in k or k.split("/")[2][:2] in ("m-", "r-")]
+        return sorted(all_merge_keys() - earlier)
 
     ledgers = set(bk.list_ledgers())
 

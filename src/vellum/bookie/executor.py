@@ -7,7 +7,7 @@ loop once, not a thousand times. ``AsyncBookie`` is the asyncio face of ``Bookie
 server's only view of it.
 
 Invariants: callbacks handed to ``LoopBridge.call`` run on the loop thread, in the order they
-were handed over; ``AsyncBookie`` never blocks the loop on the disk or on back-pressure (what
+were handed over, each even if one before it raised (logged); ``AsyncBookie`` never blocks the loop on the disk or on back-pressure (what
 may wait runs on the add thread or the reader pool; on the loop run only in-memory answers and
 the adds that need no waiting: known ledgers, room in the write cache and the journal queue;
 a ledger's first request that must have its master key checked against the metadata runs on
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -29,6 +30,8 @@ from vellum.bookie.bookie import Bookie, BookieInfo
 from vellum.errors import TimeoutError_, VellumError
 from vellum.format.entry import BytesLike
 from vellum.storage.gc import GcReport
+
+log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 #: an add batch waiting for the add thread: the adds and their ``on_result``
@@ -77,7 +80,12 @@ class LoopBridge:
             self._pending = deque()
             self._scheduled = False
         for fn, args in items:
-            fn(*args)
+            try:
+                fn(*args)
+            except Exception:
+                # A failing completion must not take the ones after it with it: those are other
+                # requests' answers (an add never answered leaves its client waiting forever).
+                log.exception("a completion on the loop failed: %r", fn)
 
 
 class AsyncBookie:

@@ -59,7 +59,7 @@ from __future__ import annotations
 
 import functools
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Literal, TypeAlias
 
 from vellum.errors import EBADVERSION, EOK, FramingError, IncorrectParameterError
@@ -563,6 +563,22 @@ def coalesce(parts: list[BytesLike]) -> list[BytesLike]:
     if run:
         out.append(b"".join(run) if len(run) > 1 else run[0])
     return out
+
+
+_ADD_RESP_HEADER = _V | (OP_ADD << 16)
+
+
+def encode_add_responses(status: int, ledger_ids: Sequence[int], entry_ids: Sequence[int]) -> bytes:
+    """The frames of ``AddResponse(status, ledger_id, entry_id)`` for each pair, joined: how a
+    bookie answers a batch of pipelined ADDs at once (one buffer, no message objects)."""
+    if len(ledger_ids) != len(entry_ids):
+        raise IncorrectParameterError(
+            f"cannot encode ADD responses: {len(ledger_ids)} ledger ids for {len(entry_ids)} entry ids")
+    pack = _ADD_RESP.pack
+    try:
+        return b"".join([pack(24, _ADD_RESP_HEADER, status, lid, eid) for lid, eid in zip(ledger_ids, entry_ids)])
+    except struct.error as exc:
+        raise IncorrectParameterError(f"cannot encode ADD responses with status {status}: {exc}") from exc
 
 
 def encode(msg: Message) -> bytes:

@@ -116,7 +116,8 @@ class RefusalLog:
         held = int(entry[1]) if entry is not None else 0
         self._last[key] = [now, 0]
         log.warning("%s%s", message, f" ({held} more {reason} refusals from {key[1]} not logged in the last "
-                                     f"{now - entry[0]:.0f}s)" if held and entry is not None else "")
+                                     f"{now - entry[0]:.0f}s)" if held and entry is not None else "",
+                    extra={"peer": host})
 
     def flush(self, now: float) -> None:
         """Report the refusals held back in periods that are over, and forget quiet peers."""

@@ -18,16 +18,18 @@ from vellum import stats
 
 class ServerCounters:
     """What one server counts (the loop thread only): requests received and rejected for
-    overload by opcode name, connections refused or closed by reason (``server/guard.py``),
+    overload by opcode name, requests answered with an error by opcode and status, connections refused or closed by reason (``server/guard.py``),
     open connections and how many of them are not authenticated yet, and the adds and reads in
     progress (also the server's admission state, bounded by its limits)."""
 
-    __slots__ = ("adds", "connections", "reads", "refused", "rejected", "requests", "unauthenticated")
+    __slots__ = ("adds", "connections", "errors", "reads", "refused", "rejected", "requests", "unauthenticated")
 
     def __init__(self) -> None:
         self.requests: collections.Counter[str] = collections.Counter()
         self.rejected: collections.Counter[str] = collections.Counter()
         self.refused: collections.Counter[str] = collections.Counter()
+        #: requests answered with an error status, by (opcode name, status name)
+        self.errors: collections.Counter[tuple[str, str]] = collections.Counter()
         self.connections = 0
         self.unauthenticated = 0
         self.adds = 0
@@ -39,6 +41,9 @@ _METRICS: tuple[stats.SourceMetric[ServerCounters], ...] = (
                        lambda c: {(op,): float(n) for op, n in c.requests.items()}, labels=("op",)),
     stats.SourceMetric("bookkeeper_server_REJECTED", "requests rejected for overload (TOOMANYREQUESTS)",
                        lambda c: {(op,): float(n) for op, n in c.rejected.items()}, labels=("op",)),
+    stats.SourceMetric("bookkeeper_server_REQUEST_ERRORS", "requests answered with an error status, by opcode "
+                       "and status (EINTERNAL: an unexpected failure of the bookie, logged with its traceback)",
+                       lambda c: {key: float(n) for key, n in c.errors.items()}, labels=("op", "status")),
     stats.SourceMetric("bookkeeper_server_REFUSED", "connections refused or closed by the bookie, by reason "
                        "(unauthenticated budget, authentication or idle timeout, oversized frame before "
                        "authentication, plaintext before START_TLS, failed TLS handshake or AUTH, ...)",

@@ -1,0 +1,659 @@
+"""The bookie's request processors: one per operation (BookKeeper's ``...Processor`` classes).
+
+A connection's ``Processors`` take the operations its session dispatched (``server/session.py``)
+and hand each to the processor of its type; every processor reaches the bookie only through
+``AsyncBookie`` (the thread<->loop seam) and answers only through the connection's
+``ReplyWriter`` (``server/replies.py``), so every reply is encoded by the codec.
+
+Invariants:
+- an ADD is answered only when the bookie reports the journal fsync covering it, a fencing
+  READ only once the fence is durable;
+- adds and reads in progress are bounded per bookie (``maxAddsInProgressLimit``,
+  ``maxReadsInProgressLimit``): past the bound a request is answered ETOOMANYREQUESTS at once;
+- the pipelined ADDs of one read (an ``AddBatch``) go to the bookie as one batch and, when all
+  are durable, are answered with one buffer;
+- FORCE_LEDGER is answered once every add issued before it on the connection is answered;
+- an exception turned into an error status is logged once, with the request's ledger and entry
+  ids (``extra={"ledger_id", "entry_id", "peer"}``), and counted in
+  ``bookkeeper_server_REQUEST_ERRORS{op, status}`` (``Channel.status_for``). Expected answers
+  (no such entry, fenced, read-only, overload) are logged at DEBUG; a refused master key and an
+  I/O error as warnings; anything that is neither a ``VellumError`` nor an ``OSError`` is a bug:
+  logged with its traceback and answered EINTERNAL, never EIO (a bug must not look like a
+  disk error). Warnings and errors are rate-limited per process (``FAILURE_LOG_INTERVAL_S``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from vellum.bookie.executor import AsyncBookie
+from vellum.errors import (
+    EBADREQ,
+    EINTERNAL,
+    EIO,
+    ENOENTRY,
+    ENOLEDGER,
+    EOK,
+    ETOOMANYREQUESTS,
+    EUA,
+    WIRE_STATUS_NAMES,
+    NoSuchEntryError,
+    NoSuchLedgerError,
+    VellumError,
+    wire_status_for,
+)
+from vellum.proto import messages as m
+from vellum.server.metrics import ServerCounters
+from vellum.server.replies import ReplyWriter, refusal_for
+
+# The server's logger: operators and tests follow one logger for the request path.
+log = logging.getLogger("vellum.server.bookie_server")
+
+#: at most one warning/error line per kind (master key, I/O, unexpected) per this many seconds
+FAILURE_LOG_INTERVAL_S = 5.0
+#: the same for "master key refused" lines (kept under its own name: operators know it)
+KEY_REFUSAL_LOG_INTERVAL_S = FAILURE_LOG_INTERVAL_S
+
+
+class _RateLimitedLog:
+    """At most one line per ``interval_s`` (loop thread only); the next line counts those left out."""
+
+    def __init__(self, level: int, interval_s: float) -> None:
+        self._level = level
+        self._interval_s = interval_s
+        self._last = float("-inf")
+        self._left_out = 0
+
+    def note(self, message: str, extra: dict[str, Any], exc: BaseException | None = None) -> None:
+        now = time.monotonic()
+        if now - self._last < self._interval_s:
+            self._left_out += 1
+            return
+        more = f" ({self._left_out} more since the last such line)" if self._left_out else ""
+        self._last, self._left_out = now, 0
+        log.log(self._level, "%s%s", message, more, extra=extra,
+                exc_info=(type(exc), exc, exc.__traceback__) if exc is not None else None)
+
+
+_KEY_REFUSALS = _RateLimitedLog(logging.WARNING, KEY_REFUSAL_LOG_INTERVAL_S)
+_IO_ERRORS = _RateLimitedLog(logging.WARNING, FAILURE_LOG_INTERVAL_S)
+_UNEXPECTED = _RateLimitedLog(logging.ERROR, FAILURE_LOG_INTERVAL_S)
+
+
+class Counters(ServerCounters):
+    """Per-bookie counts shared by all connections (the loop thread only), and the admission
+    of adds and reads against the in-progress limits (0 = unlimited, BookKeeper's meaning)."""
+
+    __slots__ = ("max_adds", "max_frame_size", "max_reads")
+
+    def __init__(self, *, max_adds: int, max_reads: int, max_frame_size: int) -> None:
+        super().__init__()
+        self.max_adds = max_adds
+        self.max_reads = max_reads
+        self.max_frame_size = max_frame_size
+
+    def try_add(self) -> bool:
+        if self.max_adds and self.adds >= self.max_adds:
+            return False
+        self.adds += 1
+        return True
+
+    def try_read(self) -> bool:
+        if self.max_reads and self.reads >= self.max_reads:
+            return False
+        self.reads += 1
+        return True
+
+
+class Channel:
+    """What the processors of one connection share: the bookie, the server's counters, the
+    reply writer, the connection's tasks, and its adds issued/answered per ledger (FORCE)."""
+
+    __slots__ = ("bookie", "completed", "counters", "describe_peer", "force_waiters", "issued", "loop", "replies",
+                 "tasks")
+
+    def __init__(self, bookie: AsyncBookie, counters: Counters, replies: ReplyWriter,
+                 loop: asyncio.AbstractEventLoop, describe_peer: Callable[[], str]) -> None:
+        self.bookie = bookie
+        self.counters = counters
+        self.replies = replies
+        self.loop = loop
+        #: the peer (and who it is authenticated as) for log lines
+        self.describe_peer = describe_peer
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.issued: dict[int, int] = {}
+        self.completed: dict[int, int] = {}
+        self.force_waiters: list[tuple[int, int, Callable[[], None]]] = []
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = self.loop.create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def busy(self) -> bool:
+        """A request is in progress: a read, a long poll, an add not answered yet, a FORCE."""
+        return bool(self.tasks) or bool(self.force_waiters) or self.issued != self.completed
+
+    def cancel(self) -> None:
+        for task in list(self.tasks):
+            task.cancel()
+
+    def status_for(self, exc: BaseException, op: str, ledger_id: int | None, entry_id: int | None = None,
+                   what: str | None = None, *, count: int = 1, quiet: bool = False,
+                   expected_level: int = logging.DEBUG) -> int:
+        """The status answering ``exc`` for ``count`` ``op`` requests; counted, and logged unless
+        ``quiet`` (the same exception already logged for another request of a batch); see the
+        module docstring. ``what`` names the request in the log line (default: ``op`` and the
+        entry); ``expected_level``: the level of an expected answer's line (an admin operation's
+        failures are worth INFO)."""
+        if isinstance(exc, VellumError):
+            status = wire_status_for(exc)
+        elif isinstance(exc, OSError):
+            status = EIO
+        else:
+            status = EINTERNAL
+        self.counters.errors[(op, WIRE_STATUS_NAMES.get(status, str(status)))] += count
+        if quiet:
+            return status
+        if what is None:
+            what = op if entry_id is None else f"{op} of entry {entry_id}"
+        peer = self.describe_peer()
+        extra = {"ledger_id": ledger_id, "entry_id": entry_id, "peer": peer}
+        request = f"{what} of ledger {ledger_id} from {peer}"
+        if status == EINTERNAL:
+            _UNEXPECTED.note(f"{request} failed unexpectedly, answering EINTERNAL: {exc!r}", extra, exc)
+        elif status == EUA:
+            _KEY_REFUSALS.note(f"master key refused: {request}: {exc}", extra)
+        elif status == EIO:
+            _IO_ERRORS.note(f"{request}: answering EIO: {exc}", extra)
+        elif log.isEnabledFor(expected_level):
+            log.log(expected_level, "%s: answering %s: %s", request, WIRE_STATUS_NAMES.get(status, status), exc,
+                    extra=extra)
+        return status
+
+    def check_force_waiters(self) -> None:
+        completed = self.completed
+        keep = []
+        for ledger_id, target, answer in self.force_waiters:
+            if completed.get(ledger_id, 0) >= target:
+                answer()
+            else:
+                keep.append((ledger_id, target, answer))
+        self.force_waiters = keep
+
+    def response_budget(self, max_size: int) -> int:
+        """Entry bytes a multi-entry answer may carry: the client's ``max_size`` (0 = any), never
+        more than fits a frame (every entry is >= 32 bytes, so its 4-byte length adds <= 1/8)."""
+        cap = (self.counters.max_frame_size - 64) * 8 // 9
+        return cap if max_size <= 0 else min(max_size, cap)
+
+
+class Processor:
+    """One operation's processing for one connection."""
+
+    __slots__ = ("bookie", "ch", "counters", "send")
+
+    def __init__(self, ch: Channel) -> None:
+        self.ch = ch
+        self.bookie = ch.bookie
+        self.counters = ch.counters
+        self.send = ch.replies.send
+
+    def __call__(self, req: Any) -> None:
+        raise NotImplementedError
+
+
+# ----------------------------------------------------------------------------------- ADD
+class AddProcessor(Processor):
+    """ADD: admitted against the in-progress bound, handed to the bookie as batches, answered
+    when durable (refusals at once)."""
+
+    __slots__ = ()
+
+    def __call__(self, req: m.AddRequest) -> None:
+        self.add_requests([req])
+
+    def add_requests(self, reqs: list[m.AddRequest]) -> None:
+        """Single ``AddRequest``s (from the slow paths, or a batch that does not fit the bound)."""
+        ch = self.ch
+        counters = self.counters
+        counters.requests["ADD"] += len(reqs)
+        admitted: list[m.AddRequest] = []
+        for req in reqs:
+            if counters.try_add():
+                admitted.append(req)
+            else:
+                counters.rejected["ADD"] += 1
+                self.send(m.AddResponse(ETOOMANYREQUESTS, req.ledger_id, req.entry_id))
+        if not admitted:
+            return
+        ledger_ids = [r.ledger_id for r in admitted]
+        entry_ids = [r.entry_id for r in admitted]
+        _count_by_ledger(ch.issued, ledger_ids)
+
+        def on_result(refused: list[BaseException | None], exc: BaseException | None) -> None:
+            self._answer(ledger_ids, entry_ids, refused, exc)
+
+        self.bookie.add_entries_cb([(r.entry, bytes(r.master_key), r.is_recovery) for r in admitted], on_result)
+
+    def add_batch(self, batch: m.AddBatch) -> None:
+        """The pipelined ADDs of one read, decoded together: admitted and counted as a whole,
+        handed to the bookie as one batch, answered with one buffer once all are durable."""
+        n = len(batch.entries)
+        ch = self.ch
+        counters = self.counters
+        limit = counters.max_adds
+        if limit and counters.adds + n > limit:
+            self.add_requests(batch.requests())  # some are refused: one by one
+            return
+        counters.requests["ADD"] += n
+        counters.adds += n
+        ledger_ids, entry_ids = batch.ledger_ids, batch.entry_ids
+        _count_by_ledger(ch.issued, ledger_ids)
+
+        def on_result(refused: list[BaseException | None], exc: BaseException | None) -> None:
+            if exc is None and refused.count(None) == n:  # all durable: the common case, inline
+                counters.adds -= n
+                _count_by_ledger(ch.completed, ledger_ids)
+                ch.replies.send_adds(EOK, ledger_ids, entry_ids)
+                if ch.force_waiters:
+                    ch.check_force_waiters()
+                return
+            self._answer(ledger_ids, entry_ids, refused, exc)
+
+        self.bookie.add_entries_cb(list(zip(batch.entries, batch.keys, batch.recovery())), on_result)
+
+    def _answer(self, ledger_ids: list[int], entry_ids: list[int], refused: list[BaseException | None],
+                exc: BaseException | None) -> None:
+        """Answer a batch with refusals or a failed journal: each refused add with its own
+        status, the accepted ones with the durability outcome. Each distinct exception is
+        logged once (one failure of a batch is one line, not one per entry)."""
+        ch = self.ch
+        n = len(refused)
+        if exc is None and refused.count(None) == n:  # all durable: the common case
+            self.counters.adds -= n
+            _count_by_ledger(ch.completed, ledger_ids)
+            ch.replies.send_adds(EOK, ledger_ids, entry_ids)
+            if ch.force_waiters:
+                ch.check_force_waiters()
+            return
+        statuses: dict[int, int] = {}
+        accepted_status = EOK
+        accepted: list[int] = []
+        for i, why in enumerate(refused):
+            if why is None:
+                accepted.append(i)
+        if exc is not None and accepted:
+            first = accepted[0]
+            statuses[id(exc)] = accepted_status = ch.status_for(
+                exc, "ADD", ledger_ids[first], entry_ids[first],
+                what=_entries_text(entry_ids[first], entry_ids[accepted[-1]], len(accepted)), count=len(accepted))
+        self.counters.adds -= len(refused)
+        _count_by_ledger(ch.completed, ledger_ids)
+        for i, why in enumerate(refused):
+            if why is None:
+                status = accepted_status
+            else:
+                seen = id(why) in statuses
+                status = statuses[id(why)] = ch.status_for(why, "ADD", ledger_ids[i], entry_ids[i], quiet=seen)
+            ch.replies.send(m.AddResponse(status, ledger_ids[i], entry_ids[i]))
+        if ch.force_waiters:
+            ch.check_force_waiters()
+
+
+def _entries_text(first: int, last: int, n: int) -> str:
+    return f"ADD of entry {first}" if n == 1 else f"ADD of {n} entries {first}..{last}"
+
+
+def _count_by_ledger(counts: dict[int, int], ledger_ids: list[int]) -> None:
+    """Add one per id in ``ledger_ids`` to ``counts`` (usually all one ledger: one update)."""
+    first = ledger_ids[0]
+    n = ledger_ids.count(first)
+    counts[first] = counts.get(first, 0) + n
+    if n != len(ledger_ids):
+        for lid in ledger_ids:
+            if lid != first:
+                counts[lid] = counts.get(lid, 0) + 1
+
+
+# ---------------------------------------------------------------------------------- READ
+class ReadProcessor(Processor):
+    """READ (with the fence flag: fence first, durably): answered from memory on the loop when
+    the entry is cached, else on a reader thread."""
+
+    __slots__ = ()
+
+    def __call__(self, req: m.ReadRequest) -> None:
+        counters = self.counters
+        counters.requests["READ_FENCE" if req.is_fencing else "READ"] += 1
+        if not req.is_fencing:
+            cached = self.bookie.read_cached_entry(req.ledger_id, req.entry_id)
+            if cached is not None:
+                self.send(m.ReadResponse(EOK, req.ledger_id, req.entry_id, cached))
+                return
+        if not counters.try_read():
+            counters.rejected["READ"] += 1
+            self.send(m.ReadResponse(ETOOMANYREQUESTS, req.ledger_id, req.entry_id))
+            return
+        self.ch.spawn(self._read(req))
+
+    async def _read(self, req: m.ReadRequest) -> None:
+        try:
+            if req.is_fencing:
+                assert req.master_key is not None
+                await self.bookie.fence(req.ledger_id, bytes(req.master_key))
+            entry = await self.bookie.read_entry(req.ledger_id, req.entry_id)
+            self.send(m.ReadResponse(EOK, req.ledger_id, req.entry_id, entry))
+        except Exception as e:
+            # Includes ENOENTRY/ENOLEDGER after a fence of a ledger this bookie holds nothing of:
+            # the fence itself is durable, the reader learns there is no entry.
+            op = "READ_FENCE" if req.is_fencing else "READ"
+            what = f"fencing READ of entry {req.entry_id}" if req.is_fencing else None
+            self.send(m.ReadResponse(self.ch.status_for(e, op, req.ledger_id, req.entry_id, what),
+                                     req.ledger_id, req.entry_id))
+        finally:
+            self.counters.reads -= 1
+
+
+class BatchReadProcessor(Processor):
+    """BATCH_READ: consecutive entries on a reader thread (fencing first with the fence flag)."""
+
+    __slots__ = ()
+
+    def __call__(self, req: m.BatchReadRequest) -> None:
+        counters = self.counters
+        counters.requests["BATCH_READ"] += 1
+        if not counters.try_read():
+            counters.rejected["BATCH_READ"] += 1
+            self.send(m.BatchReadResponse(ETOOMANYREQUESTS, req.ledger_id, req.start_entry_id, req.request_id))
+            return
+        self.ch.spawn(self._batch_read(req))
+
+    async def _batch_read(self, req: m.BatchReadRequest) -> None:
+        try:
+            if req.is_fencing:
+                assert req.master_key is not None
+                await self.bookie.fence(req.ledger_id, bytes(req.master_key))
+            entries = await self.bookie.read_entries(
+                req.ledger_id, req.start_entry_id, req.max_count, self.ch.response_budget(req.max_size))
+            status = EOK if entries else ENOENTRY
+            self.send(m.BatchReadResponse(status, req.ledger_id, req.start_entry_id, req.request_id, tuple(entries)))
+        except Exception as e:
+            what = "fencing BATCH_READ" if req.is_fencing else None
+            status = self.ch.status_for(e, "BATCH_READ", req.ledger_id, req.start_entry_id, what)
+            self.send(m.BatchReadResponse(status, req.ledger_id, req.start_entry_id, req.request_id))
+        finally:
+            self.counters.reads -= 1
+
+
+class StridedReadProcessor(Processor):
+    """READ_STRIDED: entries ``first, first + stride, ...`` on a reader thread."""
+
+    __slots__ = ()
+
+    def __call__(self, req: m.StridedReadRequest) -> None:
+        counters = self.counters
+        counters.requests["READ_STRIDED"] += 1
+        if not counters.try_read():
+            counters.rejected["READ_STRIDED"] += 1
+            self.send(m.StridedReadResponse(req.request_id, ETOOMANYREQUESTS, req.ledger_id, req.first_entry_id))
+            return
+        self.ch.spawn(self._strided_read(req))
+
+    async def _strided_read(self, req: m.StridedReadRequest) -> None:
+        try:
+            entries = await self.bookie.read_strided(
+                req.ledger_id, req.first_entry_id, req.stride, req.max_count, self.ch.response_budget(req.max_size))
+            status = EOK if entries else ENOENTRY
+            self.send(m.StridedReadResponse(req.request_id, status, req.ledger_id, req.first_entry_id,
+                                            tuple(entries)))
+        except Exception as e:
+            status = self.ch.status_for(e, "READ_STRIDED", req.ledger_id, req.first_entry_id)
+            self.send(m.StridedReadResponse(req.request_id, status, req.ledger_id, req.first_entry_id))
+        finally:
+            self.counters.reads -= 1
+
+
+# ----------------------------------------------------------------------------------- LAC
+async def _lac_answer(bookie: AsyncBookie, ledger_id: int) -> tuple[bytes, bytes | memoryview]:
+    """The explicit LAC body and the last entry (empty when there is none)."""
+    lac_body = await bookie.read_explicit_lac(ledger_id)
+    try:
+        last = await bookie.read_entry(ledger_id, -1)
+    except NoSuchEntryError:
+        last = b""
+    return lac_body or b"", last
+
+
+class ReadLacProcessor(Processor):
+    """READ_LAC: the explicit LAC and the last entry."""
+
+    __slots__ = ()
+
+    def __call__(self, req: m.ReadLacRequest) -> None:
+        self.counters.requests["READ_LAC"] += 1
+        self.ch.spawn(self._read_lac(req))
+
+    async def _read_lac(self, req: m.ReadLacRequest) -> None:
+        try:
+            body, last = await _lac_answer(self.bookie, req.ledger_id)
+            self.send(m.ReadLacResponse(req.request_id, EOK, req.ledger_id, body, last))
+        except Exception as e:
+            self.send(m.ReadLacResponse(req.request_id, self.ch.status_for(e, "READ_LAC", req.ledger_id),
+                                        req.ledger_id))
+
+
+class LongPollProcessor(Processor):
+    """LONG_POLL_READ_LAC: waits (holding no thread) for the LAC to pass the client's, at most
+    the request's timeout, then answers as READ_LAC."""
+
+    __slots__ = ()
+
+    def __call__(self, req: m.LongPollReadLacRequest) -> None:
+        self.counters.requests["LONG_POLL_READ_LAC"] += 1
+        self.ch.spawn(self._long_poll(req))
+
+    async def _long_poll(self, req: m.LongPollReadLacRequest) -> None:
+        try:
+            await self.bookie.wait_for_lac(req.ledger_id, req.previous_lac, req.timeout_ms / 1000.0)
+        except VellumError:
+            pass  # timed out (not an error: the answer is what the bookie has now)
+        try:
+            body, last = await _lac_answer(self.bookie, req.ledger_id)
+            self.send(m.LongPollReadLacResponse(req.request_id, EOK, req.ledger_id, body, last))
+        except NoSuchLedgerError as e:
+            self.ch.status_for(e, "LONG_POLL_READ_LAC", req.ledger_id)
+            self.send(m.LongPollReadLacResponse(req.request_id, ENOLEDGER, req.ledger_id))
+        except Exception as e:
+            self.send(m.LongPollReadLacResponse(req.request_id, self.ch.status_for(e, "LONG_POLL_READ_LAC",
+                                                                                     req.ledger_id), req.ledger_id))
+
+
+class WriteLacProcessor(Processor):
+    """WRITE_LAC: store the explicit LAC, answered once durable."""
+
+    __slots__ = ()
+
+    def __call__(self, req: m.WriteLacRequest) -> None:
+        self.counters.requests["WRITE_LAC"] += 1
+        self.ch.spawn(self._write_lac(req))
+
+    async def _write_lac(self, req: m.WriteLacRequest) -> None:
+        try:
+            await self.bookie.write_explicit_lac(req.ledger_id, bytes(req.master_key), req.lac, bytes(req.lac_body))
+            self.send(m.WriteLacResponse(req.request_id, EOK, req.ledger_id))
+        except Exception as e:
+            self.send(m.WriteLacResponse(req.request_id, self.ch.status_for(e, "WRITE_LAC", req.ledger_id),
+                                         req.ledger_id))
+
+
+# --------------------------------------------------------------------------------- FORCE
+class ForceProcessor(Processor):
+    """FORCE_LEDGER: adds are acknowledged only after fsync, so "durable" = every add issued
+    so far on this connection to the ledger has been answered."""
+
+    __slots__ = ()
+
+    def __call__(self, req: m.ForceLedgerRequest) -> None:
+        ch = self.ch
+        self.counters.requests["FORCE_LEDGER"] += 1
+        target = ch.issued.get(req.ledger_id, 0)
+        send = self.send
+
+        def answer() -> None:
+            send(m.ForceLedgerResponse(req.request_id, EOK, req.ledger_id))
+
+        if ch.completed.get(req.ledger_id, 0) >= target:
+            answer()
+        else:
+            ch.force_waiters.append((req.ledger_id, target, answer))
+
+
+# -------------------------------------------------------------------------- admin and misc
+class ListEntriesProcessor(Processor):
+    """LIST_ENTRIES: the ids of the ledger's entries this bookie holds, as ranges."""
+
+    __slots__ = ()
+
+    def __call__(self, req: m.ListEntriesRequest) -> None:
+        self.counters.requests["LIST_ENTRIES"] += 1
+        self.ch.spawn(self._list_entries(req))
+
+    async def _list_entries(self, req: m.ListEntriesRequest) -> None:
+        try:
+            ids = await self.bookie.entry_ids(req.ledger_id)
+            self.send(m.ListEntriesResponse(req.request_id, EOK, req.ledger_id, m.entry_ranges(ids)))
+        except Exception as e:
+            self.send(m.ListEntriesResponse(req.request_id, self.ch.status_for(e, "LIST_ENTRIES", req.ledger_id),
+                                            req.ledger_id))
+
+
+class BookieInfoProcessor(Processor):
+    """GET_BOOKIE_INFO: disk capacity and free space."""
+
+    __slots__ = ()
+
+    def __call__(self, req: m.GetBookieInfoRequest) -> None:
+        self.counters.requests["GET_BOOKIE_INFO"] += 1
+        self.ch.spawn(self._bookie_info(req))
+
+    async def _bookie_info(self, req: m.GetBookieInfoRequest) -> None:
+        try:
+            info = await self.bookie.info()
+            self.send(m.GetBookieInfoResponse(req.request_id, EOK, info.total_disk_bytes, info.free_disk_bytes))
+        except Exception as e:
+            self.send(m.GetBookieInfoResponse(req.request_id, self.ch.status_for(e, "GET_BOOKIE_INFO", None), 0, 0))
+
+
+class LedgerClosedProcessor(Processor):
+    """LEDGER_CLOSED: an advisory note, never answered."""
+
+    __slots__ = ()
+
+    def __call__(self, note: m.LedgerClosedNote) -> None:
+        self.counters.requests["LEDGER_CLOSED"] += 1
+        self.bookie.note_ledger_closed(note.ledger_id)
+
+
+class TrimProcessor(Processor):
+    """TRIM: drop the ledger's entries below an entry id."""
+
+    __slots__ = ()
+
+    def __call__(self, req: m.TrimRequest) -> None:
+        self.counters.requests["TRIM"] += 1
+        self.ch.spawn(self._trim(req))
+
+    async def _trim(self, req: m.TrimRequest) -> None:
+        try:
+            await self.bookie.trim(req.ledger_id, bytes(req.master_key), req.end_entry_id)
+            self.send(m.TrimResponse(req.request_id, EOK, req.ledger_id))
+        except Exception as e:
+            self.send(m.TrimResponse(req.request_id, self.ch.status_for(e, "TRIM", req.ledger_id), req.ledger_id))
+
+
+class CollectProcessor(Processor):
+    """COLLECT: trim, then wait for a GC pass that reclaims the space."""
+
+    __slots__ = ()
+
+    def __call__(self, req: m.CollectRequest) -> None:
+        self.counters.requests["COLLECT"] += 1
+        self.ch.spawn(self._collect(req))
+
+    async def _collect(self, req: m.CollectRequest) -> None:
+        try:
+            out = await self.bookie.collect(req.ledger_id, bytes(req.master_key), req.end_entry_id)
+        except Exception as e:
+            status = self.ch.status_for(e, "COLLECT", req.ledger_id, what=f"COLLECT below entry {req.end_entry_id}",
+                                        expected_level=logging.INFO)
+            self.send(m.CollectResponse(req.request_id, status, req.ledger_id))
+            return
+        log.info("COLLECT of ledger %d below entry %d: %d bytes reclaimed, %d garbage bytes left",
+                 req.ledger_id, req.end_entry_id, out.reclaimed_bytes, out.garbage_bytes,
+                 extra={"ledger_id": req.ledger_id, "entry_id": req.end_entry_id, "peer": self.ch.describe_peer()})
+        self.send(m.CollectResponse(req.request_id, EOK, req.ledger_id, out.reclaimed_bytes, out.garbage_bytes))
+
+
+# ------------------------------------------------------------------------------- dispatch
+class Processors:
+    """A connection's processors, by request type; ``dispatch`` takes what the session
+    dispatched, in arrival order."""
+
+    __slots__ = ("_add", "_by_type", "_ch")
+
+    def __init__(self, ch: Channel) -> None:
+        self._ch = ch
+        self._add = AddProcessor(ch)
+        self._by_type: dict[type, Processor] = {
+            m.ReadRequest: ReadProcessor(ch),
+            m.BatchReadRequest: BatchReadProcessor(ch),
+            m.StridedReadRequest: StridedReadProcessor(ch),
+            m.LongPollReadLacRequest: LongPollProcessor(ch),
+            m.ReadLacRequest: ReadLacProcessor(ch),
+            m.WriteLacRequest: WriteLacProcessor(ch),
+            m.ForceLedgerRequest: ForceProcessor(ch),
+            m.ListEntriesRequest: ListEntriesProcessor(ch),
+            m.GetBookieInfoRequest: BookieInfoProcessor(ch),
+            m.LedgerClosedNote: LedgerClosedProcessor(ch),
+            m.TrimRequest: TrimProcessor(ch),
+            m.CollectRequest: CollectProcessor(ch),
+        }
+
+    def dispatch(self, requests: list[Any]) -> None:
+        add = self._add
+        by_type = self._by_type
+        adds: list[m.AddRequest] = []
+        for req in requests:
+            kind = type(req)
+            if kind is m.AddBatch:
+                if adds:
+                    add.add_requests(adds)
+                    adds = []
+                add.add_batch(req)
+                continue
+            if kind is m.AddRequest:
+                # Pipelined adds that arrived one by one go to the bookie as one batch too.
+                adds.append(req)
+                continue
+            if adds:
+                add.add_requests(adds)
+                adds = []
+            processor = by_type.get(kind)
+            if processor is None:
+                self._ch.replies.send(m.ErrorResponse(EBADREQ))
+                continue
+            try:
+                processor(req)
+            except Exception as e:  # a bug in one request must not take the connection down
+                status = self._ch.status_for(e, m.OPCODE_NAMES.get(getattr(kind, "OPCODE", -1), kind.__name__),
+                                             getattr(req, "ledger_id", None), getattr(req, "entry_id", None))
+                answer = refusal_for(req, status)
+                if answer is not None:
+                    self._ch.replies.send(answer)
+        if adds:
+            add.add_requests(adds)

@@ -1,0 +1,93 @@
+"""The one writer of a connection's replies: every answer is encoded by the codec, here.
+
+Invariants:
+- replies leave in the order they were handed over;
+- everything handed over in one loop iteration leaves in one ``writelines`` (coalesced);
+  on a TLS transport small buffers are joined first (each buffer becomes a TLS record);
+- entry payloads are written as the buffers the messages hold (no copy);
+- once detached (connection lost), replies are dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+from vellum.proto import codec
+from vellum.proto import messages as m
+
+_encode_add_responses = codec.encode_add_responses  # bound once: called per answered batch
+
+
+class ReplyWriter:
+    """Queues encoded replies and writes them once per loop iteration."""
+
+    __slots__ = ("_coalesce", "_loop", "_out", "_scheduled", "_transport", "wrote")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, *, coalesce: bool) -> None:
+        """``coalesce``: join small buffers before writing (for TLS transports)."""
+        self._loop = loop
+        self._coalesce = coalesce
+        self._transport: asyncio.Transport | None = None
+        self._out: list[Any] = []
+        self._scheduled = False
+        #: replies were written since the connection last looked (its idle timeout)
+        self.wrote = False
+
+    def attach(self, transport: asyncio.Transport) -> None:
+        """Write to ``transport`` from now on (a connection's, or the TLS one after START_TLS)."""
+        self._transport = transport
+
+    def detach(self) -> None:
+        self._transport = None
+        self._out = []
+
+    def send(self, msg: Any) -> None:
+        """Queue ``msg`` (a response message)."""
+        if self._transport is None:
+            return
+        self._out.extend(codec.encode_parts(msg))
+        if not self._scheduled:
+            self._scheduled = True
+            self._loop.call_soon(self.flush)
+
+    def send_adds(self, status: int, ledger_ids: Sequence[int], entry_ids: Sequence[int]) -> None:
+        """Queue one ADD response per (ledger id, entry id), all with ``status``."""
+        if self._transport is None:
+            return
+        self._out.append(_encode_add_responses(status, ledger_ids, entry_ids))
+        if not self._scheduled:
+            self._scheduled = True
+            self._loop.call_soon(self.flush)
+
+    def send_now(self, msg: Any) -> None:
+        """Write what is queued, then ``msg``, at once (the START_TLS answer must leave in
+        clear before the first TLS record)."""
+        self.flush()
+        if self._transport is not None:
+            self._transport.write(codec.encode(msg))
+
+    def flush(self) -> None:
+        self._scheduled = False
+        if self._out and self._transport is not None:
+            self.wrote = True
+            out, self._out = self._out, []
+            self._transport.writelines(codec.coalesce(out) if self._coalesce else out)
+
+
+def refusal_for(msg: Any, status: int) -> Any:
+    """The answer refusing ``msg`` with ``status``: a v2 op gets its own response type (a v2
+    client matches those), a Vellum op an ``ErrorResponse`` with its ids; a note gets none."""
+    kind = type(msg)
+    if kind is m.AddRequest:
+        return m.AddResponse(status, msg.ledger_id, msg.entry_id)
+    if kind is m.ReadRequest:
+        return m.ReadResponse(status, msg.ledger_id, msg.entry_id)
+    if kind is m.BatchReadRequest:
+        return m.BatchReadResponse(status, msg.ledger_id, msg.start_entry_id, msg.request_id)
+    if kind is m.LedgerClosedNote:
+        return None
+    if kind is m.BadFrame:
+        return msg.error_response()
+    return m.ErrorResponse(status, getattr(msg, "request_id", None), kind.OPCODE, getattr(msg, "ledger_id", None))
