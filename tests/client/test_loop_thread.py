@@ -245,7 +245,7 @@ PUBLIC_API = {
     },
     named_blocking.NamedLedgers: {
         "aio", "open", "list", "exists", "record", "info", "delete", "shrink", "get_cursor", "set_cursor",
-        "publish_segments", "overwrite", "drain",
+        "publish_segments", "merge_segments", "overwrite", "drain",
     },
     named_blocking.NamedLedgerHandle: {
         "name", "aio", "record", "version", "start_entry_id", "last_add_confirmed", "writer_epoch", "append",
