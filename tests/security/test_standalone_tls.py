@@ -66,7 +66,8 @@ def test_the_shell_takes_a_client_configuration(standalone: Standalone) -> None:
     assert ok.exit_code == 0, ok.output
     assert json.loads(ok.output)["entriesVerified"] == 5
     refused = CliRunner().invoke(cli, ["shell", *args], env={"VELLUM_CLIENT_CONF": ""})
-    assert refused.exit_code != 0 and "requires TLS" in str(refused.exception or refused.output)
+    said = refused.output + ("" if isinstance(refused.exception, SystemExit) else str(refused.exception))
+    assert refused.exit_code != 0 and "requires TLS" in said, said
 
 
 def test_spark_options_pass_the_tls_keys_through(standalone: Standalone) -> None:
