@@ -78,7 +78,9 @@ def test_two_thousand_commits_stay_bounded(cluster: LocalCluster, bk: Any) -> No
     assert max(s[0] for s in later) <= 3 * 6, seen  # factor 4: < 4 segments per level, 6 levels for 2,000
     assert max(s[1] for s in later) <= 4000, seen
     assert max(s[2] for s in later) <= 150, seen  # segments + what waits out the retire delay
-    assert max(s[3] for s in later) <= 150, seen
+    # staging registrations waiting out the retire delay and finished markers: how many depends
+    # on how many commits fit in the delay (68-168 seen); unbounded it would pass 2,000
+    assert max(s[3] for s in later) <= 400, seen
     assert seen[-1][1][2] == seen[-1][1][0]  # retired: only the segments' ledgers are left
     entries = _call(bk, NamedLedgers(bk.aio).record(name)).value
     from vellum.client.named_blocking import NamedLedgers as BlockingNamed
@@ -143,7 +145,7 @@ def test_a_stream_through_spark_stays_bounded_while_read(spark: Any, cluster: Lo
     assert max(s[0] for s in later) <= 3 * 6, seen
     assert max(s[1] for s in later) <= 4000, seen
     assert max(s[2] for s in later) <= 150, seen
-    assert max(s[3] for s in later) <= 150, seen
+    assert max(s[3] for s in later) <= 400, seen  # timing-dependent: see the test above
     # exactly once, at continuous ids
     rows = (spark.read.format("vellum").option("metadataServiceUri", cluster.metadata_uri).load(name)
             .select("entryId", "payload").collect())
