@@ -266,13 +266,17 @@ def write_task(opts: WriteOptions, job: str, batches: Iterator[pa.RecordBatch],
                             tuple((n, h.ledger_id) for n, h in handles.items()))
     except BaseException:
         for handle in handles.values():
-            # Best effort now; commit/abort sweeps the registration anyway.
-            try:
-                bk.delete_ledger(handle.ledger_id)
-            except Exception as exc:
-                log.warning("staging ledger %d of failed task: delete failed (%s); left for cleanup",
-                            handle.ledger_id, exc)
+            _drop_failed_staging(bk, handle.ledger_id)
         raise
+
+
+def _drop_failed_staging(bk: BookKeeper, ledger_id: int) -> None:
+    """Delete a failed task's staging ledger, best effort: commit/abort (or staging-gc) sweeps
+    its registration anyway."""
+    try:
+        bk.delete_ledger(ledger_id)
+    except Exception as exc:
+        log.warning("staging ledger %d of failed task: delete failed (%s); left for cleanup", ledger_id, exc)
 
 
 def _staging_ledger(bk: BookKeeper, opts: WriteOptions, name: str, job: str, partition: int,
@@ -302,11 +306,7 @@ def _staging_ledger(bk: BookKeeper, opts: WriteOptions, name: str, job: str, par
             bk.aio.store.kv.delete(_registration_key(job, partition, attempt, handle.ledger_id))
             raise RuntimeError(f"[VELLUM_WRITE] job {job} already finished; task attempt dropped")
     except BaseException:
-        try:
-            bk.delete_ledger(handle.ledger_id)
-        except Exception as exc:
-            log.warning("staging ledger %d of failed task: delete failed (%s); left for cleanup",
-                        handle.ledger_id, exc)
+        _drop_failed_staging(bk, handle.ledger_id)
         raise
     return handle
 
