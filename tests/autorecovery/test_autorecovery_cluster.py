@@ -166,7 +166,9 @@ def test_a_lost_bookie_is_marked_on_trigger_and_healed_when_enabled(tmp_path: Pa
         assert info["clusterUnderReplicated"] is True and info["ledgerReplicationEnabled"] is False
         assert info["auditorElected"] is True
         assert cluster.http_get(live, "/api/v1/autorecovery/who_is_auditor")["Auditor"] == info["auditorId"]
-        assert cluster.http_get(live, "/api/v1/autorecovery/status") == {"enabled": False}
+        status = cluster.http_get(live, "/api/v1/autorecovery/status")
+        assert (status["enabled"], status["clusterUnderReplicated"], status["ledgersThatCannotHeal"]) == (
+            False, True, 0), status
         assert cluster.http_get(live, "/api/v1/autorecovery/lost_bookie_recovery_delay") == {
             "lostBookieRecoveryDelay": 3600}
         listed = cluster.http_get(live, f"/api/v1/autorecovery/list_under_replicated_ledger?missingreplica={victim}")

@@ -142,6 +142,7 @@ def test_a_ledger_that_cannot_heal_says_why_once_and_heals_when_a_bookie_joins(t
         assert {r["ledgerId"]: r["cannotHeal"]["kind"] for r in listed} == {
             **{lid: "no-spare-bookie" for lid in wide}, **{lid: "placement" for lid in narrow}}
         assert cluster.http_get(0, "/api/v1/bookie/cluster_info")["ledgersThatCannotHeal"] == len(ledgers)
+        assert cluster.http_get(0, "/api/v1/autorecovery/status")["ledgersThatCannotHeal"] == len(ledgers)
         page = asyncio.run(_recovery_page(uri))
         assert f"{len(ledgers)} under-replicated ledgers cannot heal" in page, page
         assert "an ensemble of 3 needs 3 writable bookies, 2 available" in page

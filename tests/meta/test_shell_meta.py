@@ -28,6 +28,13 @@ def test_shell_flow(tmp_path: Path) -> None:
         r = run(cli, ["shell", "clusterinfo", "--uri", uri, "--json"])
         info = json.loads(r.output)
         assert (info["ledgers"], info["writableBookies"], info["auditor"]) == (5, 1, "none")
+        assert (info["totalBookies"], info["unavailableBookies"]) == (1, 0), info
+        # a bookie that joined (its cookie is stored) but is not registered is down
+        s.registration.put_cookie(BookieId("bk:2"), b"cookie", None)
+        info = json.loads(run(cli, ["shell", "clusterinfo", "--uri", uri, "--json"]).output)
+        assert (info["totalBookies"], info["writableBookies"], info["unavailableBookies"]) == (2, 1, 1), info
+        table = run(cli, ["shell", "clusterinfo", "--uri", uri]).output
+        assert "unavailableBookies" in table and "totalBookies" in table, table
     r = run(cli, ["shell", "listledgers", "--uri", uri, "--limit", "2", "--start-after", str(ids[0]), "--json"])
     assert json.loads(r.output)["ledgers"] == ids[1:3]
     r = run(cli, ["shell", "ledgermetadata", "--uri", uri, str(ids[0])])

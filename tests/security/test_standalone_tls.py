@@ -70,6 +70,34 @@ def test_the_shell_takes_a_client_configuration(standalone: Standalone) -> None:
     assert refused.exit_code != 0 and "requires TLS" in said, said
 
 
+def test_bench_and_console_take_the_client_configuration(standalone: Standalone,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """`vellum bench` and `vellum console` read the same client settings as the shell: the
+    --client-conf flag or $VELLUM_CLIENT_CONF."""
+    sec = standalone.security
+    assert sec is not None
+    args = ["bench", "--uri", standalone.metadata_uri, "-e", "1", "-w", "1", "-a", "1", "-n", "20", "-t", "20",
+            "--json"]
+    ok = CliRunner().invoke(cli, [*args, "--client-conf", str(sec.client_conf)], env={"VELLUM_CLIENT_CONF": ""})
+    assert ok.exit_code == 0, ok.output
+    report = json.loads(ok.output[ok.output.index("{"):])
+    assert (report["entries"], report["errors"]) == (20, 0), report
+    by_env = CliRunner().invoke(cli, args, env={"VELLUM_CLIENT_CONF": str(sec.client_conf)})
+    assert by_env.exit_code == 0, by_env.output
+    refused = CliRunner().invoke(cli, args, env={"VELLUM_CLIENT_CONF": ""})
+    assert refused.exit_code != 0
+    assert "vellum bench against" in refused.output and "requires TLS" in refused.output, refused.output
+
+    import vellum.console.server as console_server
+
+    seen = []
+    monkeypatch.setattr(console_server, "run_console", lambda settings, **_kw: seen.append(settings) or 0)
+    served = CliRunner().invoke(cli, ["console", "--metadata", standalone.metadata_uri, "--port", "0"],
+                                env={"VELLUM_CLIENT_CONF": str(sec.client_conf)})
+    assert served.exit_code == 0, served.output
+    assert seen[0].client_config.tls_enabled and seen[0].client_config.tls_trust_store == str(sec.ca)
+
+
 def test_spark_options_pass_the_tls_keys_through(standalone: Standalone) -> None:
     sec = standalone.security
     assert sec is not None

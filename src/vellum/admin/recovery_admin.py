@@ -135,6 +135,11 @@ def cluster_state(store: MetadataStore) -> dict[str, Any]:
             "ledgersThatCannotHeal": blocked}
 
 
+def status_report(store: MetadataStore) -> dict[str, Any]:
+    """The re-replication switch and the AutoRecovery state, as the shell and admin HTTP show them."""
+    return {"enabled": status(store), **cluster_state(store)}
+
+
 def _ledgers_on(store: MetadataStore, bookies: set[str]) -> list[int]:
     out = []
     for lid in store.ledgers.iter_ledger_ids():

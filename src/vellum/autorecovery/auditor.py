@@ -1,7 +1,8 @@
 """The auditor: finds the ledgers that lost replicas and marks them under-replicated
 (BookKeeper's ``Auditor``). One per cluster, elected (``daemon``); it runs while it leads.
 
-What it does, every ``tick_s`` (1 s) while leading:
+What it does while leading, in two loops so that a long audit pass never delays noticing a lost
+bookie: every ``tick_s`` (1 s), the lost-bookie watch; beside it, the periodic checks:
 - **lost bookies** (the configured ``lostBookieRecoveryDelay`` is stored in the metadata store
   by the first auditor if none is there): a bookie that was registered (writable or read-only) and is not any more
   is *lost* from that moment; once it has been gone ``lostBookieRecoveryDelay`` seconds (the
@@ -99,57 +100,80 @@ class Auditor:
         watch = await asyncio.to_thread(urm.watch_lost_bookie_recovery_delay, on_delay)
         self._triggered = False  # the watch's first call is the current value, not a trigger
         try:
-            known = self._registered()
             await self.bookie_check()
-            now_wall = time.time()
-            next_bookie = time.monotonic() + self._settings.bookie_check_interval_s
-            next_ledger = await self._next_time(urm.get_check_all_ledgers_ctime,
-                                                self._settings.ledger_check_interval_s, now_wall)
-            next_replicas = await self._next_time(urm.get_replicas_check_ctime,
-                                                  self._settings.replicas_check_interval_s, now_wall)
-            next_placement = await self._next_time(urm.get_placement_policy_check_ctime,
-                                                   self._settings.placement_policy_check_interval_s, now_wall)
-            ticks = 0
-            while not stop.is_set():
-                now = time.monotonic()
-                registered = self._registered()
-                for gone in known - registered:
-                    self.lost.setdefault(gone, now)
-                    log.warning("auditor: bookie %s is gone; its ledgers are marked under-replicated in %d s "
-                                "unless it comes back", gone, self.delay_s)
-                known = registered
-                for back in [b for b in self.lost if b in registered]:
-                    del self.lost[back]
-                    log.info("auditor: bookie %s is back", back)
-                await self._mark_due(now)
-                if self._settings.bookie_check_interval_s > 0 and now >= next_bookie:
-                    await self.bookie_check()
-                    next_bookie = now + self._settings.bookie_check_interval_s
-                if next_ledger is not None and now >= next_ledger:
-                    await self.ledger_check(verify_share=self._settings.ledger_verification_percentage / 100)
-                    await asyncio.to_thread(urm.set_check_all_ledgers_ctime, int(time.time() * 1000))
-                    next_ledger = now + self._settings.ledger_check_interval_s
-                if next_replicas is not None and now >= next_replicas:
-                    await self.replicas_check()
-                    await asyncio.to_thread(urm.set_replicas_check_ctime, int(time.time() * 1000))
-                    next_replicas = now + self._settings.replicas_check_interval_s
-                if next_placement is not None and now >= next_placement:
-                    await self.placement_check()
-                    await asyncio.to_thread(urm.set_placement_policy_check_ctime, int(time.time() * 1000))
-                    next_placement = now + self._settings.placement_policy_check_interval_s
-                LOST_BOOKIES.set(len(self.lost))
-                if now >= self._next_summary:
-                    await self.cannot_heal_summary()
-                    self._next_summary = now + self._settings.cannot_heal_summary_s
-                if ticks % 10 == 0:
-                    UNDER_REPLICATED.set(await asyncio.to_thread(lambda: sum(1 for _ in urm.list_under_replicated())))
-                ticks += 1
-                try:
-                    await asyncio.wait_for(stop.wait(), self._settings.tick_s)
-                except TimeoutError:
-                    pass
+            # Two loops: noticing lost bookies must not wait behind a long audit pass (a ledger
+            # or replicas check over many ledgers can take minutes), so the periodic checks run
+            # beside the lost-bookie watch. Both only mark, which is idempotent.
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(self._watch_lost_bookies(stop))
+                tg.create_task(self._periodic_checks(stop))
         finally:
             watch.cancel()
+
+    async def _tick(self, stop: asyncio.Event) -> None:
+        try:
+            await asyncio.wait_for(stop.wait(), self._settings.tick_s)
+        except TimeoutError:
+            pass
+
+    async def _watch_lost_bookies(self, stop: asyncio.Event) -> None:
+        """Every tick: which bookies left or came back, and mark the ledgers of those gone longer
+        than the delay (or at once after a trigger)."""
+        urm = self._bk.store.underreplication
+        known = self._registered()
+        ticks = 0
+        while not stop.is_set():
+            now = time.monotonic()
+            registered = self._registered()
+            for gone in known - registered:
+                self.lost.setdefault(gone, now)
+                log.warning("auditor: bookie %s is gone; its ledgers are marked under-replicated in %d s "
+                            "unless it comes back", gone, self.delay_s)
+            known = registered
+            for back in [b for b in self.lost if b in registered]:
+                del self.lost[back]
+                log.info("auditor: bookie %s is back", back)
+            await self._mark_due(now)
+            LOST_BOOKIES.set(len(self.lost))
+            if ticks % 10 == 0:
+                UNDER_REPLICATED.set(await asyncio.to_thread(lambda: sum(1 for _ in urm.list_under_replicated())))
+            ticks += 1
+            await self._tick(stop)
+
+    async def _periodic_checks(self, stop: asyncio.Event) -> None:
+        """The bookie, ledger, replicas and placement checks and the cannot-heal summary, each on
+        its interval, continuing the schedule stored by the previous auditor."""
+        urm = self._bk.store.underreplication
+        settings = self._settings
+        now_wall = time.time()
+        next_bookie = time.monotonic() + settings.bookie_check_interval_s
+        next_ledger = await self._next_time(urm.get_check_all_ledgers_ctime, settings.ledger_check_interval_s,
+                                            now_wall)
+        next_replicas = await self._next_time(urm.get_replicas_check_ctime, settings.replicas_check_interval_s,
+                                              now_wall)
+        next_placement = await self._next_time(urm.get_placement_policy_check_ctime,
+                                               settings.placement_policy_check_interval_s, now_wall)
+        while not stop.is_set():
+            now = time.monotonic()
+            if settings.bookie_check_interval_s > 0 and now >= next_bookie:
+                await self.bookie_check()
+                next_bookie = now + settings.bookie_check_interval_s
+            if next_ledger is not None and now >= next_ledger:
+                await self.ledger_check(verify_share=settings.ledger_verification_percentage / 100)
+                await asyncio.to_thread(urm.set_check_all_ledgers_ctime, int(time.time() * 1000))
+                next_ledger = now + settings.ledger_check_interval_s
+            if next_replicas is not None and now >= next_replicas:
+                await self.replicas_check()
+                await asyncio.to_thread(urm.set_replicas_check_ctime, int(time.time() * 1000))
+                next_replicas = now + settings.replicas_check_interval_s
+            if next_placement is not None and now >= next_placement:
+                await self.placement_check()
+                await asyncio.to_thread(urm.set_placement_policy_check_ctime, int(time.time() * 1000))
+                next_placement = now + settings.placement_policy_check_interval_s
+            if now >= self._next_summary:
+                await self.cannot_heal_summary()
+                self._next_summary = now + settings.cannot_heal_summary_s
+            await self._tick(stop)
 
     def _delay_changed(self, delay: int | None) -> None:
         # BookKeeper's Auditor.lostBookieRecoveryDelayChanged: re-setting the value it has

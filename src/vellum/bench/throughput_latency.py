@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from vellum.client import BookKeeper
+from vellum.config import ClientConfig
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,8 @@ class BenchResult:
     elapsed_s: float
     errors: int
     latency_ms: dict[str, float] = field(default_factory=dict)
+    #: the first failed add, as "ErrorType: message" ("" when every add succeeded)
+    first_error: str = ""
 
     @property
     def entries_per_s(self) -> float:
@@ -82,10 +85,12 @@ async def run_bench(
     *,
     progress: Callable[[float, int, float], None] | None = None,
     bk: BookKeeper | None = None,
+    config: ClientConfig | None = None,
 ) -> BenchResult:
-    """Run the benchmark; ``progress(elapsed_s, entries, entries_per_s_last_second)``."""
+    """Run the benchmark; ``progress(elapsed_s, entries, entries_per_s_last_second)``. Without
+    ``bk`` it opens its own client with ``config`` (TLS, authentication, timeouts)."""
     own = bk is None
-    client = bk or BookKeeper(opts.metadata_uri)
+    client = bk or BookKeeper(opts.metadata_uri, config=config)
     if own:
         await client.start()
     try:
@@ -102,6 +107,7 @@ async def run_bench(
         latencies: list[float] = []
         done_count = 0
         errors = 0
+        first_error = ""
         sem = asyncio.Semaphore(opts.inflight)
         t0 = time.perf_counter()
         deadline = t0 + opts.duration_s
@@ -110,10 +116,13 @@ async def run_bench(
         sent = 0
 
         def on_done(fut: asyncio.Future[int], started: float) -> None:
-            nonlocal done_count, errors
+            nonlocal done_count, errors, first_error
             sem.release()
             if fut.cancelled() or fut.exception() is not None:
                 errors += 1
+                if not first_error:
+                    exc = fut.exception() if not fut.cancelled() else None
+                    first_error = f"{type(exc).__name__}: {exc}" if exc is not None else "cancelled"
                 return
             latencies.append(time.perf_counter() - started)
             done_count += 1
@@ -144,7 +153,8 @@ async def run_bench(
         elapsed = time.perf_counter() - t0
         for lh in handles:
             await lh.close()
-        return BenchResult(done_count, done_count * opts.entry_size, elapsed, errors, percentiles(latencies))
+        return BenchResult(done_count, done_count * opts.entry_size, elapsed, errors, percentiles(latencies),
+                           first_error)
     finally:
         if own:
             await client.close()

@@ -31,6 +31,22 @@ ENV = "VELLUM_CLIENT_CONF"
 _OBJ_KEY = "client_conf"
 
 
+def client_conf_flag(purpose: str = "for commands that talk to bookies or the metadata store"
+                     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The ``--client-conf FILE`` flag itself (default ``$VELLUM_CLIENT_CONF``): the command
+    gets ``client_conf: str | None``. Commands that are not under ``vellum shell`` / ``vellum
+    spark`` (``vellum console``, ``vellum bench``) put it on themselves and load the file with
+    ``load_client_config_file``."""
+    return click.option(
+        "--client-conf", type=click.Path(dir_okay=False, exists=True), envvar=ENV, default=None,
+        help=f"client settings (TLS, token, ZooKeeper identity) {purpose}; default ${ENV}")
+
+
+def load_client_config_file(path: str | None) -> ClientConfig:
+    """The settings of a ``--client-conf`` file; the defaults when none is given."""
+    return load_client_config(path) if path else ClientConfig()
+
+
 def client_conf_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``--client-conf FILE`` (default ``$VELLUM_CLIENT_CONF``) on a command group (put it below
     ``@group.group()`` / ``@cli.group()``): the path is kept in the click context for
@@ -41,10 +57,7 @@ def client_conf_option(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.get_current_context().ensure_object(dict)[_OBJ_KEY] = client_conf
         return fn(*args, **kwargs)
 
-    return click.option(
-        "--client-conf", type=click.Path(dir_okay=False, exists=True), envvar=ENV, default=None,
-        help="client settings (TLS, token, ZooKeeper identity) for commands that talk to bookies "
-             "or the metadata store; default $VELLUM_CLIENT_CONF")(wrapper)
+    return client_conf_flag()(wrapper)
 
 
 def shell_client_config() -> ClientConfig | None:

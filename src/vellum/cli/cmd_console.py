@@ -7,6 +7,7 @@ import os
 
 import click
 
+from vellum.cli.client_options import client_conf_flag, load_client_config_file
 from vellum.config import DEFAULT_METADATA_URI
 
 
@@ -20,13 +21,14 @@ def register(cli: click.Group) -> None:
               help="metadataServiceUri of the cluster (zk://..., sqlite:///path)")
 @click.option("--port", default=8090, show_default=True, help="HTTP port of the console (0: any free port)")
 @click.option("--host", default="127.0.0.1", show_default=True, help="address to listen on")
-@click.option("--admin-token-file", type=click.Path(dir_okay=False, exists=True), default=None,
+@click.option("--admin-token-file", envvar="VELLUM_ADMIN_TOKEN_FILE", type=click.Path(dir_okay=False, exists=True),
+              default=None,
               help="a token with the admin role (`vellum security issue-token`): enables the actions (GC, "
                    "compaction, re-replication switch, decommission), sent to the bookies' admin HTTP API")
 @click.option("--refresh", "refresh_s", default=5.0, show_default=True, help="seconds between page refreshes")
-@click.option("--client-conf", type=click.Path(dir_okay=False, exists=True), default=None,
-              help="client settings (TLS, token) for reading the bookies (ledger pages)")
-@click.option("--http-ca-file", type=click.Path(dir_okay=False, exists=True), default=None,
+@client_conf_flag("for reading the bookies (ledger pages) and the metadata store")
+@click.option("--http-ca-file", envvar="VELLUM_HTTP_CA_FILE", type=click.Path(dir_okay=False, exists=True),
+              default=None,
               help="CA certificate(s), PEM, of bookies whose admin HTTP API is https (httpServerTlsEnable)")
 @click.option("--token-secret-file", type=click.Path(dir_okay=False, exists=True), default=None,
               help="HS256 secret that verifies login tokens (the bookies' tokenSecretKeyFile): every page needs a "
@@ -54,7 +56,6 @@ def console(metadata_uri: str, port: int, host: str, admin_token_file: str | Non
     recovery. Read-only unless --admin-token-file is given. With a token key (or a client CA)
     every page needs a login; without one it serves only on a loopback address when it holds an
     admin token (docs/console.md, "Who may use the console")."""
-    from vellum.config import ClientConfig, load_client_config
     from vellum.console.cluster import ConsoleSettings
     from vellum.console.server import read_admin_token, run_console
     from vellum.errors import ConfigError
@@ -65,7 +66,7 @@ def console(metadata_uri: str, port: int, host: str, admin_token_file: str | Non
         settings = ConsoleSettings(
             metadata_uri=metadata_uri, admin_token=read_admin_token(admin_token_file),
             refresh_s=max(1.0, refresh_s), sample_interval_s=max(1.0, min(refresh_s, 5.0)),
-            client_config=load_client_config(client_conf) if client_conf else ClientConfig(),
+            client_config=load_client_config_file(client_conf),
             http_ca_file=http_ca_file or "",
             token_secret_file=token_secret_file or "", token_public_key_file=token_public_key_file or "",
             public_names=public_names, tls_cert_file=tls_cert_file or "", tls_key_file=tls_key_file or "",

@@ -171,7 +171,11 @@ def register(shell: click.Group) -> None:
     @_uri_option
     @_json_option
     def clusterinfo(uri: str, as_json: bool) -> None:
-        """Instance id, layout, bookie and ledger counts."""
+        """Instance id, layout, bookie counts (down ones too) and the ledger count.
+
+        ``totalBookies`` counts every bookie that joined the cluster (a cookie or a registration)
+        and was not decommissioned; ``unavailableBookies`` those of them registered neither as
+        writable nor as read-only: down, as ``/api/v1/bookie/cluster_info`` says."""
         with _open(uri) as store:
             info = store.cluster_info()
             emit_kv(
@@ -179,8 +183,10 @@ def register(shell: click.Group) -> None:
                     "uri": uri,
                     "instanceId": info.instance_id,
                     "layout": info.layout.factory_class if info.layout else "none (not formatted)",
+                    "totalBookies": info.total_bookies,
                     "writableBookies": info.writable_bookies,
                     "readOnlyBookies": info.read_only_bookies,
+                    "unavailableBookies": info.unavailable_bookies,
                     "ledgers": info.ledger_count,
                     "auditor": store.underreplication.current_auditor() or "none",
                 },

@@ -143,12 +143,12 @@ def autorecovery(uri: str, action: str, as_json: bool) -> None:
     with _store(uri) as store:
         if action != "status":
             ra.set_enabled(store, action == "enable")
-        enabled = ra.status(store)
-        state = ra.cluster_state(store)
+        state = ra.status_report(store)
     if as_json:
-        emit_json({"enabled": enabled, **state})
+        emit_json(state)
     else:
-        emit_kv({"re-replication": "enabled" if enabled else "disabled", "auditor": state["auditorId"] or "none",
+        emit_kv({"re-replication": "enabled" if state["enabled"] else "disabled",
+                 "auditor": state["auditorId"] or "none",
                  "under-replicated ledgers": "yes" if state["clusterUnderReplicated"] else "none",
                  "ledgers that cannot heal": state["ledgersThatCannotHeal"]},
                 title="autorecovery")

@@ -1,7 +1,9 @@
 """Admin HTTP routes for AutoRecovery (BookKeeper's ``/api/v1/autorecovery/*``), added to
 ``build_app`` through ``extra_routes``. Each calls the use-case in ``admin/recovery_admin``.
 
-- ``GET /api/v1/autorecovery/status`` -> ``{"enabled": bool}``; ``PUT ...?enabled=true|false``
+- ``GET /api/v1/autorecovery/status`` -> ``{"enabled": bool, ...}`` (BookKeeper's field, then what
+  ``vellum shell autorecovery status --json`` shows: auditor, whether any ledger is
+  under-replicated, ``ledgersThatCannotHeal``); ``PUT ...?enabled=true|false``
   (or body ``{"enabled": bool}``) switches re-replication for the whole cluster;
 - ``GET /api/v1/autorecovery/list_under_replicated_ledger[?missingreplica=B][&excludingmissingreplica=B]``
   -> a JSON array of ``{ledgerId, missingReplicas, ctime, lockedBy}`` (404 when there are none,
@@ -55,7 +57,7 @@ def autorecovery_routes(store: MetadataStore, metadata_uri: str, settings: AutoR
         task.add_done_callback(tasks.discard)
 
     async def status_get(_r: web.Request) -> web.Response:
-        return json_response({"enabled": await asyncio.to_thread(ra.status, store)})
+        return json_response(await asyncio.to_thread(ra.status_report, store))
 
     async def status_put(r: web.Request) -> web.Response:
         body = await json_body(r)
