@@ -100,7 +100,7 @@ from vellum.meta.dispatch import CallbackDispatcher
 from vellum.meta.model import (
     LedgerLayout,
 )
-from vellum.meta.zk_common import TRANSIENT, Flag, unavailable
+from vellum.meta.zk_common import TRANSIENT, Flag, read_znode, unavailable
 from vellum.meta.zk_kv import ZkKeyValueStore, ZkLayoutManager
 from vellum.meta.zk_ledgers import ZkLedgerIdGenerator, ZkLedgerManager
 from vellum.meta.zk_tls import TlsHandler, ZkTls, diagnose
@@ -228,14 +228,8 @@ class ZkRegistrationManager(RegistrationManager):
         return flag
 
     def get_cookie(self, bookie_id: BookieId) -> Versioned[bytes] | None:
-        path = f"{self._cookies}/{bookie_id}"
-        try:
-            data, stat = self._client.get(path)
-        except NoNodeError:
-            return None
-        except TRANSIENT as e:
-            unavailable(e, f"reading {path}")
-        return Versioned(bytes(data), stat.version)
+        found = read_znode(self._client, f"{self._cookies}/{bookie_id}")
+        return None if found is None else Versioned(found[0], found[1].version)
 
     def put_cookie(self, bookie_id: BookieId, data: bytes, expected_version: int | None) -> int:
         path = f"{self._cookies}/{bookie_id}"
@@ -274,12 +268,10 @@ class ZkRegistrationManager(RegistrationManager):
 
     def get_instance_id(self) -> str | None:
         path = f"{self._root}/{P.INSTANCEID}"
-        try:
-            data, _ = self._client.get(path)
-        except NoNodeError:
+        found = read_znode(self._client, path)
+        if found is None:
             return None
-        except TRANSIENT as e:
-            unavailable(e, f"reading {path}")
+        data = found[0]
         try:
             return bytes(data).decode("ascii").strip()
         except UnicodeDecodeError:

@@ -27,7 +27,7 @@ from vellum.meta.api import (
 from vellum.meta.model import (
     LedgerLayout,
 )
-from vellum.meta.zk_common import CREATE_RETRIES, TRANSIENT, unavailable
+from vellum.meta.zk_common import CREATE_RETRIES, TRANSIENT, read_znode, unavailable
 
 log = logging.getLogger(__name__)
 
@@ -38,13 +38,8 @@ class ZkLayoutManager(LayoutManager):
         self.path = f"{root}/{P.LAYOUT}"
 
     def read_layout(self) -> LedgerLayout | None:
-        try:
-            data, _ = self._client.get(self.path)
-        except NoNodeError:
-            return None
-        except TRANSIENT as e:
-            unavailable(e, f"reading {self.path}")
-        return LedgerLayout.parse(data, where=f"znode {self.path}")
+        found = read_znode(self._client, self.path)
+        return None if found is None else LedgerLayout.parse(found[0], where=f"znode {self.path}")
 
     def store_layout(self, layout: LedgerLayout) -> None:
         try:
@@ -77,12 +72,10 @@ class ZkKeyValueStore(KeyValueStore):
         return f"{self._base}/{P.validate_kv_key(key)}"
 
     def get(self, key: str) -> Versioned[bytes] | None:
-        try:
-            data, stat = self._client.get(self._path(key))
-        except NoNodeError:
+        found = read_znode(self._client, self._path(key), f"key {key!r}")
+        if found is None:
             return None
-        except TRANSIENT as e:
-            unavailable(e, f"reading key {key!r}")
+        data, stat = found
         if not data.startswith(_KEY_MARK):
             return None  # only a directory of longer keys
         return Versioned(bytes(data[1:]), stat.version)
