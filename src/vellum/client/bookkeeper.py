@@ -49,7 +49,7 @@ from vellum.security.tls import ReloadingContext, TlsSettings
 
 log = logging.getLogger(__name__)
 
-#: where the embedded store lives when no metadataServiceUri is configured (config.py)
+#: where the embedded store lives when no metadataServiceUri is configured (vellum.config)
 DEFAULT_SQLITE_PATH = Path(DEFAULT_DATA_DIR) / "metadata.db"  # the standalone cluster's store
 
 

@@ -1,5 +1,6 @@
 """What the ZooKeeper driver's parts share (``meta/zk.py``, ``meta/zk_underreplication.py``):
-the translation of connection problems into ``MetadataStoreUnavailableError``, the retry budget
+the translation of connection problems into ``MetadataStoreUnavailableError``, reading a znode
+that may not exist, the retry budget
 of an operation whose reply may be lost, and the cancellable watch handle.
 """
 
@@ -9,14 +10,17 @@ import time
 from collections.abc import Callable
 from typing import NoReturn
 
+from kazoo.client import KazooClient
 from kazoo.exceptions import (
     ConnectionClosedError,
     ConnectionLoss,
+    NoNodeError,
     OperationTimeoutError,
     SessionExpiredError,
     SessionMovedError,
 )
 from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.protocol.states import ZnodeStat
 
 from vellum.errors import MetadataStoreUnavailableError
 from vellum.meta.api import Watch
@@ -34,6 +38,18 @@ def unavailable(e: Exception, what: str) -> NoReturn:
 # Errors after which the request may or may not have been applied by the server: the reply was
 # lost with the connection, or the session ended or moved while the request was in flight.
 TRANSIENT = (ConnectionLoss, SessionExpiredError, SessionMovedError, OperationTimeoutError, KazooTimeoutError)
+
+
+def read_znode(client: KazooClient, path: str, what: str = "") -> tuple[bytes, ZnodeStat] | None:
+    """The data and stat of ``path``, None when it does not exist; a connection problem raises
+    ``MetadataStoreUnavailableError`` ("reading ``what``", default the path)."""
+    try:
+        data, stat = client.get(path)
+    except NoNodeError:
+        return None
+    except TRANSIENT as e:
+        unavailable(e, f"reading {what or path}")
+    return bytes(data), stat
 
 
 class Retry:

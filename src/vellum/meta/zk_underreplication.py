@@ -55,7 +55,7 @@ from vellum.meta.api import (
 )
 from vellum.meta.dispatch import CallbackDispatcher
 from vellum.meta.underreplication import Candidacy
-from vellum.meta.zk_common import CREATE_RETRIES, TRANSIENT, Flag, Retry, unavailable
+from vellum.meta.zk_common import CREATE_RETRIES, TRANSIENT, Flag, Retry, read_znode, unavailable
 
 log = logging.getLogger(__name__)
 
@@ -252,24 +252,17 @@ class ZkUnderReplicationManager(UnderReplicationManager):
         raise MetadataStoreUnavailableError(f"{path} kept appearing and vanishing")
 
     def _get(self, path: str) -> bytes | None:
-        try:
-            data, _ = self._client.get(path)
-            return bytes(data)
-        except NoNodeError:
-            return None
-        except TRANSIENT as e:
-            unavailable(e, f"reading {path}")
+        found = read_znode(self._client, path)
+        return None if found is None else found[0]
 
     # -- records --------------------------------------------------------------------------
 
     def _read(self, ledger_id: int) -> UnderReplicatedLedger | None:
         path = P.ur_ledger_path(self._ledgers, ledger_id)
-        try:
-            data, stat = self._client.get(path)
-        except NoNodeError:
+        found = read_znode(self._client, path)
+        if found is None:
             return None
-        except TRANSIENT as e:
-            unavailable(e, f"reading {path}")
+        data, stat = found
         replicas, ctime = UR.decode_under_replicated(data, where=f"znode {path}")
         return UnderReplicatedLedger(LedgerId(ledger_id), tuple(BookieId(r) for r in replicas), ctime, stat.version)
 
