@@ -215,3 +215,33 @@ def test_sink_records_time_ranges_and_stream_starts_at_a_time(
     assert seen == []
     seen, err = run("c4", startingTimestamp=future, startingOffsetsByTimestampStrategy="latest")
     assert err is None and seen == []
+
+
+def test_a_search_reads_log_n_entries_and_none_of_a_skipped_segment(cluster: LocalCluster, bk: Any) -> None:
+    """On real bookies, without Spark: a segment whose recorded range ends before t is not read at
+    all; one without a range costs its first and last entries; inside, a few rounds of probes."""
+    from vellum.client.named_blocking import NamedLedgers
+    from vellum.spark.catalog import Bounds
+    from vellum.spark.options import parse_read_options
+    from vellum.spark.timeseek import PROBES, SCAN, TimeSeek
+
+    named = NamedLedgers(bk)
+    name = "tests/bytime/cost"
+    s1 = [T0 + i for i in range(300)]
+    s2 = [T0 + 1000 + i // 3 for i in range(3000)]  # repeated times: the first of equal ones is found
+    l1, l2 = _segment(bk, s1), _segment(bk, s2)
+    named.publish_segments(name, [l1], expected_version=None, time_ranges={l1: (s1[0], s1[-1])})
+    named.publish_segments(name, [l2], expected_version=named.record(name).version)
+    times = s1 + s2
+    bounds = Bounds(0, len(times))
+    for t in (T0 + 1500, T0 + 1999, T0 + 150):
+        opts = parse_read_options({"metadataServiceUri": cluster.metadata_uri, "name": name,
+                                   "startingTimestamp": str(t)}, streaming=False)
+        seek = TimeSeek(opts, bk, [name])
+        assert seek.starting(name, bounds) == _first_at(times, t)
+        read = seek._times.entries_read
+        if t > s1[-1]:
+            # S1 skipped by its range (0 reads); S2: 2 for its ends, <= 3 rounds of probes, one scan
+            assert read <= 2 + PROBES * 3 + SCAN, read
+        else:
+            assert read <= PROBES * 2 + SCAN, read

@@ -144,6 +144,12 @@ class EntryTimes:
         return [decode_records(e.payload, where=f"ledger {span.ledger_id} entry {e.entry_id}",
                                check_offsets=False).append_timestamp for e in entries]
 
+    def close(self) -> None:
+        """Let go of the read handles (a read handle's close changes nothing in the ledger)."""
+        handles, self._handles = self._handles, {}
+        for h in handles.values():
+            h.close()
+
 
 async def _read_range(handle: AsyncLedgerHandle, first: int, last: int) -> list[LedgerEntry]:
     """Entries ``first..last`` (confirmed when the read was planned), in as few reads as it takes."""
@@ -235,6 +241,8 @@ class TimeSeek:
                 f"(entries {s.first}..{s.last}) holds {exc.fmt} entries, and only records-v1 entries (written by "
                 "the producer or the Spark sink) carry an append time; use startingOffsets / endingOffsets with "
                 "entry ids for it") from None
+        finally:
+            self._times.close()
         if found is not None:
             found = min(max(found, bounds.first), bounds.end)
         log.info("%s of %s %r: %s -> %s (%d entries read)", spec.option, self._what(), key, _iso(t),
