@@ -43,7 +43,8 @@ WINDOW_S = 10
 USERS = ("alice", "bob", "carol")
 
 
-def produce(uri: str, name: str, n: int, rnd: random.Random, event_ms: int) -> Counter[tuple[str, int]]:
+def produce(uri: str, name: str, n: int, rnd: random.Random, event_ms: int, *,
+            tick: bool = False) -> Counter[tuple[str, int]]:
     """``n`` orders with event times from ``event_ms`` on (within 25 s, so none is later than the
     watermark allows), as one producer session; returns the sum per (user, window start ms)."""
     import vellum
@@ -59,6 +60,11 @@ def produce(uri: str, name: str, n: int, rnd: random.Random, event_ms: int) -> C
             futures.append(producer.write(json.dumps({"order": i, "amount": amount}).encode(), key=user.encode(),
                                           headers=[("source", b"web"), ("schema", b"order-v1")], timestamp=ts))
             sums[(user, ts - ts % (WINDOW_S * 1000))] += amount
+        if tick:
+            # Event time moves on: a record two minutes after the orders takes the watermark past
+            # every order's window, so append mode emits them (its own window stays open).
+            futures.append(producer.write(json.dumps({"order": -1, "amount": 0}).encode(), key=b"tick",
+                                          headers=[("schema", b"order-v1")], timestamp=event_ms + 120_000))
         for f in futures:
             f.result(60)  # acknowledged by the ack quorum
     return sums
@@ -89,7 +95,7 @@ def stream_totals(spark: Any, uri: str, source: str, sink: str, start_ms: int, c
         F.to_json(F.struct(F.expr("unix_millis(window.start)").alias("windowStartMs"), "total")).alias("value"),
         F.col("window.end").alias("timestamp"))
     q = (out.writeStream.format("vellum").option("metadataServiceUri", uri).option("name", sink)  # topic
-         .outputMode("update").option("checkpointLocation", str(checkpoint))
+         .outputMode("append").option("checkpointLocation", str(checkpoint))
          .trigger(availableNow=True).start())
     q.awaitTermination(300)
     if q.exception() is not None:
@@ -97,14 +103,17 @@ def stream_totals(spark: Any, uri: str, source: str, sink: str, start_ms: int, c
 
 
 def read_totals(spark: Any, uri: str, sink: str) -> dict[tuple[str, int], int]:
-    """The latest total per (user, window start ms): update mode writes a window again each time
-    it changes, like an upsert stream into a compacted topic."""
+    """The total per (user, window start ms): append mode writes each window once, when the
+    watermark has passed its end."""
     rows = (spark.read.format("vellum").option("metadataServiceUri", uri).option("name", sink).load()
             .orderBy("entryId", "batchIndex").collect())
     out: dict[tuple[str, int], int] = {}
     for r in rows:
         d = json.loads(bytes(r.value))
-        out[(bytes(r.key).decode(), int(d["windowStartMs"]))] = d["total"]
+        window = (bytes(r.key).decode(), int(d["windowStartMs"]))
+        if window in out:
+            raise RuntimeError(f"window {window} written twice")
+        out[window] = d["total"]
     return out
 
 
@@ -117,7 +126,7 @@ def run(spark: Any, uri: str, work: Path, *, backlog: int = 300, orders: int = 3
     time.sleep(0.05)
     start_ms = int(time.time() * 1000)
     time.sleep(0.05)
-    expected = produce(uri, source, orders, rnd, start_ms)
+    expected = produce(uri, source, orders, rnd, start_ms, tick=True)
     stream_totals(spark, uri, source, sink, start_ms, work / "checkpoint")
     got = read_totals(spark, uri, sink)
     print(f"{orders} orders after the start ({backlog} before it skipped): {len(got)} (user, window) totals")
