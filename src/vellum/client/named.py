@@ -551,15 +551,19 @@ class NamedLedgers:
         *,
         expected_version: int | None,
         cursor_updates: Mapping[str, bytes | None] | None = None,
+        time_ranges: Mapping[int, tuple[int, int]] | None = None,
     ) -> int:
         """Append pre-written CLOSED ledgers as new segments and update cursors in ONE CAS.
 
         ``expected_version=None`` creates the name (it must not exist; digest, password and quorum
         sizes come from the first ledger). An open writer segment is fenced and closed first (in
         the same CAS). A conflict (``MetadataVersionError``) leaves nothing visible. Empty ledgers
-        are skipped. Returns the record's new version.
+        are skipped. ``time_ranges``: ledger id -> (lowest, highest) append time of its
+        records-v1 entries, kept in its segment (docs/formats.md "Segment time range").
+        Returns the record's new version.
         """
-        return await self._publish(name, ledger_ids, expected_version, cursor_updates, overwrite=False)
+        return await self._publish(name, ledger_ids, expected_version, cursor_updates, overwrite=False,
+                                   time_ranges=time_ranges)
 
     async def overwrite(
         self,
@@ -568,13 +572,15 @@ class NamedLedgers:
         *,
         expected_version: int | None,
         cursor_updates: Mapping[str, bytes | None] | None = None,
+        time_ranges: Mapping[int, tuple[int, int]] | None = None,
     ) -> int:
         """Replace every segment by the given CLOSED ledgers in ONE CAS.
 
         Entry ids keep growing: the new segments start after the old last entry and the start moves
         there, so readers never see an id reused. The replaced ledgers are deleted afterwards.
         """
-        return await self._publish(name, ledger_ids, expected_version, cursor_updates, overwrite=True)
+        return await self._publish(name, ledger_ids, expected_version, cursor_updates, overwrite=True,
+                                   time_ranges=time_ranges)
 
     async def merge_segments(self, name: str, ledger_ids: Sequence[int], merged_ledger_id: int) -> int:
         """Replace the consecutive CLOSED segments ``ledger_ids`` by ledger ``merged_ledger_id``,
@@ -602,6 +608,7 @@ class NamedLedgers:
         cursor_updates: Mapping[str, bytes | None] | None,
         *,
         overwrite: bool,
+        time_ranges: Mapping[int, tuple[int, int]] | None = None,
     ) -> int:
         validate_name(name)
         ctx = self._ctx()
@@ -612,7 +619,8 @@ class NamedLedgers:
                 raise IncorrectParameterError(f"ledger {lid} is {md.state.name}: only CLOSED ledgers can be published")
             mds.append(md)
         if expected_version is None:
-            rec = first_published(name, ledger_ids, mds, cursor_updates or {}, ctime_ms=int(time.time() * 1000))
+            rec = first_published(name, ledger_ids, mds, cursor_updates or {}, ctime_ms=int(time.time() * 1000),
+                                  time_ranges=time_ranges)
             try:
                 return await self._create_record(rec)
             except MetadataVersionError:
@@ -626,7 +634,8 @@ class NamedLedgers:
         check_published(rec, ledger_ids, mds)  # before fencing the writer
         fenced = rec.open_segment
         recovered = await self._recover_segment(rec, fenced) if fenced is not None else None
-        updated, replaced = rec.published(recovered, ledger_ids, mds, cursor_updates or {}, overwrite=overwrite)
+        updated, replaced = rec.published(recovered, ledger_ids, mds, cursor_updates or {}, overwrite=overwrite,
+                                          time_ranges=time_ranges)
         version = await self._cas(updated, expected_version)  # conflict: nothing visible
         if fenced is not None and self._close_fenced and not overwrite:
             closed = next((s for s in updated.segments if s.ledger_id == fenced.ledger_id), None)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING
 
@@ -348,9 +349,13 @@ class NamedLedgerHandle:
         return version
 
     # ------------------------------------------------------------------ close
-    async def close(self) -> None:
+    async def close(self, *, time_range: tuple[int, int] | None = None, entries: int = 0) -> None:
         """A writer closes its segment: its ledger (CLOSED at the LAC), then the record. A writer
-        that failed (fenced, no bookies) leaves the segment to the next acquirer's recovery."""
+        that failed (fenced, no bookies) leaves the segment to the next acquirer's recovery.
+
+        ``time_range``: (lowest, highest) append time of ``entries`` records-v1 entries the caller
+        (the producer) wrote; kept in the closed segment (docs/formats.md "Segment time range")
+        only if they are every entry of it."""
         if self._closed:
             return
         self._closed = True
@@ -364,6 +369,9 @@ class NamedLedgerHandle:
             return
         await w.close()
         closed = seg.closed(w.last_add_confirmed, w.length)
+        if time_range is not None and entries > 0 and closed.entry_count == entries \
+                and 0 <= time_range[0] <= time_range[1]:
+            closed = dataclasses.replace(closed, time_range=time_range)
         rec, version = self._record, self._version
         for _ in range(CAS_RETRIES):
             if not rec.held_by(seg):

@@ -114,6 +114,10 @@ class Segment:
     ensembles: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
     #: how many merges its entries went through (0: as written; see ``merged``)
     level: int = 0
+    #: CLOSED segments of records-v1 entries: (lowest, highest) append time of its entries, ms
+    #: since the epoch, when its publisher knew it (docs/formats.md "Segment time range"); None:
+    #: unknown (plain or rows-v1 entries, older publishers), readers then read the entries
+    time_range: tuple[int, int] | None = None
 
     @property
     def is_open(self) -> bool:
@@ -141,6 +145,8 @@ class Segment:
             d.update({"lastEntryId": self.last_entry_id, "length": self.length})
             if self.level:
                 d["level"] = self.level  # only on merged segments (older clients ignore it)
+            if self.time_range is not None:
+                d["appendTimeMs"] = list(self.time_range)  # only where known (older clients ignore it)
         return d
 
     @classmethod
@@ -152,7 +158,25 @@ class Segment:
         if d["state"] != "CLOSED":
             raise ValueError(f"unknown segment state {d['state']!r}")
         return cls(int(d["ledgerId"]), int(d["firstEntryId"]), int(d["lastEntryId"]), int(d.get("length", 0)),
-                   int(d.get("epoch", 0)), level=int(d.get("level", 0)))
+                   int(d.get("epoch", 0)), level=int(d.get("level", 0)), time_range=_time_range(d.get("appendTimeMs")))
+
+
+def _time_range(raw: Any) -> tuple[int, int] | None:
+    """A segment's ``appendTimeMs`` ``[lowest, highest]``; absent (older records) is None."""
+    if raw is None:
+        return None
+    lo, hi = (int(x) for x in raw)
+    if not 0 <= lo <= hi:
+        raise ValueError(f"bad segment appendTimeMs {raw!r}: need 0 <= lowest <= highest")
+    return lo, hi
+
+
+def joined_time_range(segments: Sequence[Segment]) -> tuple[int, int] | None:
+    """The time range of segments taken together: known only if every one's is."""
+    ranges = [s.time_range for s in segments]
+    if not ranges or any(r is None for r in ranges):
+        return None
+    return min(r[0] for r in ranges if r is not None), max(r[1] for r in ranges if r is not None)
 
 
 @dataclass(frozen=True)
@@ -347,6 +371,7 @@ class NamedLedgerRecord:
         cursor_updates: Mapping[str, bytes | None],
         *,
         overwrite: bool,
+        time_ranges: Mapping[int, tuple[int, int]] | None = None,
     ) -> tuple[NamedLedgerRecord, tuple[Segment, ...]]:
         """``publish_segments`` / ``overwrite``: the open segment sealed at its ``recovered`` end
         (its writer epoch ends), the CLOSED ledgers appended as segments after the last entry
@@ -361,7 +386,7 @@ class NamedLedgerRecord:
         if overwrite:
             replaced, segments, start = segments, (), end
         updated = self.with_cursors(cursor_updates).replace(
-            segments=append_segments(segments, end, ledger_ids, mds, epoch), writer_epoch=epoch,
+            segments=append_segments(segments, end, ledger_ids, mds, epoch, time_ranges), writer_epoch=epoch,
             start_entry_id=start, trimmed_to=max(self.trimmed_to, start) if overwrite else self.trimmed_to,
         )
         return updated, replaced
@@ -416,7 +441,7 @@ class NamedLedgerRecord:
                 f"{ids} of {self.name!r} {entries} ({length} bytes): not a copy of them")
         first, last = run[0].first_entry_id, run[-1].last_entry_id
         seg = Segment(md_ledger_id, first, last, length, max(s.epoch for s in run),
-                      level=max(s.level for s in run) + 1)
+                      level=max(s.level for s in run) + 1, time_range=joined_time_range(run))
         assert at is not None
         return self.replace(segments=(*self.segments[:at], seg, *self.segments[at + len(ids):]))
 
@@ -442,6 +467,7 @@ class NamedLedgerRecord:
 def first_published(
     name: str, ledger_ids: Sequence[int], mds: Sequence[LedgerMetadata],
     cursor_updates: Mapping[str, bytes | None], *, ctime_ms: int,
+    time_ranges: Mapping[int, tuple[int, int]] | None = None,
 ) -> NamedLedgerRecord:
     """The record of a name created by publishing CLOSED ledgers: digest, password and quorum
     sizes come from the first ledger; no writer session (epoch 0)."""
@@ -454,7 +480,7 @@ def first_published(
         ack_quorum_size=first.ack_quorum_size, writer_epoch=0, ctime_ms=ctime_ms,
     )
     check_published(rec, ledger_ids, mds)
-    return rec.replace(segments=append_segments((), 0, ledger_ids, mds, 0),
+    return rec.replace(segments=append_segments((), 0, ledger_ids, mds, 0, time_ranges),
                        cursors=rec.with_cursors(cursor_updates).cursors)
 
 
@@ -473,14 +499,20 @@ def check_published(rec: NamedLedgerRecord, ledger_ids: Sequence[int], mds: Sequ
 
 
 def append_segments(
-    segments: tuple[Segment, ...], first: int, ledger_ids: Sequence[int], mds: Sequence[LedgerMetadata], epoch: int
+    segments: tuple[Segment, ...], first: int, ledger_ids: Sequence[int], mds: Sequence[LedgerMetadata], epoch: int,
+    time_ranges: Mapping[int, tuple[int, int]] | None = None,
 ) -> tuple[Segment, ...]:
-    """``segments`` + one CLOSED segment per non-empty ledger, numbered on from global id ``first``."""
+    """``segments`` + one CLOSED segment per non-empty ledger, numbered on from global id ``first``
+    (with its append-time range where ``time_ranges`` gives one for its ledger id)."""
     out = list(segments)
     for lid, md in zip(ledger_ids, mds):
         if md.last_entry_id < 0:
             continue  # an empty ledger adds nothing
-        out.append(Segment(int(lid), first, first + md.last_entry_id, md.length, epoch))
+        rng = (time_ranges or {}).get(int(lid))
+        if rng is not None and not 0 <= rng[0] <= rng[1]:
+            raise IncorrectParameterError(f"ledger {lid}: bad append-time range {rng} (need 0 <= lowest <= highest)")
+        out.append(Segment(int(lid), first, first + md.last_entry_id, md.length, epoch,
+                           time_range=None if rng is None else (int(rng[0]), int(rng[1]))))
         first += md.last_entry_id + 1
     return tuple(out)
 

@@ -17,6 +17,7 @@ Invariants:
 - records buffered or in flight hold at most ``buffer_memory_bytes`` (counted with
   :func:`~vellum.format.records.record_size`); ``write`` waits for room up to ``max_block_ms``
   (Kafka's ``buffer.memory`` / ``max.block.ms``), then raises ``TimeoutError_``;
+- append timestamps never decrease within the segment (a clock stepping back repeats the last);
 - the segment ledger the producer writes is marked ``vellum.entryFormat = records-v1`` when its
   session opens it (``NamedLedgers.open(segment_metadata=...)``), so readers decode its entries;
   a name may mix plain, ``rows-v1`` and ``records-v1`` segments.
@@ -131,6 +132,9 @@ class Producer:
         self._handle = handle
         self.settings = settings or ProducerSettings()
         self._clock = clock
+        self._last_append_ms = 0  # append times never go back within the segment (see _seal)
+        self._first_append_ms: int | None = None  # of the first entry: the segment's time range at close
+        self._acked_entries = 0
         self._batch: list[Record] = []
         self._batch_futures: list[asyncio.Future[RecordPosition]] = []
         self._batch_bytes = 0
@@ -301,7 +305,12 @@ class Producer:
             self._entry_failed(futures, nbytes, self._failed)
             return
         try:
-            entry = encode_records(records, append_timestamp=int(self._clock() * 1000))
+            # A clock stepping back repeats the last append time: within a ledger append times never
+            # decrease, which offsets by time rely on (docs/spark.md "Offsets by time").
+            self._last_append_ms = max(self._last_append_ms, int(self._clock() * 1000))
+            if self._first_append_ms is None:
+                self._first_append_ms = self._last_append_ms
+            entry = encode_records(records, append_timestamp=self._last_append_ms)
             add = self._handle.append_async(entry)
         except Exception as exc:  # the handle refused at once (closed): fail the batch like a failed add
             self._entry_failed(futures, nbytes, exc)
@@ -317,6 +326,7 @@ class Producer:
             self._entry_failed(futures, nbytes, exc)
             return
         entry_id = add.result()
+        self._acked_entries += 1
         for i, fut in enumerate(futures):
             if not fut.done():
                 fut.set_result(RecordPosition(entry_id, i))
@@ -351,7 +361,11 @@ class Producer:
         finally:
             self._closed = True
             self._wake()
-            await self._handle.close()
+            # Every entry acknowledged: the segment's append-time range goes into the record
+            # (the handle checks the count against the segment's entries).
+            ok = self._failed is None and self._first_append_ms is not None
+            await self._handle.close(time_range=(self._first_append_ms or 0, self._last_append_ms) if ok else None,
+                                     entries=self._acked_entries)
 
     async def __aenter__(self) -> Producer:
         return self

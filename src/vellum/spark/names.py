@@ -44,6 +44,8 @@ class SegmentView:
     ledger_id: int
     first_entry_id: int
     last_readable: int  # global id of the last readable entry (first - 1 if none)
+    #: (lowest, highest) append time of a closed segment's entries, if its record keeps it
+    time_range: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -99,7 +101,7 @@ class NameReader:
                 length += h.length
                 entries += h.last_add_confirmed + 1
             if last >= rec.start_entry_id:
-                segs.append(SegmentView(seg.ledger_id, seg.first_entry_id, last))
+                segs.append(SegmentView(seg.ledger_id, seg.first_entry_id, last, seg.time_range))
         end = max(rec.start_entry_id, segs[-1].last_readable + 1 if segs else rec.start_entry_id)
         avg = max(1, length // entries) if entries > 0 and length > 0 else 1024
         return NameView(rec.start_entry_id, end, tuple(segs), rec.password, dict(rec.custom_metadata), avg)
@@ -164,8 +166,10 @@ class NameWriter:
         self._opts = opts
         self._named = NamedLedgers(bk.aio)
 
-    def publish(self, ledger_ids: list[int], *, overwrite: bool, cursor: tuple[str, int] | None) -> bool:
+    def publish(self, ledger_ids: list[int], *, overwrite: bool, cursor: tuple[str, int] | None,
+                time_ranges: dict[int, tuple[int, int]] | None = None) -> bool:
         """One CAS publishing ``ledger_ids`` (and the cursor). False: a replay, nothing changed.
+        ``time_ranges``: the append-time range of a ledger's records-v1 entries, kept in its segment.
 
         ``MetadataVersionError`` when another commit won the race: the caller re-reads and retries.
         """
@@ -189,7 +193,8 @@ class NameWriter:
             got = _call(self._bk, self._named.record(name))
         if got is None:
             fn = self._named.overwrite if overwrite else self._named.publish_segments
-            _call(self._bk, fn(name, ledger_ids, expected_version=None, cursor_updates=updates))
+            _call(self._bk, fn(name, ledger_ids, expected_version=None, cursor_updates=updates,
+                               time_ranges=time_ranges))
             return True
         if not ledger_ids and not overwrite:
             if updates:
@@ -197,7 +202,8 @@ class NameWriter:
                 _call(self._bk, self._named.set_cursor(name, key, value, got.version))
             return True
         fn = self._named.overwrite if overwrite else self._named.publish_segments
-        _call(self._bk, fn(name, ledger_ids, expected_version=got.version, cursor_updates=updates))
+        _call(self._bk, fn(name, ledger_ids, expected_version=got.version, cursor_updates=updates,
+                           time_ranges=time_ranges))
         return True
 
     def _create_empty(self) -> None:

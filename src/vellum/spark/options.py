@@ -59,6 +59,11 @@ _READ_KEYS = {
     "namepattern": "namePattern",
     "startingoffsets": "startingOffsets",
     "endingoffsets": "endingOffsets",
+    "startingtimestamp": "startingTimestamp",
+    "endingtimestamp": "endingTimestamp",
+    "startingoffsetsbytimestamp": "startingOffsetsByTimestamp",
+    "endingoffsetsbytimestamp": "endingOffsetsByTimestamp",
+    "startingoffsetsbytimestampstrategy": "startingOffsetsByTimestampStrategy",
     "maxentriesperpartition": "maxEntriesPerPartition",
     "maxbytesperpartition": "maxBytesPerPartition",
     "minpartitions": "minPartitions",
@@ -231,6 +236,12 @@ class ReadOptions:
     cursor_name: str | None = None
     #: the cursor is stored with ``retain``: a shrink of the name refuses to pass it
     cursor_retain: bool = False
+    #: offsets by time (docs/spark.md "Offsets by time"): ms since the epoch per key, or for
+    #: every key (``"*"``); they take precedence over startingOffsets / endingOffsets
+    starting_times: TimeSpec | None = None
+    ending_times: TimeSpec | None = None
+    #: no entry appended at or after a starting time: ``error`` (Kafka's default) or ``latest``
+    timestamp_strategy: str = "error"
 
     @property
     def named(self) -> bool:
@@ -241,6 +252,76 @@ class ReadOptions:
 
     def ending_map(self) -> str | dict[str, int]:
         return self.ending if isinstance(self.ending, str) else dict(self.ending)
+
+
+#: values of startingOffsetsByTimestampStrategy (Kafka's names)
+TIMESTAMP_STRATEGIES = ("error", "latest")
+
+
+@dataclass(frozen=True)
+class TimeSpec:
+    """Times (ms since the Unix epoch) to turn into offsets: one for every key (``every``, from
+    startingTimestamp / endingTimestamp) or one per key (``per_key``, from the JSON of
+    startingOffsetsByTimestamp / endingOffsetsByTimestamp). ``option`` names where it came from."""
+
+    option: str
+    every: int | None = None
+    per_key: tuple[tuple[str, int], ...] = ()
+
+    def time_of(self, key: str) -> int | None:
+        """The time asked for ``key``, or None: the key takes the offsets option."""
+        if self.every is not None:
+            return self.every
+        return dict(self.per_key).get(key)
+
+
+def _time_ms(raw: object, option: str, where: str = "") -> int:
+    """A non-negative integer of milliseconds since the Unix epoch (Kafka's timestamps)."""
+    value: int | None = None
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        value = raw
+    elif isinstance(raw, str) and re.fullmatch(r"\s*-?\d+\s*", raw):
+        value = int(raw)
+    if value is None or value < 0:
+        raise OptionError(f"option {option}{where} must be a time in milliseconds since 1970-01-01 UTC (an integer "
+                          f">= 0, e.g. 1767225600000), got {raw!r}")
+    return value
+
+
+def parse_time_options(options: Mapping[str, str], *, streaming: bool) -> tuple[TimeSpec | None, TimeSpec | None, str]:
+    """startingTimestamp / startingOffsetsByTimestamp, endingTimestamp / endingOffsetsByTimestamp
+    and startingOffsetsByTimestampStrategy; Kafka's precedence: the one-time-for-all option wins
+    over the per-key JSON, and both over startingOffsets / endingOffsets."""
+    specs: list[TimeSpec | None] = []
+    for every_key, json_key in (("startingTimestamp", "startingOffsetsByTimestamp"),
+                                ("endingTimestamp", "endingOffsetsByTimestamp")):
+        every_raw, json_raw = _get(options, every_key), _get(options, json_key)
+        if streaming and every_key == "endingTimestamp":
+            given = [k for k, v in ((every_key, every_raw), (json_key, json_raw)) if v]
+            if given:
+                raise OptionError(f"option {given[0]} is for batch reads only (a stream has no end)")
+        if every_raw:
+            specs.append(TimeSpec(every_key, every=_time_ms(every_raw.strip(), every_key)))
+            continue
+        if not json_raw:
+            specs.append(None)
+            continue
+        try:
+            value = json.loads(json_raw)
+        except json.JSONDecodeError as e:
+            raise OptionError(f"option {json_key} must be a JSON object {{\"<name or ledger id>\": <ms since the "
+                              f"epoch>}}, got {json_raw!r}: {e}") from None
+        if not isinstance(value, dict) or not value:
+            raise OptionError(f"option {json_key} must be a non-empty JSON object {{\"<name or ledger id>\": <ms "
+                              f"since the epoch>}}, got {json_raw!r}")
+        per = {str(k): _time_ms(v, json_key, f" (key {k!r})") for k, v in value.items()}
+        specs.append(TimeSpec(json_key, per_key=tuple(sorted(per.items()))))
+    raw_strategy = _get(options, "startingOffsetsByTimestampStrategy")
+    strategy = (raw_strategy or "error").strip().lower()
+    if strategy not in TIMESTAMP_STRATEGIES:
+        raise OptionError(f"option startingOffsetsByTimestampStrategy must be error (fail when a name or ledger "
+                          f"has no entry at or after the time) or latest (start at its end), got {raw_strategy!r}")
+    return specs[0], specs[1], strategy
 
 
 def _frozen(offsets: str | dict[str, int]) -> str | tuple[tuple[str, int], ...]:
@@ -328,6 +409,13 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
                           "a cursor is stored in a name's record")
     if cursor_retain and cursor_name is None:
         raise OptionError("option cursorRetain applies to the cursor of option cursorName: give cursorName too")
+    starting_times, ending_times, strategy = parse_time_options(options, streaming=streaming)
+    if ledger_ids is not None:
+        for spec in (starting_times, ending_times):
+            bad = [k for k, _t in spec.per_key if not k.isdigit()] if spec is not None else []
+            if bad:
+                assert spec is not None
+                raise OptionError(f"option {spec.option}: keys must be ledger ids in ledger mode, got {bad}")
     return ReadOptions(
         metadata_uri=uri,
         ledger_ids=ledger_ids,
@@ -354,6 +442,9 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
         payload_column=_bool(options, "payloadColumn", True),
         cursor_name=cursor_name,
         cursor_retain=cursor_retain,
+        starting_times=starting_times,
+        ending_times=ending_times,
+        timestamp_strategy=strategy,
     )
 
 

@@ -84,6 +84,7 @@ from vellum.spark.options import (
     COL_VALUE,
     ReadOptions,
 )
+from vellum.spark.timeseek import TimeSeek
 
 log = logging.getLogger(__name__)
 #: ranges of a partition read ahead of the one being converted (each about arrowBatchEntries rows)
@@ -590,6 +591,7 @@ class VellumBatchReader(DataSourceReader):  # type: ignore[misc]
             catalog = catalog_for(opts, bk)
             keys = catalog.list_keys()
             starting, ending = opts.starting_map(), opts.ending_map()
+            by_time = TimeSeek(opts, bk, keys)  # offsets by time: before startingOffsets / endingOffsets
             for what, offsets in (("startingOffsets", starting), ("endingOffsets", ending)):
                 if isinstance(offsets, dict):
                     unknown = sorted(set(offsets) - set(keys))
@@ -607,6 +609,8 @@ class VellumBatchReader(DataSourceReader):  # type: ignore[misc]
                     continue
                 first = resolve_offset(starting.get(key, -2) if isinstance(starting, dict) else starting, b)
                 end = resolve_offset(ending.get(key, -1) if isinstance(ending, dict) else ending, b)
+                if by_time.active:
+                    first, end = _or(by_time.starting(key, b), first), _or(by_time.ending(key, b), end)
                 if first < b.first:
                     cut = min(b.first, end)
                     if cut > first:
@@ -623,6 +627,10 @@ class VellumBatchReader(DataSourceReader):  # type: ignore[misc]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return read_partition(self.opts, self.schema, partition)
+
+
+def _or(value: int | None, default: int) -> int:
+    return default if value is None else value
 
 
 def _what(opts: ReadOptions) -> str:
@@ -695,9 +703,11 @@ class VellumStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
                     _data_loss(self.opts, _loss(self.opts, key, asked if asked is not None and asked >= 0 else None,
                                                 None, MISSING, f"the {_what(self.opts)} does not exist"), self._pending)
             out: dict[str, int] = {}
+            assert self._bk is not None
+            by_time = TimeSeek(self.opts, self._bk, self._cat().list_keys())  # before startingOffsets
             for key, b in latest.items():
                 spec = starting.get(key, -2) if isinstance(starting, dict) else starting
-                out[key] = resolve_offset(spec, b)
+                out[key] = _or(by_time.starting(key, b) if by_time.active else None, resolve_offset(spec, b))
             self._initial = out
         return dict(self._initial)
 

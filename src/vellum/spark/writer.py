@@ -96,6 +96,9 @@ class VellumCommit(WriterCommitMessage):  # type: ignore[misc]
     query_id: str | None = None
     batch_id: int | None = None
     segments: tuple[tuple[str, int], ...] = ()
+    #: (ledger id, lowest, highest) append time (ms) of the records-v1 entries of each staging
+    #: ledger: kept in its segment when published (docs/formats.md "Segment time range")
+    time_ranges: tuple[tuple[int, int, int], ...] = ()
 
     def ledger_ids(self) -> list[int]:
         """Every staging ledger of this attempt."""
@@ -127,7 +130,7 @@ def _offsets(column: pa.Array) -> memoryview:
     return memoryview(column.buffers()[1])[4 * start:4 * (start + len(column) + 1)].cast("i")
 
 
-def pack_column(column: pa.Array, max_rows: int, max_bytes: int) -> list[bytes]:
+def pack_column(column: pa.Array, max_rows: int, max_bytes: int, now_ms: int | None = None) -> list[bytes]:
     """Cut a binary column into ``records-v1`` entries of bare values (``vellum.format.records``),
     rows kept in order.
 
@@ -141,7 +144,7 @@ def pack_column(column: pa.Array, max_rows: int, max_bytes: int) -> list[bytes]:
     offs = _offsets(column).tolist()
     data = column.buffers()[2]
     mv = memoryview(data) if data is not None else memoryview(b"")
-    now_ms = int(time.time() * 1000)
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     out: list[bytes] = []
     i = 0
     while i < n:
@@ -158,7 +161,7 @@ def _record_column_names(opts: WriteOptions) -> list[str]:
     return [c for c in (COL_KEY, COL_TIMESTAMP, COL_HEADERS) if c in opts.columns]
 
 
-def pack_records(batch: pa.RecordBatch, value: pa.Array, opts: WriteOptions) -> list[bytes]:
+def pack_records(batch: pa.RecordBatch, value: pa.Array, opts: WriteOptions, now_ms: int | None = None) -> list[bytes]:
     """Rows with a key, timestamp or headers column as ``records-v1`` entries, in row order,
     cut like :func:`pack_column` (``entryMaxRows``, ``entryMaxBytes`` counted with
     :func:`vellum.format.records.record_size`). Bad cells are errors naming the column."""
@@ -190,7 +193,7 @@ def pack_records(batch: pa.RecordBatch, value: pa.Array, opts: WriteOptions) -> 
                 v = h["value"]
                 hs.append((h["key"], v.encode() if isinstance(v, str) else bytes(v)))
             headers.append(tuple(hs))
-    now_ms = int(time.time() * 1000)
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     out: list[bytes] = []
     cur: list[Record] = []
     cur_bytes = 0
@@ -231,6 +234,10 @@ def write_task(opts: WriteOptions, job: str, batches: Iterator[pa.RecordBatch],
     attempt = ctx.attemptNumber() if ctx is not None else 0
     bk = shared_client(opts.metadata_uri, opts.client_properties)
     handles: dict[str, BlockingLedgerHandle] = {}
+    # Append times of each staging ledger's records-v1 entries: never decreasing within a ledger
+    # (a clock stepping back repeats the last time), which offsets by time rely on
+    # (vellum.spark.timeseek); their range goes into the segment when published.
+    times: dict[str, tuple[int, int]] = {}
     rows = nbytes = 0
     try:
         for batch in batches:
@@ -241,11 +248,15 @@ def write_task(opts: WriteOptions, job: str, batches: Iterator[pa.RecordBatch],
                 if handle is None:
                     handle = handles[name] = _staging_ledger(bk, opts, name, job, partition, attempt)
                 column = _value_column(part, opts.value_column)
+                if _record_column_names(opts) or opts.packed:
+                    lo, hi = times.get(name, (-1, -1))
+                    now_ms = max(hi, int(time.time() * 1000))
+                    times[name] = (now_ms if lo < 0 else lo, now_ms)
                 if _record_column_names(opts):
-                    entries = pack_records(part, column, opts)
+                    entries = pack_records(part, column, opts, now_ms)
                     window = max(1, min(opts.max_in_flight, _PACKED_IN_FLIGHT_BYTES // opts.entry_max_bytes))
                 elif opts.packed:
-                    entries = pack_column(column, opts.entry_max_rows, opts.entry_max_bytes)
+                    entries = pack_column(column, opts.entry_max_rows, opts.entry_max_bytes, now_ms)
                     window = max(1, min(opts.max_in_flight, _PACKED_IN_FLIGHT_BYTES // opts.entry_max_bytes))
                 else:
                     entries = column.to_pylist()
@@ -259,11 +270,12 @@ def write_task(opts: WriteOptions, job: str, batches: Iterator[pa.RecordBatch],
                     nbytes += offs[-1] - offs[0]  # the rows' bytes, without listing every offset
         for handle in handles.values():
             handle.close()
+        ranges = tuple((h.ledger_id, *times[n]) for n, h in handles.items() if n in times)
         if not opts.name_from_column:
             lid = handles[opts.name].ledger_id if handles else -1
-            return VellumCommit(job, partition, attempt, lid, rows, nbytes, query_id, batch_id)
+            return VellumCommit(job, partition, attempt, lid, rows, nbytes, query_id, batch_id, time_ranges=ranges)
         return VellumCommit(job, partition, attempt, -1, rows, nbytes, query_id, batch_id,
-                            tuple((n, h.ledger_id) for n, h in handles.items()))
+                            tuple((n, h.ledger_id) for n, h in handles.items()), ranges)
     except BaseException:
         for handle in handles.values():
             _drop_failed_staging(bk, handle.ledger_id)
@@ -487,12 +499,14 @@ def commit_job(opts: WriteOptions, job: str, messages: Sequence[WriterCommitMess
     msgs = _published(messages)
     published: set[int] = set()
     any_done = False
+    time_ranges = {lid: (lo, hi) for m in msgs for lid, lo, hi in m.time_ranges}
     with client(opts.metadata_uri, opts.client_properties) as bk:
         for name, ids in sorted(_by_name(opts, msgs).items()):
             writer = NameWriter(bk, dataclasses.replace(opts, name=name))
             for attempt in range(20):
                 try:
-                    done = writer.publish(ids, overwrite=overwrite, cursor=cursor)
+                    done = writer.publish(ids, overwrite=overwrite, cursor=cursor,
+                                          time_ranges={i: time_ranges[i] for i in ids if i in time_ranges})
                     break
                 except MetadataVersionError:
                     # Another writer changed the record between our read and CAS: re-read and retry.
