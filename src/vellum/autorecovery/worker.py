@@ -13,7 +13,9 @@ ledger is retried when the registered bookies change, else every ``BLOCKED_RETRY
 A fragment is bad when its bookie is not registered (lost, decommissioned), or when the record
 names the bookie (the auditor found entries missing or corrupt there) and a verified read of
 the fragment from it fails. Replacing a fragment:
-1. pick a bookie for its position through the placement policy (not in the segment, not bad);
+1. pick a bookie for its position through the placement policy (not in the segment, and none whose
+   fragments of this ledger are bad now: a bookie the record names that is registered again and
+   whose copies verify is a fine target);
 2. copy the fragment's entries to it (``copier``: read from the surviving replicas, digest
    verified, recovery adds, batched, throttled);
 3. CAS the segment with the new bookie in that position; on a conflict re-read and retry while
@@ -212,13 +214,14 @@ class ReplicationWorker:
             log.info("ledger %d was deleted: nothing to re-replicate", ledger_id)
             return Outcome.HEALED
         bad = await self._bad_fragments(ledger_id, current.value, suspects)
+        avoid = {f.bookie for f in bad}
         if any(f.is_open for f in bad):
             marked_ms = record.ctime_ms if record is not None and record.ctime_ms > 0 else 0
             waited_ms = time.time() * 1000 - marked_ms
             if waited_ms < self._settings.open_ledger_grace_period_ms:
                 bad = [f for f in bad if not f.is_open]
                 for f in bad:
-                    await self._replace(ledger_id, f, suspects)
+                    await self._replace(ledger_id, f, avoid)
                 return Outcome.DEFERRED
             log.info("ledger %d: its open fragment on %s is still bad after the %d ms grace period: "
                      "fencing and recovering the ledger", ledger_id,
@@ -226,8 +229,9 @@ class ReplicationWorker:
             await recover_ledger(ctx, ledger_id, current.value.password)
             current = await ctx.read_metadata(ledger_id)
             bad = await self._bad_fragments(ledger_id, current.value, suspects)
+            avoid = {f.bookie for f in bad}
         for f in bad:
-            await self._replace(ledger_id, f, suspects)
+            await self._replace(ledger_id, f, avoid)
         return Outcome.HEALED
 
     async def _bad_fragments(self, ledger_id: int, md: LedgerMetadata, suspects: set[str]) -> list[Fragment]:
@@ -241,7 +245,10 @@ class ReplicationWorker:
                 bad.append(f)
         return bad
 
-    async def _replace(self, ledger_id: int, fragment: Fragment, suspects: set[str]) -> None:
+    async def _replace(self, ledger_id: int, fragment: Fragment, avoid: set[str]) -> None:
+        """Copy ``fragment`` to a bookie outside its segment and outside ``avoid`` (the bookies
+        whose fragments of this ledger are bad now), then publish it. A bookie the record names
+        but whose copies checked out (it is registered again) may take the copy."""
         ctx = self._bk.context
         current = await ctx.read_metadata(ledger_id)
         md = current.value
@@ -255,13 +262,13 @@ class ReplicationWorker:
         # (may run the topology script) off the loop
         await asyncio.to_thread(ctx.placement.learn, segment)
         writable, read_only = ctx.writable_bookies, ctx.read_only_bookies
-        if not set(writable) - set(read_only) - set(segment) - suspects:
+        if not set(writable) - set(read_only) - set(segment) - avoid:
             raise no_spare_bookie(fragment.bookie, len(segment), writable=writable, read_only=read_only,
-                                  excluded=suspects | {fragment.bookie})
+                                  excluded=avoid | {fragment.bookie})
         try:
             target = ctx.placement.replace_bookie(
                 segment, fragment.index, md.write_quorum_size, writable=writable, read_only=read_only,
-                exclude=set(segment) | suspects, ack_quorum=md.ack_quorum_size,
+                exclude=set(segment) | avoid, ack_quorum=md.ack_quorum_size,
             )
         except NotEnoughBookiesError as exc:
             raise placement_unmet(fragment.bookie, f"ensemblePlacementPolicy={ctx.config.ensemble_placement_policy}",
