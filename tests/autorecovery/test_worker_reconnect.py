@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 import threading
 import time
@@ -25,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from vellum.autorecovery.daemon import AutoRecovery
 from vellum.autorecovery.settings import AutoRecoverySettings
 from vellum.autorecovery.worker import ReplicationWorker
 from vellum.client.bookkeeper import BookKeeper
@@ -184,3 +186,43 @@ def test_the_worker_keeps_healing_after_a_lost_reply(stores: tuple[MetadataStore
                                                     call: str) -> None:
     problem = asyncio.run(_heal_through_a_lost_reply(*stores, link, call))
     assert problem is None, problem
+
+
+def test_the_daemon_starts_a_failed_worker_again(zk_server: ZooKeeperServer, monkeypatch: pytest.MonkeyPatch,
+                                                caplog: pytest.LogCaptureFixture) -> None:
+    """The worker is not meant to fail any more; if it does anyway (planted here: its first run
+    raises), AutoRecovery says so and starts it again instead of leaving it dead unseen."""
+    uri = zk_server.uri("zk+hierarchical", f"/worker-restart-{uuid.uuid4().hex[:8]}/ledgers")
+    with open_metadata_store(uri) as observer:
+        observer.format()
+        observer.underreplication.mark_under_replicated(LedgerId(9201), ["10.0.0.9:3181"])
+        real_run = ReplicationWorker.run
+        runs: list[int] = []
+
+        async def failing_once(self: ReplicationWorker, stop: asyncio.Event) -> None:
+            runs.append(1)
+            if len(runs) == 1:
+                raise RuntimeError("planted: the worker's first run fails")
+            await real_run(self, stop)
+
+        monkeypatch.setattr(ReplicationWorker, "run", failing_once)
+
+        async def main() -> bool:
+            recovery = AutoRecovery(uri, bookie_id="10.0.0.1:3181", settings=AutoRecoverySettings(backoff_ms=200))
+            stop = asyncio.Event()
+            task = asyncio.create_task(recovery.run(stop))
+            deadline = time.monotonic() + HEAL_WITHIN_S
+            healed = False
+            while not task.done() and time.monotonic() < deadline:
+                if not await asyncio.to_thread(lambda: list(observer.underreplication.list_under_replicated())):
+                    healed = True
+                    break
+                await asyncio.sleep(0.1)
+            stop.set()
+            await asyncio.wait([task], timeout=30)
+            return healed
+
+        with caplog.at_level(logging.ERROR, logger="vellum.autorecovery.daemon"):
+            healed = asyncio.run(main())
+    assert len(runs) >= 2 and healed, f"runs {len(runs)}, healed {healed}"
+    assert "the replication worker failed; it starts again" in caplog.text
