@@ -15,9 +15,7 @@ bookie is needed: what is tested is the worker's loop over the metadata store.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import socket
 import threading
 import time
 import uuid
@@ -33,75 +31,13 @@ from vellum.client.bookkeeper import BookKeeper
 from vellum.errors import MetadataStoreUnavailableError
 from vellum.ids import LedgerId
 from vellum.meta import MetadataStore, open_metadata_store
+from vellum.testing.tcp_link import CuttableLink
 from vellum.testing.zookeeper import ZooKeeperServer
 
 pytestmark = [pytest.mark.zk, pytest.mark.timeout(120)]
 
 #: how long the worker has to heal everything after the fault (it needs well under a second)
 HEAL_WITHIN_S = 15.0
-
-
-class CuttableLink:
-    """A TCP relay to ``target`` on 127.0.0.1: ``hold_replies()`` stops relaying answers (they
-    stay unread), ``cut()`` ends every relayed connection (new ones are accepted at once)."""
-
-    def __init__(self, target: tuple[str, int]) -> None:
-        self._target = target
-        self._server = socket.create_server(("127.0.0.1", 0))
-        self.port = int(self._server.getsockname()[1])
-        self._lock = threading.Lock()
-        self._socks: list[socket.socket] = []
-        self._replies = threading.Event()
-        self._replies.set()
-        self.cuts = 0
-        threading.Thread(target=self._accept, name="link-accept", daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._server.accept()
-            except OSError:
-                return
-            try:
-                upstream = socket.create_connection(self._target, timeout=5)
-            except OSError:
-                client.close()
-                continue
-            upstream.settimeout(None)
-            with self._lock:
-                self._socks += [client, upstream]
-            threading.Thread(target=self._pump, args=(client, upstream, None), daemon=True).start()
-            threading.Thread(target=self._pump, args=(upstream, client, self._replies), daemon=True).start()
-
-    @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket, gate: threading.Event | None) -> None:
-        try:
-            while data := src.recv(65536):
-                if gate is not None:
-                    gate.wait()  # held: the answer stays here until the cut drops it
-                dst.sendall(data)
-        except OSError:
-            pass
-        for s in (src, dst):
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-
-    def hold_replies(self) -> None:
-        self._replies.clear()
-
-    def cut(self) -> None:
-        with self._lock:
-            socks, self._socks = self._socks, []
-        for s in socks:
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-            s.close()
-        self.cuts += 1
-        self._replies.set()
-
-    def close(self) -> None:
-        self._server.close()
-        self.cut()
 
 
 @pytest.fixture
