@@ -838,7 +838,11 @@ class ZkMetadataStore(MetadataStore):
         )
         self._dispatch = CallbackDispatcher("vellum-zk-events")
         self._listeners: list[SessionListener] = []
+        #: the ledger manager's lazy set-up and format(), which hold it across ZooKeeper round trips
         self._lock = threading.RLock()
+        #: the session state (_lost, _closed, _listeners): never held across a round trip, since
+        #: kazoo's connection thread takes it in _on_state before the connection serves requests
+        self._session_lock = threading.Lock()
         self._lost = False
         self._closed = False
         self._ledgers: ZkLedgerManager | None = None
@@ -919,15 +923,16 @@ class ZkMetadataStore(MetadataStore):
         return int(cid[0]) if cid else 0
 
     def _on_state(self, state: str) -> None:
-        # Runs on kazoo's connection thread: never block here.
+        # Runs on kazoo's connection thread: never block here (nor wait for a lock held across
+        # a round trip: that request would wait for this connection, this connection for it).
         if state == KazooState.LOST:
-            with self._lock:
+            with self._session_lock:
                 if self._closed:
                     return
                 self._lost = True
             self._emit(SessionEvent.EXPIRED)
         elif state == KazooState.CONNECTED:
-            with self._lock:
+            with self._session_lock:
                 if not self._lost or self._closed:
                     return
                 self._lost = False
@@ -936,17 +941,17 @@ class ZkMetadataStore(MetadataStore):
             self._emit(SessionEvent.RECONNECTED)
 
     def _emit(self, event: SessionEvent) -> None:
-        with self._lock:
+        with self._session_lock:
             listeners = list(self._listeners)
         for fn in listeners:
             self._dispatch.submit(lambda fn=fn: fn(event))  # type: ignore[misc]
 
     def add_session_listener(self, listener: SessionListener) -> Callable[[], None]:
-        with self._lock:
+        with self._session_lock:
             self._listeners.append(listener)
 
         def remove() -> None:
-            with self._lock:
+            with self._session_lock:
                 if listener in self._listeners:
                     self._listeners.remove(listener)
 
@@ -1026,7 +1031,7 @@ class ZkMetadataStore(MetadataStore):
         return instance_id
 
     def close(self) -> None:
-        with self._lock:
+        with self._session_lock:
             if self._closed:
                 return
             self._closed = True
