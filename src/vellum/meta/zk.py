@@ -22,7 +22,9 @@ Invariants:
   ZooKeeper itself decides conflicts;
 - one kazoo session per store; on session loss (``LOST``) listeners hear ``EXPIRED`` (a client
   must assume it may have been fenced); when kazoo has a new session the store re-creates its
-  bookie registrations, then listeners hear ``RECONNECTED``;
+  bookie registrations (a try that fails is repeated at every connection until one succeeds),
+  then listeners hear ``RECONNECTED``; kazoo's connection thread runs the state listener, which
+  takes no lock that is held across a ZooKeeper round trip;
 - connection problems surface as ``MetadataStoreUnavailableError`` (retryable), bad data as
   ``MetaStoreError`` naming the znode;
 - a lost reply (ConnectionLoss, a timeout, an expired or moved session while a request was in
@@ -514,14 +516,18 @@ class ZkRegistrationManager(RegistrationManager):
         except (NoNodeError, BadVersionError):
             pass
 
-    def reregister_all(self) -> None:
-        """After a new session: re-create every registration this store made."""
+    def reregister_all(self) -> bool:
+        """After a new session: re-create every registration this store made; False if one
+        failed (the store tries again at its next connection)."""
+        done = True
         with self._lock:
             for bookie_id, (read_only, data) in list(self._mine.items()):
                 try:
                     self._create(bookie_id, read_only, data)
                 except Exception:
-                    log.exception("re-registering bookie %s failed", bookie_id)
+                    log.exception("re-registering bookie %s failed; tried again at the next connection", bookie_id)
+                    done = False
+        return done
 
     def unregister_bookie(self, bookie_id: BookieId) -> None:
         with self._lock:
@@ -844,6 +850,8 @@ class ZkMetadataStore(MetadataStore):
         #: kazoo's connection thread takes it in _on_state before the connection serves requests
         self._session_lock = threading.Lock()
         self._lost = False
+        #: registrations lost with a session and not yet re-created (retried at each connection)
+        self._reregister_pending = False
         self._closed = False
         self._ledgers: ZkLedgerManager | None = None
         try:
@@ -930,15 +938,26 @@ class ZkMetadataStore(MetadataStore):
                 if self._closed:
                     return
                 self._lost = True
+                self._reregister_pending = True
             self._emit(SessionEvent.EXPIRED)
         elif state == KazooState.CONNECTED:
             with self._session_lock:
-                if not self._lost or self._closed:
+                if self._closed:
                     return
-                self._lost = False
-            # Re-registering needs ZooKeeper round trips: do it on the dispatcher thread.
-            self._dispatch.submit(self._registration.reregister_all)
-            self._emit(SessionEvent.RECONNECTED)
+                renewed, self._lost = self._lost, False
+                reregister = self._reregister_pending
+            if reregister:
+                # Round trips: on the dispatcher thread. A failed try (the connection dropped
+                # again) is retried at the next connection, not left for the next session.
+                self._dispatch.submit(self._reregister)
+            if renewed:
+                self._emit(SessionEvent.RECONNECTED)
+
+    def _reregister(self) -> None:
+        done = self._registration.reregister_all()
+        with self._session_lock:
+            if done and not self._lost:
+                self._reregister_pending = False
 
     def _emit(self, event: SessionEvent) -> None:
         with self._session_lock:
