@@ -45,7 +45,7 @@ def test_update_mode_is_refused_by_spark(spark: Any, cluster: LocalCluster, tmp_
     stream = (spark.readStream.format("rate").option("rowsPerSecond", 10).load()
               .selectExpr("value % 3 AS k").groupBy("k").count()
               .selectExpr("CAST(count AS STRING) AS value"))
-    with pytest.raises(Exception, match="(?i)update"):
+    with pytest.raises(Exception, match=r"(?i)update"):
         q = (stream.writeStream.format("vellum").outputMode("update")
              .option("metadataServiceUri", cluster.metadata_uri)
              .option("checkpointLocation", str(tmp_path / "cp")).start("tests/sink/update"))

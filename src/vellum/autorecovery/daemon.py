@@ -61,7 +61,7 @@ class AutoRecovery:
                                                     on_lost=poke)
             self.worker = ReplicationWorker(bk, self.settings, worker_id=self.bookie_id)
             log.info("autorecovery %s: replication worker started, running for auditor", self.bookie_id)
-            tasks = [asyncio.create_task(self.worker.run(stop), name="replication-worker"),
+            tasks = [asyncio.create_task(self._work(self.worker, stop), name="replication-worker"),
                      asyncio.create_task(self._audit_while_leading(bk, stop, changed), name="auditor")]
             try:
                 await stop.wait()
@@ -75,6 +75,17 @@ class AutoRecovery:
                     with contextlib.suppress(asyncio.CancelledError):
                         await t
                 log.info("autorecovery %s: stopped", self.bookie_id)
+
+    async def _work(self, worker: ReplicationWorker, stop: asyncio.Event) -> None:
+        """Run the worker until ``stop``. It is not meant to fail; if it does, say so and start it
+        again: a worker task that ended unseen would leave every marked ledger unhealed."""
+        while not stop.is_set():
+            try:
+                await worker.run(stop)
+            except Exception:
+                log.exception("autorecovery %s: the replication worker failed; it starts again in %d ms",
+                              self.bookie_id, self.settings.backoff_ms)
+                await _first(stop.wait(), asyncio.sleep(self.settings.backoff_ms / 1000))
 
     async def _audit_while_leading(self, bk: BookKeeper, stop: asyncio.Event, changed: asyncio.Event) -> None:
         while not stop.is_set():

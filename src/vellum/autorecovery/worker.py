@@ -13,7 +13,9 @@ ledger is retried when the registered bookies change, else every ``BLOCKED_RETRY
 A fragment is bad when its bookie is not registered (lost, decommissioned), or when the record
 names the bookie (the auditor found entries missing or corrupt there) and a verified read of
 the fragment from it fails. Replacing a fragment:
-1. pick a bookie for its position through the placement policy (not in the segment, not bad);
+1. pick a bookie for its position through the placement policy (not in the segment, and none whose
+   fragments of this ledger are bad now: a bookie the record names that is registered again and
+   whose copies verify is a fine target);
 2. copy the fragment's entries to it (``copier``: read from the surviving replicas, digest
    verified, recovery adds, batched, throttled);
 3. CAS the segment with the new bookie in that position; on a conflict re-read and retry while
@@ -91,28 +93,64 @@ class ReplicationWorker:
         self._bookies_seen: frozenset[str] = frozenset()
         self.cannot_heal = CannotHealRecords(bk.store.kv)
         self.current: int | None = None
+        #: ledgers whose lock this worker holds but failed to release: released before the next one
+        self._unreleased: set[int] = set()
 
     async def run(self, stop: asyncio.Event) -> None:
+        """Heal ledgers until ``stop`` is set. Nothing ends this loop but ``stop`` (or
+        cancellation): a metadata call that fails (a lost reply while the ZooKeeper client
+        reconnects) leaves the ledger for a retry, and a lock whose release failed is released
+        again before the next ledger is taken (it would otherwise stay held as long as this
+        session lives: nobody, this worker included, could heal that ledger)."""
         urm = self._bk.store.underreplication
         while not stop.is_set():
             now = time.monotonic()
             self._retry_blocked_if_bookies_changed()
             self._retry_after = {lid: t for lid, t in self._retry_after.items() if t > now}
             try:
-                lid = await asyncio.to_thread(urm.acquire_ledger_to_rereplicate, set(self._retry_after),
-                                              worker_id=self.worker_id)
-            except VellumError as exc:
-                log.warning("replication worker %s: cannot look for work: %s", self.worker_id, exc)
+                await self._release_unreleased(urm)
+                lid = await asyncio.to_thread(self._acquire_or_wait, urm, set(self._retry_after))
+            except Exception as exc:  # logged; the loop must outlive any failure
+                _log_failure(exc, "replication worker %s: cannot look for work: %s", self.worker_id, exc)
                 await _sleep_or_stop(stop, self._settings.backoff_ms / 1000)
                 continue
             if lid is None:
-                await asyncio.to_thread(urm.wait_for_work, 1.0)
                 continue
             self.current = int(lid)
             try:
                 await self._process(urm, lid)
+            except Exception as exc:  # logged; the ledger is retried after the backoff
+                _log_failure(exc, "replication worker %s: ledger %d left for a retry: %s", self.worker_id, lid, exc)
+                FAILED.inc()
+                self._retry_after[int(lid)] = time.monotonic() + self._settings.backoff_ms / 1000
+                await self._release(urm, lid)
             finally:
                 self.current = None
+
+    def _acquire_or_wait(self, urm: UnderReplicationManager, exclude: set[int]) -> LedgerId | None:
+        """Lock a ledger to heal, or wait (at most a second) for the records to change. One call on
+        one thread: the store remembers, per thread, what the scan saw, so the wait is for a change
+        after this scan (a watch, or a reconnection, wakes it; the bound re-checks anyway)."""
+        lid = urm.acquire_ledger_to_rereplicate(exclude, worker_id=self.worker_id)
+        if lid is None:
+            urm.wait_for_work(1.0)
+        return lid
+
+    async def _release(self, urm: UnderReplicationManager, lid: LedgerId) -> None:
+        """Let go of a ledger's lock; a failed release is retried before the next ledger is taken."""
+        try:
+            await asyncio.to_thread(urm.release_ledger, lid)
+            self._unreleased.discard(int(lid))
+        except VellumError as exc:
+            self._unreleased.add(int(lid))
+            log.warning("replication worker %s: cannot release ledger %d yet (released before the next ledger "
+                        "is taken): %s", self.worker_id, lid, exc)
+
+    async def _release_unreleased(self, urm: UnderReplicationManager) -> None:
+        for lid in sorted(self._unreleased):
+            await asyncio.to_thread(urm.release_ledger, LedgerId(lid))  # raises: the loop backs off
+            self._unreleased.discard(lid)
+            log.info("replication worker %s: released ledger %d after an earlier failure", self.worker_id, lid)
 
     def _retry_blocked_if_bookies_changed(self) -> None:
         ctx = self._bk.context
@@ -124,6 +162,8 @@ class ReplicationWorker:
             self._blocked.clear()
 
     async def _process(self, urm: UnderReplicationManager, lid: LedgerId) -> None:
+        """Heal one locked ledger and let go of it. A failing metadata call raises (``run``
+        releases the lock and retries the ledger later)."""
         record = await asyncio.to_thread(urm.get_under_replicated, lid)
         blocked: CannotHealError | None = None
         try:
@@ -133,7 +173,7 @@ class ReplicationWorker:
         except NotEnoughBookiesError as exc:  # the client's own (e.g. a recovery's ensemble change)
             blocked, outcome = CannotHealError(NOT_ENOUGH_BOOKIES, str(exc)), Outcome.FAILED
         except Exception as exc:  # every failure releases the lock for a retry
-            log.warning("replication worker %s: ledger %d left for a retry: %s", self.worker_id, lid, exc)
+            _log_failure(exc, "replication worker %s: ledger %d left for a retry: %s", self.worker_id, lid, exc)
             outcome = Outcome.FAILED
         try:
             if blocked is not None:
@@ -162,7 +202,7 @@ class ReplicationWorker:
             delay = max(delay, BLOCKED_RETRY_S)
             self._blocked.add(int(lid))
         self._retry_after[int(lid)] = time.monotonic() + delay
-        await asyncio.to_thread(urm.release_ledger, lid)
+        await self._release(urm, lid)
 
     async def heal(self, ledger_id: int, record: UnderReplicatedLedger | None) -> Outcome:
         """Replace every bad fragment of the ledger (see the module docstring)."""
@@ -174,13 +214,14 @@ class ReplicationWorker:
             log.info("ledger %d was deleted: nothing to re-replicate", ledger_id)
             return Outcome.HEALED
         bad = await self._bad_fragments(ledger_id, current.value, suspects)
+        avoid = {f.bookie for f in bad}
         if any(f.is_open for f in bad):
             marked_ms = record.ctime_ms if record is not None and record.ctime_ms > 0 else 0
             waited_ms = time.time() * 1000 - marked_ms
             if waited_ms < self._settings.open_ledger_grace_period_ms:
                 bad = [f for f in bad if not f.is_open]
                 for f in bad:
-                    await self._replace(ledger_id, f, suspects)
+                    await self._replace(ledger_id, f, avoid)
                 return Outcome.DEFERRED
             log.info("ledger %d: its open fragment on %s is still bad after the %d ms grace period: "
                      "fencing and recovering the ledger", ledger_id,
@@ -188,8 +229,9 @@ class ReplicationWorker:
             await recover_ledger(ctx, ledger_id, current.value.password)
             current = await ctx.read_metadata(ledger_id)
             bad = await self._bad_fragments(ledger_id, current.value, suspects)
+            avoid = {f.bookie for f in bad}
         for f in bad:
-            await self._replace(ledger_id, f, suspects)
+            await self._replace(ledger_id, f, avoid)
         return Outcome.HEALED
 
     async def _bad_fragments(self, ledger_id: int, md: LedgerMetadata, suspects: set[str]) -> list[Fragment]:
@@ -203,7 +245,10 @@ class ReplicationWorker:
                 bad.append(f)
         return bad
 
-    async def _replace(self, ledger_id: int, fragment: Fragment, suspects: set[str]) -> None:
+    async def _replace(self, ledger_id: int, fragment: Fragment, avoid: set[str]) -> None:
+        """Copy ``fragment`` to a bookie outside its segment and outside ``avoid`` (the bookies
+        whose fragments of this ledger are bad now), then publish it. A bookie the record names
+        but whose copies checked out (it is registered again) may take the copy."""
         ctx = self._bk.context
         current = await ctx.read_metadata(ledger_id)
         md = current.value
@@ -217,13 +262,13 @@ class ReplicationWorker:
         # (may run the topology script) off the loop
         await asyncio.to_thread(ctx.placement.learn, segment)
         writable, read_only = ctx.writable_bookies, ctx.read_only_bookies
-        if not set(writable) - set(read_only) - set(segment) - suspects:
+        if not set(writable) - set(read_only) - set(segment) - avoid:
             raise no_spare_bookie(fragment.bookie, len(segment), writable=writable, read_only=read_only,
-                                  excluded=suspects | {fragment.bookie})
+                                  excluded=avoid | {fragment.bookie})
         try:
             target = ctx.placement.replace_bookie(
                 segment, fragment.index, md.write_quorum_size, writable=writable, read_only=read_only,
-                exclude=set(segment) | suspects, ack_quorum=md.ack_quorum_size,
+                exclude=set(segment) | avoid, ack_quorum=md.ack_quorum_size,
             )
         except NotEnoughBookiesError as exc:
             raise placement_unmet(fragment.bookie, f"ensemblePlacementPolicy={ctx.config.ensemble_placement_policy}",
@@ -253,6 +298,15 @@ class ReplicationWorker:
             except MetadataVersionError:
                 current = await ctx.read_metadata(ledger_id)
         raise MetadataVersionError(f"ledger {ledger_id}: replacing a fragment lost {_MAX_CAS} CAS races")
+
+
+def _log_failure(exc: Exception, msg: str, *args: object) -> None:
+    """A metadata store that is unavailable for a moment is expected (one line); anything else
+    is a bug worth its traceback."""
+    if isinstance(exc, VellumError):
+        log.warning(msg, *args)
+    else:
+        log.exception(msg, *args)
 
 
 async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:

@@ -22,7 +22,9 @@ Invariants:
   ZooKeeper itself decides conflicts;
 - one kazoo session per store; on session loss (``LOST``) listeners hear ``EXPIRED`` (a client
   must assume it may have been fenced); when kazoo has a new session the store re-creates its
-  bookie registrations, then listeners hear ``RECONNECTED``;
+  bookie registrations (a try that fails is repeated at every connection until one succeeds),
+  then listeners hear ``RECONNECTED``; kazoo's connection thread runs the state listener, which
+  takes no lock that is held across a ZooKeeper round trip;
 - connection problems surface as ``MetadataStoreUnavailableError`` (retryable), bad data as
   ``MetaStoreError`` naming the znode;
 - a lost reply (ConnectionLoss, a timeout, an expired or moved session while a request was in
@@ -169,14 +171,18 @@ class ZkRegistrationManager(RegistrationManager):
         except (NoNodeError, BadVersionError):
             pass
 
-    def reregister_all(self) -> None:
-        """After a new session: re-create every registration this store made."""
+    def reregister_all(self) -> bool:
+        """After a new session: re-create every registration this store made; False if one
+        failed (the store tries again at its next connection)."""
+        done = True
         with self._lock:
             for bookie_id, (read_only, data) in list(self._mine.items()):
                 try:
                     self._create(bookie_id, read_only, data)
                 except Exception:
-                    log.exception("re-registering bookie %s failed", bookie_id)
+                    log.exception("re-registering bookie %s failed; tried again at the next connection", bookie_id)
+                    done = False
+        return done
 
     def unregister_bookie(self, bookie_id: BookieId) -> None:
         with self._lock:
@@ -340,8 +346,14 @@ class ZkMetadataStore(MetadataStore):
         )
         self._dispatch = CallbackDispatcher("vellum-zk-events")
         self._listeners: list[SessionListener] = []
+        #: the ledger manager's lazy set-up and format(), which hold it across ZooKeeper round trips
         self._lock = threading.RLock()
+        #: the session state (_lost, _closed, _listeners): never held across a round trip, since
+        #: kazoo's connection thread takes it in _on_state before the connection serves requests
+        self._session_lock = threading.Lock()
         self._lost = False
+        #: registrations lost with a session and not yet re-created (retried at each connection)
+        self._reregister_pending = False
         self._closed = False
         self._ledgers: ZkLedgerManager | None = None
         try:
@@ -421,34 +433,46 @@ class ZkMetadataStore(MetadataStore):
         return int(cid[0]) if cid else 0
 
     def _on_state(self, state: str) -> None:
-        # Runs on kazoo's connection thread: never block here.
+        # Runs on kazoo's connection thread: never block here (nor wait for a lock held across
+        # a round trip: that request would wait for this connection, this connection for it).
         if state == KazooState.LOST:
-            with self._lock:
+            with self._session_lock:
                 if self._closed:
                     return
                 self._lost = True
+                self._reregister_pending = True
             self._emit(SessionEvent.EXPIRED)
         elif state == KazooState.CONNECTED:
-            with self._lock:
-                if not self._lost or self._closed:
+            with self._session_lock:
+                if self._closed:
                     return
-                self._lost = False
-            # Re-registering needs ZooKeeper round trips: do it on the dispatcher thread.
-            self._dispatch.submit(self._registration.reregister_all)
-            self._emit(SessionEvent.RECONNECTED)
+                renewed, self._lost = self._lost, False
+                reregister = self._reregister_pending
+            if reregister:
+                # Round trips: on the dispatcher thread. A failed try (the connection dropped
+                # again) is retried at the next connection, not left for the next session.
+                self._dispatch.submit(self._reregister)
+            if renewed:
+                self._emit(SessionEvent.RECONNECTED)
+
+    def _reregister(self) -> None:
+        done = self._registration.reregister_all()
+        with self._session_lock:
+            if done and not self._lost:
+                self._reregister_pending = False
 
     def _emit(self, event: SessionEvent) -> None:
-        with self._lock:
+        with self._session_lock:
             listeners = list(self._listeners)
         for fn in listeners:
             self._dispatch.submit(lambda fn=fn: fn(event))  # type: ignore[misc]
 
     def add_session_listener(self, listener: SessionListener) -> Callable[[], None]:
-        with self._lock:
+        with self._session_lock:
             self._listeners.append(listener)
 
         def remove() -> None:
-            with self._lock:
+            with self._session_lock:
                 if listener in self._listeners:
                     self._listeners.remove(listener)
 
@@ -528,7 +552,7 @@ class ZkMetadataStore(MetadataStore):
         return instance_id
 
     def close(self) -> None:
-        with self._lock:
+        with self._session_lock:
             if self._closed:
                 return
             self._closed = True
