@@ -140,8 +140,8 @@ _ENTRY_IDS = struct.Struct(">qq")
 _RANGE = struct.Struct(">qq")
 
 _ADD_REQ = struct.Struct(">iI20s")  # + entry
-#: an ADD frame's length, header, key and the entry's ledger and entry ids (batch decoding)
-_ADD_FRAME = struct.Struct(">iI20sqq")
+#: an ADD frame's length, header, key and the entry's ledger id, entry id and LAC (batch decoding)
+_ADD_FRAME = struct.Struct(">iI20sqqq")
 _ADD_FRAME_MIN_BODY = 4 + MASTER_KEY_LENGTH + MIN_ENTRY_SIZE
 _ADD_HEADER_MASK = 0xFFFF0000
 _ADD_HEADER = _V | (OP_ADD << 16)
@@ -1185,16 +1185,14 @@ class FrameDecoder:
                 stop = start + size
                 if stop <= end:
                     if batching and size >= _ADD_FRAME_MIN_BODY:
-                        _size, header, key, ledger_id, entry_id = unpack_add(view, pos)
+                        _size, header, key, ledger_id, entry_id, lac = unpack_add(view, pos)
                         if header & _ADD_HEADER_MASK == _ADD_HEADER:
                             if adds is None:
                                 adds = AddBatch()
                                 out.append(adds)
-                            adds.entries.append(bytes(view[start + 24 : stop]))  # the one copy
-                            adds.keys.append(key)
-                            adds.flags.append(header & 0xFFFF)
-                            adds.ledger_ids.append(ledger_id)
-                            adds.entry_ids.append(entry_id)
+                            # The columns the whole ADD path uses; the entry's one copy.
+                            adds.append(bytes(view[start + 24 : stop]), key, header & 0xFFFF,
+                                        ledger_id, entry_id, lac)
                             pos = stop
                             self._peek = size >= self.BIG_FRAME
                             continue

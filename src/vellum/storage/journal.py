@@ -75,7 +75,6 @@ from typing import cast
 from vellum.errors import CorruptionError, StorageError
 from vellum.format.journal import (
     CURRENT_JOURNAL_VERSION,
-    MIN_RECORD_BODY,
     V5,
     V6,
     JournalRecord,
@@ -88,9 +87,9 @@ from vellum.format.journal import (
     encode_header,
     encode_master_key,
     encode_padding,
-    entry_prefix,
 )
 from vellum.format.lastmark import ZERO_MARK, LogMark
+from vellum.proto.messages import AddBatch
 from vellum.storage import direct_io as dio
 from vellum.storage.durable import TMP_SUFFIX, publish, temp_path
 from vellum.storage.journal_pages import SyncProgress, ZeroFiller, write_zeros
@@ -626,17 +625,26 @@ class Journal:
         del ledger_id, entry_id  # they are the entry's first 16 bytes; kept for BookKeeper's API
         self.log_entries((entry,), callback)
 
+    def log_batch(self, batch: AddBatch, callback: Callback) -> None:
+        """Journal the entries of a batch of admitted adds (``Bookie.add_batch`` validated them:
+        each is a whole stored entry, at least ``MIN_RECORD_BODY`` bytes; nothing is judged
+        again here). Its ``entries`` column becomes the queue item as it is, its records built
+        straight into the group-commit buffer by the writer; the batch must not change
+        afterwards. ``callback`` runs once, after the fsync that covers the last of them (and
+        so all of them: records are written and fsynced in queue order, and a journal that
+        fails fails every later record)."""
+        if not self._started or self._stopped:
+            raise StorageError(f"journal {self.journal_dir} is not running")
+        if not batch.entries:
+            raise ValueError("log_batch needs at least one entry")
+        self._queue.put_batch((batch.entries, callback, self._clock()), len(batch.entries))
+
     def log_entries(self, entries: Sequence[bytes | bytearray | memoryview], callback: Callback) -> None:
-        """Journal several stored entries at once (one queue item, its records built straight
-        into the group-commit buffer by the writer); ``callback`` runs once,
-        after the fsync that covers the last of them (and so all of them: records are written
-        and fsynced in queue order, and a journal that fails fails every later record)."""
+        """``log_batch`` of bare entries (tools and tests): the same preconditions."""
         if not self._started or self._stopped:
             raise StorageError(f"journal {self.journal_dir} is not running")
         if not entries:
             raise ValueError("log_entries needs at least one entry")
-        if min(map(len, entries)) < MIN_RECORD_BODY:
-            entry_prefix(min(entries, key=len))  # raises ValueError naming the size
         self._queue.put_batch((list(entries), callback, self._clock()), len(entries))
 
     def can_take(self, records: int) -> bool:
