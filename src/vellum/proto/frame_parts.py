@@ -9,7 +9,7 @@ import struct
 from collections.abc import Callable
 from typing import Literal, TypeAlias
 
-from vellum.errors import IncorrectParameterError
+from vellum.errors import EOK, IncorrectParameterError
 from vellum.proto.messages import (
     MASTER_KEY_LENGTH,
     PROTOCOL_VERSION,
@@ -61,6 +61,21 @@ class _Malformed(Exception):
 def _expect(body: memoryview, size: int, name: str) -> None:
     if len(body) != size:
         raise _Malformed(f"{name} frame body of {len(body)} bytes, expected {size}")
+
+
+def _entry_parts(status: int, entries: tuple[BytesLike, ...], what: str) -> tuple[list[BytesLike], int]:
+    """The ``[int len][entry]`` list of a multi-entry response as buffers after an empty slot
+    for the fixed part (filled by the caller), and the frame size with a 32-byte fixed part;
+    the encoding twin of ``_entries``."""
+    if status != EOK and entries:
+        raise IncorrectParameterError(f"{what} response: entries are only sent with EOK")
+    parts: list[BytesLike] = [b""]
+    size = 32
+    for entry in entries:
+        parts.append(_INT.pack(len(entry)))
+        parts.append(entry)
+        size += 4 + len(entry)
+    return parts, size
 
 
 def _entries(body: memoryview, pos: int, what: str, owned: bool) -> tuple[BytesLike, ...]:

@@ -12,11 +12,11 @@ from typing import Any
 from vellum.errors import EOK, IncorrectParameterError
 from vellum.proto.frame_parts import (
     _ENTRY_IDS,
-    _INT,
     _V,
     _body,
     _Decoder,
     _entries,
+    _entry_parts,
     _expect,
     _flags,
     _key,
@@ -119,14 +119,7 @@ def _enc_batch_req(m: BatchReadRequest) -> list[BytesLike]:
 
 
 def _enc_batch_resp(m: BatchReadResponse) -> list[BytesLike]:
-    if m.status != EOK and m.entries:
-        raise IncorrectParameterError("BATCH_READ response: entries are only sent with EOK")
-    parts: list[BytesLike] = [b""]
-    size = 32
-    for entry in m.entries:
-        parts.append(_INT.pack(len(entry)))
-        parts.append(entry)
-        size += 4 + len(entry)
+    parts, size = _entry_parts(m.status, m.entries, "BATCH_READ")
     parts[0] = _BATCH_RESP.pack(
         size, _V | (OP_BATCH_READ << 16), m.status, m.ledger_id, m.entry_id, m.request_id
     )

@@ -17,6 +17,7 @@ from vellum.proto.frame_parts import (
     _body,
     _Decoder,
     _entries,
+    _entry_parts,
     _expect,
     _key,
     _Malformed,
@@ -313,14 +314,7 @@ def _enc_strided_req(m: StridedReadRequest) -> list[BytesLike]:
 
 
 def _enc_strided_resp(m: StridedReadResponse) -> list[BytesLike]:
-    if m.status != EOK and m.entries:
-        raise IncorrectParameterError("READ_STRIDED response: entries are only sent with EOK")
-    parts: list[BytesLike] = [b""]
-    size = 32
-    for entry in m.entries:
-        parts.append(_INT.pack(len(entry)))
-        parts.append(entry)
-        size += 4 + len(entry)
+    parts, size = _entry_parts(m.status, m.entries, "READ_STRIDED")
     parts[0] = _STRIDED_RESP.pack(size, _V | (OP_READ_STRIDED << 16), m.request_id, m.status, m.ledger_id,
                                   m.first_entry_id)
     return parts
