@@ -7,6 +7,10 @@ to the storage that holds it (``bookie/routing.py``: where its data is, so that 
 dirs never reroute an existing ledger, rule 13 of docs/correctness.md).
 
 Invariants (rules 1, 3, 4, 7 of docs/correctness.md):
+- an add is judged once, here (``_admit`` / ``_judge``: entry size, ids, read-only bookie,
+  master key, deleted or fenced ledger); ledger storage and the journal take the admitted
+  ``AddBatch`` (the codec's columns, the same object in the common case) without judging it
+  again, and refuse only for their own state (back-pressure, a delete racing the add);
 - an add is acknowledged (its callback called without error) only after the journal fsync that
   covers it; the entry is put in the write cache before it is journaled, so a checkpoint mark
   taken after the journal write never skips it;

@@ -5,7 +5,9 @@ Parts with a role of their own live next to it: the write caches and their write
 trimmed-bytes counts (``storage/trimmed_bytes.py``), the entry logs (``storage/entry_logger.py``)
 and the indexes (``storage/index.py``). This module composes them under one lock protocol.
 
-Write path: ``add_entry`` puts the entry in the *active* write cache. When it is full it is
+Write path: ``add_batch`` puts the bookie's admitted adds (an ``AddBatch``, judged once by
+``Bookie.add_batch``) in the *active* write cache; ``add_entry`` does the same for entries from
+outside the ADD path (journal replay, tools), reading their ids itself. When it is full it is
 swapped with the (empty) *flushing* cache and the storage's flush thread writes it out; if the
 flushing cache is still being written the writer waits up to ``max_throttle_time_ms`` and is then
 rejected (``OperationRejectedError``, BookKeeper's back-pressure).
