@@ -192,6 +192,7 @@ def test_batching_decoder_batches_the_adds_of_one_read() -> None:
     assert isinstance(first, AddBatch) and isinstance(second, AddBatch)
     assert first.entries == entries[:3] and all(type(e) is bytes for e in first.entries)
     assert first.ledger_ids == [7, 7, 7] and first.entry_ids == [0, 1, 2] and first.keys == [KEY] * 3
+    assert first.lacs == [-1, 0, 1] and second.lacs == [2, 3]  # each entry's piggy-backed LAC, decoded once
     assert first.recovery() == [False] * 3 and second.recovery() == [True, True]
     assert second.requests() == [AddRequest(KEY, e, flags=2) for e in entries[3:]]
 

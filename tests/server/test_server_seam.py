@@ -184,10 +184,10 @@ class FailingAsyncBookie(FakeAsyncBookie):
             return self._failed(OSError(errno.EIO, "Input/output error"))
         return super().read_entry(ledger_id, entry_id)
 
-    def add_entries_cb(self, adds: list[tuple[Any, bytes, bool]],
-                       on_result: Callable[[list[BaseException | None], BaseException | None], None]) -> None:
+    def add_batch_cb(self, batch: m.AddBatch,
+                     on_result: Callable[[list[BaseException | None], BaseException | None], None]) -> None:
         bug = RuntimeError("a bug in the add path")
-        asyncio.get_running_loop().call_soon(on_result, [bug] * len(adds), None)
+        asyncio.get_running_loop().call_soon(on_result, [bug] * len(batch), None)
 
 
 def test_an_unexpected_exception_is_answered_einternal_logged_once_with_its_ids_and_counted(

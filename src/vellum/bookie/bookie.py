@@ -7,6 +7,10 @@ to the storage that holds it (``bookie/routing.py``: where its data is, so that 
 dirs never reroute an existing ledger, rule 13 of docs/correctness.md).
 
 Invariants (rules 1, 3, 4, 7 of docs/correctness.md):
+- an add is judged once, here (``_admit`` / ``_judge``: entry size, ids, read-only bookie,
+  master key, deleted or fenced ledger); ledger storage and the journal take the admitted
+  ``AddBatch`` (the codec's columns, the same object in the common case) without judging it
+  again, and refuse only for their own state (back-pressure, a delete racing the add);
 - an add is acknowledged (its callback called without error) only after the journal fsync that
   covers it; the entry is put in the write cache before it is journaled, so a checkpoint mark
   taken after the journal write never skips it;
@@ -57,9 +61,10 @@ from vellum.errors import (
     VellumError,
     WriteOnReadOnlyBookieError,
 )
-from vellum.format.entry import BytesLike
+from vellum.format.entry import ENTRY_HEADER_SIZE, BytesLike
 from vellum.format.lastmark import LogMark
 from vellum.ids import INVALID_ENTRY_ID, LAST_ADD_CONFIRMED
+from vellum.proto.messages import FLAG_RECOVERY_ADD, AddBatch
 from vellum.storage.checkpoint import Checkpointer
 from vellum.storage.dirs import LedgerDirsManager
 from vellum.storage.gc import GarbageCollectorThread
@@ -312,12 +317,14 @@ class Bookie:
                 "give this key (ledgerMasterKeyCheck)"
             )
 
-    def _check(self, entry: BytesLike, master_key: bytes, recovery: bool) -> tuple[int, int, int]:
-        """The checks of an add (nothing stored): returns (ledger id, entry id, lac); raises
-        for a refused add."""
-        if len(entry) < 32:
-            raise IncorrectParameterError(f"entry of {len(entry)} bytes is shorter than its 32-byte header")
-        ledger_id, entry_id, lac = _IDS.unpack_from(entry)
+    def _judge(self, entry: BytesLike, ledger_id: int, entry_id: int, master_key: bytes, recovery: bool) -> None:
+        """Why an add is refused (raised), for an add the fast path of ``_admit`` did not take:
+        its size, its ids, a read-only bookie, the ledger's master key (a ledger seen for the
+        first time gets its key here), a deleted or fenced ledger. Stores nothing but a new
+        ledger's key."""
+        if len(entry) < ENTRY_HEADER_SIZE:
+            raise IncorrectParameterError(
+                f"entry of {len(entry)} bytes is shorter than its {ENTRY_HEADER_SIZE}-byte header")
         if ledger_id < 0 or entry_id < 0:
             raise IncorrectParameterError(f"invalid ids in add: ledger {ledger_id}, entry {entry_id}")
         if (self._forced_read_only or self._disk_read_only) and not recovery:
@@ -339,122 +346,156 @@ class Bookie:
             log.info("refused entry %d:%d: the ledger is fenced", ledger_id, entry_id,
                      extra={"ledger_id": ledger_id, "entry_id": entry_id})
             raise LedgerFencedError(f"ledger {ledger_id} is fenced; refused entry {entry_id}")
-        return ledger_id, entry_id, lac
 
-    def _accept(self, entry: BytesLike, master_key: bytes, recovery: bool) -> tuple[Journal, int, int]:
-        """Checks of an add and its write-cache put; returns (journal, ledger id, entry id).
-        Raises for a refused add (nothing stored, nothing journaled)."""
-        ledger_id, entry_id, lac = self._check(entry, master_key, recovery)
-        journal = self._journals[ledger_id % len(self._journals)]
-        # The write cache gets the entry before the journal does: a checkpoint mark taken after
-        # the journal write can then never skip it.
-        self._router.storage_for_write(ledger_id).add_entry(entry)
-        self.adds_total += 1
-        if lac >= 0:
-            self._lacs.advance(ledger_id, lac)
-        return journal, ledger_id, entry_id
+    def _admit(self, batch: AddBatch, wait: bool) -> tuple[list[int], list[BaseException | None]] | None:
+        """The one validation of the ADD path: which adds of ``batch`` are valid (their
+        positions, in order) and why each other one is refused. Fast path: a ledger known here,
+        the right key, ids >= 0, not refused for read-only or fence (a recovery add passes
+        both); anything else is ``_judge``d, which names the refusal. ``wait=False``: None as
+        soon as an add would need ``_judge`` (a metadata read, a ledger to create)."""
+        n = len(batch)
+        refused: list[BaseException | None] = [None] * n
+        accepted: list[int] = []
+        read_only = self._forced_read_only or self._disk_read_only
+        states = self._ledger_state
+        compare_digest = hmac.compare_digest
+        keys, flags = batch.keys, batch.flags
+        for i, ledger_id, entry_id in zip(range(n), batch.ledger_ids, batch.entry_ids):
+            state = states.get(ledger_id)
+            if (state is not None and ledger_id >= 0 and entry_id >= 0
+                    and compare_digest(state.master_key, keys[i])
+                    and (not (read_only or state.fenced) or flags[i] & FLAG_RECOVERY_ADD)):
+                accepted.append(i)
+                continue
+            if not wait:
+                return None
+            try:
+                self._judge(batch.entries[i], ledger_id, entry_id, keys[i], bool(flags[i] & FLAG_RECOVERY_ADD))
+            except Exception as exc:
+                refused[i] = exc
+                continue
+            accepted.append(i)
+        return accepted, refused
 
     def add_entry(self, entry: bytes, master_key: bytes, callback: Callback, *, recovery: bool = False) -> None:
-        """Add a stored entry (client entry bytes). Raises at once for refused adds; ``callback``
+        """Add a stored entry (client entry bytes). Raises at once for a refused add; ``callback``
         runs after the journal fsync that covers the entry (or with the error that prevented it)."""
-        journal, ledger_id, entry_id = self._accept(entry, master_key, recovery)
-        journal.log_entry(ledger_id, entry_id, entry, callback)
+        refused = self.add_batch(AddBatch.of_entries(((entry, master_key, recovery),)), callback)
+        assert refused is not None
+        if refused[0] is not None:
+            raise refused[0]
 
     def add_entries(self, adds: Sequence[tuple[BytesLike, bytes, bool]], callback: Callback, *,
                     wait: bool = True) -> list[BaseException | None] | None:
-        """Add several entries ((entry, master key, recovery) each), as a connection delivers
-        pipelined adds. Returns, per add, the error that refused it at once or None. ``callback``
-        runs once, after the fsyncs covering every accepted add (with the first error if a
-        journal failed), and not at all when every add was refused: one write-cache lock hold
-        per storage, one queue operation and one completion per batch and journal instead of
-        one per entry. Same checks and order as ``add_entry``: every accepted entry is in its
-        write cache before any of the batch is journaled.
+        """``add_batch`` of ``(entry, master key, recovery)`` rows (tools and tests)."""
+        return self.add_batch(AddBatch.of_entries(adds), callback, wait=wait)
+
+    def add_batch(self, batch: AddBatch, callback: Callback, *, wait: bool = True) -> list[BaseException | None] | None:
+        """Add a batch of pipelined adds, as a connection delivers them (``AddBatch``: the
+        columns the codec decoded). Returns, per add, the error that refused it at once or
+        None. ``callback`` runs once, after the fsyncs covering every accepted add (with the
+        first error if a journal failed), and not at all when every add was refused.
+
+        Validated once, here (``_admit``); the write caches and journals take the admitted
+        adds without judging them again: the same ``AddBatch`` object when every add was
+        admitted and the batch has one ledger dir and one journal (the common case), else its
+        parts (``AddBatch.take``). One write-cache lock hold per storage, one queue item and
+        one completion per batch and journal. Every accepted entry is in its write cache
+        before any of the batch is journaled (a checkpoint mark taken after the journal write
+        never skips it).
 
         ``wait=False``: do nothing and return None unless the batch can be taken at once: every
         add of a ledger already known here, room in the write caches and the journal queues
         (nothing to wait for, no index write). The caller must then be the only adder."""
-        refused: list[BaseException | None] = [None] * len(adds)
-        read_only = self._forced_read_only or self._disk_read_only
-        states = self._ledger_state
-        unpack = _IDS.unpack_from
-        compare_digest = hmac.compare_digest
-        checked: list[tuple[int, int, int, BytesLike]] = []  # (index, ledger id, lac, entry)
-        for i, (entry, master_key, recovery) in enumerate(adds):
-            # Fast path: a known ledger, the right key, writable, not fenced; anything else
-            # goes through ``_check``, which raises the refusal.
-            if len(entry) >= 32:
-                ledger_id, entry_id, lac = unpack(entry)
-                state = states.get(ledger_id)
-                if (state is not None and ledger_id >= 0 and entry_id >= 0
-                        and compare_digest(state.master_key, master_key)
-                        and (recovery or not (read_only or state.fenced))):
-                    checked.append((i, ledger_id, lac, entry))
-                    continue
-            if not wait:
-                return None
-            try:
-                ledger_id, _eid, lac = self._check(entry, master_key, recovery)
-            except Exception as exc:
-                refused[i] = exc
-                continue
-            checked.append((i, ledger_id, lac, entry))
-        if not checked:
+        admitted = self._admit(batch, wait)
+        if admitted is None:
+            return None
+        accepted, refused = admitted
+        if not accepted:
             return refused
+        n = len(batch)
         # The write-cache puts, one batch per storage.
         router = self._router
         single = router.single
+        groups: list[tuple[LedgerStorage, list[int]]]
         if single is not None:
-            groups = [(single, checked)]
+            groups = [(single, accepted)]
         else:
-            by_storage: dict[int, tuple[LedgerStorage, list[tuple[int, int, int, BytesLike]]]] = {}
-            for item in checked:
-                storage = router.storage_for_write(item[1])
-                by_storage.setdefault(id(storage), (storage, []))[1].append(item)
+            by_storage: dict[int, tuple[LedgerStorage, list[int]]] = {}
+            ledger_ids = batch.ledger_ids
+            for i in accepted:
+                storage = router.storage_for_write(ledger_ids[i])
+                by_storage.setdefault(id(storage), (storage, []))[1].append(i)
             groups = list(by_storage.values())
-        if not wait:
-            journals = self._journals
-            if any(not storage.can_take(sum(len(item[3]) for item in items)) for storage, items in groups):
-                return None
-            if len(journals) == 1:
-                if not journals[0].can_take(len(checked)):
-                    return None
-            elif not all(j.can_take(len(checked)) for j in journals):
-                return None
-        stored: list[tuple[int, int, int, BytesLike]] = []
-        for storage, items in groups:
+        if not wait and not self._can_take_now(batch, groups, len(accepted)):
+            return None
+        stored: list[int] = []
+        for storage, positions in groups:
             try:
-                put_refused = storage.add_entries([item[3] for item in items])
+                put_refused = storage.add_batch(batch if len(positions) == n else batch.take(positions))
             except Exception as exc:  # closed: none of this group stored
-                for item in items:
-                    refused[item[0]] = exc
+                for i in positions:
+                    refused[i] = exc
                 continue
-            for item, why in zip(items, put_refused):
+            if not put_refused:
+                stored += positions
+                continue
+            held = dict(put_refused)
+            for pos, i in enumerate(positions):
+                why = held.get(pos)
                 if why is None:
-                    stored.append(item)
+                    stored.append(i)
                 else:
-                    refused[item[0]] = why
+                    refused[i] = why
         if not stored:
             return refused
         if len(groups) > 1:
             stored.sort()  # journal in arrival order
-        self.adds_total += len(stored)
-        lacs: dict[int, int] = {}
-        for _i, ledger_id, lac, _entry in stored:
-            if lac > lacs.get(ledger_id, -1):
-                lacs[ledger_id] = lac
-        for ledger_id, lac in lacs.items():
+        part = batch if len(stored) == n else batch.take(stored)
+        self.adds_total += len(part)
+        self._advance_lacs(part)
+        self._log(part, callback)
+        return refused
+
+    def _can_take_now(self, batch: AddBatch, groups: list[tuple[LedgerStorage, list[int]]], count: int) -> bool:
+        """Would the write caches and the journal queues take these adds without waiting?"""
+        entries = batch.entries
+        for storage, positions in groups:
+            if not storage.can_take(sum(len(entries[i]) for i in positions)):
+                return False
+        return all(j.can_take(count) for j in self._journals)
+
+    def _advance_lacs(self, batch: AddBatch) -> None:
+        """The piggy-backed LACs of stored adds move each ledger's LAC forward."""
+        ledger_ids, lacs = batch.ledger_ids, batch.lacs
+        first = ledger_ids[0]
+        if ledger_ids.count(first) == len(ledger_ids):  # one ledger: the common case
+            lac = max(lacs)
+            if lac > -1:
+                self._lacs.advance(first, lac)
+            return
+        best: dict[int, int] = {}
+        for ledger_id, lac in zip(ledger_ids, lacs):
+            if lac > best.get(ledger_id, -1):
+                best[ledger_id] = lac
+        for ledger_id, lac in best.items():
             self._lacs.advance(ledger_id, lac)
+
+    def _log(self, batch: AddBatch, callback: Callback) -> None:
+        """Journal stored adds: the batch as it is when one journal takes it all, else a part
+        per journal, ``callback`` once every part is durable (with the first error)."""
         journals = self._journals
         if len(journals) == 1:
-            self._log_entries(journals[0], [item[3] for item in stored], callback)
-            return refused
-        per_journal: dict[int, list[BytesLike]] = {}
-        for _i, ledger_id, _lac, entry in stored:
-            per_journal.setdefault(ledger_id % len(journals), []).append(entry)
+            self._log_part(journals[0], batch, callback)
+            return
+        count = len(journals)
+        per_journal: dict[int, list[int]] = {}
+        for pos, ledger_id in enumerate(batch.ledger_ids):
+            per_journal.setdefault(ledger_id % count, []).append(pos)
         if len(per_journal) == 1:
-            ((index, entries),) = per_journal.items()
-            self._log_entries(journals[index], entries, callback)
-            return refused
+            ((index, _positions),) = per_journal.items()
+            self._log_part(journals[index], batch, callback)
+            return
         # Several journals: the batch is durable when every journal's part is.
         remaining = [len(per_journal)]
         first_error: list[BaseException | None] = [None]
@@ -469,14 +510,13 @@ class Bookie:
             if last:
                 callback(first_error[0])
 
-        for index, entries in per_journal.items():
-            self._log_entries(journals[index], entries, part_done)
-        return refused
+        for index, positions in per_journal.items():
+            self._log_part(journals[index], batch.take(positions), part_done)
 
     @staticmethod
-    def _log_entries(journal: Journal, entries: list[BytesLike], callback: Callback) -> None:
+    def _log_part(journal: Journal, batch: AddBatch, callback: Callback) -> None:
         try:
-            journal.log_entries(entries, callback)
+            journal.log_batch(batch, callback)
         except Exception as exc:  # the journal took none of them (stopped or failed)
             callback(exc)
 

@@ -29,14 +29,16 @@ from typing import Any, TypeVar
 from vellum.bookie.bookie import Bookie, BookieInfo
 from vellum.errors import TimeoutError_, VellumError
 from vellum.format.entry import BytesLike
+from vellum.proto.messages import AddBatch
 from vellum.storage.gc import GcReport
 
 log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
-#: an add batch waiting for the add thread: the adds and their ``on_result``
-_AddBatch = tuple[list[tuple[BytesLike, bytes, bool]],
-                  Callable[[list[BaseException | None], BaseException | None], None]]
+#: what ``on_result`` of a batch add gets: per add its refusal or None, and the durability outcome
+OnAddResult = Callable[[list[BaseException | None], BaseException | None], None]
+#: an add batch waiting for the add thread, with its ``on_result``
+_Pending = tuple[AddBatch, OnAddResult]
 #: the most adds the add thread takes together
 _MAX_MERGED = 4096
 
@@ -111,7 +113,7 @@ class AsyncBookie:
         # batches handed over while it works are taken together and added as one.
         self._add_lock = threading.Lock()
         self._add_wake = threading.Condition(self._add_lock)
-        self._add_pending: list[_AddBatch] = []
+        self._add_pending: list[_Pending] = []
         self._add_idle = False
         self._add_closed = False
         self._add_thread = threading.Thread(target=self._add_loop, name="bookie-add", daemon=True)
@@ -121,12 +123,12 @@ class AsyncBookie:
         #: bound here so that the read hot path pays no extra call.
         self.read_cached_entry: Callable[[int, int], bytes | memoryview | None] = bookie.read_cached_entry
 
-    def add_entries_cb(
-        self,
-        adds: list[tuple[BytesLike, bytes, bool]],
-        on_result: Callable[[list[BaseException | None], BaseException | None], None],
-    ) -> None:
-        """Batch add (see ``Bookie.add_entries``) on the bookie's add thread, so that a full
+    def add_entries_cb(self, adds: list[tuple[BytesLike, bytes, bool]], on_result: OnAddResult) -> None:
+        """``add_batch_cb`` of ``(entry, master key, recovery)`` rows (tools)."""
+        self.add_batch_cb(AddBatch.of_entries(adds), on_result)
+
+    def add_batch_cb(self, batch: AddBatch, on_result: OnAddResult) -> None:
+        """Batch add (see ``Bookie.add_batch``: the batch goes down as it is) on the bookie's add thread, so that a full
         write cache's back-pressure stalls the writers, not the event loop. ``on_result(refused,
         error)`` runs once on the loop thread: ``refused`` per add (an error, or None if
         accepted) and ``error`` the durability outcome of the accepted ones (None = durable).
@@ -142,10 +144,10 @@ class AsyncBookie:
             if self._add_closed:
                 raise RuntimeError("cannot add after the bookie's add thread was shut down")
             inline = self._add_idle and not self._add_pending
-        if inline and self._add_now([(adds, on_result)], wait=False):
+        if inline and self._add_now([(batch, on_result)], wait=False):
             return
         with self._add_lock:
-            self._add_pending.append((adds, on_result))
+            self._add_pending.append((batch, on_result))
             if self._add_idle:
                 self._add_idle = False
                 self._add_wake.notify()
@@ -169,11 +171,11 @@ class AsyncBookie:
                 batches, self._add_pending = pending[:taken], pending[taken:]
             self._add_now(batches)
 
-    def _add_now(self, batches: list[_AddBatch], *, wait: bool = True) -> bool:
+    def _add_now(self, batches: list[_Pending], *, wait: bool = True) -> bool:
         """Add the batches as one; answer each on the loop. ``wait=False``: only if that needs
-        no waiting (see ``Bookie.add_entries``); False if nothing was done."""
+        no waiting (see ``Bookie.add_batch``); False if nothing was done."""
         bridge = self.bridge
-        adds = batches[0][0] if len(batches) == 1 else [add for batch in batches for add in batch[0]]
+        adds = AddBatch.concat([batch for batch, _on_result in batches])
         lock = threading.Lock()
         parts = [2]  # the refusals are known, and the accepted adds are durable
         outcome: list[BaseException | None] = [None]
@@ -201,7 +203,7 @@ class AsyncBookie:
             part_done()
 
         try:
-            result = self._bookie.add_entries(adds, durable, wait=wait)
+            result = self._bookie.add_batch(adds, durable, wait=wait)
         except Exception as exc:  # a bug, not a refusal: fail the whole batch
             refused[:] = [exc] * len(adds)
             part_done()

@@ -21,7 +21,7 @@ Invariants:
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, TypeAlias, get_args
 
@@ -106,6 +106,8 @@ def split_header(header: int) -> tuple[int, int, int]:
 
 
 _ENTRY_IDS = struct.Struct(">qq")
+#: ledgerId, entryId, lac: the first 24 bytes of a stored entry
+_ADD_IDS = struct.Struct(">qqq")
 
 
 # ===========================================================================================
@@ -547,30 +549,112 @@ class ErrorResponse:
 
 
 class AddBatch:
-    """Consecutive well-formed v2 ADD requests that arrived in one read, decoded together by a
-    server-side ``FrameDecoder(batch_adds=True)``: parallel lists, one item per request, in
-    arrival order. ``requests()`` gives the same requests as ``AddRequest`` objects.
-    ``entries`` are ``bytes`` copied out of the receive buffer (the decoder's rule)."""
+    """The ADD path's one batch type: pipelined adds as columns, one item per add, in arrival
+    order. The server's ``FrameDecoder(batch_adds=True)`` decodes the consecutive well-formed v2
+    ADD frames of one read straight into one; the bookie, its write caches and its journals
+    take the same object (``Bookie.add_batch``, ``LedgerStorage.add_batch``,
+    ``Journal.log_batch``), narrowed with ``take`` only where some adds were refused or the
+    batch spans several ledger dirs or journals. Nothing converts it to rows and back.
 
-    __slots__ = ("entries", "entry_ids", "flags", "keys", "ledger_ids")
+    Columns: ``entries`` (stored entries, format/entry.py: ``ledgerId entryId lac length ...``),
+    ``keys`` (master keys), ``flags`` (wire flags), and the ids read once from each entry's
+    first 24 bytes: ``ledger_ids``, ``entry_ids``, ``lacs``.
+
+    Invariants (what every holder may assume; nothing here judges an add):
+    - the columns have equal lengths, and ``ledger_ids[i]``, ``entry_ids[i]``, ``lacs[i]`` are
+      the first 24 bytes of ``entries[i]`` when it holds a whole ``MIN_ENTRY_SIZE`` header
+      (always, for adds decoded from the wire: a shorter ADD frame is a ``BadFrame``); -1
+      otherwise, an entry only ``of_entries`` lets in and the bookie's admission refuses;
+    - every entry is ``bytes`` or a read-only ``memoryview`` nobody writes again (the decoder
+      copies out of its receive buffer once; ``of_entries`` copies other buffers), so a write
+      cache may keep it as it is;
+    - whether an add is *valid* (its size, ids, ledger state, master key, fence, read-only
+      bookie) is decided once, by the bookie's admission (``Bookie.add_batch``); a batch that
+      reaches ledger storage or a journal holds admitted adds only.
+    """
+
+    __slots__ = ("entries", "entry_ids", "flags", "keys", "lacs", "ledger_ids")
 
     def __init__(self) -> None:
-        self.entries: list[BytesLike] = []
+        self.entries: list[bytes | memoryview] = []
         self.keys: list[bytes] = []
         self.flags: list[int] = []
         self.ledger_ids: list[int] = []
         self.entry_ids: list[int] = []
+        self.lacs: list[int] = []
+
+    @classmethod
+    def of_requests(cls, requests: Iterable[AddRequest]) -> AddBatch:
+        """The batch of single ``AddRequest``s (frames decoded one by one)."""
+        return cls.of_entries((r.entry, bytes(r.master_key), r.flags) for r in requests)
+
+    @classmethod
+    def of_entries(cls, adds: Iterable[tuple[BytesLike, BytesLike, int | bool]]) -> AddBatch:
+        """The batch of ``(entry, master key, flags)`` rows, as tools and tests hand adds over
+        (``True``/``False`` for flags: a recovery add or not). Copies an entry only if it is
+        neither ``bytes`` nor a read-only view (the ownership invariant)."""
+        batch = cls()
+        unpack = _ADD_IDS.unpack_from
+        for entry, key, flags in adds:
+            if not (type(entry) is bytes or (isinstance(entry, memoryview) and entry.readonly)):
+                entry = bytes(entry)
+            if len(entry) >= MIN_ENTRY_SIZE:
+                ledger_id, entry_id, lac = unpack(entry)
+            else:
+                ledger_id = entry_id = lac = -1
+            batch.append(entry, bytes(key), FLAG_RECOVERY_ADD if flags is True else int(flags),
+                         ledger_id, entry_id, lac)
+        return batch
+
+    @classmethod
+    def concat(cls, batches: Sequence[AddBatch]) -> AddBatch:
+        """One batch of several, in order (the add thread takes the batches queued meanwhile
+        together)."""
+        if len(batches) == 1:
+            return batches[0]
+        out = cls()
+        for b in batches:
+            out.entries += b.entries
+            out.keys += b.keys
+            out.flags += b.flags
+            out.ledger_ids += b.ledger_ids
+            out.entry_ids += b.entry_ids
+            out.lacs += b.lacs
+        return out
+
+    def append(self, entry: bytes | memoryview, key: bytes, flags: int, ledger_id: int, entry_id: int,
+               lac: int) -> None:
+        self.entries.append(entry)
+        self.keys.append(key)
+        self.flags.append(flags)
+        self.ledger_ids.append(ledger_id)
+        self.entry_ids.append(entry_id)
+        self.lacs.append(lac)
+
+    def take(self, indices: Sequence[int]) -> AddBatch:
+        """The adds at ``indices`` (in that order), as a batch of their own."""
+        out = AddBatch()
+        entries, keys, flags = self.entries, self.keys, self.flags
+        lids, eids, lacs = self.ledger_ids, self.entry_ids, self.lacs
+        out.entries = [entries[i] for i in indices]
+        out.keys = [keys[i] for i in indices]
+        out.flags = [flags[i] for i in indices]
+        out.ledger_ids = [lids[i] for i in indices]
+        out.entry_ids = [eids[i] for i in indices]
+        out.lacs = [lacs[i] for i in indices]
+        return out
 
     def __len__(self) -> int:
         return len(self.entries)
 
     def recovery(self) -> list[bool]:
-        """Per request: is it a recovery add (``FLAG_RECOVERY_ADD``)?"""
+        """Per add: is it a recovery add (``FLAG_RECOVERY_ADD``)?"""
         if not any(self.flags):
             return [False] * len(self.flags)
         return [bool(f & FLAG_RECOVERY_ADD) for f in self.flags]
 
     def requests(self) -> list[AddRequest]:
+        """The same adds as single ``AddRequest``s (the session's slow paths)."""
         return [AddRequest(k, e, f) for k, e, f in zip(self.keys, self.entries, self.flags)]
 
     def __repr__(self) -> str:

@@ -215,42 +215,27 @@ class AddProcessor(Processor):
     __slots__ = ()
 
     def __call__(self, req: m.AddRequest) -> None:
-        self.add_requests([req])
-
-    def add_requests(self, reqs: list[m.AddRequest]) -> None:
-        """Single ``AddRequest``s (from the slow paths, or a batch that does not fit the bound)."""
-        ch = self.ch
-        counters = self.counters
-        counters.requests["ADD"] += len(reqs)
-        admitted: list[m.AddRequest] = []
-        for req in reqs:
-            if counters.try_add():
-                admitted.append(req)
-            else:
-                counters.rejected["ADD"] += 1
-                self.send(m.AddResponse(ETOOMANYREQUESTS, req.ledger_id, req.entry_id))
-        if not admitted:
-            return
-        ledger_ids = [r.ledger_id for r in admitted]
-        entry_ids = [r.entry_id for r in admitted]
-        _count_by_ledger(ch.issued, ledger_ids)
-
-        def on_result(refused: list[BaseException | None], exc: BaseException | None) -> None:
-            self._answer(ledger_ids, entry_ids, refused, exc)
-
-        self.bookie.add_entries_cb([(r.entry, bytes(r.master_key), r.is_recovery) for r in admitted], on_result)
+        self.add_batch(m.AddBatch.of_requests((req,)))
 
     def add_batch(self, batch: m.AddBatch) -> None:
-        """The pipelined ADDs of one read, decoded together: admitted and counted as a whole,
-        handed to the bookie as one batch, answered with one buffer once all are durable."""
-        n = len(batch.entries)
+        """Pipelined ADDs (decoded together by the codec, or single frames gathered with
+        ``AddBatch.of_requests``): admitted and counted as a whole, handed to the bookie as the
+        same batch, answered with one buffer once all are durable. Past the in-progress bound
+        the adds that do not fit (the last ones) are answered ETOOMANYREQUESTS at once."""
+        n = len(batch)
         ch = self.ch
         counters = self.counters
+        counters.requests["ADD"] += n
         limit = counters.max_adds
         if limit and counters.adds + n > limit:
-            self.add_requests(batch.requests())  # some are refused: one by one
-            return
-        counters.requests["ADD"] += n
+            room = max(0, limit - counters.adds)
+            counters.rejected["ADD"] += n - room
+            for ledger_id, entry_id in zip(batch.ledger_ids[room:], batch.entry_ids[room:]):
+                self.send(m.AddResponse(ETOOMANYREQUESTS, ledger_id, entry_id))
+            if not room:
+                return
+            batch = batch.take(range(room))
+            n = room
         counters.adds += n
         ledger_ids, entry_ids = batch.ledger_ids, batch.entry_ids
         _count_by_ledger(ch.issued, ledger_ids)
@@ -265,7 +250,7 @@ class AddProcessor(Processor):
                 return
             self._answer(ledger_ids, entry_ids, refused, exc)
 
-        self.bookie.add_entries_cb(list(zip(batch.entries, batch.keys, batch.recovery())), on_result)
+        self.bookie.add_batch_cb(batch, on_result)
 
     def _answer(self, ledger_ids: list[int], entry_ids: list[int], refused: list[BaseException | None],
                 exc: BaseException | None) -> None:
@@ -632,7 +617,7 @@ class Processors:
             kind = type(req)
             if kind is m.AddBatch:
                 if adds:
-                    add.add_requests(adds)
+                    add.add_batch(m.AddBatch.of_requests(adds))
                     adds = []
                 add.add_batch(req)
                 continue
@@ -641,7 +626,7 @@ class Processors:
                 adds.append(req)
                 continue
             if adds:
-                add.add_requests(adds)
+                add.add_batch(m.AddBatch.of_requests(adds))
                 adds = []
             processor = by_type.get(kind)
             if processor is None:
@@ -656,4 +641,4 @@ class Processors:
                 if answer is not None:
                     self._ch.replies.send(answer)
         if adds:
-            add.add_requests(adds)
+            add.add_batch(m.AddBatch.of_requests(adds))

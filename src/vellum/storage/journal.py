@@ -2,13 +2,15 @@
 
 Responsibility: make journal records durable and call each record's callback once the fsync
 that covers it has completed; replay journals from a ``LogMark``; roll and garbage-collect
-journal files. The byte format lives in ``vellum.format.journal``.
+journal files. The byte format lives in ``vellum.format.journal``; naming, reading and replaying
+the files on disk in ``storage/journal_files.py``.
 
 Threads (one ``Journal`` per journal directory; instances are independent):
 
 - callers (``log_entry`` & co.) encode the record and append it to a bounded queue
   (``journalQueueSize`` records; a full queue blocks the caller: back-pressure); a batch of
-  client entries (``log_entries``) is one queue item with one callback;
+  client entries (``log_batch``: the entries column of the bookie's admitted ``AddBatch``, as it
+  is) is one queue item with one callback;
 - the *writer* thread takes queued records, appends them to the current batch and flushes the
   batch when one of BookKeeper's four group-commit triggers fires: the oldest record waited
   ``journalMaxGroupWaitMSec``, ``journalBufferedWritesThreshold`` bytes or
@@ -62,25 +64,21 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import struct
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
-from vellum.errors import CorruptionError, StorageError
+from vellum.errors import StorageError
 from vellum.format.journal import (
     CURRENT_JOURNAL_VERSION,
-    MIN_RECORD_BODY,
     V5,
     V6,
     JournalRecord,
-    JournalScanner,
-    RecordKind,
     ScanStop,
     batch_crc,
     encode_explicit_lac,
@@ -88,18 +86,25 @@ from vellum.format.journal import (
     encode_header,
     encode_master_key,
     encode_padding,
-    entry_prefix,
 )
 from vellum.format.lastmark import ZERO_MARK, LogMark
+from vellum.proto.messages import AddBatch
 from vellum.storage import direct_io as dio
 from vellum.storage.durable import TMP_SUFFIX, publish, temp_path
+from vellum.storage.journal_files import (  # noqa: F401  (names callers import from here)
+    JournalFile,
+    JournalReplay,
+    ReplayResult,
+    journal_file_name,
+    list_journal_ids,
+    replay_journals,
+)
 from vellum.storage.journal_pages import SyncProgress, ZeroFiller, write_zeros
 
 log = logging.getLogger(__name__)
 
 Callback = Callable[[BaseException | None], None]
 
-_JOURNAL_NAME = re.compile(r"^([0-9a-f]+)\.txn$")
 _MB = 1 << 20
 #: smallest hand-over of a direct-I/O journal: each direct write waits for the device, and on the
 #: benchmark disk 64 KiB writes ran at a quarter of 1 MiB writes (``docs/benchmarks.md``)
@@ -108,89 +113,6 @@ DIRECT_MIN_WRITE_BYTES = _MB
 
 def _no_fsync(fd: int) -> None:
     del fd
-
-
-def journal_file_name(journal_id: int) -> str:
-    """BookKeeper's name: ``Long.toHexString(id) + ".txn"``."""
-    return f"{journal_id:x}.txn"
-
-
-def list_journal_ids(current_dir: Path) -> list[int]:
-    """Ids of the ``<hex id>.txn`` files in a journal's ``current`` directory, ascending."""
-    try:
-        names = os.listdir(current_dir)
-    except FileNotFoundError:
-        return []
-    ids = []
-    for name in names:
-        m = _JOURNAL_NAME.match(name)
-        if m:
-            ids.append(int(m.group(1), 16))
-    return sorted(ids)
-
-
-class JournalFile:
-    """A read-only journal file for scanning: ``with JournalFile(path) as jf: for r in jf.scan(): ...``."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        try:
-            self._fd = os.open(path, os.O_RDONLY)
-        except OSError as e:
-            raise StorageError(f"cannot open journal {path}: {e.strerror}") from None
-
-    def read(self, offset: int, n: int) -> bytes:
-        try:
-            return os.pread(self._fd, n, offset)
-        except OSError as e:
-            raise StorageError(f"cannot read journal {self.path} at offset {offset}: {e.strerror}") from None
-
-    def scanner(self, start: int | None = None) -> JournalScanner:
-        return JournalScanner(self.read, start=start, where=str(self.path))
-
-    def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-
-    def __enter__(self) -> JournalFile:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-@dataclass(frozen=True, slots=True)
-class JournalReplay:
-    """What replay found in one journal file."""
-
-    journal_id: int
-    path: Path
-    start: int
-    records: int
-    stop: ScanStop
-
-
-@dataclass(frozen=True, slots=True)
-class ReplayResult:
-    """Outcome of ``Journal.replay``: per-file results, totals, and where valid data ends."""
-
-    journals: list[JournalReplay] = field(default_factory=list)
-    records: int = 0
-    #: records with an unknown negative entry id (skipped, as BookKeeper does)
-    skipped: int = 0
-
-    @property
-    def end_mark(self) -> LogMark | None:
-        """The position after the last valid record of the last journal (None: no journal)."""
-        if not self.journals:
-            return None
-        last = self.journals[-1]
-        return LogMark(last.journal_id, last.stop.valid_end)
-
-    @property
-    def torn_tail(self) -> bool:
-        return bool(self.journals) and not self.journals[-1].stop.clean
 
 
 class _Queue:
@@ -417,48 +339,14 @@ class Journal:
     # ------------------------------------------------------------------ replay
 
     def replay(self, mark: LogMark, on_record: Callable[[JournalRecord], None]) -> ReplayResult:
-        """Feed every valid record at or after ``mark`` to ``on_record``, in journal order.
-
-        Records with unknown negative entry ids are skipped. A bad record ends the replay: in
-        the last journal it is the torn tail of a crash (reported in the result); in an earlier
-        journal it is ``CorruptionError`` naming the file and offset. A missing marked journal
-        is ``CorruptionError`` (fail-stop), except for the zero mark of a fresh bookie.
-        """
-        all_ids = self.journal_ids()
-        ids = [i for i in all_ids if i >= mark.journal_id]
-        if mark != ZERO_MARK and mark.journal_id not in ids:
-            raise CorruptionError(
-                f"journal {self.journal_path(mark.journal_id)} named by lastMark {mark} is missing "
-                f"(journals present: {', '.join(journal_file_name(i) for i in all_ids) or 'none'})"
-            )
-        journals: list[JournalReplay] = []
-        total = skipped = 0
-        for n, journal_id in enumerate(ids):
-            path = self.journal_path(journal_id)
-            start = mark.offset if journal_id == mark.journal_id else None
-            count = 0
-            with JournalFile(path) as jf:
-                scanner = jf.scanner(start)
-                for record in scanner:
-                    if record.kind is RecordKind.OTHER:
-                        skipped += 1
-                        continue
-                    on_record(record)
-                    count += 1
-            stop = scanner.stop
-            assert stop is not None
-            total += count
-            journals.append(JournalReplay(journal_id, path, scanner.start, count, stop))
-            if not stop.clean:
-                if n != len(ids) - 1:
-                    raise CorruptionError(
-                        f"{stop.describe(str(path))}; it is not the last journal, so this is "
-                        "corruption, not a torn tail"
-                    )
-                log.warning("journal %s: torn tail ignored: %s", path, stop.describe(str(path)))
-        if ids:
-            self._replayed_tail = (ids[-1], journals[-1].stop)
-        return ReplayResult(journals, total, skipped)
+        """Feed every valid record at or after ``mark`` to ``on_record``, in journal order
+        (``journal_files.replay_journals``: a bad record in the last journal is a torn tail, in
+        an earlier one corruption; a missing marked journal is corruption)."""
+        result = replay_journals(self.journal_ids(), self.journal_path, mark, on_record)
+        if result.journals:
+            last = result.journals[-1]
+            self._replayed_tail = (last.journal_id, last.stop)
+        return result
 
     # ------------------------------------------------------------------ garbage collection
 
@@ -626,17 +514,26 @@ class Journal:
         del ledger_id, entry_id  # they are the entry's first 16 bytes; kept for BookKeeper's API
         self.log_entries((entry,), callback)
 
+    def log_batch(self, batch: AddBatch, callback: Callback) -> None:
+        """Journal the entries of a batch of admitted adds (``Bookie.add_batch`` validated them:
+        each is a whole stored entry, at least ``MIN_RECORD_BODY`` bytes; nothing is judged
+        again here). Its ``entries`` column becomes the queue item as it is, its records built
+        straight into the group-commit buffer by the writer; the batch must not change
+        afterwards. ``callback`` runs once, after the fsync that covers the last of them (and
+        so all of them: records are written and fsynced in queue order, and a journal that
+        fails fails every later record)."""
+        if not self._started or self._stopped:
+            raise StorageError(f"journal {self.journal_dir} is not running")
+        if not batch.entries:
+            raise ValueError("log_batch needs at least one entry")
+        self._queue.put_batch((batch.entries, callback, self._clock()), len(batch.entries))
+
     def log_entries(self, entries: Sequence[bytes | bytearray | memoryview], callback: Callback) -> None:
-        """Journal several stored entries at once (one queue item, its records built straight
-        into the group-commit buffer by the writer); ``callback`` runs once,
-        after the fsync that covers the last of them (and so all of them: records are written
-        and fsynced in queue order, and a journal that fails fails every later record)."""
+        """``log_batch`` of bare entries (tools and tests): the same preconditions."""
         if not self._started or self._stopped:
             raise StorageError(f"journal {self.journal_dir} is not running")
         if not entries:
             raise ValueError("log_entries needs at least one entry")
-        if min(map(len, entries)) < MIN_RECORD_BODY:
-            entry_prefix(min(entries, key=len))  # raises ValueError naming the size
         self._queue.put_batch((list(entries), callback, self._clock()), len(entries))
 
     def can_take(self, records: int) -> bool:

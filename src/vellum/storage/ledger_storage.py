@@ -5,7 +5,9 @@ Parts with a role of their own live next to it: the write caches and their write
 trimmed-bytes counts (``storage/trimmed_bytes.py``), the entry logs (``storage/entry_logger.py``)
 and the indexes (``storage/index.py``). This module composes them under one lock protocol.
 
-Write path: ``add_entry`` puts the entry in the *active* write cache. When it is full it is
+Write path: ``add_batch`` puts the bookie's admitted adds (an ``AddBatch``, judged once by
+``Bookie.add_batch``) in the *active* write cache; ``add_entry`` does the same for entries from
+outside the ADD path (journal replay, tools), reading their ids itself. When it is full it is
 swapped with the (empty) *flushing* cache and the storage's flush thread writes it out; if the
 flushing cache is still being written the writer waits up to ``max_throttle_time_ms`` and is then
 rejected (``OperationRejectedError``, BookKeeper's back-pressure).
@@ -59,11 +61,14 @@ Entry log per ledger (requirement R1 of docs/correctness.md): ``note_ledger_clos
 the first ``flush()`` (checkpoint) that finds none of that ledger's entries left in the write
 caches seals its log. Every ``flush()`` also seals logs idle past the access expiry.
 
-Size: ``LedgerStorage`` is about 650 lines, above the ~500 the house rules allow, because what
-is left in it shares one lock protocol: adds, deletes, trims, flushes, ledger-data changes
-(tombstones included) and the read path's cache lookups must be atomic with respect to each
-other under ``_cond`` / ``_flush_lock``, and the verification on reads works on the ledger data
-held under the same lock. Splitting further would spread that protocol over several classes.
+Size is earned: ``LedgerStorage`` is about 780 lines (the module about 900) because what is
+left in it is one role, one ledger dir's storage under one lock protocol: adds, deletes, trims,
+flushes, ledger-data changes (tombstones included) and the read path's cache lookups must be
+atomic with respect to each other under ``_cond`` / ``_flush_lock``, and the verification on
+reads works on the ledger data held under the same lock. The parts with a role of their own
+already live beside it (write caches, read-ahead cache, trimmed bytes, entry logger, indexes);
+splitting further would spread that protocol over several classes. The add path judges nothing
+(``add_batch``: the bookie's admission did), so what stays here is storage's own state.
 """
 
 from __future__ import annotations
@@ -93,6 +98,7 @@ from vellum.errors import (
 from vellum.format.entry import BytesLike, DigestType, checksum_matches, sniff_checksum
 from vellum.format.ledger_index import DIGEST_NOT_CHECKABLE, LedgerData
 from vellum.ids import INVALID_ENTRY_ID, LAST_ADD_CONFIRMED, location_log_id, location_offset
+from vellum.proto.messages import AddBatch
 from vellum.storage.entry_logger import DIRECT_WRITE_BUFFER_SIZE, EntryLogger, FileOps
 from vellum.storage.index import EntryLocationIndex, LedgerMetadataIndex
 from vellum.storage.read_ahead_cache import ReadAheadCache
@@ -201,90 +207,98 @@ class LedgerStorage:
     # ------------------------------------------------------------------ writes
 
     def add_entry(self, entry: BytesLike) -> None:
-        """Put a stored entry (ids from its first 16 bytes) in the write cache.
-
-        ``bytes`` and read-only views are kept as they are (the caller hands them over: a
-        server's receive buffer of its own, never written again); other buffers are copied.
+        """Put a stored entry (ids from its first 16 bytes) in the write cache: for entries that
+        do not come through the bookie's admission (journal replay, tools, tests), so its
+        header is read and its ids checked here. See ``add_batch``.
 
         Waits up to ``max_throttle_time_ms`` while both caches are full, then raises
         ``OperationRejectedError``. Durable only after the next ``flush()``.
         """
-        if len(entry) < _IDS.size:
-            raise IncorrectParameterError(f"entry of {len(entry)} bytes has no ledger/entry id header")
-        ledger_id, entry_id = _IDS.unpack_from(entry, 0)
-        if ledger_id < 0 or entry_id < 0:
-            raise IncorrectParameterError(f"cannot store ledger {ledger_id} entry {entry_id}: negative id")
-        if not (type(entry) is bytes or (isinstance(entry, memoryview) and entry.readonly)):
-            entry = bytes(entry)
-        # The ledger's first adds teach its keyless digest (``_learn_digest``); checked here,
-        # outside the lock: a CRC pass over the entry.
-        seen: int | None = None
-        if self._digest_samples.get(ledger_id, 0) < _DIGEST_SAMPLE_ADDS:
-            seen = self._digest_seen(ledger_id, entry)
-        with self._cond:
-            self._check_open()
-            caches = self._caches
-            if not caches.active.has_room(len(entry)):
-                self._make_room(len(entry), ledger_id, entry_id, None)
-            if ledger_id not in self._ledgers:
-                # Adds normally follow set_master_key; an entry still makes its ledger known,
-                # unless the ledger was deleted: that is final.
-                self._refuse_if_deleted(ledger_id, f"entry {entry_id}")
-                self._put_ledger(ledger_id, LedgerData(exists=True, fenced=False, master_key=b""))
-            caches.active.put(ledger_id, entry_id, entry)
-            if seen is not None:
-                self._learn_digest(ledger_id, entry_id, seen)
+        refused = self.add_entries((entry,))
+        if refused[0] is not None:
+            raise refused[0]
 
     def add_entries(self, entries: Sequence[BytesLike]) -> list[BaseException | None]:
-        """Put several stored entries in the write cache, in order, under one hold of the lock:
-        ``add_entry`` for each, as a connection delivers pipelined adds. Returns per entry the
-        error that refused it (bad ids, a deleted ledger, back-pressure past
-        ``max_throttle_time_ms``: one deadline for the whole batch) or None; a refused entry
-        does not stop the others. Raises only if the storage is closed (nothing stored)."""
+        """``add_entry`` for several entries under one hold of the lock; returns per entry the
+        error that refused it (no ledger/entry id header, a negative id, or as ``add_batch``)
+        or None. Raises only if the storage is closed (nothing stored)."""
         refused: list[BaseException | None] = [None] * len(entries)
-        todo: list[tuple[int, int, int, Stored, int | None]] = []
-        samples = self._digest_samples
+        good: list[int] = []
         unpack = _IDS.unpack_from
         for i, entry in enumerate(entries):
-            if len(entry) < 16:
+            if len(entry) < _IDS.size:
                 refused[i] = IncorrectParameterError(f"entry of {len(entry)} bytes has no ledger/entry id header")
                 continue
             ledger_id, entry_id = unpack(entry, 0)
             if ledger_id < 0 or entry_id < 0:
-                refused[i] = IncorrectParameterError(
-                    f"cannot store ledger {ledger_id} entry {entry_id}: negative id")
+                refused[i] = IncorrectParameterError(f"cannot store ledger {ledger_id} entry {entry_id}: negative id")
                 continue
-            if not (type(entry) is bytes or (isinstance(entry, memoryview) and entry.readonly)):
-                entry = bytes(entry)
-            seen = self._digest_seen(ledger_id, entry) if samples.get(ledger_id, 0) < _DIGEST_SAMPLE_ADDS else None
-            todo.append((i, ledger_id, entry_id, entry, seen))
-        if not todo:
-            return refused
+            good.append(i)
+        if good:
+            batch = AddBatch()
+            for i in good:
+                entry = entries[i]
+                if not (type(entry) is bytes or (isinstance(entry, memoryview) and entry.readonly)):
+                    entry = bytes(entry)
+                ledger_id, entry_id = unpack(entry, 0)
+                batch.append(entry, b"", 0, ledger_id, entry_id, -1)
+            for pos, why in self.add_batch(batch):
+                refused[good[pos]] = why
+        return refused
+
+    def add_batch(self, batch: AddBatch) -> list[tuple[int, BaseException]]:
+        """Put a batch of admitted adds in the write cache, in order, under one hold of the lock.
+
+        The caller validated every add (``Bookie.add_batch``: size, ids, ledger state, master
+        key, fence); nothing of that is judged again here, and ``batch.entries`` are kept as
+        they are (``AddBatch``'s ownership rule: ``bytes`` or read-only views nobody writes).
+        What this still refuses is storage's own state, per add: back-pressure past
+        ``max_throttle_time_ms`` (``OperationRejectedError``, one deadline for the whole batch)
+        and a ledger deleted here meanwhile (``LedgerFencedError`` from its tombstone, decided
+        under the lock so that a delete racing an add never lets the add recreate the ledger:
+        defect D2 of docs/correctness.md). Returns the refused adds as (position, error), empty
+        when every add was stored; a refused add does not stop the others. Raises only if the
+        storage is closed (nothing stored)."""
+        ledger_ids, entry_ids, entries = batch.ledger_ids, batch.entry_ids, batch.entries
+        # The ledgers' first adds teach their keyless digest (``_learn_digest``); checked here,
+        # outside the lock: a CRC pass over the entry.
+        samples = self._digest_samples
+        seen: list[int | None] | None = None
+        for pos, ledger_id in enumerate(ledger_ids):
+            if samples.get(ledger_id, 0) < _DIGEST_SAMPLE_ADDS:
+                if seen is None:
+                    seen = [None] * len(ledger_ids)
+                seen[pos] = self._digest_seen(ledger_id, entries[pos])
+        refused: list[tuple[int, BaseException]] = []
         deadline: float | None = None
         with self._cond:
             self._check_open()
             caches = self._caches
             ledgers = self._ledgers
             active = caches.active
-            for i, ledger_id, entry_id, entry, seen in todo:
+            for pos, (ledger_id, entry_id, entry) in enumerate(zip(ledger_ids, entry_ids, entries)):
                 size = len(entry)
                 if active.entries and active.size + size > active.max_bytes:
                     try:
                         deadline = self._make_room(size, ledger_id, entry_id, deadline)
                     except OperationRejectedError as e:
-                        refused[i] = e
+                        refused.append((pos, e))
                         continue
                     active = caches.active
                 if ledger_id not in ledgers:
+                    # Adds normally follow set_master_key; an entry still makes its ledger
+                    # known, unless the ledger was deleted: that is final.
                     try:
                         self._refuse_if_deleted(ledger_id, f"entry {entry_id}")
                     except LedgerFencedError as e:
-                        refused[i] = e
+                        refused.append((pos, e))
                         continue
                     self._put_ledger(ledger_id, LedgerData(exists=True, fenced=False, master_key=b""))
                 active.put(ledger_id, entry_id, entry)
                 if seen is not None:
-                    self._learn_digest(ledger_id, entry_id, seen)
+                    learnt = seen[pos]
+                    if learnt is not None:
+                        self._learn_digest(ledger_id, entry_id, learnt)
         return refused
 
     def can_take(self, nbytes: int) -> bool:
