@@ -1,0 +1,131 @@
+"""The checker: the protocol's promises judged over one run's history.
+
+Responsibility: turn a ``History`` (and the final state the run left) into ``Violation`` rows.
+The promises (docs/verification.md):
+
+- ``ack-lost``: an acknowledged entry is beyond the end a close or a recovery gave the ledger,
+  and was acknowledged before that recovery began (a truncation);
+- ``ack-after-fence``: an add of the old writer was acknowledged, after recovery began, beyond
+  the end the recovery closed the ledger at;
+- ``unreadable``: an acknowledged entry of a closed, not deleted ledger cannot be read back
+  once the faults are healed (or reads back different bytes);
+- ``divergent``: two observers (the writer's acknowledged bytes, readers, the final read) saw
+  different bytes for the same entry;
+- ``lac-regressed``: the LAC one reader handle saw went back;
+- ``written-after-delete``: an add to a deleted ledger was acknowledged after the delete
+  completed, or a bookie still holds entries of a deleted ledger after GC.
+
+Each violation carries a minimal history: the events of its ledger (and entry) only.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from vellum.sim.history import Event, History
+
+#: at most this many events in a violation's minimal history
+_MAX_EVENTS = 40
+
+
+@dataclass(frozen=True)
+class Violation:
+    kind: str
+    ledger: int
+    entry: int
+    message: str
+    history: tuple[Event, ...]
+
+
+def _minimal(events: list[Event], ledger: int, entry: int) -> tuple[Event, ...]:
+    picked = [e for e in events
+              if (e.ledger == ledger and (entry < 0 or e.entry in (-1, entry)) and e.kind not in ("lac",))
+              or e.kind in ("crash", "restart", "partition", "heal")]
+    return tuple(picked[-_MAX_EVENTS:])
+
+
+def check(history: History, *, final_ends: dict[int, int], leftover_deleted: dict[str, list[int]]) -> list[Violation]:
+    """``final_ends``: ledger -> last entry of its CLOSED metadata after the final phase (absent:
+    not closed or deleted); ``leftover_deleted``: bookie -> deleted ledgers it still holds
+    entries of after the final GC."""
+    events = history.events
+    out: list[Violation] = []
+    acks: dict[int, dict[int, tuple[float, str]]] = defaultdict(dict)
+    seen: dict[tuple[int, int], dict[str, str]] = defaultdict(dict)
+    recover_start: dict[int, float] = {}
+    ends: dict[int, list[tuple[str, int, float]]] = defaultdict(list)
+    deleted_at: dict[int, float] = {}
+    lacs: dict[str, int] = {}
+    final_read: dict[tuple[int, int], str] = {}
+    for ev in events:
+        k = ev.kind
+        if k == "ack":
+            acks[ev.ledger][ev.entry] = (ev.t, ev.value)
+            seen[(ev.ledger, ev.entry)].setdefault(ev.value, ev.actor)
+        elif k in ("read", "final-read"):
+            seen[(ev.ledger, ev.entry)].setdefault(ev.value, ev.actor)
+            if k == "final-read":
+                final_read[(ev.ledger, ev.entry)] = ev.value
+        elif k == "recover-start":
+            recover_start.setdefault(ev.ledger, ev.t)
+        elif k in ("closed", "recovered"):
+            ends[ev.ledger].append((k, int(ev.value), ev.t))
+        elif k == "deleted":
+            deleted_at.setdefault(ev.ledger, ev.t)
+        elif k == "lac":
+            handle, lac = ev.value
+            prev = lacs.get(handle)
+            if prev is not None and lac < prev:
+                out.append(Violation("lac-regressed", ev.ledger, -1,
+                                     f"reader handle {handle} saw LAC {prev}, then {lac}",
+                                     _minimal(events, ev.ledger, -1)))
+            lacs[handle] = max(lac, prev if prev is not None else lac)
+
+    for (ledger, entry), values in seen.items():
+        if len(values) > 1:
+            who = ", ".join(f"{actor}={v}" for v, actor in values.items())
+            out.append(Violation("divergent", ledger, entry, f"different bytes seen: {who}",
+                                 _minimal(events, ledger, entry)))
+
+    for ledger, acked in acks.items():
+        for kind, end, t_end in ends.get(ledger, []):
+            for entry, (t_ack, _v) in sorted(acked.items()):
+                if entry <= end:
+                    continue
+                started = recover_start.get(ledger)
+                if started is not None and t_ack >= started:
+                    out.append(Violation(
+                        "ack-after-fence", ledger, entry,
+                        f"entry {entry} acknowledged at t={t_ack:.4f}, after recovery began at t={started:.4f}, "
+                        f"beyond the end {end} the ledger was {kind} at", _minimal(events, ledger, entry)))
+                else:
+                    out.append(Violation(
+                        "ack-lost", ledger, entry,
+                        f"entry {entry} acknowledged at t={t_ack:.4f} but the ledger was {kind} at {end} "
+                        f"(t={t_end:.4f})", _minimal(events, ledger, entry)))
+                break  # one violation per close is enough
+        deleted = deleted_at.get(ledger)
+        if deleted is not None:
+            late = [e for e, (t, _v) in acked.items() if t > deleted]
+            if late:
+                out.append(Violation("written-after-delete", ledger, min(late),
+                                     f"{len(late)} adds acknowledged after the delete at t={deleted:.4f}",
+                                     _minimal(events, ledger, min(late))))
+        final_end = final_ends.get(ledger)
+        if final_end is not None and deleted is None:
+            for entry in sorted(acked):
+                if entry > final_end:
+                    continue
+                got = final_read.get((ledger, entry))
+                if got is None:
+                    out.append(Violation("unreadable", ledger, entry,
+                                         f"acknowledged entry {entry} of closed ledger {ledger} (end {final_end}) "
+                                         "could not be read back after healing", _minimal(events, ledger, entry)))
+                    break
+    for bookie, ledgers in sorted(leftover_deleted.items()):
+        for ledger in ledgers:
+            out.append(Violation("written-after-delete", ledger, -1,
+                                 f"bookie {bookie} still holds entries of deleted ledger {ledger} after GC",
+                                 _minimal(events, ledger, -1)))
+    return out
