@@ -105,6 +105,8 @@ class SimBookie:
         self._flush: asyncio.TimerHandle | None = None
         self.alive = True
         self.adds_accepted = 0
+        #: ``trace(kind, ledger, entry, value)``: bookie-side events for a replayed seed's history
+        self.trace: Callable[[str, int, int, object], None] | None = None
 
     # ------------------------------------------------------------------------- lifecycle
     def crash(self) -> None:
@@ -184,9 +186,14 @@ class SimBookie:
                 if rec.fenced and not recovery:
                     raise LedgerFencedError(f"ledger {ledger_id} is fenced; refused entry {entry_id}")
             except Exception as e:
+                if self.trace is not None and len(entry) >= 32:
+                    ids = _IDS.unpack_from(entry)
+                    self.trace("add-refused", ids[0], ids[1], type(e).__name__)
                 refused.append(e)
                 continue
             data = bytes(entry)
+            if self.trace is not None:
+                self.trace("recovery-add" if recovery else "add", ledger_id, entry_id, "fenced" if rec.fenced else None)
             rec.entries[entry_id] = data
             self._advance_lac(ledger_id, lac)
             accepted.append((ledger_id, entry_id, data, bytes(key)))
@@ -211,6 +218,8 @@ class SimBookie:
             self._loop.call_soon(done, e)
             return
         rec.fenced = True
+        if self.trace is not None:
+            self.trace("fence", ledger_id, -1, None)
 
         def apply(disk: SimDisk) -> None:
             disk.record(ledger_id, key).fenced = True

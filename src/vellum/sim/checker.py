@@ -39,10 +39,21 @@ class Violation:
 
 
 def _minimal(events: list[Event], ledger: int, entry: int) -> tuple[Event, ...]:
+    """The events of ``ledger`` (of ``entry`` only, where an event names an entry) and the
+    faults injected while the ledger was in use."""
+    mine = [e for e in events if e.ledger == ledger and e.kind != "lac" and (entry < 0 or e.entry in (-1, entry))]
+    if not mine:
+        return ()
+    first, last = mine[0].t, mine[-1].t
     picked = [e for e in events
-              if (e.ledger == ledger and (entry < 0 or e.entry in (-1, entry)) and e.kind not in ("lac",))
-              or e.kind in ("crash", "restart", "partition", "heal")]
-    return tuple(picked[-_MAX_EVENTS:])
+              if (e.ledger == ledger and e.kind != "lac" and (entry < 0 or e.entry in (-1, entry)))
+              or (e.kind in _FAULTS and first <= e.t <= last)]
+    if len(picked) > _MAX_EVENTS:  # keep the start (what the ledger is) and the end (what went wrong)
+        picked = picked[:5] + picked[-(_MAX_EVENTS - 5):]
+    return tuple(picked)
+
+
+_FAULTS = frozenset({"crash", "restart", "partition", "heal"})
 
 
 def check(history: History, *, final_ends: dict[int, int], leftover_deleted: dict[str, list[int]]) -> list[Violation]:

@@ -50,9 +50,14 @@ class _Watch(Watch):
             self._registry.remove(self)
 
 
+#: ``on_write(ledger_id, metadata)``: told of every successful create and write (the history)
+WriteHook = Callable[[int, LedgerMetadata], None]
+
+
 class _Ledgers(LedgerManager, LedgerIdGenerator):
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
+        self.on_write: WriteHook | None = None
         self._rows: dict[int, tuple[int, bytes]] = {}
         self._last_id = 0
         self._watches: dict[int, list[_Watch]] = {}
@@ -97,6 +102,8 @@ class _Ledgers(LedgerManager, LedgerIdGenerator):
             raise MetadataVersionError(
                 f"ledger {ledger_id} changed: expected version {expected_version}, the store has {row[0]}")
         self._rows[ledger_id] = (row[0] + 1, serialize_ledger_metadata(metadata))
+        if self.on_write is not None:
+            self.on_write(ledger_id, metadata)
         self._changed(ledger_id)
         return row[0] + 1
 
@@ -177,8 +184,9 @@ class SimMetadataStore(MetadataStore):
 
     uri = "sim://"
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, on_write: WriteHook | None = None) -> None:
         self._ledgers = _Ledgers(loop)
+        self._ledgers.on_write = on_write
         self._registration = _Registration(loop)
 
     @property

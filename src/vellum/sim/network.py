@@ -30,6 +30,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+#: the smallest step between two deliveries of one direction (keeps them in order)
+_TICK = 1e-7
+
 #: the simulated node (client name) the current task acts for
 current_node: contextvars.ContextVar[str] = contextvars.ContextVar("vellum_sim_node", default="client")
 
@@ -146,7 +149,9 @@ class Link:
         for _ in range(copies):
             when = loop.time() + rng.uniform(faults.delay_min_s, faults.delay_max_s)
             if not (faults.reorder and rng.random() < faults.reorder):
-                when = max(when, self._last[dst])
+                # strictly after the previous delivery: timers due at the same instant are not
+                # run in the order they were scheduled (asyncio's heap is not stable)
+                when = max(when, self._last[dst] + _TICK)
                 self._last[dst] = when
             else:
                 net.count("reordered")
@@ -178,7 +183,7 @@ class Link:
         loop = self.net.loop
         loop.call_soon(self._lose, side, None)
         dst = 1 - side
-        when = max(loop.time() + self.net.faults.delay_max_s, self._last[dst])
+        when = max(loop.time() + self.net.faults.delay_max_s, self._last[dst] + _TICK)
         self._last[dst] = when
         loop.call_at(when, self._lose, dst, None)
 

@@ -27,6 +27,7 @@ from vellum.client.bookkeeper import BookKeeper
 from vellum.client.placement import DefaultPlacementPolicy
 from vellum.config import ClientConfig
 from vellum.ids import BookieId, LedgerId
+from vellum.meta.model import LedgerMetadata
 from vellum.server.bookie_server import BookieConnection, ServerLimits
 from vellum.server.processors import Counters
 from vellum.sim.bookie import SimBookie, SimDisk, key_check_for
@@ -54,7 +55,13 @@ class SimOptions:
     #: virtual seconds the workload may run before the heal phase
     run_s: float = 30.0
     flags: frozenset[str] = frozenset()
+    #: record what each bookie did (adds, refusals, fences) in the history: for replaying one
+    #: seed; it changes neither the run nor its fingerprint
+    trace: bool = False
 
+
+#: the bookie-side events of ``SimOptions.trace`` (left out of a run's fingerprint)
+TRACE_KINDS = frozenset({"add", "recovery-add", "add-refused", "fence"})
 
 #: known defects the simulator reproduces with their fix reverted: flag -> what it reverts
 REGRESSIONS = {
@@ -77,8 +84,10 @@ class RunResult:
 class BookieNode:
     """A bookie process on the simulated network: the real request path over a ``SimBookie``."""
 
-    def __init__(self, name: str, loop: SimLoop, rng: random.Random, store: SimMetadataStore) -> None:
+    def __init__(self, name: str, loop: SimLoop, rng: random.Random, store: SimMetadataStore,
+                 history: History | None) -> None:
         self.name = name
+        self._history = history
         self._loop = loop
         self._rng = rng
         self._store = store
@@ -98,6 +107,10 @@ class BookieNode:
     def start(self) -> None:
         self.bookie = SimBookie(self.name, self._loop, self._rng, self.disk, key_check_for(self._password),
                                 group_wait_s=0.001, fsync_s=(0.0002, 0.003), read_s=(0.00005, 0.0005))
+        history = self._history
+        if history is not None:
+            name = self.name
+            self.bookie.trace = lambda kind, ledger, entry, value: history.add(name, kind, ledger, entry, value)
 
     @property
     def up(self) -> bool:
@@ -176,15 +189,22 @@ class World:
         self.loop.connect_hook = self.net.connect
         self.loop.executor_hook = self._metadata_call
         self._meta_rng = random.Random(self.rng.random())
-        self.store = SimMetadataStore(self.loop)
+        self.store = SimMetadataStore(self.loop, self._metadata_written)
         self.nodes: list[BookieNode] = []
         node_rng = random.Random(self.rng.random())
         for i in range(options.bookies):
-            node = BookieNode(f"bookie-{i}:3181", self.loop, node_rng, self.store)
+            node = BookieNode(f"bookie-{i}:3181", self.loop, node_rng, self.store,
+                              self.history if options.trace else None)
             self.nodes.append(node)
             self.net.add_server(node)
             self.store.registration.register_bookie(BookieId(node.name))
         self.clients: list[BookKeeper] = []
+
+    def _metadata_written(self, ledger_id: int, md: LedgerMetadata) -> None:
+        segments = " ".join(f"{first}:[{','.join(b.split(':')[0].removeprefix('bookie-') for b in ens)}]"
+                            for first, ens in sorted(md.ensembles.items()))
+        end = f" last={md.last_entry_id}" if md.is_closed else ""
+        self.history.add("metadata", "md-write", ledger_id, value=f"{md.state.name}{end} {segments}")
 
     def _metadata_call(self, func, args):  # type: ignore[no-untyped-def]
         """The loop's executor: metadata calls (and the client's other ``to_thread`` calls)
@@ -278,7 +298,8 @@ def run_seed(seed: int, options: SimOptions | None = None) -> RunResult:
         violations = check(world.history, final_ends=final_ends, leftover_deleted=leftovers)
         fp = hashlib.blake2b(digest_size=8)
         for ev in world.history.events:
-            fp.update(ev.describe().encode())
+            if ev.kind not in TRACE_KINDS:
+                fp.update(ev.describe().encode())
         return RunResult(seed, violations, workload.operations, virtual, len(world.history.events), fp.hexdigest(),
                          dict(world.net.counts), error)
 

@@ -1,0 +1,160 @@
+"""``vellum verify sim``: the deterministic simulator (``vellum.sim``, docs/verification.md).
+
+``--seeds N`` runs seeds ``start .. start+N-1`` with a progress bar and prints a summary and
+every violation with its seed and minimal history; ``--seed S`` replays one seed and prints its
+whole history. The exit status is 1 when a violation was found (or a run stopped with an error).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from vellum.cli.output import emit_json, emit_table
+from vellum.sim.campaign import CampaignReport, run_campaign
+from vellum.sim.checker import Violation
+from vellum.sim.runner import FAULT_KINDS, REGRESSIONS, RunResult, SimOptions, run_seed
+from vellum.sim.workload import WorkloadShape
+
+
+def _faults(value: str) -> frozenset[str]:
+    if value in ("all", ""):
+        return frozenset(FAULT_KINDS) if value == "all" else frozenset()
+    if value == "none":
+        return frozenset()
+    kinds = {k.strip() for k in value.split(",") if k.strip()}
+    unknown = sorted(kinds - set(FAULT_KINDS))
+    if unknown:
+        raise click.BadParameter(f"unknown fault kind(s) {', '.join(unknown)}: choose from {', '.join(FAULT_KINDS)}, "
+                                 "'all' or 'none'", param_hint="--faults")
+    return frozenset(kinds)
+
+
+def _violation_json(seed: int, v: Violation) -> dict[str, object]:
+    return {"seed": seed, "kind": v.kind, "ledger": v.ledger, "entry": v.entry, "message": v.message,
+            "history": [e.describe() for e in v.history]}
+
+
+def _print_violation(console: Console, seed: int, v: Violation, replay: str) -> None:
+    console.print(f"[bold red]violation[/] seed={seed} {v.kind}: {v.message}")
+    console.print(f"  replay: {replay}")
+    for e in v.history:
+        console.print(f"    {e.describe()}", markup=False, highlight=False)
+
+
+def register(cli: click.Group) -> None:
+    @cli.group()
+    def verify() -> None:
+        """Check the protocol's promises (docs/verification.md)."""
+
+    @verify.command("sim")
+    @click.option("--seeds", "count", default=200, show_default=True, help="how many seeds to run")
+    @click.option("--start", default=0, show_default=True, help="the first seed of --seeds")
+    @click.option("--seed", "one", type=int, default=None, help="replay this one seed and print its history")
+    @click.option("--faults", default="all", show_default=True,
+                  help=f"comma-separated subset of {','.join(FAULT_KINDS)}, or 'all' / 'none'")
+    @click.option("--ledgers", default=3, show_default=True, help="ledgers the writer makes per seed")
+    @click.option("--entries", default=40, show_default=True, help="about this many entries per ledger")
+    @click.option("--regression", "regressions", multiple=True, type=click.Choice(sorted(REGRESSIONS)),
+                  help="revert a known fix behind its test flag (the seed should then fail)")
+    @click.option("--stop-at-first", is_flag=True, help="stop at the first seed with a violation")
+    @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+    def sim(count: int, start: int, one: int | None, faults: str, ledgers: int, entries: int,
+            regressions: tuple[str, ...], stop_at_first: bool, as_json: bool) -> None:
+        """Run the deterministic simulation over many seeds (or replay one)."""
+        if count < 1:
+            raise click.BadParameter("must be at least 1", param_hint="--seeds")
+        if ledgers < 1 or entries < 1:
+            raise click.BadParameter("--ledgers and --entries must be at least 1")
+        shape = WorkloadShape(ledgers=ledgers, entries=(max(1, entries // 2), max(1, entries + entries // 2)))
+        options = SimOptions(faults=_faults(faults), shape=shape, flags=frozenset(regressions))
+        flags = "".join(f" --regression {r}" for r in regressions)
+        replay_base = f"vellum verify sim --faults {','.join(sorted(options.faults)) or 'none'} " \
+                      f"--ledgers {ledgers} --entries {entries}{flags}"
+        err = Console(stderr=True)
+        if one is not None:
+            _replay(one, options, as_json, f"{replay_base} --seed {one}")
+            return
+        seeds = range(start, start + count)
+        with Progress(TextColumn("seeds"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
+                      TextColumn("{task.fields[bad]}"), TimeElapsedColumn(), console=err,
+                      disable=as_json or not err.is_terminal) as progress:
+            task = progress.add_task("sim", total=count, rate="", bad="")
+            state = {"n": 0, "bad": 0}
+            report_box: list[CampaignReport] = []
+
+            def on_result(r: RunResult) -> None:
+                state["n"] += 1
+                state["bad"] += 1 if (r.violations or r.error) else 0
+                progress.update(task, advance=1, bad=f"{state['bad']} failing" if state["bad"] else "")
+
+            report = run_campaign(seeds, options, on_result=on_result, stop_at_first=stop_at_first)
+            report_box.append(report)
+        rows = [
+            ("seeds", report.seeds),
+            ("seeds/s", f"{report.seeds_per_s:.1f}"),
+            ("seeds/minute", f"{report.seeds_per_s * 60:.0f}"),
+            ("client operations", report.operations),
+            ("virtual seconds", f"{report.virtual_s:.1f}"),
+            ("violations", len(report.violations)),
+            ("runs stopped by an error", len(report.errors)),
+            ("failing seeds", " ".join(map(str, report.failed_seeds[:20])) or "-"),
+        ] + [(f"violations: {k}", n) for k, n in sorted(report.kinds.items())] \
+          + [(f"network: {k}", n) for k, n in sorted(report.network.items())]
+        if as_json:
+            emit_json({
+                "seeds": report.seeds, "seeds_per_s": report.seeds_per_s, "operations": report.operations,
+                "virtual_s": report.virtual_s, "faults": sorted(options.faults), "regressions": list(regressions),
+                "violations": [_violation_json(s, v) for s, v in report.violations],
+                "errors": [{"seed": s, "error": e} for s, e in report.errors],
+                "network": dict(report.network),
+            })
+        else:
+            emit_table(("", "value"), rows, title="vellum verify sim")
+            out = Console()
+            for seed, v in report.violations:
+                _print_violation(out, seed, v, f"{replay_base} --seed {seed}")
+            for seed, e in report.errors:
+                out.print(f"[bold yellow]run stopped[/] seed={seed}: {e}  (replay: {replay_base} --seed {seed})")
+        if report.violations or report.errors:
+            sys.exit(1)
+
+
+def _replay(seed: int, options: SimOptions, as_json: bool, replay: str) -> None:
+    from vellum.sim import runner
+
+    captured: dict[str, object] = {}
+    check = runner.check
+
+    def keep(history, **kw):  # type: ignore[no-untyped-def]
+        captured["history"] = history
+        return check(history, **kw)
+
+    runner.check = keep
+    try:
+        result = run_seed(seed, dataclasses.replace(options, trace=True))
+    finally:
+        runner.check = check
+    history = captured.get("history")
+    events = [e.describe() for e in getattr(history, "events", [])]
+    if as_json:
+        emit_json({"seed": seed, "fingerprint": result.fingerprint, "operations": result.operations,
+                   "virtual_s": result.virtual_s, "error": result.error,
+                   "violations": [_violation_json(seed, v) for v in result.violations], "history": events,
+                   "options": dataclasses.asdict(options)})
+    else:
+        out = Console()
+        for line in events:
+            out.print(line, markup=False, highlight=False)
+        out.print(f"seed {seed}: {result.operations} operations, {result.virtual_s:.2f} virtual s, "
+                  f"fingerprint {result.fingerprint}, {len(result.violations)} violation(s)")
+        if result.error:
+            out.print(f"[bold yellow]run stopped[/]: {result.error}")
+        for v in result.violations:
+            _print_violation(out, seed, v, replay)
+    if result.violations or result.error:
+        sys.exit(1)
