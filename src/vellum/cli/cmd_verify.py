@@ -17,8 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from vellum.cli.output import emit_json, emit_table
 from vellum.sim.campaign import CampaignReport, run_campaign
 from vellum.sim.checker import Violation
-from vellum.sim.runner import FAULT_KINDS, REGRESSIONS, RunResult, SimOptions, run_seed
-from vellum.sim.workload import WorkloadShape
+from vellum.sim.runner import FAULT_KINDS, REGRESSIONS, SCENARIOS, RunResult, SimOptions, run_seed
 
 
 def _faults(value: str) -> frozenset[str]:
@@ -55,26 +54,40 @@ def register(cli: click.Group) -> None:
     @click.option("--seeds", "count", default=200, show_default=True, help="how many seeds to run")
     @click.option("--start", default=0, show_default=True, help="the first seed of --seeds")
     @click.option("--seed", "one", type=int, default=None, help="replay this one seed and print its history")
-    @click.option("--faults", default="all", show_default=True,
-                  help=f"comma-separated subset of {','.join(FAULT_KINDS)}, or 'all' / 'none'")
-    @click.option("--ledgers", default=3, show_default=True, help="ledgers the writer makes per seed")
-    @click.option("--entries", default=40, show_default=True, help="about this many entries per ledger")
+    @click.option("--faults", default=None,
+                  help=f"comma-separated subset of {','.join(FAULT_KINDS)}, or 'all' / 'none' (default: the scenario's)")
+    @click.option("--scenario", default="default", show_default=True, type=click.Choice(sorted(SCENARIOS)),
+                  help="the workload and fault mix (fence-race: the old writer against fencing)")
+    @click.option("--ledgers", type=int, default=None, help="ledgers the writer makes per seed (default: the scenario's)")
+    @click.option("--entries", type=int, default=None,
+                  help="about this many entries per ledger (default: the scenario's)")
     @click.option("--regression", "regressions", multiple=True, type=click.Choice(sorted(REGRESSIONS)),
                   help="revert a known fix behind its test flag (the seed should then fail)")
     @click.option("--stop-at-first", is_flag=True, help="stop at the first seed with a violation")
     @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-    def sim(count: int, start: int, one: int | None, faults: str, ledgers: int, entries: int,
+    def sim(count: int, start: int, one: int | None, scenario: str, faults: str | None, ledgers: int | None,
+            entries: int | None,
             regressions: tuple[str, ...], stop_at_first: bool, as_json: bool) -> None:
         """Run the deterministic simulation over many seeds (or replay one)."""
         if count < 1:
             raise click.BadParameter("must be at least 1", param_hint="--seeds")
-        if ledgers < 1 or entries < 1:
-            raise click.BadParameter("--ledgers and --entries must be at least 1")
-        shape = WorkloadShape(ledgers=ledgers, entries=(max(1, entries // 2), max(1, entries + entries // 2)))
-        options = SimOptions(faults=_faults(faults), shape=shape, flags=frozenset(regressions))
-        flags = "".join(f" --regression {r}" for r in regressions)
-        replay_base = f"vellum verify sim --faults {','.join(sorted(options.faults)) or 'none'} " \
-                      f"--ledgers {ledgers} --entries {entries}{flags}"
+        base = SCENARIOS[scenario]
+        shape = base.shape
+        if ledgers is not None:
+            if ledgers < 1:
+                raise click.BadParameter("must be at least 1", param_hint="--ledgers")
+            shape = dataclasses.replace(shape, ledgers=ledgers)
+        if entries is not None:
+            if entries < 1:
+                raise click.BadParameter("must be at least 1", param_hint="--entries")
+            shape = dataclasses.replace(shape, entries=(max(1, entries // 2), max(1, entries + entries // 2)))
+        options = dataclasses.replace(base, faults=base.faults if faults is None else _faults(faults), shape=shape,
+                                      flags=frozenset(regressions))
+        replay_base = "vellum verify sim" + (f" --scenario {scenario}" if scenario != "default" else "") \
+            + (f" --faults {faults}" if faults is not None else "") \
+            + (f" --ledgers {ledgers}" if ledgers is not None else "") \
+            + (f" --entries {entries}" if entries is not None else "") \
+            + "".join(f" --regression {r}" for r in regressions)
         err = Console(stderr=True)
         if one is not None:
             _replay(one, options, as_json, f"{replay_base} --seed {one}")
@@ -96,8 +109,10 @@ def register(cli: click.Group) -> None:
             report_box.append(report)
         rows = [
             ("seeds", report.seeds),
-            ("seeds/s", f"{report.seeds_per_s:.1f}"),
-            ("seeds/minute", f"{report.seeds_per_s * 60:.0f}"),
+            ("seeds/s (wall)", f"{report.seeds_per_s:.1f}"),
+            ("seeds/minute (wall)", f"{report.seeds_per_s * 60:.0f}"),
+            ("seeds/minute (CPU of one core)", f"{report.seeds_per_cpu_s * 60:.0f}"),
+            ("client operations per seed", f"{report.operations / max(1, report.seeds):.0f}"),
             ("client operations", report.operations),
             ("virtual seconds", f"{report.virtual_s:.1f}"),
             ("violations", len(report.violations)),
@@ -107,7 +122,8 @@ def register(cli: click.Group) -> None:
           + [(f"network: {k}", n) for k, n in sorted(report.network.items())]
         if as_json:
             emit_json({
-                "seeds": report.seeds, "seeds_per_s": report.seeds_per_s, "operations": report.operations,
+                "seeds": report.seeds, "seeds_per_s": report.seeds_per_s, "seeds_per_cpu_s": report.seeds_per_cpu_s,
+                "scenario": scenario, "operations": report.operations,
                 "virtual_s": report.virtual_s, "faults": sorted(options.faults), "regressions": list(regressions),
                 "violations": [_violation_json(s, v) for s, v in report.violations],
                 "errors": [{"seed": s, "error": e} for s, e in report.errors],

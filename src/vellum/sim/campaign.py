@@ -22,6 +22,8 @@ from vellum.sim.runner import RunResult, SimOptions, run_seed
 class CampaignReport:
     seeds: int = 0
     elapsed_s: float = 0.0
+    #: CPU time of this process (what one core did; wall time on a shared machine is more)
+    cpu_s: float = 0.0
     operations: int = 0
     virtual_s: float = 0.0
     violations: list[tuple[int, Violation]] = field(default_factory=list)
@@ -33,6 +35,10 @@ class CampaignReport:
     @property
     def seeds_per_s(self) -> float:
         return self.seeds / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def seeds_per_cpu_s(self) -> float:
+        return self.seeds / self.cpu_s if self.cpu_s > 0 else 0.0
 
     @property
     def failed_seeds(self) -> list[int]:
@@ -57,13 +63,16 @@ def run_campaign(seeds: Iterable[int], options: SimOptions | None = None, *,
     first seed with a violation."""
     report = CampaignReport()
     start = time.perf_counter()
+    cpu = time.process_time()
     for seed in seeds:
         result = run_seed(seed, options)
         report.add(result)
         report.elapsed_s = time.perf_counter() - start
+        report.cpu_s = time.process_time() - cpu
         if on_result is not None:
             on_result(result)
         if stop_at_first and result.violations:
             break
     report.elapsed_s = time.perf_counter() - start
+    report.cpu_s = time.process_time() - cpu
     return report

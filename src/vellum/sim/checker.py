@@ -134,6 +134,13 @@ def check(history: History, *, final_ends: dict[int, int], leftover_deleted: dic
                                          f"acknowledged entry {entry} of closed ledger {ledger} (end {final_end}) "
                                          "could not be read back after healing", _minimal(events, ledger, entry)))
                     break
+    seen_keys: set[tuple[str, int, int]] = set()
+    unique = []
+    for v in out:  # the same entry judged against several ends (a recovery, then the final one)
+        if (v.kind, v.ledger, v.entry) not in seen_keys:
+            seen_keys.add((v.kind, v.ledger, v.entry))
+            unique.append(v)
+    out = unique
     for bookie, ledgers in sorted(leftover_deleted.items()):
         for ledger in ledgers:
             out.append(Violation("written-after-delete", ledger, -1,

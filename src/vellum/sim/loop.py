@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import heapq
 from collections.abc import Callable
 from typing import Any
 
@@ -66,6 +67,50 @@ class SimLoop(asyncio.BaseEventLoop):
 
     def advance(self, seconds: float) -> None:
         self._now += seconds
+
+    # --------------------------------------------------------------------- one iteration
+    def _run_once(self) -> None:
+        """``BaseEventLoop._run_once`` without the selector, the debug timing and the slow
+        paths a real loop needs: move the due timers to the ready queue (jumping the clock to
+        the next one when nothing is ready), then run what was ready, in order."""
+        sched = self._scheduled  # type: ignore[attr-defined]
+        ready = self._ready  # type: ignore[attr-defined]
+        heappop = heapq.heappop
+        cancelled: int = self._timer_cancelled_count  # type: ignore[has-type]
+        if cancelled > 100 and cancelled * 2 > len(sched):
+            live = []
+            for h in sched:
+                if h._cancelled:
+                    h._scheduled = False
+                else:
+                    live.append(h)
+            heapq.heapify(live)
+            sched[:] = live
+            self._timer_cancelled_count = 0
+        while sched and sched[0]._cancelled:
+            self._timer_cancelled_count -= 1
+            heappop(sched)._scheduled = False
+        if not ready:
+            if not sched:
+                if self._stopping:  # type: ignore[attr-defined]
+                    return
+                raise SimQuiescent("no callback is ready and no timer is pending")
+            if not self._stopping:  # type: ignore[attr-defined]
+                when = sched[0]._when
+                if when > self._now:
+                    self._now = when
+        end = self._now + self._clock_resolution
+        while sched and sched[0]._when < end:
+            h = heappop(sched)
+            h._scheduled = False
+            if h._cancelled:
+                self._timer_cancelled_count -= 1
+            else:
+                ready.append(h)
+        for _ in range(len(ready)):
+            h = ready.popleft()
+            if not h._cancelled:
+                h._run()
 
     # ----------------------------------------------------- what BaseEventLoop leaves to us
     def _process_events(self, event_list: list[Any]) -> None:

@@ -22,6 +22,7 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
+from vellum.client import metadata_update as client_metadata_update
 from vellum.client import recovery as client_recovery
 from vellum.client.bookkeeper import BookKeeper
 from vellum.client.placement import DefaultPlacementPolicy
@@ -55,10 +56,19 @@ class SimOptions:
     #: virtual seconds the workload may run before the heal phase
     run_s: float = 30.0
     flags: frozenset[str] = frozenset()
+    #: fault intensities (with ``faults`` naming the kind): per write, and the slowest delivery
+    drop: float = 0.02
+    duplicate: float = 0.02
+    reorder: float = 0.05
+    delay_max_s: float = 0.02
     #: record what each bookie did (adds, refusals, fences) in the history: for replaying one
     #: seed; it changes neither the run nor its fingerprint
     trace: bool = False
 
+
+#: named workloads (``--scenario``): the default mix, and a race of the old writer against
+#: fencing (small ensembles, recovery in the middle of the writes, lossy network, no crashes)
+SCENARIOS: dict[str, SimOptions] = {}
 
 #: the bookie-side events of ``SimOptions.trace`` (left out of a run's fingerprint)
 TRACE_KINDS = frozenset({"add", "recovery-add", "add-refused", "fence"})
@@ -66,6 +76,7 @@ TRACE_KINDS = frozenset({"add", "recovery-add", "add-refused", "fence"})
 #: known defects the simulator reproduces with their fix reverted: flag -> what it reverts
 REGRESSIONS = {
     "no-fencing-recovery-reads": "recovery reads without the fence flag (TLA+ defect 1, rule 4 of docs/correctness.md)",
+    "persist-recovery-segments": "a recovery writer's ensemble changes written when they happen, not with the close",
 }
 
 
@@ -145,6 +156,8 @@ def _seeded_globals(seed: int, flags: frozenset[str]) -> Iterator[None]:
     random.seed(seed ^ 0x5EED)
     fence_reads = client_recovery._fence_recovery_reads
     client_recovery._fence_recovery_reads = "no-fencing-recovery-reads" not in flags
+    defer_segments = client_metadata_update._defer_recovery_segments
+    client_metadata_update._defer_recovery_segments = "persist-recovery-segments" not in flags
     vellum_log = logging.getLogger("vellum")
     level = vellum_log.level
     vellum_log.setLevel(logging.CRITICAL + 1)
@@ -156,6 +169,7 @@ def _seeded_globals(seed: int, flags: frozenset[str]) -> Iterator[None]:
     finally:
         random.setstate(state)
         client_recovery._fence_recovery_reads = fence_reads
+        client_metadata_update._defer_recovery_segments = defer_segments
         vellum_log.setLevel(level)
         asyncio_log.setLevel(asyncio_level)
 
@@ -181,10 +195,10 @@ class World:
         self.calm = NetFaults()
         self.net = SimNetwork(self.loop, random.Random(self.rng.random()), NetFaults(
             delay_min_s=0.0002,
-            delay_max_s=0.02 if "delay" in faults else 0.002,
-            drop=0.02 if "drop" in faults else 0.0,
-            duplicate=0.02 if "dup" in faults else 0.0,
-            reorder=0.05 if "reorder" in faults else 0.0,
+            delay_max_s=options.delay_max_s if "delay" in faults else 0.002,
+            drop=options.drop if "drop" in faults else 0.0,
+            duplicate=options.duplicate if "dup" in faults else 0.0,
+            reorder=options.reorder if "reorder" in faults else 0.0,
         ))
         self.loop.connect_hook = self.net.connect
         self.loop.executor_hook = self._metadata_call
@@ -277,6 +291,13 @@ class World:
                 self.history.add("nemesis", "restart", value=node.name)
 
 
+SCENARIOS["default"] = SimOptions()
+SCENARIOS["fence-race"] = SimOptions(
+    faults=frozenset({"delay", "drop", "reorder"}), drop=0.05, reorder=0.2,
+    shape=WorkloadShape(ledgers=6, entries=(15, 30), window=8, shapes=((3, 3, 2), (3, 3, 3)),
+                        recover_delay_s=(0.01, 0.15), close_probability=0.0, delete_probability=0.0, reader_polls=5))
+
+
 def run_seed(seed: int, options: SimOptions | None = None) -> RunResult:
     """Simulate one seed (see the module docstring)."""
     options = options or SimOptions()
@@ -329,4 +350,4 @@ def _drain(loop: SimLoop) -> None:
     loop.close()
 
 
-__all__ = ["FAULT_KINDS", "REGRESSIONS", "RunResult", "SimOptions", "World", "run_seed"]
+__all__ = ["FAULT_KINDS", "REGRESSIONS", "SCENARIOS", "RunResult", "SimOptions", "World", "run_seed"]

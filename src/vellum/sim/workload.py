@@ -43,6 +43,10 @@ class WorkloadShape:
     close_probability: float = 0.5
     delete_probability: float = 0.4
     reader_polls: int = 30
+    #: the (ensemble, write quorum, ack quorum) shapes ledgers are made with
+    shapes: tuple[tuple[int, int, int], ...] = SHAPES
+    #: how long after a ledger's creation the recoverer opens it (races the writer)
+    recover_delay_s: tuple[float, float] = (0.0, 0.8)
 
 
 class Workload:
@@ -85,7 +89,7 @@ class Workload:
         try:
             bk = await self.world.client("writer")
             for _ in range(self.shape.ledgers):
-                e, wq, aq = rng.choice(SHAPES)
+                e, wq, aq = rng.choice(self.shape.shapes)
                 self.operations += 1
                 try:
                     h = await bk.create_ledger(ensemble_size=e, write_quorum_size=wq, ack_quorum_size=aq,
@@ -198,7 +202,7 @@ class Workload:
             lid = await self._ledger(index)
             if lid is None:
                 return
-            await asyncio.sleep(rng.uniform(0.0, 0.8))  # races the writer
+            await asyncio.sleep(rng.uniform(*self.shape.recover_delay_s))  # races the writer
             h = await self._recover(bk, lid, "recoverer", rng)
             if h is None:
                 continue
