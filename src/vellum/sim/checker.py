@@ -40,19 +40,25 @@ class Violation:
 
 def _minimal(events: list[Event], ledger: int, entry: int) -> tuple[Event, ...]:
     """The events of ``ledger`` (of ``entry`` only, where an event names an entry) and the
-    faults injected while the ledger was in use."""
-    mine = [e for e in events if e.ledger == ledger and e.kind != "lac" and (entry < 0 or e.entry in (-1, entry))]
-    if not mine:
+    faults injected while the ledger was in use; past ``_MAX_EVENTS``, the bookies' fences and
+    the repeated failures go first, then the middle."""
+    def mine(e: Event) -> bool:
+        return e.ledger == ledger and e.kind != "lac" and (entry < 0 or e.entry in (-1, entry))
+
+    own = [e for e in events if mine(e)]
+    if not own:
         return ()
-    first, last = mine[0].t, mine[-1].t
-    picked = [e for e in events
-              if (e.ledger == ledger and e.kind != "lac" and (entry < 0 or e.entry in (-1, entry)))
-              or (e.kind in _FAULTS and first <= e.t <= last)]
+    first, last = own[0].t, own[-1].t
+    picked = [e for e in events if mine(e) or (e.kind in _FAULTS and first <= e.t <= last)]
+    if len(picked) > _MAX_EVENTS:
+        picked = [e for e in picked if e.kind not in _NOISE or e.entry == entry >= 0]
     if len(picked) > _MAX_EVENTS:  # keep the start (what the ledger is) and the end (what went wrong)
-        picked = picked[:5] + picked[-(_MAX_EVENTS - 5):]
+        picked = picked[:10] + picked[-(_MAX_EVENTS - 10):]
     return tuple(picked)
 
 
+#: what a long minimal history leaves out first
+_NOISE = frozenset({"fence", "add-failed", "recover-failed", "read-failed", "gc", "add", "add-refused"})
 _FAULTS = frozenset({"crash", "restart", "partition", "heal"})
 
 
