@@ -109,9 +109,9 @@ def register(cli: click.Group) -> None:
             report_box.append(report)
         rows = [
             ("seeds", report.seeds),
-            ("seeds/s (wall)", f"{report.seeds_per_s:.1f}"),
-            ("seeds/minute (wall)", f"{report.seeds_per_s * 60:.0f}"),
-            ("seeds/minute (CPU of one core)", f"{report.seeds_per_cpu_s * 60:.0f}"),
+            ("seeds per second (wall)", f"{report.seeds_per_s:.1f}"),
+            ("seeds per minute (wall)", f"{report.seeds_per_s * 60:.0f}"),
+            ("seeds per minute (CPU of one core)", f"{report.seeds_per_cpu_s * 60:.0f}"),
             ("client operations per seed", f"{report.operations / max(1, report.seeds):.0f}"),
             ("client operations", report.operations),
             ("virtual seconds", f"{report.virtual_s:.1f}"),

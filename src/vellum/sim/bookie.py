@@ -18,7 +18,7 @@ network. What it keeps of the real bookie (rules 1, 3, 4 of docs/correctness.md)
 - the LAC it answers is the max of the LACs piggy-backed on the entries it accepted, and the
   explicit LAC; long polls wait for it on virtual time;
 - a crash loses every journal record not yet synced, and what was only in memory;
-- GC: a ledger whose metadata is gone (two reads, rule 9) leaves a tombstone: its entries are
+- GC: a ledger whose metadata is gone (two reads, rule 9 of docs/correctness.md) leaves a tombstone: its entries are
   dropped and adds to it are refused (defect D2 of docs/correctness.md).
 
 Not simulated: entry logs, the index, checkpoints, read-only mode, limbo, trim and COLLECT (a

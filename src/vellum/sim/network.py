@@ -8,6 +8,7 @@ a delay drawn from the run's random generator, and apply the run's network fault
 - drop: a write (whole frames: both the client and the server write complete frames) is lost;
 - duplication: a write is delivered twice;
 - reordering: a write may overtake earlier writes of the same direction;
+- slow links: one direction between two nodes delivers many times slower for a while;
 - partitions, one-way or both ways: writes from A to B are lost, and new connections between
   them fail, while the partition lasts;
 - a crashed bookie resets its connections: its side vanishes at once, the client side sees
@@ -46,6 +47,9 @@ class NetFaults:
     drop: float = 0.0
     duplicate: float = 0.0
     reorder: float = 0.0
+    #: probability that a write is slow (its delay times ``slow_factor``): a heavy tail
+    slow: float = 0.0
+    slow_factor: float = 10.0
     #: split deliveries into random chunks (exercises every decoder's chunking)
     chunking: bool = True
 
@@ -147,7 +151,12 @@ class Link:
             net.count("duplicated")
         loop = net.loop
         for _ in range(copies):
-            when = loop.time() + rng.uniform(faults.delay_min_s, faults.delay_max_s)
+            delay = rng.uniform(faults.delay_min_s, faults.delay_max_s)
+            if faults.slow and rng.random() < faults.slow:
+                delay *= faults.slow_factor
+            if net.slow_links:
+                delay *= net.slow_links.get((self.names[side], self.names[dst]), 1.0)
+            when = loop.time() + delay
             if not (faults.reorder and rng.random() < faults.reorder):
                 # strictly after the previous delivery: timers due at the same instant are not
                 # run in the order they were scheduled (asyncio's heap is not stable)
@@ -217,6 +226,8 @@ class SimNetwork:
         self.servers: dict[str, Server] = {}
         #: blocked directions (from, to)
         self._blocked: set[tuple[str, str]] = set()
+        #: slowed directions (from, to) -> delay factor (a congested link)
+        self.slow_links: dict[tuple[str, str], float] = {}
         self._next_link = 0
         self.counts: dict[str, int] = {}
 
@@ -235,6 +246,7 @@ class SimNetwork:
 
     def heal(self) -> None:
         self._blocked.clear()
+        self.slow_links.clear()
 
     # ------------------------------------------------------------------------- connecting
     def add_server(self, server: Server) -> None:

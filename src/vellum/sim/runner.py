@@ -42,7 +42,7 @@ from vellum.sim.workload import Workload, WorkloadShape
 log = logging.getLogger(__name__)
 
 #: the fault kinds ``--faults`` takes
-FAULT_KINDS = ("delay", "drop", "dup", "reorder", "partition", "crash")
+FAULT_KINDS = ("delay", "drop", "dup", "reorder", "partition", "crash", "slow")
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,7 @@ class SimOptions:
     duplicate: float = 0.02
     reorder: float = 0.05
     delay_max_s: float = 0.02
+    slow: float = 0.0
     #: record what each bookie did (adds, refusals, fences) in the history: for replaying one
     #: seed; it changes neither the run nor its fingerprint
     trace: bool = False
@@ -199,6 +200,7 @@ class World:
             drop=options.drop if "drop" in faults else 0.0,
             duplicate=options.duplicate if "dup" in faults else 0.0,
             reorder=options.reorder if "reorder" in faults else 0.0,
+            slow=options.slow if "delay" in faults else 0.0,
         ))
         self.loop.connect_hook = self.net.connect
         self.loop.executor_hook = self._metadata_call
@@ -250,17 +252,26 @@ class World:
 
     # ------------------------------------------------------------------------- nemesis
     async def nemesis(self) -> None:
-        """Crashes and partitions at random moments, at most one of each at a time."""
+        """Crashes, partitions and slow links at random moments, one at a time."""
         faults = self.options.faults
         rng = random.Random(self.rng.random())
-        kinds = [k for k in ("crash", "partition") if k in faults]
+        kinds = [k for k in ("crash", "partition", "slow") if k in faults]
         if not kinds:
             return
         while True:
             await asyncio.sleep(rng.uniform(0.05, 1.5))
             kind = rng.choice(kinds)
             node = rng.choice(self.nodes)
-            if kind == "crash":
+            if kind == "slow":
+                who = rng.choice(["writer", "reader", "recoverer"])
+                factor = rng.uniform(10.0, 60.0)
+                pair = (who, node.name) if rng.random() < 0.5 else (node.name, who)
+                self.net.slow_links[pair] = factor
+                self.history.add("nemesis", "slow", value=f"{pair[0]} -> {pair[1]} x{factor:.0f}")
+                await asyncio.sleep(rng.uniform(0.1, 1.5))
+                self.net.slow_links.pop(pair, None)
+                self.history.add("nemesis", "heal", value="slow link")
+            elif kind == "crash":
                 if not node.up:
                     continue
                 node.crash()
@@ -293,9 +304,9 @@ class World:
 
 SCENARIOS["default"] = SimOptions()
 SCENARIOS["fence-race"] = SimOptions(
-    faults=frozenset({"delay", "drop", "reorder"}), drop=0.05, reorder=0.2,
-    shape=WorkloadShape(ledgers=6, entries=(15, 30), window=8, shapes=((3, 3, 2), (3, 3, 3)),
-                        recover_delay_s=(0.01, 0.15), close_probability=0.0, delete_probability=0.0, reader_polls=5))
+    faults=frozenset({"delay", "drop", "reorder"}), drop=0.15, reorder=0.05, delay_max_s=0.005, slow=0.1,
+    shape=WorkloadShape(ledgers=8, entries=(15, 30), window=4, shapes=((3, 3, 3),), recover_delay_s=(0.01, 0.2),
+                        close_probability=0.0, delete_probability=0.0, reader_polls=2))
 
 
 def run_seed(seed: int, options: SimOptions | None = None) -> RunResult:
