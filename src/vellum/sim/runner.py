@@ -156,9 +156,13 @@ def _seeded_globals(seed: int, flags: frozenset[str]) -> Iterator[None]:
     state = random.getstate()
     random.seed(seed ^ 0x5EED)
     fence_reads = client_recovery._fence_recovery_reads
-    client_recovery._fence_recovery_reads = "no-fencing-recovery-reads" not in flags
+    # A regression flag turns its fix off; without it the code runs as shipped (so a fix removed
+    # from the code is caught by the seeds too).
+    if "no-fencing-recovery-reads" in flags:
+        client_recovery._fence_recovery_reads = False
     defer_segments = client_metadata_update._defer_recovery_segments
-    client_metadata_update._defer_recovery_segments = "persist-recovery-segments" not in flags
+    if "persist-recovery-segments" in flags:
+        client_metadata_update._defer_recovery_segments = False
     vellum_log = logging.getLogger("vellum")
     level = vellum_log.level
     vellum_log.setLevel(logging.CRITICAL + 1)
