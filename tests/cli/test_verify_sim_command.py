@@ -31,7 +31,7 @@ def test_one_seed_replays_with_its_history_and_replay_command() -> None:
     assert result.exit_code == 1
     assert "recover-start" in result.output and "fingerprint" in result.output
     flat = " ".join(result.output.split())  # the console wraps long lines
-    assert "--scenario fence-race --regression no-fencing-recovery-reads --seed 143" in flat
+    assert "--scenario fence-race --regression no-fencing-recovery-reads --seed=143" in flat
 
 
 def test_an_unknown_fault_kind_is_refused_with_the_choices() -> None:

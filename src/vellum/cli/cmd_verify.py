@@ -90,7 +90,7 @@ def register(cli: click.Group) -> None:
             + "".join(f" --regression {r}" for r in regressions)
         err = Console(stderr=True)
         if one is not None:
-            _replay(one, options, as_json, f"{replay_base} --seed {one}")
+            _replay(one, options, as_json, f"{replay_base} --seed={one}")
             return
         seeds = range(start, start + count)
         with Progress(TextColumn("seeds"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
@@ -133,9 +133,9 @@ def register(cli: click.Group) -> None:
             emit_table(("", "value"), rows, title="vellum verify sim")
             out = Console()
             for seed, v in report.violations:
-                _print_violation(out, seed, v, f"{replay_base} --seed {seed}")
+                _print_violation(out, seed, v, f"{replay_base} --seed={seed}")
             for seed, e in report.errors:
-                out.print(f"[bold yellow]run stopped[/] seed={seed}: {e}  (replay: {replay_base} --seed {seed})")
+                out.print(f"[bold yellow]run stopped[/] seed={seed}: {e}  (replay: {replay_base} --seed={seed})")
         if report.violations or report.errors:
             sys.exit(1)
 

@@ -23,7 +23,8 @@ docs/correctness.md):
    limbo, rule 12 of docs/correctness.md) counts as neither positive nor negative, here and in fencing, like a timeout.
 5. Each recovered entry is written back, byte for byte, to its write set with the RECOVERY_ADD
    flag (accepted by fenced bookies), so it reaches ``AQ`` copies; an ensemble change is allowed
-   and is CAS-ed against the IN_RECOVERY metadata. Then the advisory "ledger closed" note goes to
+   and is written with the close, not before (``metadata_update.py``: a recovery that fails half
+   way must leave the ensembles the old writer wrote to; defect D7 of docs/correctness.md). Then the advisory "ledger closed" note goes to
    the bookies of the ensemble (requirement R1 of docs/correctness.md; recovery-open and a named ledger's APPEND both pass here).
 6. Close by CAS: CLOSED, last entry = the last recovered entry (or the LAC), length from that
    entry's header. A concurrent recoverer that closed first wins: its result is accepted.
