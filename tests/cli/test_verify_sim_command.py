@@ -38,3 +38,10 @@ def test_an_unknown_fault_kind_is_refused_with_the_choices() -> None:
     result = CliRunner().invoke(cli, ["verify", "sim", "--faults", "drop,meteor"])
     assert result.exit_code == 2
     assert "meteor" in result.output and "partition" in result.output
+
+
+def test_one_seed_replays_as_json() -> None:
+    result = CliRunner().invoke(cli, ["verify", "sim", "--seed=3", "--json", "--ledgers", "1", "--entries", "10"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["seed"] == 3 and data["history"] and data["fingerprint"] and "crash" in data["faults"]

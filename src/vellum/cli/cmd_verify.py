@@ -161,7 +161,8 @@ def _replay(seed: int, options: SimOptions, as_json: bool, replay: str) -> None:
         emit_json({"seed": seed, "fingerprint": result.fingerprint, "operations": result.operations,
                    "virtual_s": result.virtual_s, "error": result.error,
                    "violations": [_violation_json(seed, v) for v in result.violations], "history": events,
-                   "options": dataclasses.asdict(options)})
+                   "faults": sorted(options.faults), "regressions": sorted(options.flags),
+                   "workload": dataclasses.asdict(options.shape)})
     else:
         out = Console()
         for line in events:

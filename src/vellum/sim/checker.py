@@ -12,8 +12,9 @@ The promises (docs/verification.md):
 - ``divergent``: two observers (the writer's acknowledged bytes, readers, the final read) saw
   different bytes for the same entry;
 - ``lac-regressed``: the LAC one reader handle saw went back;
-- ``written-after-delete``: an add to a deleted ledger was acknowledged after the delete
-  completed, or a bookie still holds entries of a deleted ledger after GC.
+- ``written-after-delete``: an add beyond the end a deleted ledger was closed at was
+  acknowledged after the delete completed, or a bookie still holds entries of a deleted ledger
+  after GC (a late answer to an add the closed ledger holds is not a write after the delete).
 
 Each violation carries a minimal history: the events of its ledger (and entry) only.
 """
@@ -124,11 +125,15 @@ def check(history: History, *, final_ends: dict[int, int], leftover_deleted: dic
                 break  # one violation per close is enough
         deleted = deleted_at.get(ledger)
         if deleted is not None:
-            late = [e for e, (t, _v) in acked.items() if t > deleted]
+            # A late acknowledgement of an entry the closed ledger holds is not a write after the
+            # delete (the add was durable before the close; its answer was slow): one beyond the
+            # end the ledger was closed at is.
+            end_before = max((end for _k, end, t_end in ends.get(ledger, []) if t_end <= deleted), default=None)
+            late = [e for e, (t, _v) in acked.items() if t > deleted and (end_before is None or e > end_before)]
             if late:
                 out.append(Violation("written-after-delete", ledger, min(late),
-                                     f"{len(late)} adds acknowledged after the delete at t={deleted:.4f}",
-                                     _minimal(events, ledger, min(late))))
+                                     f"{len(late)} adds beyond the closed end acknowledged after the delete at "
+                                     f"t={deleted:.4f}", _minimal(events, ledger, min(late))))
         final_end = final_ends.get(ledger)
         if final_end is not None and deleted is None:
             for entry in sorted(acked):
