@@ -65,8 +65,9 @@ def test_a_seed_replays_exactly_in_another_process_with_another_hash_seed() -> N
     assert len(prints) == 1, prints
 
 
-def test_the_fence_race_scenario_finds_no_violation() -> None:
-    report = run_campaign(range(40), SCENARIOS["fence-race"])
+@pytest.mark.parametrize("scenario", ["fence-race", "tailing"])
+def test_the_other_scenarios_find_no_violation(scenario: str) -> None:
+    report = run_campaign(range(40), SCENARIOS[scenario])
     assert not report.violations and not report.errors, _describe(report)
 
 

@@ -179,11 +179,12 @@ def _seeded_globals(seed: int, flags: frozenset[str]) -> Iterator[None]:
         asyncio_log.setLevel(asyncio_level)
 
 
-def _client_config(rng: random.Random) -> ClientConfig:
+def _client_config(rng: random.Random, explicit_lac_ms: int = 0) -> ClientConfig:
     return ClientConfig(
         add_entry_timeout_s=rng.choice((0.2, 0.5, 1.0)),
         read_entry_timeout_s=rng.choice((0.2, 0.5, 1.0)),
         speculative_read_timeout_ms=rng.choice((20, 50, 200)),
+        explicit_lac_interval_ms=explicit_lac_ms,
     )
 
 
@@ -243,10 +244,10 @@ class World:
         loop.call_later(self._meta_rng.uniform(0.0005, 0.004), run)
         return fut
 
-    async def client(self, name: str) -> BookKeeper:
+    async def client(self, name: str, *, explicit_lac_ms: int = 0) -> BookKeeper:
         token = current_node.set(name)
         try:
-            bk = BookKeeper(config=_client_config(self.rng), store=self.store,
+            bk = BookKeeper(config=_client_config(self.rng, explicit_lac_ms), store=self.store,
                             placement=DefaultPlacementPolicy(random.Random(self.rng.random())))
             await bk.start()
         finally:
@@ -311,6 +312,8 @@ SCENARIOS["fence-race"] = SimOptions(
     faults=frozenset({"delay", "drop", "reorder"}), drop=0.15, reorder=0.05, delay_max_s=0.005, slow=0.1,
     shape=WorkloadShape(ledgers=8, entries=(15, 30), window=4, shapes=((3, 3, 3),), recover_delay_s=(0.01, 0.2),
                         close_probability=0.0, delete_probability=0.0, reader_polls=2))
+SCENARIOS["tailing"] = SimOptions(
+    shape=WorkloadShape(ledgers=2, entries=(20, 50), long_poll=True, explicit_lac_ms=50, reader_polls=40))
 
 
 def run_seed(seed: int, options: SimOptions | None = None) -> RunResult:

@@ -47,6 +47,10 @@ class WorkloadShape:
     shapes: tuple[tuple[int, int, int], ...] = SHAPES
     #: how long after a ledger's creation the recoverer opens it (races the writer)
     recover_delay_s: tuple[float, float] = (0.0, 0.8)
+    #: the reader long-polls the LAC (LONG_POLL_READ_LAC) instead of reading it, on some polls
+    long_poll: bool = False
+    #: the writer sends explicit LACs when idle (``explicitLacInterval``, ms; 0 = off)
+    explicit_lac_ms: int = 0
 
 
 class Workload:
@@ -87,7 +91,7 @@ class Workload:
         rng = random.Random(self.rng.random())
         history = self.history
         try:
-            bk = await self.world.client("writer")
+            bk = await self.world.client("writer", explicit_lac_ms=self.shape.explicit_lac_ms)
             for _ in range(self.shape.ledgers):
                 e, wq, aq = rng.choice(self.shape.shapes)
                 self.operations += 1
@@ -175,7 +179,10 @@ class Workload:
             for _ in range(self.shape.reader_polls):
                 self.operations += 1
                 try:
-                    lac = await h.read_last_add_confirmed()
+                    if self.shape.long_poll and rng.random() < 0.5:
+                        lac = await h.wait_for_lac(next_entry - 1, rng.uniform(0.05, 0.3))
+                    else:
+                        lac = await h.read_last_add_confirmed()
                     history.add("reader", "lac", lid, value=(handle, lac))
                     if lac >= next_entry:
                         last = min(lac, next_entry + 15)
