@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from vellum.sim.campaign import run_campaign
-from vellum.sim.runner import SCENARIOS, SimOptions, run_seed
+from vellum.sim.runner import FAULT_KINDS, SCENARIOS, SimOptions, run_seed
 from vellum.sim.workload import WorkloadShape
 
 #: the CI campaign: small worlds, every fault kind
@@ -68,6 +68,13 @@ def test_a_seed_replays_exactly_in_another_process_with_another_hash_seed() -> N
 @pytest.mark.parametrize("scenario", ["fence-race", "tailing"])
 def test_the_other_scenarios_find_no_violation(scenario: str) -> None:
     report = run_campaign(range(40), SCENARIOS[scenario])
+    assert not report.violations and not report.errors, _describe(report)
+
+
+def test_lost_metadata_requests_and_replies_find_no_violation() -> None:
+    """The opt-in ``meta`` fault: a metadata write whose request or reply is lost (the caller
+    sees the store unavailable, the write happened or not)."""
+    report = run_campaign(range(40), SimOptions(faults=frozenset(FAULT_KINDS), shape=CI_SHAPE))
     assert not report.violations and not report.errors, _describe(report)
 
 

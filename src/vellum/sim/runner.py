@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import logging
 import random
@@ -27,6 +28,7 @@ from vellum.client import recovery as client_recovery
 from vellum.client.bookkeeper import BookKeeper
 from vellum.client.placement import DefaultPlacementPolicy
 from vellum.config import ClientConfig
+from vellum.errors import MetadataStoreUnavailableError
 from vellum.ids import BookieId, LedgerId
 from vellum.meta.model import LedgerMetadata
 from vellum.server.bookie_server import BookieConnection, ServerLimits
@@ -42,7 +44,11 @@ from vellum.sim.workload import Workload, WorkloadShape
 log = logging.getLogger(__name__)
 
 #: the fault kinds ``--faults`` takes
-FAULT_KINDS = ("delay", "drop", "dup", "reorder", "partition", "crash", "slow")
+FAULT_KINDS = ("delay", "drop", "dup", "reorder", "partition", "crash", "slow", "meta")
+#: what a run injects unless told otherwise (``meta``, metadata calls that fail, is opt-in)
+DEFAULT_FAULTS = frozenset(FAULT_KINDS) - {"meta"}
+#: the metadata-store writes whose reply (or request) the ``meta`` fault loses
+_META_WRITES = frozenset({"create_ledger", "create_ledger_with_id", "write_ledger", "delete_ledger"})
 
 
 @dataclass(frozen=True)
@@ -50,7 +56,7 @@ class SimOptions:
     """What a run simulates. ``faults``: a subset of ``FAULT_KINDS``; ``flags``: test flags
     that revert a fix (``REGRESSIONS``)."""
 
-    faults: frozenset[str] = frozenset(FAULT_KINDS)
+    faults: frozenset[str] = DEFAULT_FAULTS
     bookies: int = 5
     shape: WorkloadShape = field(default_factory=WorkloadShape)
     #: virtual seconds the workload may run before the heal phase
@@ -232,14 +238,31 @@ class World:
         run on the loop after a metadata round trip."""
         loop = self.loop
         fut: asyncio.Future[object] = loop.create_future()
+        lose = None
+        if "meta" in self.options.faults:
+            # asyncio.to_thread hands over functools.partial(Context.run, the call, *its args)
+            target = getattr(func, "args", (None,))[0] if isinstance(func, functools.partial) else func
+            if getattr(target, "__name__", "") in _META_WRITES:
+                roll = self._meta_rng.random()
+                lose = "request" if roll < 0.03 else "reply" if roll < 0.06 else None
 
         def run() -> None:
             if fut.done():
                 return
+            if lose == "request":
+                self.history.add("nemesis", "meta-lost", value="request")
+                fut.set_exception(MetadataStoreUnavailableError("simulated: the metadata request was lost"))
+                return
             try:
-                fut.set_result(func(*args))
+                result = func(*args)
             except BaseException as e:
                 fut.set_exception(e)
+                return
+            if lose == "reply":
+                self.history.add("nemesis", "meta-lost", value="reply")
+                fut.set_exception(MetadataStoreUnavailableError("simulated: the metadata reply was lost"))
+                return
+            fut.set_result(result)
 
         loop.call_later(self._meta_rng.uniform(0.0005, 0.004), run)
         return fut
@@ -368,4 +391,4 @@ def _drain(loop: SimLoop) -> None:
     loop.close()
 
 
-__all__ = ["FAULT_KINDS", "REGRESSIONS", "SCENARIOS", "RunResult", "SimOptions", "World", "run_seed"]
+__all__ = ["DEFAULT_FAULTS", "FAULT_KINDS", "REGRESSIONS", "SCENARIOS", "RunResult", "SimOptions", "World", "run_seed"]
