@@ -4,8 +4,9 @@ Responsibility: build the world of one seed on a ``SimLoop`` (5 bookie nodes ser
 ``BookieConnection`` over ``SimBookie``, the in-memory metadata store, clients of the real
 asyncio ``BookKeeper``), run the actors (``workload``) and the fault injector (the nemesis) for
 a bounded virtual time, heal every fault, recover and read back every ledger, run GC, and hand
-the history to ``checker``. ``run_seed(seed, options)`` is a pure function of its arguments
-(within one Python process: set ``PYTHONHASHSEED`` to replay across processes; the CLI does).
+the history to ``checker``. ``run_seed(seed, options)`` is a pure function of its arguments, in
+any process (nothing depends on string hashing: the tests replay a seed under different
+``PYTHONHASHSEED``s).
 
 Every random choice comes from ``random.Random(seed)`` and generators derived from it; the
 module ``random`` generator (used by the client's back-off jitter) is seeded from it for the
