@@ -21,8 +21,11 @@ network. What it keeps of the real bookie (rules 1, 3, 4 of docs/correctness.md)
 - GC: a ledger whose metadata is gone (two reads, rule 9 of docs/correctness.md) leaves a tombstone: its entries are
   dropped and adds to it are refused (defect D2 of docs/correctness.md).
 
+A stored entry can go bad on the disk (``SimDisk.corrupt``, the ``corrupt`` fault at a crash):
+reading it is an I/O error (rule 2 of docs/correctness.md), a run of entries stops before it.
+
 Not simulated: entry logs, the index, checkpoints, read-only mode, limbo, trim and COLLECT (a
-refusal), torn writes. The class is the simulator's model of a bookie, not the bookie's code.
+refusal). The class is the simulator's model of a bookie, not the bookie's code.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from typing import Any
 
 from vellum.bookie.bookie import BookieInfo
 from vellum.errors import (
+    CorruptEntryError,
     IncorrectParameterError,
     LedgerFencedError,
     NoSuchEntryError,
@@ -66,9 +70,11 @@ class LedgerRecord:
 
 @dataclass
 class SimDisk:
-    """What survives a crash: the journal records that were synced."""
+    """What survives a crash: the journal records that were synced, and which of the stored
+    entries went bad on the disk (a torn or rotten record)."""
 
     ledgers: dict[int, LedgerRecord] = field(default_factory=dict)
+    corrupt: set[tuple[int, int]] = field(default_factory=set)
 
     def record(self, ledger_id: int, key: bytes) -> LedgerRecord:
         rec = self.ledgers.get(ledger_id)
@@ -208,6 +214,7 @@ class SimBookie:
                 rec = disk.record(ledger_id, key)
                 if not rec.deleted:
                     rec.entries[entry_id] = data
+                    disk.corrupt.discard((ledger_id, entry_id))  # a new, good copy replaces a bad one
 
         self._journal(apply, lambda exc: on_result(refused, exc))
 
@@ -285,10 +292,13 @@ class SimBookie:
         if entry_id == -1:
             if not rec.entries:
                 raise NoSuchEntryError(f"ledger {ledger_id} has no entry on {self.name}")
-            return rec.entries[max(rec.entries)]
+            entry_id = max(rec.entries)
         found = rec.entries.get(entry_id)
         if found is None:
             raise NoSuchEntryError(f"ledger {ledger_id} entry {entry_id} is not on {self.name}")
+        if (ledger_id, entry_id) in self.disk.corrupt:
+            # rule 2 of docs/correctness.md: a bad copy is an I/O error, never served, never "no such entry"
+            raise CorruptEntryError(f"ledger {ledger_id} entry {entry_id} is corrupt on {self.name}")
         return found
 
     def read_cached_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
@@ -304,8 +314,8 @@ class SimBookie:
         e = first + stride
         while len(got) < max_count:
             nxt = rec.entries.get(e)
-            if nxt is None or (max_bytes and size + len(nxt) > max_bytes):
-                break
+            if nxt is None or (max_bytes and size + len(nxt) > max_bytes) or (ledger_id, e) in self.disk.corrupt:
+                break  # a run stops before a bad copy (which a read of it alone answers EIO)
             got.append(nxt)
             size += len(nxt)
             e += stride

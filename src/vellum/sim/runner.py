@@ -45,9 +45,10 @@ from vellum.sim.workload import Workload, WorkloadShape
 log = logging.getLogger(__name__)
 
 #: the fault kinds ``--faults`` takes
-FAULT_KINDS = ("delay", "drop", "dup", "reorder", "partition", "crash", "slow", "meta")
-#: what a run injects unless told otherwise (``meta``, metadata calls that fail, is opt-in)
-DEFAULT_FAULTS = frozenset(FAULT_KINDS) - {"meta"}
+FAULT_KINDS = ("delay", "drop", "dup", "reorder", "partition", "crash", "slow", "meta", "corrupt")
+#: what a run injects unless told otherwise (``meta``: metadata writes that fail, ``corrupt``: a
+#: crash that leaves a bad stored entry behind, are opt-in)
+DEFAULT_FAULTS = frozenset(FAULT_KINDS) - {"meta", "corrupt"}
 #: the metadata-store writes whose reply (or request) the ``meta`` fault loses
 _META_WRITES = frozenset({"create_ledger", "create_ledger_with_id", "write_ledger", "delete_ledger"})
 
@@ -227,6 +228,8 @@ class World:
             self.net.add_server(node)
             self.store.registration.register_bookie(BookieId(node.name))
         self.clients: list[BookKeeper] = []
+        #: entries with a bad copy on some bookie (the ``corrupt`` fault)
+        self._corrupted: set[tuple[int, int]] = set()
 
     def _metadata_written(self, ledger_id: int, md: LedgerMetadata) -> None:
         segments = " ".join(f"{first}:[{','.join(b.split(':')[0].removeprefix('bookie-') for b in ens)}]"
@@ -305,6 +308,8 @@ class World:
                     continue
                 node.crash()
                 self.history.add("nemesis", "crash", value=node.name)
+                if "corrupt" in faults and rng.random() < 0.5:
+                    self._corrupt_one(node, rng)
                 await asyncio.sleep(rng.uniform(0.01, 1.0))
                 node.start()
                 self.history.add("nemesis", "restart", value=node.name)
@@ -321,6 +326,18 @@ class World:
                 await asyncio.sleep(rng.uniform(0.05, 1.5))
                 self.net.heal()
                 self.history.add("nemesis", "heal")
+
+    def _corrupt_one(self, node: BookieNode, rng: random.Random) -> None:
+        """A stored entry of ``node`` goes bad (torn or rotten): one copy per entry at most, so
+        every acknowledged entry keeps a good copy (two bad copies would be a double fault)."""
+        candidates = [(lid, eid) for lid, rec in sorted(node.disk.ledgers.items()) if not rec.deleted
+                      for eid in sorted(rec.entries) if (lid, eid) not in self._corrupted]
+        if not candidates:
+            return
+        lid, eid = rng.choice(candidates)
+        self._corrupted.add((lid, eid))
+        node.disk.corrupt.add((lid, eid))
+        self.history.add("nemesis", "corrupt", lid, eid, node.name)
 
     def heal_everything(self) -> None:
         self.net.heal()
