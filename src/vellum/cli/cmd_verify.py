@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import time
 
 import click
 from rich.console import Console
@@ -100,10 +101,17 @@ def register(cli: click.Group) -> None:
             state = {"n": 0, "bad": 0}
             report_box: list[CampaignReport] = []
 
+            plain = not as_json and not err.is_terminal  # a log, not a terminal: a line per tenth
+            started = time.perf_counter()
+
             def on_result(r: RunResult) -> None:
                 state["n"] += 1
                 state["bad"] += 1 if (r.violations or r.error) else 0
-                progress.update(task, advance=1, bad=f"{state['bad']} failing" if state["bad"] else "")
+                elapsed = time.perf_counter() - started
+                rate = f"{state['n'] / elapsed:.1f} seeds per s" if elapsed > 0 else ""
+                progress.update(task, advance=1, rate=rate, bad=f"{state['bad']} failing" if state["bad"] else "")
+                if plain and (state["n"] == count or state["n"] % max(1, count // 10) == 0):
+                    click.echo(f"seeds {state['n']}/{count}, {rate}, {state['bad']} failing", err=True)
 
             report = run_campaign(seeds, options, on_result=on_result, stop_at_first=stop_at_first)
             report_box.append(report)
