@@ -10,7 +10,8 @@ leaves the loop are seams here, so that production code needs no change:
   the client) runs the callable on the loop after a latency chosen by ``executor_hook``.
 
 Invariants: callbacks run in the order asyncio schedules them (FIFO for ready callbacks, timers
-by deadline then by scheduling order), so a run is a function of its seed; a loop with nothing
+by deadline then by scheduling order: the loop keeps its own heap of ``(deadline, sequence,
+handle)``, which also compares in C), so a run is a function of its seed; a loop with nothing
 ready and no timer raises ``SimQuiescent`` (nothing can ever happen again).
 """
 
@@ -58,6 +59,8 @@ class SimLoop(asyncio.BaseEventLoop):
         self._now = start_time
         self._selector = _VirtualSelector(self)
         self._clock_resolution = 1e-9
+        self._heap: list[tuple[float, int, Any]] = []  # the handles: asyncio.TimerHandle
+        self._seq = 0
         self.connect_hook: ConnectHook | None = None
         self.executor_hook: ExecutorHook | None = None
 
@@ -68,40 +71,51 @@ class SimLoop(asyncio.BaseEventLoop):
     def advance(self, seconds: float) -> None:
         self._now += seconds
 
+    def call_at(self, when: float, callback: Callable[..., object], *args: Any,  # type: ignore[override]
+                context: contextvars.Context | None = None) -> asyncio.TimerHandle:
+        """A timer in the loop's own heap of ``(deadline, sequence, handle)``: compared in C, and
+        timers due at the same instant run in the order they were scheduled."""
+        self._check_closed()  # type: ignore[attr-defined]
+        timer = asyncio.TimerHandle(when, callback, args, self, context)
+        self._seq += 1
+        heapq.heappush(self._heap, (when, self._seq, timer))
+        timer._scheduled = True  # type: ignore[attr-defined]
+        return timer
+
     # --------------------------------------------------------------------- one iteration
     def _run_once(self) -> None:
         """``BaseEventLoop._run_once`` without the selector, the debug timing and the slow
         paths a real loop needs: move the due timers to the ready queue (jumping the clock to
         the next one when nothing is ready), then run what was ready, in order."""
-        sched = self._scheduled  # type: ignore[attr-defined]
+        sched = self._heap
         ready = self._ready  # type: ignore[attr-defined]
         heappop = heapq.heappop
         cancelled: int = self._timer_cancelled_count  # type: ignore[has-type]
         if cancelled > 100 and cancelled * 2 > len(sched):
             live = []
-            for h in sched:
-                if h._cancelled:
-                    h._scheduled = False
+            for item in sched:
+                if item[2]._cancelled:
+                    item[2]._scheduled = False
                 else:
-                    live.append(h)
+                    live.append(item)
             heapq.heapify(live)
             sched[:] = live
             self._timer_cancelled_count = 0
-        while sched and sched[0]._cancelled:
+        while sched and sched[0][2]._cancelled:
             self._timer_cancelled_count -= 1
-            heappop(sched)._scheduled = False
+            heappop(sched)[2]._scheduled = False
         if not ready:
             if not sched:
                 if self._stopping:  # type: ignore[attr-defined]
                     return
                 raise SimQuiescent("no callback is ready and no timer is pending")
             if not self._stopping:  # type: ignore[attr-defined]
-                when = sched[0]._when
+                when = sched[0][0]
                 if when > self._now:
                     self._now = when
         end = self._now + self._clock_resolution
-        while sched and sched[0]._when < end:
-            h = heappop(sched)
+        while sched and sched[0][0] < end:
+            h = heappop(sched)[2]
             h._scheduled = False
             if h._cancelled:
                 self._timer_cancelled_count -= 1
