@@ -16,6 +16,7 @@ from vellum.cli import (
     cmd_run,
     cmd_security,
     cmd_spark,
+    cmd_verify,
     shell_bookie,
     shell_client,
     shell_gc,
@@ -100,6 +101,7 @@ cmd_console.register(cli)
 cmd_run.register(cli)
 cmd_security.register(cli)
 cmd_spark.register(cli)
+cmd_verify.register(cli)
 
 
 def main() -> None:

@@ -17,6 +17,13 @@ Invariants:
   only at the same last entry, or by a recovery writer (another recoverer won);
 - ``on_ensemble_change`` runs before every CAS of a new segment (a named ledger writes the new
   bookies into its record first); raising refuses the change;
+- a recovery writer's ensemble changes are not written when they happen: they are kept with the
+  handle and written with the close, in the same compare-and-set (BookKeeper's "recovery uses
+  immutable metadata"). A recovery that fails half way therefore leaves the metadata naming the
+  ensembles the old writer wrote to, and the next recovery reads the old writer's entries there:
+  a segment a failed recovery had persisted would send it to a replacement bookie that never
+  had them, whose "no such entry" then counts towards quorum coverage and truncates an
+  acknowledged entry (found by the simulator, docs/verification.md);
 - ``metadata_writes=False``: nothing is ever written (a probe whose metadata came from a name
   record, with no store version): every write raises ``LedgerRecoveryError``.
 """
@@ -47,6 +54,11 @@ EnsembleChangeHook = Callable[[LedgerMetadata], Awaitable[None]]
 #: CAS conflicts an ensemble change rebases over before giving up
 _MAX_REBASES = 100
 
+#: A recovery writer keeps its ensemble changes until the close (see the module docstring). A
+#: test flag, for the simulator's regression seeds only (docs/verification.md): they turn it off
+#: to show the defect it fixes is found again. Never change it in production.
+_defer_recovery_segments = True
+
 
 class LedgerMetadataUpdater:
     """See the module docstring. One per writer; ``recovery`` selects the recovery writer's rules."""
@@ -69,6 +81,10 @@ class LedgerMetadataUpdater:
         self._fenced_cls: type[VellumError] = LedgerRecoveryError if recovery else LedgerFencedError
         self._on_ensemble_change = on_ensemble_change
         self._metadata_writes = metadata_writes
+        #: a recovery writer's segments not written yet (first entry -> ensemble), in order
+        self._deferred: dict[int, tuple[BookieId, ...]] = {}
+        #: the open segment as the store holds it, while segments are deferred
+        self._stored: LedgerMetadata | None = None
 
     async def _write(self, md: LedgerMetadata) -> int:
         """CAS ``md`` over the version the view holds; returns the new version."""
@@ -85,6 +101,15 @@ class LedgerMetadataUpdater:
         writer writes in and its open segment is ours. The view adopts the new metadata (and so
         the new ensemble)."""
         view = self._view
+        if self._recovery and self._metadata_writes and _defer_recovery_segments:
+            md = view.metadata.with_ensemble(first_entry_id, [BookieId(b) for b in new_ensemble])
+            if self._on_ensemble_change is not None:
+                await self._on_ensemble_change(md)
+            if self._stored is None:
+                self._stored = view.metadata
+            self._deferred[first_entry_id] = tuple(BookieId(b) for b in new_ensemble)
+            view.adopt(Versioned(md, view.metadata_version))  # the store's version: nothing written
+            return
         for _ in range(_MAX_REBASES):
             md = view.metadata.with_ensemble(first_entry_id, [BookieId(b) for b in new_ensemble])
             try:
@@ -136,15 +161,22 @@ class LedgerMetadataUpdater:
                         f"ledger {self.ledger_id} was closed by another client at entry {cur.last_entry_id}; "
                         f"this writer's LAC is {last_entry_id}"
                     ) from None
-                if cur.state is not self._expected_state or not _same_open_segment(cur, view.metadata):
+                known = self._stored if self._stored is not None else view.metadata
+                if cur.state is not self._expected_state or not _same_open_segment(cur, known):
                     raise self._fenced_cls(
                         f"ledger {self.ledger_id} is {cur.state.name} in the metadata and was changed by "
                         "another client: not closing over it"
                     ) from None
+                if self._deferred:  # rebase: the deferred segments go on top of what the store holds
+                    self._stored = cur
+                    for first, ensemble in self._deferred.items():
+                        cur = cur.with_ensemble(first, ensemble)
+                    current = Versioned(cur, current.version)
                 view.adopt(current)
                 continue
             current = Versioned(md, version)
             view.adopt(current)
+            self._deferred, self._stored = {}, None
             return current
 
 

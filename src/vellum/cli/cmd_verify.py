@@ -1,0 +1,185 @@
+"""``vellum verify sim``: the deterministic simulator (``vellum.sim``, docs/verification.md).
+
+``--seeds N`` runs seeds ``start .. start+N-1`` with a progress bar and prints a summary and
+every violation with its seed and minimal history; ``--seed S`` replays one seed and prints its
+whole history. The exit status is 1 when a violation was found (or a run stopped with an error).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from vellum.cli.output import emit_json, emit_table
+from vellum.sim.campaign import CampaignReport, run_campaign
+from vellum.sim.checker import Violation
+from vellum.sim.runner import FAULT_KINDS, REGRESSIONS, SCENARIOS, RunResult, SimOptions, run_seed
+
+
+def _faults(value: str) -> frozenset[str]:
+    if value in ("all", ""):
+        return frozenset(FAULT_KINDS) if value == "all" else frozenset()
+    if value == "none":
+        return frozenset()
+    kinds = {k.strip() for k in value.split(",") if k.strip()}
+    unknown = sorted(kinds - set(FAULT_KINDS))
+    if unknown:
+        raise click.BadParameter(f"unknown fault kind(s) {', '.join(unknown)}: choose from {', '.join(FAULT_KINDS)}, "
+                                 "'all' or 'none'", param_hint="--faults")
+    return frozenset(kinds)
+
+
+def _violation_json(seed: int, v: Violation) -> dict[str, object]:
+    return {"seed": seed, "kind": v.kind, "ledger": v.ledger, "entry": v.entry, "message": v.message,
+            "history": [e.describe() for e in v.history]}
+
+
+def _print_violation(console: Console, seed: int, v: Violation, replay: str) -> None:
+    console.print(f"[bold red]violation[/] seed={seed} {v.kind}: {v.message}")
+    console.print(f"  replay: {replay}")
+    for e in v.history:
+        console.print(f"    {e.describe()}", markup=False, highlight=False)
+
+
+def register(cli: click.Group) -> None:
+    @cli.group()
+    def verify() -> None:
+        """Check the protocol's promises (docs/verification.md)."""
+
+    @verify.command("sim")
+    @click.option("--seeds", "count", default=200, show_default=True, help="how many seeds to run")
+    @click.option("--start", default=0, show_default=True, help="the first seed of --seeds")
+    @click.option("--seed", "one", type=int, default=None, help="replay this one seed and print its history")
+    @click.option("--faults", default=None,
+                  help=f"comma-separated subset of {','.join(FAULT_KINDS)}, or 'all' / 'none' (default: the scenario's)")
+    @click.option("--scenario", default="default", show_default=True, type=click.Choice(sorted(SCENARIOS)),
+                  help="the workload and fault mix (fence-race: the old writer against fencing)")
+    @click.option("--ledgers", type=int, default=None, help="ledgers the writer makes per seed (default: the scenario's)")
+    @click.option("--entries", type=int, default=None,
+                  help="about this many entries per ledger (default: the scenario's)")
+    @click.option("--regression", "regressions", multiple=True, type=click.Choice(sorted(REGRESSIONS)),
+                  help="revert a known fix behind its test flag (the seed should then fail)")
+    @click.option("--stop-at-first", is_flag=True, help="stop at the first seed with a violation")
+    @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+    def sim(count: int, start: int, one: int | None, scenario: str, faults: str | None, ledgers: int | None,
+            entries: int | None,
+            regressions: tuple[str, ...], stop_at_first: bool, as_json: bool) -> None:
+        """Run the deterministic simulation over many seeds (or replay one)."""
+        if count < 1:
+            raise click.BadParameter("must be at least 1", param_hint="--seeds")
+        base = SCENARIOS[scenario]
+        shape = base.shape
+        if ledgers is not None:
+            if ledgers < 1:
+                raise click.BadParameter("must be at least 1", param_hint="--ledgers")
+            shape = dataclasses.replace(shape, ledgers=ledgers)
+        if entries is not None:
+            if entries < 1:
+                raise click.BadParameter("must be at least 1", param_hint="--entries")
+            shape = dataclasses.replace(shape, entries=(max(1, entries // 2), max(1, entries + entries // 2)))
+        options = dataclasses.replace(base, faults=base.faults if faults is None else _faults(faults), shape=shape,
+                                      flags=frozenset(regressions))
+        replay_base = "vellum verify sim" + (f" --scenario {scenario}" if scenario != "default" else "") \
+            + (f" --faults {faults}" if faults is not None else "") \
+            + (f" --ledgers {ledgers}" if ledgers is not None else "") \
+            + (f" --entries {entries}" if entries is not None else "") \
+            + "".join(f" --regression {r}" for r in regressions)
+        err = Console(stderr=True)
+        if one is not None:
+            _replay(one, options, as_json, f"{replay_base} --seed={one}")
+            return
+        seeds = range(start, start + count)
+        with Progress(TextColumn("seeds"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
+                      TextColumn("{task.fields[bad]}"), TimeElapsedColumn(), console=err,
+                      disable=as_json or not err.is_terminal) as progress:
+            task = progress.add_task("sim", total=count, rate="", bad="")
+            state = {"n": 0, "bad": 0}
+            report_box: list[CampaignReport] = []
+
+            plain = not as_json and not err.is_terminal  # a log, not a terminal: a line per tenth
+            started = time.perf_counter()
+
+            def on_result(r: RunResult) -> None:
+                state["n"] += 1
+                state["bad"] += 1 if (r.violations or r.error) else 0
+                elapsed = time.perf_counter() - started
+                rate = f"{state['n'] / elapsed:.1f} seeds per s" if elapsed > 0 else ""
+                progress.update(task, advance=1, rate=rate, bad=f"{state['bad']} failing" if state["bad"] else "")
+                if plain and (state["n"] == count or state["n"] % max(1, count // 10) == 0):
+                    click.echo(f"seeds {state['n']}/{count}, {rate}, {state['bad']} failing", err=True)
+
+            report = run_campaign(seeds, options, on_result=on_result, stop_at_first=stop_at_first)
+            report_box.append(report)
+        rows = [
+            ("seeds", report.seeds),
+            ("seeds per second (wall)", f"{report.seeds_per_s:.1f}"),
+            ("seeds per minute (wall)", f"{report.seeds_per_s * 60:.0f}"),
+            ("seeds per minute (CPU of one core)", f"{report.seeds_per_cpu_s * 60:.0f}"),
+            ("client operations per seed", f"{report.operations / max(1, report.seeds):.0f}"),
+            ("client operations", report.operations),
+            ("virtual seconds", f"{report.virtual_s:.1f}"),
+            ("violations", len(report.violations)),
+            ("runs stopped by an error", len(report.errors)),
+            ("failing seeds", " ".join(map(str, report.failed_seeds[:20])) or "-"),
+        ] + [(f"violations: {k}", n) for k, n in sorted(report.kinds.items())] \
+          + [(f"network: {k}", n) for k, n in sorted(report.network.items())]
+        if as_json:
+            emit_json({
+                "seeds": report.seeds, "seeds_per_s": report.seeds_per_s, "seeds_per_cpu_s": report.seeds_per_cpu_s,
+                "scenario": scenario, "operations": report.operations,
+                "virtual_s": report.virtual_s, "faults": sorted(options.faults), "regressions": list(regressions),
+                "violations": [_violation_json(s, v) for s, v in report.violations],
+                "errors": [{"seed": s, "error": e} for s, e in report.errors],
+                "network": dict(report.network),
+            })
+        else:
+            emit_table(("", "value"), rows, title="vellum verify sim")
+            out = Console()
+            for seed, v in report.violations:
+                _print_violation(out, seed, v, f"{replay_base} --seed={seed}")
+            for seed, e in report.errors:
+                out.print(f"[bold yellow]run stopped[/] seed={seed}: {e}  (replay: {replay_base} --seed={seed})")
+        if report.violations or report.errors:
+            sys.exit(1)
+
+
+def _replay(seed: int, options: SimOptions, as_json: bool, replay: str) -> None:
+    from vellum.sim import runner
+
+    captured: dict[str, object] = {}
+    check = runner.check
+
+    def keep(history, **kw):  # type: ignore[no-untyped-def]
+        captured["history"] = history
+        return check(history, **kw)
+
+    runner.check = keep
+    try:
+        result = run_seed(seed, dataclasses.replace(options, trace=True))
+    finally:
+        runner.check = check
+    history = captured.get("history")
+    events = [e.describe() for e in getattr(history, "events", [])]
+    if as_json:
+        emit_json({"seed": seed, "fingerprint": result.fingerprint, "operations": result.operations,
+                   "virtual_s": result.virtual_s, "error": result.error,
+                   "violations": [_violation_json(seed, v) for v in result.violations], "history": events,
+                   "faults": sorted(options.faults), "regressions": sorted(options.flags),
+                   "workload": dataclasses.asdict(options.shape)})
+    else:
+        out = Console()
+        for line in events:
+            out.print(line, markup=False, highlight=False)
+        out.print(f"seed {seed}: {result.operations} operations, {result.virtual_s:.2f} virtual s, "
+                  f"fingerprint {result.fingerprint}, {len(result.violations)} violation(s)")
+        if result.error:
+            out.print(f"[bold yellow]run stopped[/]: {result.error}")
+        for v in result.violations:
+            _print_violation(out, seed, v, replay)
+    if result.violations or result.error:
+        sys.exit(1)

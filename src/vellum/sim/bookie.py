@@ -1,0 +1,391 @@
+"""A simulated bookie: an in-memory store below the real request path.
+
+Responsibility: stand in for ``bookie/executor.py``'s ``AsyncBookie`` (the processors' only
+view of a bookie) with the semantics of ``bookie/bookie.py`` over a simulated disk, so that
+the real ``BookieConnection`` (session, processors, reply writer) serves the simulated
+network. What it keeps of the real bookie (rules 1, 3, 4 of docs/correctness.md):
+
+- an add is accepted into memory (readable at once, like the write cache) and journaled; it is
+  answered only when the journal's group commit (``group_wait_s`` plus an fsync latency drawn
+  from the run's generator) made it durable;
+- a fence is set in memory, journaled, and answered once durable; fenced ledgers refuse normal
+  adds (``LedgerFencedError``) and accept recovery adds;
+- the master key is fixed by a ledger's first add or fence; a different key is refused; a
+  ledger this bookie has not seen gets a key only if its metadata exists (the composition
+  root's ``master_key_check``);
+- "no such entry" only for a ledger it holds without that entry; "no such ledger" for one it
+  does not hold;
+- the LAC it answers is the max of the LACs piggy-backed on the entries it accepted, and the
+  explicit LAC; long polls wait for it on virtual time;
+- a crash loses every journal record not yet synced, and what was only in memory;
+- GC: a ledger whose metadata is gone (two reads, rule 9 of docs/correctness.md) leaves a tombstone: its entries are
+  dropped and adds to it are refused (defect D2 of docs/correctness.md).
+
+A stored entry can go bad on the disk (``SimDisk.corrupt``, the ``corrupt`` fault at a crash):
+reading it is an I/O error (rule 2 of docs/correctness.md), a run of entries stops before it.
+
+Not simulated: entry logs, the index, checkpoints, read-only mode, limbo, trim and COLLECT (a
+refusal). The class is the simulator's model of a bookie, not the bookie's code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import random
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from vellum.bookie.bookie import BookieInfo
+from vellum.errors import (
+    CorruptEntryError,
+    IncorrectParameterError,
+    LedgerFencedError,
+    NoSuchEntryError,
+    NoSuchLedgerError,
+    OperationRejectedError,
+    TimeoutError_,
+    UnauthorizedAccessError,
+)
+from vellum.format.entry import BytesLike, master_key
+
+_IDS = struct.Struct(">qqq")
+
+
+@dataclass
+class LedgerRecord:
+    """One ledger on one bookie (in memory or on the simulated disk)."""
+
+    master_key: bytes
+    fenced: bool = False
+    deleted: bool = False
+    entries: dict[int, bytes] = field(default_factory=dict)
+    explicit_lac: bytes | None = None
+
+    def copy(self) -> LedgerRecord:
+        return LedgerRecord(self.master_key, self.fenced, self.deleted, dict(self.entries), self.explicit_lac)
+
+
+@dataclass
+class SimDisk:
+    """What survives a crash: the journal records that were synced, and which of the stored
+    entries went bad on the disk (a torn or rotten record)."""
+
+    ledgers: dict[int, LedgerRecord] = field(default_factory=dict)
+    corrupt: set[tuple[int, int]] = field(default_factory=set)
+
+    def record(self, ledger_id: int, key: bytes) -> LedgerRecord:
+        rec = self.ledgers.get(ledger_id)
+        if rec is None:
+            rec = self.ledgers[ledger_id] = LedgerRecord(key)
+        return rec
+
+
+#: ``check(ledger_id, master_key)``: does the ledger's metadata exist and give this key?
+KeyCheck = Callable[[int, bytes], bool]
+
+
+class SimBookie:
+    """One incarnation of a simulated bookie (a restart makes a new one over the same disk)."""
+
+    def __init__(self, name: str, loop: asyncio.AbstractEventLoop, rng: random.Random, disk: SimDisk,
+                 key_check: KeyCheck, *, group_wait_s: float, fsync_s: tuple[float, float],
+                 read_s: tuple[float, float]) -> None:
+        self.name = name
+        self._loop = loop
+        self._rng = rng
+        self.disk = disk
+        self._key_check = key_check
+        self._group_wait_s = group_wait_s
+        self._fsync_s = fsync_s
+        self._read_s = read_s
+        # memory starts as what the disk holds (journal replay)
+        self.mem: dict[int, LedgerRecord] = {lid: rec.copy() for lid, rec in disk.ledgers.items()}
+        self._lacs: dict[int, int] = {}
+        for lid, rec in self.mem.items():
+            self._lacs[lid] = self._lac_of(rec)
+        self._waiters: dict[int, list[tuple[int, Callable[[int], None]]]] = {}
+        self._pending: list[tuple[Callable[[SimDisk], None], Callable[[BaseException | None], None]]] = []
+        self._flush: asyncio.TimerHandle | None = None
+        self.alive = True
+        self.adds_accepted = 0
+        #: ``trace(kind, ledger, entry, value)``: bookie-side events for a replayed seed's history
+        self.trace: Callable[[str, int, int, object], None] | None = None
+
+    # ------------------------------------------------------------------------- lifecycle
+    def crash(self) -> None:
+        """The process dies: unsynced journal records and memory are gone, no callback runs."""
+        self.alive = False
+        self._pending = []
+        if self._flush is not None:
+            self._flush.cancel()
+            self._flush = None
+        self._waiters.clear()
+
+    # --------------------------------------------------------------------------- journal
+    def _journal(self, apply: Callable[[SimDisk], None], done: Callable[[BaseException | None], None]) -> None:
+        self._pending.append((apply, done))
+        if self._flush is None:
+            delay = self._group_wait_s + self._rng.uniform(*self._fsync_s)
+            self._flush = self._loop.call_later(delay, self._sync)
+
+    def _sync(self) -> None:
+        self._flush = None
+        if not self.alive:
+            return
+        batch, self._pending = self._pending, []
+        for apply, _done in batch:
+            apply(self.disk)
+        for _apply, done in batch:
+            done(None)
+
+    # ----------------------------------------------------------------------------- state
+    @staticmethod
+    def _lac_of(rec: LedgerRecord) -> int:
+        lac = -1
+        for entry in rec.entries.values():
+            lac = max(lac, _IDS.unpack_from(entry)[2])
+        if rec.explicit_lac is not None and len(rec.explicit_lac) >= 8:
+            lac = max(lac, struct.unpack_from(">q", rec.explicit_lac)[0])
+        return lac
+
+    def _ledger(self, ledger_id: int, key: bytes) -> LedgerRecord:
+        rec = self.mem.get(ledger_id)
+        if rec is not None:
+            if rec.deleted:
+                raise LedgerFencedError(f"ledger {ledger_id} was deleted on {self.name} (fenced for good)")
+            if not hmac.compare_digest(rec.master_key, key):
+                raise UnauthorizedAccessError(f"ledger {ledger_id}: master key does not match on {self.name}")
+            return rec
+        if not self._key_check(ledger_id, key):
+            raise UnauthorizedAccessError(f"ledger {ledger_id}: no metadata gives this master key")
+        rec = self.mem[ledger_id] = LedgerRecord(key)
+        return rec
+
+    def _advance_lac(self, ledger_id: int, lac: int) -> None:
+        if lac <= self._lacs.get(ledger_id, -1):
+            return
+        self._lacs[ledger_id] = lac
+        waiting = self._waiters.get(ledger_id)
+        if waiting:
+            keep = []
+            for previous, fn in waiting:
+                if lac > previous:
+                    self._loop.call_soon(fn, lac)
+                else:
+                    keep.append((previous, fn))
+            self._waiters[ledger_id] = keep
+
+    # ------------------------------------------------------------------ AsyncBookie's face
+    def add_entries_cb(self, adds: list[tuple[BytesLike, bytes, bool]],
+                       on_result: Callable[[list[BaseException | None], BaseException | None], None]) -> None:
+        refused: list[BaseException | None] = []
+        accepted: list[tuple[int, int, bytes, bytes]] = []
+        for entry, key, recovery in adds:
+            try:
+                if len(entry) < 32:
+                    raise IncorrectParameterError(f"entry of {len(entry)} bytes is shorter than its header")
+                ledger_id, entry_id, lac = _IDS.unpack_from(entry)
+                rec = self._ledger(ledger_id, bytes(key))
+                if rec.fenced and not recovery:
+                    raise LedgerFencedError(f"ledger {ledger_id} is fenced; refused entry {entry_id}")
+            except Exception as e:
+                if self.trace is not None and len(entry) >= 32:
+                    ids = _IDS.unpack_from(entry)
+                    self.trace("add-refused", ids[0], ids[1], type(e).__name__)
+                refused.append(e)
+                continue
+            data = bytes(entry)
+            if self.trace is not None:
+                self.trace("recovery-add" if recovery else "add", ledger_id, entry_id, "fenced" if rec.fenced else None)
+            rec.entries[entry_id] = data
+            self._advance_lac(ledger_id, lac)
+            accepted.append((ledger_id, entry_id, data, bytes(key)))
+            refused.append(None)
+            self.adds_accepted += 1
+        if not accepted:
+            self._loop.call_soon(on_result, refused, None)
+            return
+
+        def apply(disk: SimDisk) -> None:
+            for ledger_id, entry_id, data, key in accepted:
+                rec = disk.record(ledger_id, key)
+                if not rec.deleted:
+                    rec.entries[entry_id] = data
+                    disk.corrupt.discard((ledger_id, entry_id))  # a new, good copy replaces a bad one
+
+        self._journal(apply, lambda exc: on_result(refused, exc))
+
+    def fence_cb(self, ledger_id: int, key: bytes, done: Callable[[BaseException | None], None]) -> None:
+        try:
+            rec = self._ledger(ledger_id, key)
+        except Exception as e:
+            self._loop.call_soon(done, e)
+            return
+        rec.fenced = True
+        if self.trace is not None:
+            self.trace("fence", ledger_id, -1, None)
+
+        def apply(disk: SimDisk) -> None:
+            disk.record(ledger_id, key).fenced = True
+
+        self._journal(apply, done)
+
+    def _future(self) -> tuple[asyncio.Future[Any], Callable[[BaseException | None], None]]:
+        fut: asyncio.Future[Any] = self._loop.create_future()
+
+        def done(exc: BaseException | None) -> None:
+            if not fut.done():
+                if exc is None:
+                    fut.set_result(None)
+                else:
+                    fut.set_exception(exc)
+
+        return fut, done
+
+    async def fence(self, ledger_id: int, key: bytes) -> None:
+        fut, done = self._future()
+        self.fence_cb(ledger_id, key, done)
+        await fut
+
+    async def write_explicit_lac(self, ledger_id: int, key: bytes, lac: int, body: bytes) -> None:
+        fut, done = self._future()
+        try:
+            rec = self._ledger(ledger_id, key)
+        except Exception as e:
+            done(e)
+        else:
+            rec.explicit_lac = bytes(body)
+            self._advance_lac(ledger_id, lac)
+
+            def apply(disk: SimDisk) -> None:
+                disk.record(ledger_id, key).explicit_lac = bytes(body)
+
+            self._journal(apply, done)
+        await fut
+
+    def _later(self, fn: Callable[[], Any]) -> asyncio.Future[Any]:
+        """A reader-pool call: answered after a simulated read latency."""
+        fut: asyncio.Future[Any] = self._loop.create_future()
+
+        def run() -> None:
+            if fut.done() or not self.alive:
+                return
+            try:
+                fut.set_result(fn())
+            except Exception as e:
+                fut.set_exception(e)
+
+        self._loop.call_later(self._rng.uniform(*self._read_s), run)
+        return fut
+
+    def _held(self, ledger_id: int) -> LedgerRecord:
+        rec = self.mem.get(ledger_id)
+        if rec is None or rec.deleted:
+            raise NoSuchLedgerError(f"ledger {ledger_id} not on {self.name}")
+        return rec
+
+    def _entry(self, ledger_id: int, entry_id: int) -> bytes:
+        rec = self._held(ledger_id)
+        if entry_id == -1:
+            if not rec.entries:
+                raise NoSuchEntryError(f"ledger {ledger_id} has no entry on {self.name}")
+            entry_id = max(rec.entries)
+        found = rec.entries.get(entry_id)
+        if found is None:
+            raise NoSuchEntryError(f"ledger {ledger_id} entry {entry_id} is not on {self.name}")
+        if (ledger_id, entry_id) in self.disk.corrupt:
+            # rule 2 of docs/correctness.md: a bad copy is an I/O error, never served, never "no such entry"
+            raise CorruptEntryError(f"ledger {ledger_id} entry {entry_id} is corrupt on {self.name}")
+        return found
+
+    def read_cached_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
+        return None  # every read goes through the simulated read latency
+
+    def read_entry(self, ledger_id: int, entry_id: int) -> asyncio.Future[bytes]:
+        return self._later(lambda: self._entry(ledger_id, entry_id))
+
+    def _run(self, ledger_id: int, first: int, stride: int, max_count: int, max_bytes: int) -> list[bytes]:
+        got = [self._entry(ledger_id, first)]
+        size = len(got[0])
+        rec = self._held(ledger_id)
+        e = first + stride
+        while len(got) < max_count:
+            nxt = rec.entries.get(e)
+            if nxt is None or (max_bytes and size + len(nxt) > max_bytes) or (ledger_id, e) in self.disk.corrupt:
+                break  # a run stops before a bad copy (which a read of it alone answers EIO)
+            got.append(nxt)
+            size += len(nxt)
+            e += stride
+        return got
+
+    def read_entries(self, ledger_id: int, first: int, max_count: int, max_bytes: int) -> asyncio.Future[list[bytes]]:
+        return self._later(lambda: self._run(ledger_id, first, 1, max_count, max_bytes))
+
+    def read_strided(self, ledger_id: int, first: int, stride: int, max_count: int,
+                     max_bytes: int) -> asyncio.Future[list[bytes]]:
+        return self._later(lambda: self._run(ledger_id, first, stride, max_count, max_bytes))
+
+    def read_explicit_lac(self, ledger_id: int) -> asyncio.Future[bytes | None]:
+        return self._later(lambda: self._held(ledger_id).explicit_lac)
+
+    def entry_ids(self, ledger_id: int) -> asyncio.Future[list[int]]:
+        return self._later(lambda: sorted(self._held(ledger_id).entries))
+
+    def trim(self, ledger_id: int, key: bytes, end_entry_id: int) -> asyncio.Future[None]:
+        def refuse() -> None:
+            raise OperationRejectedError("trim is not simulated")
+        return self._later(refuse)
+
+    async def collect(self, ledger_id: int, key: bytes, end_entry_id: int) -> Any:
+        raise OperationRejectedError("collect is not simulated")
+
+    def note_ledger_closed(self, ledger_id: int) -> None:
+        pass
+
+    async def wait_for_lac(self, ledger_id: int, previous_lac: int, timeout_s: float) -> int:
+        lac = self._lacs.get(ledger_id, -1)
+        if lac > previous_lac:
+            return lac
+        fut: asyncio.Future[int] = self._loop.create_future()
+
+        def fire(value: int) -> None:
+            if not fut.done():
+                fut.set_result(value)
+
+        entry = (previous_lac, fire)
+        self._waiters.setdefault(ledger_id, []).append(entry)
+        try:
+            return await asyncio.wait_for(fut, timeout_s)
+        except TimeoutError:
+            raise TimeoutError_(f"LAC of ledger {ledger_id} did not pass {previous_lac}") from None
+        finally:
+            waiting = self._waiters.get(ledger_id)
+            if waiting and entry in waiting:
+                waiting.remove(entry)
+
+    def info(self) -> asyncio.Future[BookieInfo]:
+        return self._later(lambda: BookieInfo(1 << 40, 1 << 39))
+
+    # ------------------------------------------------------------------------------- GC
+    def collect_deleted(self, exists: Callable[[int], bool]) -> list[int]:
+        """One GC pass: tombstone every held ledger that two metadata reads say is gone."""
+        gone = [lid for lid, rec in self.mem.items() if not rec.deleted and not exists(lid) and not exists(lid)]
+        for lid in gone:
+            for table in (self.mem, self.disk.ledgers):
+                rec = table.get(lid)
+                if rec is None:
+                    rec = table[lid] = LedgerRecord(b"")
+                rec.deleted, rec.fenced, rec.entries = True, True, {}
+        return gone
+
+
+def key_check_for(store_exists_with_key: Callable[[int], bytes | None]) -> KeyCheck:
+    """``master_key_check`` over the simulated store: ``store_exists_with_key(ledger_id)``
+    gives the ledger's password, None if it has no metadata."""
+    def check(ledger_id: int, key: bytes) -> bool:
+        password = store_exists_with_key(ledger_id)
+        return password is not None and hmac.compare_digest(master_key(password), key)
+    return check

@@ -1,0 +1,78 @@
+"""Many seeds: what ``vellum verify sim`` and the tests run.
+
+Responsibility: run ``runner.run_seed`` over a range of seeds (or one seed), count what
+happened and keep every violation with its seed; report seeds per second of wall time.
+
+Invariants: a seed's outcome does not depend on the seeds run before it (each run owns its
+world and restores the module ``random`` state); the report lists violations in seed order.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from vellum.sim.checker import Violation
+from vellum.sim.runner import RunResult, SimOptions, run_seed
+
+
+@dataclass
+class CampaignReport:
+    seeds: int = 0
+    elapsed_s: float = 0.0
+    #: CPU time of this process (what one core did; wall time on a shared machine is more)
+    cpu_s: float = 0.0
+    operations: int = 0
+    virtual_s: float = 0.0
+    violations: list[tuple[int, Violation]] = field(default_factory=list)
+    #: seeds whose run stopped with an error (a stuck world or a bug of the simulator)
+    errors: list[tuple[int, str]] = field(default_factory=list)
+    kinds: Counter[str] = field(default_factory=Counter)
+    network: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def seeds_per_s(self) -> float:
+        return self.seeds / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def seeds_per_cpu_s(self) -> float:
+        return self.seeds / self.cpu_s if self.cpu_s > 0 else 0.0
+
+    @property
+    def failed_seeds(self) -> list[int]:
+        return sorted({seed for seed, _v in self.violations} | {seed for seed, _e in self.errors})
+
+    def add(self, result: RunResult) -> None:
+        self.seeds += 1
+        self.operations += result.operations
+        self.virtual_s += result.virtual_s
+        self.network.update(result.net_counts)
+        for v in result.violations:
+            self.violations.append((result.seed, v))
+            self.kinds[v.kind] += 1
+        if result.error is not None:
+            self.errors.append((result.seed, result.error))
+
+
+def run_campaign(seeds: Iterable[int], options: SimOptions | None = None, *,
+                 on_result: Callable[[RunResult], None] | None = None,
+                 stop_at_first: bool = False) -> CampaignReport:
+    """Run every seed; ``on_result`` after each (progress); ``stop_at_first``: stop at the
+    first seed with a violation."""
+    report = CampaignReport()
+    start = time.perf_counter()
+    cpu = time.process_time()
+    for seed in seeds:
+        result = run_seed(seed, options)
+        report.add(result)
+        report.elapsed_s = time.perf_counter() - start
+        report.cpu_s = time.process_time() - cpu
+        if on_result is not None:
+            on_result(result)
+        if stop_at_first and result.violations:
+            break
+    report.elapsed_s = time.perf_counter() - start
+    report.cpu_s = time.process_time() - cpu
+    return report

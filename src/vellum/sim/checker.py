@@ -1,0 +1,160 @@
+"""The checker: the protocol's promises judged over one run's history.
+
+Responsibility: turn a ``History`` (and the final state the run left) into ``Violation`` rows.
+The promises (docs/verification.md):
+
+- ``ack-lost``: an acknowledged entry is beyond the end a close or a recovery gave the ledger,
+  and was acknowledged before that recovery began (a truncation);
+- ``ack-after-fence``: an add of the old writer was acknowledged, after recovery began, beyond
+  the end the recovery closed the ledger at;
+- ``unreadable``: an acknowledged entry of a closed, not deleted ledger cannot be read back
+  once the faults are healed (or reads back different bytes);
+- ``divergent``: two observers (the writer's acknowledged bytes, readers, the final read) saw
+  different bytes for the same entry;
+- ``lac-regressed``: the LAC one reader handle saw went back;
+- ``written-after-delete``: an add beyond the end a deleted ledger was closed at was
+  acknowledged after the delete completed, or a bookie still holds entries of a deleted ledger
+  after GC (a late answer to an add the closed ledger holds is not a write after the delete).
+
+Each violation carries a minimal history: the events of its ledger (and entry) only.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from vellum.sim.history import Event, History
+
+#: at most this many events in a violation's minimal history
+_MAX_EVENTS = 40
+
+
+@dataclass(frozen=True)
+class Violation:
+    kind: str
+    ledger: int
+    entry: int
+    message: str
+    history: tuple[Event, ...]
+
+
+def _minimal(events: list[Event], ledger: int, entry: int) -> tuple[Event, ...]:
+    """The events of ``ledger`` (of ``entry`` only, where an event names an entry) and the
+    faults injected while the ledger was in use; past ``_MAX_EVENTS``, the bookies' fences and
+    the repeated failures go first, then the middle."""
+    def mine(e: Event) -> bool:
+        return e.ledger == ledger and e.kind != "lac" and (entry < 0 or e.entry in (-1, entry))
+
+    own = [e for e in events if mine(e)]
+    if not own:
+        return ()
+    first, last = own[0].t, own[-1].t
+    picked = [e for e in events if mine(e) or (e.kind in _FAULTS and first <= e.t <= last)]
+    if len(picked) > _MAX_EVENTS:
+        picked = [e for e in picked if e.kind not in _NOISE or e.entry == entry >= 0]
+    if len(picked) > _MAX_EVENTS:  # keep the start (what the ledger is) and the end (what went wrong)
+        picked = picked[:10] + picked[-(_MAX_EVENTS - 10):]
+    return tuple(picked)
+
+
+#: what a long minimal history leaves out first
+_NOISE = frozenset({"fence", "add-failed", "recover-failed", "read-failed", "gc", "add", "add-refused"})
+_FAULTS = frozenset({"crash", "restart", "partition", "heal", "slow", "meta-lost", "corrupt"})
+
+
+def check(history: History, *, final_ends: dict[int, int], leftover_deleted: dict[str, list[int]]) -> list[Violation]:
+    """``final_ends``: ledger -> last entry of its CLOSED metadata after the final phase (absent:
+    not closed or deleted); ``leftover_deleted``: bookie -> deleted ledgers it still holds
+    entries of after the final GC."""
+    events = history.events
+    out: list[Violation] = []
+    acks: dict[int, dict[int, tuple[float, str]]] = defaultdict(dict)
+    seen: dict[tuple[int, int], dict[str, str]] = defaultdict(dict)
+    recover_start: dict[int, float] = {}
+    ends: dict[int, list[tuple[str, int, float]]] = defaultdict(list)
+    deleted_at: dict[int, float] = {}
+    lacs: dict[str, int] = {}
+    final_read: dict[tuple[int, int], str] = {}
+    for ev in events:
+        k = ev.kind
+        if k == "ack":
+            acks[ev.ledger][ev.entry] = (ev.t, ev.value)
+            seen[(ev.ledger, ev.entry)].setdefault(ev.value, ev.actor)
+        elif k in ("read", "final-read"):
+            seen[(ev.ledger, ev.entry)].setdefault(ev.value, ev.actor)
+            if k == "final-read":
+                final_read[(ev.ledger, ev.entry)] = ev.value
+        elif k == "recover-start":
+            recover_start.setdefault(ev.ledger, ev.t)
+        elif k in ("closed", "recovered"):
+            ends[ev.ledger].append((k, int(ev.value), ev.t))
+        elif k == "deleted":
+            deleted_at.setdefault(ev.ledger, ev.t)
+        elif k == "lac":
+            handle, lac = ev.value
+            prev = lacs.get(handle)
+            if prev is not None and lac < prev:
+                out.append(Violation("lac-regressed", ev.ledger, -1,
+                                     f"reader handle {handle} saw LAC {prev}, then {lac}",
+                                     _minimal(events, ev.ledger, -1)))
+            lacs[handle] = max(lac, prev if prev is not None else lac)
+
+    for (ledger, entry), values in seen.items():
+        if len(values) > 1:
+            who = ", ".join(f"{actor}={v}" for v, actor in values.items())
+            out.append(Violation("divergent", ledger, entry, f"different bytes seen: {who}",
+                                 _minimal(events, ledger, entry)))
+
+    for ledger, acked in acks.items():
+        for kind, end, t_end in ends.get(ledger, []):
+            for entry, (t_ack, _v) in sorted(acked.items()):
+                if entry <= end:
+                    continue
+                started = recover_start.get(ledger)
+                if started is not None and t_ack >= started:
+                    out.append(Violation(
+                        "ack-after-fence", ledger, entry,
+                        f"entry {entry} acknowledged at t={t_ack:.4f}, after recovery began at t={started:.4f}, "
+                        f"beyond the end {end} the ledger was {kind} at", _minimal(events, ledger, entry)))
+                else:
+                    out.append(Violation(
+                        "ack-lost", ledger, entry,
+                        f"entry {entry} acknowledged at t={t_ack:.4f} but the ledger was {kind} at {end} "
+                        f"(t={t_end:.4f})", _minimal(events, ledger, entry)))
+                break  # one violation per close is enough
+        deleted = deleted_at.get(ledger)
+        if deleted is not None:
+            # A late acknowledgement of an entry the closed ledger holds is not a write after the
+            # delete (the add was durable before the close; its answer was slow): one beyond the
+            # end the ledger was closed at is.
+            end_before = max((end for _k, end, t_end in ends.get(ledger, []) if t_end <= deleted), default=None)
+            late = [e for e, (t, _v) in acked.items() if t > deleted and (end_before is None or e > end_before)]
+            if late:
+                out.append(Violation("written-after-delete", ledger, min(late),
+                                     f"{len(late)} adds beyond the closed end acknowledged after the delete at "
+                                     f"t={deleted:.4f}", _minimal(events, ledger, min(late))))
+        final_end = final_ends.get(ledger)
+        if final_end is not None and deleted is None:
+            for entry in sorted(acked):
+                if entry > final_end:
+                    continue
+                got = final_read.get((ledger, entry))
+                if got is None:
+                    out.append(Violation("unreadable", ledger, entry,
+                                         f"acknowledged entry {entry} of closed ledger {ledger} (end {final_end}) "
+                                         "could not be read back after healing", _minimal(events, ledger, entry)))
+                    break
+    seen_keys: set[tuple[str, int, int]] = set()
+    unique = []
+    for v in out:  # the same entry judged against several ends (a recovery, then the final one)
+        if (v.kind, v.ledger, v.entry) not in seen_keys:
+            seen_keys.add((v.kind, v.ledger, v.entry))
+            unique.append(v)
+    out = unique
+    for bookie, ledgers in sorted(leftover_deleted.items()):
+        for ledger in ledgers:
+            out.append(Violation("written-after-delete", ledger, -1,
+                                 f"bookie {bookie} still holds entries of deleted ledger {ledger} after GC",
+                                 _minimal(events, ledger, -1)))
+    return out

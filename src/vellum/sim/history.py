@@ -1,0 +1,41 @@
+"""The history of one simulated run: what each actor saw, on virtual time.
+
+Responsibility: one append-only list of ``Event`` rows, written by the workload and the fault
+injector, read by ``checker``. Payloads are kept as short digests (equal bytes, equal digest).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def digest(data: bytes) -> str:
+    return hashlib.blake2b(data, digest_size=6).hexdigest()
+
+
+@dataclass(frozen=True)
+class Event:
+    t: float
+    actor: str
+    kind: str
+    ledger: int = -1
+    entry: int = -1
+    value: Any = None
+
+    def describe(self) -> str:
+        where = ""
+        if self.ledger >= 0:
+            where = f" L{self.ledger}" + (f":{self.entry}" if self.entry >= 0 else "")
+        value = "" if self.value is None else f" {self.value}"
+        return f"t={self.t:9.4f} {self.actor:<10} {self.kind}{where}{value}"
+
+
+@dataclass
+class History:
+    events: list[Event] = field(default_factory=list)
+    clock: Any = None  # () -> float
+
+    def add(self, actor: str, kind: str, ledger: int = -1, entry: int = -1, value: Any = None) -> None:
+        self.events.append(Event(self.clock() if self.clock else 0.0, actor, kind, ledger, entry, value))

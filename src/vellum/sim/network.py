@@ -1,0 +1,277 @@
+"""The simulated network: connections between the real client and the real server request path.
+
+Responsibility: carry the bytes one side's transport writes to the other side's protocol after
+a delay drawn from the run's random generator, and apply the run's network faults:
+
+- delay: every write is delivered after ``delay_min_s``..``delay_max_s`` (one direction of a
+  connection is FIFO, as on TCP, unless reordering is on);
+- drop: a write (whole frames: both the client and the server write complete frames) is lost;
+- duplication: a write is delivered twice;
+- reordering: a write may overtake earlier writes of the same direction;
+- slow links: one direction between two nodes delivers many times slower for a while;
+- partitions, one-way or both ways: writes from A to B are lost, and new connections between
+  them fail, while the partition lasts;
+- a crashed bookie resets its connections: its side vanishes at once, the client side sees
+  ``connection_lost`` after a delay.
+
+Writes are handed over in chunks of random sizes (``get_buffer`` / ``buffer_updated`` of the
+receiving ``BufferedProtocol``), so the decoders see arbitrary chunking. Which simulated node
+opened a connection is the context variable ``current_node`` (each client actor sets it).
+
+Invariants: a protocol's ``connection_lost`` is called exactly once and nothing is delivered to
+it afterwards; every random choice comes from the run's generator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+#: the smallest step between two deliveries of one direction (keeps them in order)
+_TICK = 1e-7
+
+#: the simulated node (client name) the current task acts for
+current_node: contextvars.ContextVar[str] = contextvars.ContextVar("vellum_sim_node", default="client")
+
+
+@dataclass(frozen=True)
+class NetFaults:
+    """Network faults of a run (probabilities per write)."""
+
+    delay_min_s: float = 0.0002
+    delay_max_s: float = 0.002
+    drop: float = 0.0
+    duplicate: float = 0.0
+    reorder: float = 0.0
+    #: probability that a write is slow (its delay times ``slow_factor``): a heavy tail
+    slow: float = 0.0
+    slow_factor: float = 10.0
+    #: split deliveries into random chunks (exercises every decoder's chunking)
+    chunking: bool = True
+
+
+class Server(Protocol):
+    """A simulated listener (a bookie node)."""
+
+    name: str
+
+    @property
+    def up(self) -> bool: ...
+
+    def accept(self) -> asyncio.BufferedProtocol:
+        """A new server-side protocol for an accepted connection."""
+
+    def attach(self, link: Link) -> None:
+        """Track ``link`` so that a crash can reset it."""
+
+
+class SimTransport(asyncio.Transport):
+    """One side of a ``Link``: what a protocol writes through."""
+
+    def __init__(self, link: Link, side: int) -> None:
+        super().__init__()
+        self._link = link
+        self._side = side
+
+    def write(self, data: Any) -> None:
+        self._link.send(self._side, bytes(data))
+
+    def writelines(self, list_of_data: Any) -> None:
+        self._link.send(self._side, b"".join(bytes(d) for d in list_of_data))
+
+    def close(self) -> None:
+        self._link.close(self._side)
+
+    def abort(self) -> None:
+        self._link.close(self._side)
+
+    def is_closing(self) -> bool:
+        return self._link.closing[self._side]
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        if name == "peername":
+            return (self._link.names[1 - self._side], self._link.link_id)
+        if name == "sockname":
+            return (self._link.names[self._side], self._link.link_id)
+        return default
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def is_reading(self) -> bool:
+        return True
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def can_write_eof(self) -> bool:
+        return False
+
+
+class Link:
+    """A connection: side 0 is the client, side 1 the bookie."""
+
+    def __init__(self, net: SimNetwork, link_id: int, names: tuple[str, str],
+                 protocols: tuple[asyncio.BufferedProtocol, asyncio.BufferedProtocol]) -> None:
+        self.net = net
+        self.link_id = link_id
+        self.names = names
+        self.protocols = protocols
+        self.transports = (SimTransport(self, 0), SimTransport(self, 1))
+        self.closing = [False, False]
+        self.lost = [False, False]
+        # the last delivery time per receiving side (FIFO per direction)
+        self._last = [0.0, 0.0]
+
+    def send(self, side: int, data: bytes) -> None:
+        if self.closing[side] or not data:
+            return
+        net = self.net
+        dst = 1 - side
+        if net.blocked(self.names[side], self.names[dst]):
+            net.count("partitioned")
+            return
+        rng = net.rng
+        faults = net.faults
+        if faults.drop and rng.random() < faults.drop:
+            net.count("dropped")
+            return
+        copies = 2 if faults.duplicate and rng.random() < faults.duplicate else 1
+        if copies == 2:
+            net.count("duplicated")
+        loop = net.loop
+        for _ in range(copies):
+            delay = rng.uniform(faults.delay_min_s, faults.delay_max_s)
+            if faults.slow and rng.random() < faults.slow:
+                delay *= faults.slow_factor
+            if net.slow_links:
+                delay *= net.slow_links.get((self.names[side], self.names[dst]), 1.0)
+            when = loop.time() + delay
+            if not (faults.reorder and rng.random() < faults.reorder):
+                # strictly after the previous delivery: timers due at the same instant are not
+                # run in the order they were scheduled (asyncio's heap is not stable)
+                when = max(when, self._last[dst] + _TICK)
+                self._last[dst] = when
+            else:
+                net.count("reordered")
+            loop.call_at(when, self._deliver, dst, data)
+
+    def _deliver(self, dst: int, data: bytes) -> None:
+        if self.lost[dst]:
+            return
+        proto = self.protocols[dst]
+        rng = self.net.rng
+        pos = 0
+        while pos < len(data) and not self.lost[dst]:
+            want = len(data) - pos
+            if self.net.faults.chunking and want > 1 and rng.random() < 0.2:
+                want = rng.randint(1, want)
+            buf = memoryview(proto.get_buffer(want)).cast("B")
+            n = min(len(buf), want)
+            if n <= 0:
+                raise RuntimeError("a protocol offered an empty receive buffer")
+            buf[:n] = data[pos:pos + n]
+            pos += n
+            proto.buffer_updated(n)
+
+    def close(self, side: int) -> None:
+        """Orderly close by ``side``: what it wrote still arrives, then the peer sees EOF."""
+        if self.closing[side]:
+            return
+        self.closing[side] = True
+        loop = self.net.loop
+        loop.call_soon(self._lose, side, None)
+        dst = 1 - side
+        when = max(loop.time() + self.net.faults.delay_max_s, self._last[dst] + _TICK)
+        self._last[dst] = when
+        loop.call_at(when, self._lose, dst, None)
+
+    def reset(self, crashed_side: int) -> None:
+        """``crashed_side``'s process died: nothing more from it; the peer learns after a delay."""
+        self.closing = [True, True]
+        if not self.lost[crashed_side]:  # its protocols die with the process
+            self.lost[crashed_side] = True
+            self.protocols[crashed_side].connection_lost(ConnectionResetError("the process died"))
+        loop = self.net.loop
+        loop.call_at(loop.time() + self.net.rng.uniform(self.net.faults.delay_min_s, self.net.faults.delay_max_s),
+                     self._lose, 1 - crashed_side, ConnectionResetError("connection reset by peer"))
+
+    def _lose(self, side: int, exc: Exception | None) -> None:
+        if self.lost[side]:
+            return
+        self.lost[side] = True
+        self.closing[side] = True
+        self.protocols[side].connection_lost(exc)
+        if not self.closing[1 - side]:
+            self.close(1 - side)
+
+
+class SimNetwork:
+    """The simulated network of one run (see the module docstring)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, rng: random.Random, faults: NetFaults) -> None:
+        self.loop = loop
+        self.rng = rng
+        self.faults = faults
+        self.servers: dict[str, Server] = {}
+        #: blocked directions (from, to)
+        self._blocked: set[tuple[str, str]] = set()
+        #: slowed directions (from, to) -> delay factor (a congested link)
+        self.slow_links: dict[tuple[str, str], float] = {}
+        self._next_link = 0
+        self.counts: dict[str, int] = {}
+
+    def count(self, what: str) -> None:
+        self.counts[what] = self.counts.get(what, 0) + 1
+
+    # -------------------------------------------------------------------------- partitions
+    def blocked(self, src: str, dst: str) -> bool:
+        return bool(self._blocked) and (src, dst) in self._blocked
+
+    def partition(self, a: str, b: str, *, one_way: bool = False) -> None:
+        """Lose everything from ``a`` to ``b`` (and from ``b`` to ``a`` unless ``one_way``)."""
+        self._blocked.add((a, b))
+        if not one_way:
+            self._blocked.add((b, a))
+
+    def heal(self) -> None:
+        self._blocked.clear()
+        self.slow_links.clear()
+
+    # ------------------------------------------------------------------------- connecting
+    def add_server(self, server: Server) -> None:
+        self.servers[server.name] = server
+
+    async def connect(self, factory: Callable[[], asyncio.BaseProtocol], host: str,
+                      port: int) -> tuple[asyncio.BaseTransport, asyncio.BaseProtocol]:
+        """The loop's ``create_connection``: a refused connect to a bookie that is down, a
+        connect that never completes across a partition (the caller's timeout ends it)."""
+        name = f"{host}:{port}"
+        client = current_node.get()
+        await asyncio.sleep(self.rng.uniform(self.faults.delay_min_s, self.faults.delay_max_s) * 2)
+        server = self.servers.get(name)
+        if server is None or not server.up:
+            raise ConnectionRefusedError(f"connection to {name} refused (simulated: the bookie is down)")
+        if self.blocked(client, name) or self.blocked(name, client):
+            await asyncio.sleep(3600.0)  # SYNs lost: the caller's connect timeout fires first
+            raise TimeoutError(f"connect to {name} timed out (simulated partition)")
+        client_proto = factory()
+        if not isinstance(client_proto, asyncio.BufferedProtocol):
+            raise TypeError("the simulated network carries buffered protocols only")
+        server_proto = server.accept()
+        self._next_link += 1
+        link = Link(self, self._next_link, (client, name), (client_proto, server_proto))
+        server.attach(link)
+        server_proto.connection_made(link.transports[1])
+        client_proto.connection_made(link.transports[0])
+        return link.transports[0], client_proto
