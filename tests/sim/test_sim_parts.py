@@ -11,6 +11,7 @@ import pytest
 
 from vellum.errors import LedgerFencedError, NoSuchEntryError, NoSuchLedgerError, UnauthorizedAccessError
 from vellum.format.entry import master_key
+from vellum.proto.messages import AddBatch
 from vellum.sim.bookie import SimBookie, SimDisk
 from vellum.sim.loop import SimLoop, SimQuiescent
 from vellum.sim.network import NetFaults, SimNetwork
@@ -138,11 +139,11 @@ def test_an_add_is_answered_after_its_sync_and_a_crash_loses_what_was_not_synced
     answers: list[tuple[list[BaseException | None], BaseException | None]] = []
 
     async def main() -> None:
-        b.add_entries_cb([(_entry(1, 0), KEY, False)], lambda r, e: answers.append((r, e)))
+        b.add_batch_cb(AddBatch.of_entries([(_entry(1, 0), KEY, False)]), lambda r, e: answers.append((r, e)))
         assert answers == [] and 0 not in disk.ledgers.get(1, SimDisk().record(1, KEY)).entries
         await asyncio.sleep(0.01)
         assert answers == [([None], None)] and 0 in disk.ledgers[1].entries
-        b.add_entries_cb([(_entry(1, 1), KEY, False)], lambda r, e: answers.append((r, e)))
+        b.add_batch_cb(AddBatch.of_entries([(_entry(1, 1), KEY, False)]), lambda r, e: answers.append((r, e)))
         assert await b.read_entry(1, 1)  # readable before it is durable (the write cache)
         b.crash()
         await asyncio.sleep(0.01)
@@ -172,7 +173,7 @@ def test_a_durable_fence_refuses_normal_adds_and_passes_recovery_adds_across_a_r
         b.crash()
         b2 = _bookie(loop, disk)
         got: list[list[BaseException | None]] = []
-        b2.add_entries_cb([(_entry(1, 0), KEY, False), (_entry(1, 1), KEY, True)], lambda r, _e: got.append(r))
+        b2.add_batch_cb(AddBatch.of_entries([(_entry(1, 0), KEY, False), (_entry(1, 1), KEY, True)]), lambda r, _e: got.append(r))
         await asyncio.sleep(0.01)
         assert isinstance(got[0][0], LedgerFencedError) and got[0][1] is None
         with pytest.raises(UnauthorizedAccessError):

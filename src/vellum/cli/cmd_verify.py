@@ -122,6 +122,7 @@ def register(cli: click.Group) -> None:
             ("seeds per minute (CPU of one core)", f"{report.seeds_per_cpu_s * 60:.0f}"),
             ("client operations per seed", f"{report.operations / max(1, report.seeds):.0f}"),
             ("client operations", report.operations),
+            ("acknowledged adds", report.acks),
             ("virtual seconds", f"{report.virtual_s:.1f}"),
             ("violations", len(report.violations)),
             ("runs stopped by an error", len(report.errors)),
@@ -131,7 +132,7 @@ def register(cli: click.Group) -> None:
         if as_json:
             emit_json({
                 "seeds": report.seeds, "seeds_per_s": report.seeds_per_s, "seeds_per_cpu_s": report.seeds_per_cpu_s,
-                "scenario": scenario, "operations": report.operations,
+                "scenario": scenario, "operations": report.operations, "acks": report.acks,
                 "virtual_s": report.virtual_s, "faults": sorted(options.faults), "regressions": list(regressions),
                 "violations": [_violation_json(s, v) for s, v in report.violations],
                 "errors": [{"seed": s, "error": e} for s, e in report.errors],

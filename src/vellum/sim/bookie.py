@@ -49,7 +49,8 @@ from vellum.errors import (
     TimeoutError_,
     UnauthorizedAccessError,
 )
-from vellum.format.entry import BytesLike, master_key
+from vellum.format.entry import master_key
+from vellum.proto.messages import FLAG_RECOVERY_ADD, AddBatch
 
 _IDS = struct.Struct(">qqq")
 
@@ -179,11 +180,13 @@ class SimBookie:
             self._waiters[ledger_id] = keep
 
     # ------------------------------------------------------------------ AsyncBookie's face
-    def add_entries_cb(self, adds: list[tuple[BytesLike, bytes, bool]],
-                       on_result: Callable[[list[BaseException | None], BaseException | None], None]) -> None:
+    def add_batch_cb(self, batch: AddBatch,
+                     on_result: Callable[[list[BaseException | None], BaseException | None], None]) -> None:
+        """As ``AsyncBookie.add_batch_cb``: ``on_result(refused per add, durability error)``."""
         refused: list[BaseException | None] = []
         accepted: list[tuple[int, int, bytes, bytes]] = []
-        for entry, key, recovery in adds:
+        for entry, key, flags in zip(batch.entries, batch.keys, batch.flags):
+            recovery = bool(flags & FLAG_RECOVERY_ADD)
             try:
                 if len(entry) < 32:
                     raise IncorrectParameterError(f"entry of {len(entry)} bytes is shorter than its header")

@@ -25,6 +25,8 @@ class CampaignReport:
     #: CPU time of this process (what one core did; wall time on a shared machine is more)
     cpu_s: float = 0.0
     operations: int = 0
+    #: acknowledged adds over every seed
+    acks: int = 0
     virtual_s: float = 0.0
     violations: list[tuple[int, Violation]] = field(default_factory=list)
     #: seeds whose run stopped with an error (a stuck world or a bug of the simulator)
@@ -47,6 +49,7 @@ class CampaignReport:
     def add(self, result: RunResult) -> None:
         self.seeds += 1
         self.operations += result.operations
+        self.acks += result.acks
         self.virtual_s += result.virtual_s
         self.network.update(result.net_counts)
         for v in result.violations:

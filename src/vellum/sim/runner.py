@@ -99,6 +99,8 @@ class RunResult:
     fingerprint: str
     net_counts: dict[str, int]
     error: str | None = None
+    #: adds the writer saw acknowledged (a run whose adds all fail checks nothing)
+    acks: int = 0
 
 
 class BookieNode:
@@ -116,6 +118,7 @@ class BookieNode:
         self._counters = Counters(max_adds=10000, max_reads=10000, max_frame_size=ServerLimits().max_frame_size)
         self._limits = ServerLimits()
         self.bookie: SimBookie | None = None
+        self._internal_before_crash = 0
         self.start()
 
     def _password(self, ledger_id: int) -> bytes | None:
@@ -151,7 +154,18 @@ class BookieNode:
             link.reset(1)
         self._links = []
         # The processors' in-flight work belongs to the dead process: new counters.
+        self._internal_before_crash += self._internal(self._counters)
         self._counters = Counters(max_adds=10000, max_reads=10000, max_frame_size=self._limits.max_frame_size)
+
+    @staticmethod
+    def _internal(counters: Counters) -> int:
+        return sum(n for (_op, status), n in counters.errors.items() if status == "EINTERNAL")
+
+    @property
+    def internal_errors(self) -> int:
+        """Requests the real request path answered EINTERNAL (an unexpected exception: a bug of
+        the code under test or of the model below it), over every life of this bookie."""
+        return self._internal_before_crash + self._internal(self._counters)
 
     def gc(self) -> list[int]:
         assert self.bookie is not None
@@ -372,6 +386,10 @@ def run_seed(seed: int, options: SimOptions | None = None) -> RunResult:
             error = f"the simulation stopped: {e}"
         except Exception as e:  # a bug of the simulator or of the code under test
             error = f"{type(e).__name__}: {e}"
+        internal = sum(node.internal_errors for node in world.nodes)
+        if internal and error is None:
+            error = (f"the request path answered EINTERNAL {internal} time(s): an unexpected exception in the "
+                     "code under test or the simulated bookie (replay the seed with the vellum logger on)")
         final_ends, leftovers = workload.final_ends, workload.leftover_deleted
         virtual = loop.time() - 1000.0
         _drain(loop)
@@ -381,7 +399,8 @@ def run_seed(seed: int, options: SimOptions | None = None) -> RunResult:
             if ev.kind not in TRACE_KINDS:
                 fp.update(ev.describe().encode())
         return RunResult(seed, violations, workload.operations, virtual, len(world.history.events), fp.hexdigest(),
-                         dict(world.net.counts), error)
+                         dict(world.net.counts), error,
+                         sum(1 for ev in world.history.events if ev.kind == "ack"))
 
 
 async def _main(world: World, workload: Workload) -> None:
