@@ -15,6 +15,7 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from vellum.cli.client_options import client_conf_flag, load_client_config_file
 from vellum.cli.output import emit_json, emit_table
 from vellum.sim.campaign import CampaignReport, run_campaign
 from vellum.sim.checker import Violation
@@ -146,6 +147,96 @@ def register(cli: click.Group) -> None:
             for seed, e in report.errors:
                 out.print(f"[bold yellow]run stopped[/] seed={seed}: {e}  (replay: {replay_base} --seed={seed})")
         if report.violations or report.errors:
+            sys.exit(1)
+
+
+    @verify.command("cluster")
+    @click.option("--metadata", "metadata_uri", required=True, help="metadataServiceUri of the cluster to check")
+    @click.option("--duration", "duration_s", default=60.0, show_default=True, help="seconds to run, in all")
+    @click.option("--round", "round_s", default=15.0, show_default=True,
+                  help="seconds of client work per round; each round ends by recovering and reading back its ledgers")
+    @click.option("--nemesis", default=None,
+                  help="a command of yours, run as `CMD inject` at random moments (kill or pause your processes) "
+                       "and `CMD heal` a while later and before each round's read-back")
+    @click.option("--ledgers", default=4, show_default=True, help="ledgers the writer makes per round")
+    @click.option("--entries", default=120, show_default=True, help="about this many entries per ledger")
+    @click.option("--keep-ledgers", is_flag=True, help="keep the ledgers the check made (deleted by default)")
+    @click.option("--seed", type=int, default=None, help="seed of the workload's choices (real time decides the rest)")
+    @client_conf_flag("for the check's clients (a secured cluster needs its TLS or token keys)")
+    @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+    def cluster(metadata_uri: str, duration_s: float, round_s: float, nemesis: str | None, ledgers: int, entries: int,
+                keep_ledgers: bool, seed: int | None, client_conf: str | None, as_json: bool) -> None:
+        """Run writers, tailing readers, racing recoveries and deletes against a running cluster
+        for a bounded time and check the same promises as the simulator (docs/verification.md)."""
+        import asyncio
+
+        from vellum.errors import VellumError
+        from vellum.sim.cluster import ClusterCheckOptions, ClusterCheckReport, run_cluster_check
+        from vellum.sim.workload import WorkloadShape
+
+        for value, hint in ((duration_s, "--duration"), (round_s, "--round")):
+            if value <= 0:
+                raise click.BadParameter("must be more than 0 seconds", param_hint=hint)
+        for count, hint in ((ledgers, "--ledgers"), (entries, "--entries")):
+            if count < 1:
+                raise click.BadParameter("must be at least 1", param_hint=hint)
+        options = ClusterCheckOptions(
+            metadata_uri, duration_s=duration_s, round_s=round_s, nemesis=nemesis, keep_ledgers=keep_ledgers,
+            seed=seed, shape=WorkloadShape(ledgers=ledgers, entries=(max(1, entries // 2), entries + entries // 2)))
+        try:
+            config = load_client_config_file(client_conf)
+        except VellumError as e:
+            raise click.ClickException(str(e)) from None
+        err = Console(stderr=True)
+
+        async def main(progress: Progress) -> ClusterCheckReport:
+            task = progress.add_task("check", total=duration_s, what="starting")
+
+            def on_round(r: ClusterCheckReport) -> None:
+                progress.update(task, what=f"round {r.rounds}: {r.acks} acknowledged adds, {r.ledgers} ledgers, "
+                                           f"{sum(r.nemesis.values())} nemesis runs")
+                if not as_json and not err.is_terminal:
+                    click.echo(f"round {r.rounds} done: {r.elapsed_s:.0f}/{duration_s:g} s, {r.acks} acknowledged "
+                               "adds", err=True)
+
+            async def tick() -> None:
+                started = time.monotonic()
+                while True:
+                    progress.update(task, completed=min(duration_s, time.monotonic() - started))
+                    await asyncio.sleep(0.5)
+
+            ticker = asyncio.ensure_future(tick())
+            try:
+                return await run_cluster_check(options, config, progress=on_round)
+            finally:
+                ticker.cancel()
+
+        with Progress(TextColumn("verify cluster"), BarColumn(), TimeElapsedColumn(), TextColumn("{task.fields[what]}"),
+                      console=err, disable=as_json or not err.is_terminal) as progress:
+            try:
+                report = asyncio.run(main(progress))
+            except VellumError as e:
+                raise click.ClickException(f"vellum verify cluster against {metadata_uri}: {e}") from None
+        counts = report.counts
+        if as_json:
+            emit_json({"metadata": metadata_uri, "seed": report.seed, "rounds": report.rounds,
+                       "elapsed_s": report.elapsed_s, "ledgers": report.ledgers, "deleted": report.deleted,
+                       "acks": report.acks, "reads": counts["read"] + counts["final-read"],
+                       "recoveries": counts["recovered"], "events": dict(counts), "nemesis": dict(report.nemesis),
+                       "violations": [_violation_json(report.seed, v) for v in report.violations]})
+        else:
+            rows = [("rounds", report.rounds), ("seconds", f"{report.elapsed_s:.1f}"), ("ledgers", report.ledgers),
+                    ("acknowledged adds", report.acks), ("failed adds", counts["add-failed"]),
+                    ("entries read", counts["read"] + counts["final-read"]),
+                    ("recoveries", counts["recovered"]), ("failed recoveries", counts["recover-failed"]),
+                    ("deletes", report.deleted),
+                    *[(f"nemesis: {k}", n) for k, n in sorted(report.nemesis.items())],
+                    ("violations", len(report.violations)), ("workload seed", report.seed)]
+            emit_table(("", "value"), rows, title=f"vellum verify cluster: {metadata_uri}")
+            out = Console()
+            for v in report.violations:
+                _print_violation(out, report.seed, v, "a real cluster does not replay: the history above is the record")
+        if report.violations:
             sys.exit(1)
 
 

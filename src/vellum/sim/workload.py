@@ -16,8 +16,9 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from vellum.errors import NoSuchLedgerError, VellumError
 from vellum.ids import LedgerId
@@ -25,8 +26,30 @@ from vellum.sim.history import digest
 from vellum.sim.network import current_node
 
 if TYPE_CHECKING:
+    from vellum.client.bookkeeper import BookKeeper
     from vellum.client.ledger import LedgerHandle
-    from vellum.sim.runner import World
+    from vellum.meta.api import MetadataStore
+    from vellum.sim.history import History
+
+
+class WorkloadWorld(Protocol):
+    """What the clients run in: the simulator's ``runner.World``, or a real cluster
+    (``cluster.ClusterWorld``, ``vellum verify cluster``), whose ``nodes`` is empty (no bookie
+    inspected in-process: no GC driven, no leftover check)."""
+
+    @property
+    def history(self) -> History: ...
+
+    @property
+    def rng(self) -> random.Random: ...
+
+    @property
+    def store(self) -> MetadataStore: ...
+
+    @property
+    def nodes(self) -> Sequence[Any]: ...
+
+    async def client(self, name: str, *, explicit_lac_ms: int = 0) -> BookKeeper: ...
 
 #: (ensemble, write quorum, ack quorum) shapes a ledger is made with
 SHAPES = ((3, 3, 2), (3, 2, 2), (4, 3, 2), (3, 3, 3), (5, 3, 2), (4, 2, 2))
@@ -54,7 +77,7 @@ class WorkloadShape:
 
 
 class Workload:
-    def __init__(self, world: World, shape: WorkloadShape) -> None:
+    def __init__(self, world: WorkloadWorld, shape: WorkloadShape) -> None:
         self.world = world
         self.shape = shape
         self.history = world.history
