@@ -27,6 +27,11 @@ APPEND_MS = 1_750_000_000_000
 PART = EntryRange("n", 7, 100, 100, 200, b"")
 
 
+def _pylist(values: list[int] | pa.Array) -> list[int]:
+    """Row ids and indexes come as Arrow arrays from the batch path, as lists entry by entry."""
+    return values if isinstance(values, list) else values.to_pylist()
+
+
 def _utc(ms: int) -> datetime.datetime:
     return datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC) + datetime.timedelta(milliseconds=ms)
 
@@ -37,8 +42,8 @@ def test_records_entries_become_their_columns(entries: list[list[Record]]) -> No
     got = [LedgerEntry(7, i, encode_records(recs, APPEND_MS)) for i, recs in enumerate(entries)]
     ids, index, cols = _unpack(PART, got, True)
     flat = [r for recs in entries for r in recs]
-    assert ids == [100 + i for i, recs in enumerate(entries) for _ in recs]
-    assert index == [j for recs in entries for j in range(len(recs))]
+    assert _pylist(ids) == [100 + i for i, recs in enumerate(entries) for _ in recs]
+    assert _pylist(index) == [j for recs in entries for j in range(len(recs))]
     batch = _batch(_arrow_schema(), "n", 7, ids, index, cols, None).to_pydict()
     assert batch["value"] == batch["payload"] == [r.value for r in flat]
     assert batch["key"] == [r.key for r in flat]

@@ -84,6 +84,7 @@ from vellum.spark.options import (
     COL_VALUE,
     ReadOptions,
 )
+from vellum.spark.packed_arrow import decode_values
 
 log = logging.getLogger(__name__)
 #: ranges of a partition read ahead of the one being converted (each about arrowBatchEntries rows)
@@ -417,14 +418,31 @@ def _record_columns(view: RecordsView, where: str) -> RecordColumns:
     return RecordColumns(value, key, micros.cast(pa.timestamp("us", tz="UTC")), ts_type, headers)
 
 
-def _unpack(part: EntryRange, entries: list[LedgerEntry], records: bool) -> tuple[list[int], list[int], RecordColumns]:
+def _unpack(part: EntryRange, entries: list[LedgerEntry],
+            records: bool) -> tuple[list[int] | pa.Array, list[int] | pa.Array, RecordColumns]:
     """Rows of packed entries (``rows-v1``, or ``records-v1`` when ``records``): their global
     entry ids, batch indexes and columns.
 
-    Each entry's offsets and data become Arrow arrays without copying a row (the format is
-    little-endian like Arrow); Arrow's full validation checks every offset in C.
+    Entries of bare values (no key, event timestamp or header section) are decoded together
+    (``vellum.spark.packed_arrow``: a few Arrow calls per batch, not per entry); any other run,
+    or one that fails a check there, entry by entry: each entry's offsets and data become Arrow
+    arrays without copying a row (the format is little-endian like Arrow); Arrow's full
+    validation checks every offset in C; an error names the entry.
     """
-    ids: list[int] = []
+    fast = decode_values([e.payload for e in entries], records)
+    if fast is not None:
+        ids = pc.add(pc.take(pa.array([e.entry_id for e in entries], pa.int64()), fast.entry_index), part.base)
+        if fast.append_ms is None:
+            return ids, fast.batch_index, RecordColumns(fast.value)
+        try:
+            micros = pc.take(pc.multiply_checked(fast.append_ms, 1000), fast.entry_index)
+        except pa.ArrowInvalid:
+            pass  # an append timestamp beyond int64 microseconds: the entry-by-entry path reports it
+        else:
+            return ids, fast.batch_index, RecordColumns(
+                fast.value, None, micros.cast(pa.timestamp("us", tz="UTC")),
+                pa.repeat(pa.scalar(1, pa.int32()), fast.rows))
+    id_list: list[int] = []
     index: list[int] = []
     parts: list[RecordColumns] = []
     for e in entries:
@@ -438,9 +456,9 @@ def _unpack(part: EntryRange, entries: list[LedgerEntry], records: bool) -> tupl
             parts.append(RecordColumns(_binary(pa.binary(), view.count, None, view.offsets_raw, view.data, where,
                                                "offsets")))
             count = view.count
-        ids.extend([e.entry_id + part.base] * count)
+        id_list.extend([e.entry_id + part.base] * count)
         index.extend(range(count))
-    return ids, index, _concat(parts, len(ids))
+    return id_list, index, _concat(parts, len(id_list))
 
 
 def _concat(parts: list[RecordColumns], n: int) -> RecordColumns:
@@ -532,8 +550,8 @@ def _batch(
     schema: pa.Schema,
     name: str | None,
     ledger_id: int,
-    ids: list[int],
-    batch_index: list[int],
+    ids: list[int] | pa.Array,
+    batch_index: list[int] | pa.Array,
     cols: RecordColumns,
     custom: dict[str, bytes] | None,
 ) -> pa.RecordBatch:
@@ -556,9 +574,9 @@ def _batch(
         elif f.name == COL_LEDGER:
             col = pa.repeat(pa.scalar(ledger_id, pa.int64()), n)
         elif f.name == COL_ENTRY:
-            col = pa.array(ids, pa.int64())
+            col = ids if isinstance(ids, pa.Array) else pa.array(ids, pa.int64())
         elif f.name == COL_BATCH_INDEX:
-            col = pa.array(batch_index, pa.int32())
+            col = batch_index if isinstance(batch_index, pa.Array) else pa.array(batch_index, pa.int32())
         elif f.name == COL_KEY:
             col = cols.key
         elif f.name == COL_TIMESTAMP:
