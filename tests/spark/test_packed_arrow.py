@@ -5,6 +5,7 @@ entry-by-entry way, with the same error naming the entry."""
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -19,6 +20,10 @@ from vellum.spark.packed_arrow import decode_values
 from vellum.spark.reader import EntryRange, _unpack
 
 APPEND_MS = 1_750_000_000_000
+def _unpack_entries(part: EntryRange, entries: list[LedgerEntry], records: bool) -> Any:
+    return _unpack(part, [e.entry_id for e in entries], [e.payload for e in entries], records)
+
+
 PART = EntryRange("n", 7, 100, 100, 10_000, b"")
 batches = st.lists(st.lists(st.binary(max_size=40), min_size=1, max_size=40), min_size=1, max_size=12)
 
@@ -48,7 +53,7 @@ def test_a_batch_of_bare_values_decodes_as_its_entries_do(entries: list[list[byt
 @given(batches)
 def test_unpack_of_a_batch_matches_unpack_entry_by_entry(entries: list[list[bytes]]) -> None:
     got = [LedgerEntry(7, 3 + i, _records_entry(v, i)) for i, v in enumerate(entries)]
-    fast = _unpack(PART, got, True)
+    fast = _unpack_entries(PART, got, True)
     slow = _slow_unpack(got)
     assert isinstance(fast[0], pa.Array) and fast[0].to_pylist() == slow[0]
     assert isinstance(fast[1], pa.Array) and fast[1].to_pylist() == slow[1]
@@ -61,7 +66,7 @@ def _slow_unpack(entries: list[LedgerEntry]) -> tuple[list[int], list[int], read
     saved = reader.decode_values
     reader.decode_values = lambda *_a: None  # type: ignore[assignment]
     try:
-        ids, index, cols = _unpack(PART, entries, True)
+        ids, index, cols = _unpack_entries(PART, entries, True)
     finally:
         reader.decode_values = saved
     assert isinstance(ids, list) and isinstance(index, list)
@@ -100,7 +105,7 @@ def test_a_broken_entry_fails_as_it_does_alone(what: str) -> None:
     with pytest.raises((CorruptionError, UnknownFormatVersionError)) as alone:
         _slow_unpack([LedgerEntry(7, 11, bad)])
     with pytest.raises(type(alone.value)) as batched:
-        _unpack(PART, entries, True)
+        _unpack_entries(PART, entries, True)
     assert str(batched.value) == str(alone.value) and "ledger 7 entry 11" in str(batched.value)
 
 
@@ -110,7 +115,7 @@ def test_rows_v1_broken_entry_fails_as_it_does_alone() -> None:
     assert decode_values([good, good], False) is not None
     assert decode_values([good, bad], False) is None
     with pytest.raises(CorruptionError, match=r"ledger 7 entry 1: packed entry offsets run 0\.\.9"):
-        _unpack(PART, [LedgerEntry(7, 0, good), LedgerEntry(7, 1, bad)], False)
+        _unpack_entries(PART, [LedgerEntry(7, 0, good), LedgerEntry(7, 1, bad)], False)
 
 
 def test_entries_with_keys_timestamps_or_headers_take_the_entry_path() -> None:
@@ -120,7 +125,7 @@ def test_entries_with_keys_timestamps_or_headers_take_the_entry_path() -> None:
     for other in (keyed, stamped, headed):
         assert decode_values([GOOD, other], True) is None
     got = [LedgerEntry(7, 1, GOOD), LedgerEntry(7, 2, keyed)]
-    ids, _index, cols = _unpack(PART, got, True)
+    ids, _index, cols = _unpack_entries(PART, got, True)
     assert ids == [101, 101, 101, 102]
     assert cols.key is not None and cols.key.to_pylist() == [None, None, None, b"k"]
     assert cols.value is not None and not isinstance(cols.value, list)

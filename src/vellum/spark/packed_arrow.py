@@ -28,6 +28,7 @@ from itertools import accumulate
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from vellum.format.entry import BytesLike
 from vellum.format.records import HEADER_SIZE, MAGIC, RECORDS_HEADER_SIZE, RECORDS_MAGIC
 
 _LITTLE = sys.byteorder == "little"
@@ -49,7 +50,7 @@ class PackedColumns:
     append_ms: pa.Array | None
 
 
-def decode_values(payloads: Sequence[bytes | memoryview], records: bool) -> PackedColumns | None:
+def decode_values(payloads: Sequence[BytesLike], records: bool) -> PackedColumns | None:
     """The rows of ``payloads`` (each one packed entry), or None if any entry is not a valid
     bare-values entry of the format (then decode them one by one)."""
     if not _LITTLE or not payloads:
