@@ -16,7 +16,7 @@ from vellum.client.ledger_reader import LedgerEntry
 from vellum.errors import CorruptionError, UnknownFormatVersionError
 from vellum.format.records import Record, decode_records, encode_records, pack, unpack
 from vellum.spark import reader
-from vellum.spark.packed_arrow import decode_values
+from vellum.spark.packed_arrow import binary_column, decode_values
 from vellum.spark.reader import EntryRange, _unpack
 
 APPEND_MS = 1_750_000_000_000
@@ -130,3 +130,12 @@ def test_entries_with_keys_timestamps_or_headers_take_the_entry_path() -> None:
     assert cols.key is not None and cols.key.to_pylist() == [None, None, None, b"k"]
     assert cols.value is not None and not isinstance(cols.value, list)
     assert cols.value.to_pylist() == [b"abc", b"de", b"f", b"v"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.binary(max_size=50), max_size=30))
+def test_plain_payloads_become_one_binary_column(values: list[bytes]) -> None:
+    payloads = [memoryview(v) if i % 2 else v for i, v in enumerate(values)]
+    column = binary_column(payloads)
+    column.validate(full=True)
+    assert column.type == pa.binary() and column.to_pylist() == values

@@ -85,7 +85,7 @@ from vellum.spark.options import (
     COL_VALUE,
     ReadOptions,
 )
-from vellum.spark.packed_arrow import decode_values
+from vellum.spark.packed_arrow import binary_column, decode_values
 
 log = logging.getLogger(__name__)
 #: ranges of a partition read ahead of the one being converted (each about arrowBatchEntries rows)
@@ -326,7 +326,8 @@ def read_range(opts: ReadOptions, schema: StructType, part: EntryRange,
                 n = len(payloads)
                 yield _batch(arrow_schema, name_value, part.ledger_id, _global_ids(entry_ids, part.base),
                              pa.repeat(pa.scalar(0, pa.int32()), n),
-                             RecordColumns(payloads if opts.include_payload else None), custom if with_md else None)
+                             RecordColumns(binary_column(payloads) if opts.include_payload else None),
+                             custom if with_md else None)
     finally:
         for _lo, _hi, fut in pending:
             fut.cancel()  # the consumer stopped early (or a range was lost): drop the reads ahead
