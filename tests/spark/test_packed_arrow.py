@@ -118,18 +118,61 @@ def test_rows_v1_broken_entry_fails_as_it_does_alone() -> None:
         _unpack_entries(PART, [LedgerEntry(7, 0, good), LedgerEntry(7, 1, bad)], False)
 
 
-def test_entries_with_keys_timestamps_or_headers_take_the_entry_path() -> None:
+def test_entries_with_headers_take_the_entry_path() -> None:
     keyed = encode_records([Record(b"v", key=b"k")], APPEND_MS)
-    stamped = encode_records([Record(b"v", timestamp=5)], APPEND_MS)
     headed = encode_records([Record(b"v", headers=(("h", b"x"),))], APPEND_MS)
-    for other in (keyed, stamped, headed):
-        assert decode_values([GOOD, other], True) is None
-    got = [LedgerEntry(7, 1, GOOD), LedgerEntry(7, 2, keyed)]
+    assert decode_values([GOOD, keyed], True) is not None
+    assert decode_values([GOOD, headed], True) is None
+    got = [LedgerEntry(7, 1, GOOD), LedgerEntry(7, 2, keyed), LedgerEntry(7, 3, headed)]
     ids, _index, cols = _unpack_entries(PART, got, True)
-    assert ids == [101, 101, 101, 102]
-    assert cols.key is not None and cols.key.to_pylist() == [None, None, None, b"k"]
-    assert cols.value is not None and not isinstance(cols.value, list)
-    assert cols.value.to_pylist() == [b"abc", b"de", b"f", b"v"]
+    assert ids == [101, 101, 101, 102, 103]
+    assert cols.key is not None and cols.key.to_pylist() == [None, None, None, b"k", None]
+    assert cols.headers is not None and cols.headers.to_pylist()[-1] == [{"key": "h", "value": b"x"}]
+
+
+keyed_records = st.builds(
+    Record,
+    value=st.binary(max_size=20),
+    key=st.none() | st.binary(max_size=10),
+    timestamp=st.none() | st.integers(0, 4_102_444_800_000),
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.lists(keyed_records, min_size=1, max_size=12), min_size=1, max_size=10))
+def test_records_with_keys_and_timestamps_decode_as_entry_by_entry(entries: list[list[Record]]) -> None:
+    got = [LedgerEntry(7, 3 + i, encode_records(recs, APPEND_MS + i)) for i, recs in enumerate(entries)]
+    assert decode_values([e.payload for e in got], True) is not None
+    fast = _unpack_entries(PART, got, True)
+    slow = _slow_unpack(got)
+    assert fast[0].to_pylist() == slow[0] and fast[1].to_pylist() == slow[1]
+    for col in ("value", "key", "timestamp", "timestamp_type"):
+        a, b = getattr(fast[2], col), getattr(slow[2], col)
+        if a is None or b is None:  # a column no entry has: null either way
+            assert (a is None or a.null_count == len(a)) and (b is None or b.null_count == len(b)), col
+        else:
+            assert a.to_pylist() == b.to_pylist(), col
+
+
+KEYED = encode_records([Record(b"ab", key=b"k1", timestamp=7), Record(b"c", key=None, timestamp=None)], 0)
+# header 20, value offsets 20..32 (0, 2, 3), key validity 32, key offsets 33..45 (0, 2, 2),
+# timestamp validity 45, timestamps 46..62, then values (3 bytes) and keys (2 bytes)
+
+
+@pytest.mark.parametrize(("what", "bad"), [
+    ("key offsets not from 0", _patched(KEYED, 33, "<I", 1)),
+    ("key offsets beyond the keys", _patched(KEYED, 41, "<I", 9)),
+    ("key offsets out of order", _patched(KEYED, 37, "<I", 3)),
+    ("timestamp beyond Spark", _patched(KEYED, 46, "<q", 2**62)),
+    ("truncated", KEYED[:-1]),
+])
+def test_a_broken_keyed_entry_fails_as_it_does_alone(what: str, bad: bytes) -> None:
+    entries = [LedgerEntry(7, 10, KEYED), LedgerEntry(7, 11, bad)]
+    with pytest.raises((CorruptionError, UnknownFormatVersionError)) as alone:
+        _slow_unpack([LedgerEntry(7, 11, bad)])
+    with pytest.raises(type(alone.value)) as batched:
+        _unpack_entries(PART, entries, True)
+    assert str(batched.value) == str(alone.value) and "ledger 7 entry 11" in str(batched.value), what
 
 
 @settings(max_examples=40, deadline=None)

@@ -439,9 +439,9 @@ def _unpack(part: EntryRange, entry_ids: Sequence[int], payloads: Sequence[Bytes
     entries ``entry_ids`` whose payloads are ``payloads``; their rows' global entry ids, batch
     indexes and columns.
 
-    Entries of bare values (no key, event timestamp or header section) are decoded together
-    (``vellum.spark.packed_arrow``: a few Arrow calls per batch, not per entry); any other run,
-    or one that fails a check there, entry by entry: each entry's offsets and data become Arrow
+    Entries without headers are decoded together (``vellum.spark.packed_arrow``: a few Arrow
+    calls per batch, not per entry); a run with headers, or one that fails a check there, entry
+    by entry: each entry's offsets and data become Arrow
     arrays without copying a row (the format is little-endian like Arrow); Arrow's full
     validation checks every offset in C; an error names the entry.
     """
@@ -452,12 +452,15 @@ def _unpack(part: EntryRange, entry_ids: Sequence[int], payloads: Sequence[Bytes
             return ids, fast.batch_index, RecordColumns(fast.value)
         try:
             micros = pc.take(pc.multiply_checked(fast.append_ms, 1000), fast.entry_index)
+            ts_type = pa.repeat(pa.scalar(1, pa.int32()), fast.rows)
+            if fast.event_ms is not None and fast.given is not None:
+                micros = pc.if_else(fast.given, pc.multiply_checked(fast.event_ms, 1000), micros)
+                ts_type = pc.if_else(fast.given, pa.scalar(0, pa.int32()), pa.scalar(1, pa.int32()))
         except pa.ArrowInvalid:
-            pass  # an append timestamp beyond int64 microseconds: the entry-by-entry path reports it
+            pass  # a timestamp beyond int64 microseconds: the entry-by-entry path names the entry
         else:
             return ids, fast.batch_index, RecordColumns(
-                fast.value, None, micros.cast(pa.timestamp("us", tz="UTC")),
-                pa.repeat(pa.scalar(1, pa.int32()), fast.rows))
+                fast.value, fast.key, micros.cast(pa.timestamp("us", tz="UTC")), ts_type)
     id_list: list[int] = []
     index: list[int] = []
     parts: list[RecordColumns] = []
