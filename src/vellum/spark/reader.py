@@ -441,9 +441,9 @@ def _unpack(part: EntryRange, entry_ids: Sequence[int], payloads: Sequence[Bytes
 
     Entries without headers are decoded together (``vellum.spark.packed_arrow``: a few Arrow
     calls per batch, not per entry); a run with headers, or one that fails a check there, entry
-    by entry: each entry's offsets and data become Arrow
-    arrays without copying a row (the format is little-endian like Arrow); Arrow's full
-    validation checks every offset in C; an error names the entry.
+    by entry: each entry's offsets and data become Arrow arrays without copying a row (the
+    format is little-endian like Arrow); Arrow's full validation checks every offset in C; an
+    error names the entry.
     """
     fast = decode_values(payloads, records)
     if fast is not None:
