@@ -66,3 +66,29 @@ def test_a_corrupt_replica_is_skipped_and_a_corrupt_entry_fails(tmp_path: Path, 
                 await rh.read_payloads(0, 39)
 
     run(main())
+
+
+def test_read_payloads_across_an_ensemble_change_and_a_dead_bookie(tmp_path: Path) -> None:
+    """Chunks never cross a segment; the first segment is still read with one of its bookies
+    dead (its entries from the other replica, entry by entry where a chunk's bookie is gone)."""
+
+    async def main() -> None:
+        async with client_cluster(tmp_path, 4) as cc:
+            lh = await cc.bk.create_ledger(ensemble_size=3, write_quorum_size=2, ack_quorum_size=2, password=b"k")
+            first = lh.metadata.ensembles[0]
+            for i in range(60):
+                lh.append_async(payload(i))
+            await lh.append(payload(60))
+            await cc.bookie(first[1]).stop()
+            for i in range(61, 200):
+                lh.append_async(payload(i))
+            await lh.append(payload(200))
+            await lh.close()
+            assert len(lh.metadata.ensembles) == 2
+            rh = await (await cc.new_client()).open_ledger(lh.ledger_id, password=b"k", recovery=False)
+            got = await rh.read_payloads(0, 200)
+            assert [bytes(p) for p in got] == [payload(i) for i in range(201)]
+            got = await rh.read_payloads(40, 120)
+            assert [bytes(p) for p in got] == [payload(i) for i in range(40, 121)]
+
+    run(main())
