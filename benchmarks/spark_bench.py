@@ -8,7 +8,10 @@ same rows (``--rows`` of ``--payload-bytes`` each, ``--partitions`` tasks):
 After a warm-up (the first query of a session is several times slower), Vellum and Parquet
 runs alternate in ABBA order ``--repeat`` times; the ratio reported is the median of the
 per-pair ratios (min..max), the rows/s figures the best run of each. Rows are packed into
-entries as the sink does by default; ``--entry-max-rows 1`` measures one entry per row.
+entries as the sink does by default; ``--entry-max-rows 1`` measures one plain entry per row;
+``--cases read --writer producer`` reads records written by the producer, one per entry
+(``records-v1``, what applications append). ``--control`` adds an A/A pair (Parquet against
+itself: the spread noise alone gives), ``--ceiling`` a Python source serving the rows from memory.
 Prints a Markdown table; ``--json`` prints the raw figures.
 
     .venv/bin/python benchmarks/spark_bench.py --rows 200000
@@ -43,6 +46,78 @@ def _session() -> Any:
 
     register(spark)
     return spark
+
+
+def _register_ceiling(spark: Any) -> None:
+    """Format ``ceiling``: a Python data source with the vellum read schema that yields ready-made
+    Arrow batches from memory (no storage, no network): what any Python source costs Spark."""
+    import pyarrow as pa
+    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    from vellum.spark.datasource import read_schema
+
+    class _Part(InputPartition):  # type: ignore[misc]
+        def __init__(self, rows: int) -> None:
+            self.rows = rows
+
+    class _Reader(DataSourceReader):  # type: ignore[misc]
+        def __init__(self, options: dict[str, str]) -> None:
+            self.rows, self.parts = int(options["rows"]), int(options["partitions"])
+            self.size = int(options["size"])
+
+        def partitions(self) -> list[_Part]:
+            return [_Part(self.rows // self.parts)] * self.parts
+
+        def read(self, partition: _Part) -> Any:
+            from vellum.spark.reader import RecordColumns, _batch
+
+            schema = to_arrow_schema(read_schema(False, False, False), timezone="UTC")
+            n = 4096
+            offsets = pa.array([i * self.size for i in range(n + 1)], pa.int32())
+            value = pa.Array.from_buffers(pa.binary(), n, [None, offsets.buffers()[1],
+                                                           pa.py_buffer(os.urandom(n * self.size))])
+            stamps = pa.repeat(pa.scalar(0, pa.timestamp("us", tz="UTC")), n)
+            done = 0
+            while done < partition.rows:
+                k = min(n, partition.rows - done)
+                cols = RecordColumns(value.slice(0, k), None, stamps.slice(0, k), pa.repeat(pa.scalar(1, pa.int32()), k))
+                yield _batch(schema, "bench", 1, pa.array(range(done, done + k), pa.int64()),
+                             pa.repeat(pa.scalar(0, pa.int32()), k), cols, None)
+                done += k
+
+    class _Ceiling(DataSource):  # type: ignore[misc]
+        @classmethod
+        def name(cls) -> str:
+            return "ceiling"
+
+        def schema(self) -> Any:
+            return read_schema(False, False, False)
+
+        def reader(self, schema: Any) -> _Reader:
+            return _Reader(self.options)
+
+    spark.dataSource.register(_Ceiling)
+
+
+def _produce(uri: str, name: str, rows: int, size: int) -> None:
+    """``rows`` records of ``size`` random bytes into ``name``, one record per entry, as an
+    application appends them with the producer (``records-v1``, the client's 3,2,2 ledgers)."""
+    import asyncio
+
+    from vellum.client.producer import ProducerSettings
+    from vellum.client.producer_blocking import Producer
+    from vellum.spark.connection import client
+
+    async def fill(producer: Any) -> None:
+        futures = [await producer.write(os.urandom(size)) for _ in range(rows)]
+        await producer.flush()
+        await asyncio.gather(*futures)
+
+    with client(uri) as bk:
+        producer = Producer.open(bk, name, settings=ProducerSettings(batch_size_bytes=1, linger_ms=0))
+        bk.run(fill(producer.aio))
+        producer.close()
 
 
 def _payload_expr(kind: str, size: int) -> str:
@@ -93,6 +168,17 @@ def main() -> None:
                     help="sink option entryMaxRows (default: the sink's; 1 = one entry per row)")
     ap.add_argument("--entry-max-bytes", type=int, default=None,
                     help="sink option entryMaxBytes (default: the sink's)")
+    ap.add_argument("--writer", choices=("sink", "producer"), default="sink",
+                    help="who writes the rows to read (with --cases read): the Spark sink, or the producer "
+                         "(vellum.client.producer: records-v1 with one record per entry, random payloads)")
+    ap.add_argument("--cases", choices=("all", "read", "write"), default="all",
+                    help="read: write the rows once (untimed) and time only the reads; write: only the writes")
+    ap.add_argument("--control", action="store_true",
+                    help="also run an A/A control (Parquet read against itself, ABBA): the spread the "
+                         "machine's noise alone gives a ratio")
+    ap.add_argument("--ceiling", action="store_true",
+                    help="also time, ABBA against Parquet, a Python data source that yields the same rows "
+                         "from memory (the upper bound of any Python source's read)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     quorum: dict[str, int] = {}
@@ -141,12 +227,36 @@ def main() -> None:
                 .write.format("noop").mode("overwrite").save()
             small.write.mode("overwrite").parquet(str(base / "warm.parquet"))
 
-            wv, wp = _abba(write_vellum, write_parquet, args.repeat)
-            rv, rp = _abba(read_vellum, read_parquet, args.repeat)
-            figures = {"write_vellum": min(wv), "write_parquet": min(wp),
-                       "read_vellum": min(rv), "read_parquet": min(rp)}
-            pair_ratios = {"read_vs_parquet": sorted(p / v for v, p in zip(rv, rp, strict=True)),
-                           "write_vs_parquet": sorted(p / v for v, p in zip(wv, wp, strict=True))}
+            figures: dict[str, float] = {}
+            pair_ratios: dict[str, list[float]] = {}
+            if args.cases in ("all", "write"):
+                wv, wp = _abba(write_vellum, write_parquet, args.repeat)
+                figures.update(write_vellum=min(wv), write_parquet=min(wp))
+                pair_ratios["write_vs_parquet"] = sorted(p / v for v, p in zip(wv, wp, strict=True))
+            else:  # the rows to read, written once and untimed
+                if args.writer == "producer":
+                    _produce(uri, "bench/w0", rows, size)
+                else:
+                    write_vellum()
+                write_parquet()
+            if args.cases in ("all", "read"):
+                rv, rp = _abba(read_vellum, read_parquet, args.repeat)
+                figures.update(read_vellum=min(rv), read_parquet=min(rp))
+                pair_ratios["read_vs_parquet"] = sorted(p / v for v, p in zip(rv, rp, strict=True))
+            if args.ceiling:
+                _register_ceiling(spark)
+
+                def read_ceiling() -> None:
+                    (spark.read.format("ceiling").option("rows", rows).option("partitions", args.partitions)
+                     .option("size", size).load().write.format("noop").mode("overwrite").save())
+
+                read_ceiling()  # warm-up
+                cv, cp = _abba(read_ceiling, read_parquet, args.repeat)
+                figures.update(read_ceiling=min(cv))
+                pair_ratios["ceiling_vs_parquet"] = sorted(p / v for v, p in zip(cv, cp, strict=True))
+            if args.control:
+                ca, cb = _abba(read_parquet, read_parquet, args.repeat)
+                pair_ratios["control_parquet_vs_parquet"] = sorted(b / a for a, b in zip(ca, cb, strict=True))
             n = spark.read.format("vellum").option("metadataServiceUri", uri).option("name", "bench/w0").load().count()
             assert n == rows, f"read back {n} rows, wrote {rows}"
             spark.stop()
@@ -163,14 +273,20 @@ def main() -> None:
                           **result}, indent=2))
         return
     print(f"rows={rows} payload={size} B {args.payload} partitions={args.partitions} ensemble={args.ensemble} "
-          f"entryMaxRows={args.entry_max_rows or 'default'} ({args.repeat} ABBA runs; rows/s: best run)")
+          f"entryMaxRows={args.entry_max_rows or 'default'} writer={args.writer} ({args.repeat} ABBA runs; rows/s: best run)")
     print("| path | seconds | rows/s | MiB/s |\n|---|---|---|---|")
-    for k in ("write_vellum", "write_parquet", "read_vellum", "read_parquet"):
+    for k in ("write_vellum", "write_parquet", "read_vellum", "read_parquet", "read_ceiling"):
+        if k not in result:
+            continue
         r = result[k]
         print(f"| {k} | {r['seconds']} | {r['rows_per_s']:,} | {r['mib_per_s']} |")
-    for k, label in (("read_vs_parquet", "read"), ("write_vs_parquet", "write")):
+    for k, label in (("read_vs_parquet", "read"), ("write_vs_parquet", "write"),
+                     ("ceiling_vs_parquet", "ceiling (Python source from memory)"),
+                     ("control_parquet_vs_parquet", "A/A control parquet")):
+        if k not in result["ratio_range"]:
+            continue
         lo, hi = result["ratio_range"][k]
-        print(f"{label} vellum/parquet = {result['ratios'][k]}x (median of {args.repeat} pairs, {lo}..{hi})")
+        print(f"{label} vs parquet = {result['ratios'][k]}x (median of {args.repeat} pairs, {lo}..{hi})")
 
 
 if __name__ == "__main__":

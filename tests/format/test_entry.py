@@ -257,3 +257,31 @@ def test_keyless_check_of_short_entries_and_other_types() -> None:
     assert not checksum_matches(bytes(39), DigestType.CRC32)
     hmac_entry = DigestManager(3, DigestType.HMAC, b"pw").compute(0, -1, 1, b"x")
     assert not checksum_matches(hmac_entry, DigestType.HMAC)  # needs the password: never "matches"
+
+
+@pytest.mark.parametrize("digest_type", list(DigestType))
+def test_verify_payloads_checks_each_entry_as_verify_does(digest_type: DigestType) -> None:
+    from vellum.errors import DigestMismatchError
+
+    dm = DigestManager(9, digest_type, b"pw")
+    stored = [dm.compute(3 + 2 * i, 1 + i, 100 * i, bytes([i]) * (i * 7)) for i in range(6)]
+    payloads, lac = dm.verify_payloads([memoryview(s) for s in stored[:3]] + stored[3:], 3, stride=2)
+    assert [bytes(p) for p in payloads] == [dm.verify(s).payload for s in stored]
+    assert lac == 6
+    assert dm.verify_payloads([], 0) == ([], -1)
+    bad_cases = [
+        ([*stored[:2], stored[2][:20]], 3),  # shorter than the header
+        ([stored[0], stored[2]], 3),  # the second is not entry 5
+        ([DigestManager(8, digest_type, b"pw").compute(3, 1, 0, b"x")], 3),  # another ledger's
+    ]
+    if digest_type is not DigestType.DUMMY:
+        flipped = bytearray(stored[4])
+        flipped[-1] ^= 1
+        bad_cases.append(([stored[3], bytes(flipped)], 9))
+    for entries, first in bad_cases:
+        wrong = entries[-1]
+        with pytest.raises(DigestMismatchError) as alone:
+            dm.verify(wrong, first + 2 * (len(entries) - 1))
+        with pytest.raises(DigestMismatchError) as batched:
+            dm.verify_payloads(entries, first, stride=2)
+        assert str(batched.value) == str(alone.value)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-import struct
 from pathlib import Path
 from typing import Any, cast
 
@@ -59,11 +58,10 @@ class MemoryBookie:
     def __init__(self) -> None:
         self.entries: dict[tuple[int, int], bytes] = {}
 
-    def add_entries_cb(self, adds: list[tuple[Any, bytes, bool]], on_result: Any) -> None:
-        for data, _key, _recovery in adds:
-            lid, eid = struct.unpack_from(">qq", data)
+    def add_batch_cb(self, batch: Any, on_result: Any) -> None:
+        for data, lid, eid in zip(batch.entries, batch.ledger_ids, batch.entry_ids):
             self.entries[(lid, eid)] = bytes(data)
-        asyncio.get_running_loop().call_soon(on_result, [None] * len(adds), None)
+        asyncio.get_running_loop().call_soon(on_result, [None] * len(batch), None)
 
     def read_cached_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
         return self.entries.get((ledger_id, entry_id))

@@ -4,6 +4,7 @@ with rows-v1 entries) turns into the columns its records say, whatever the recor
 from __future__ import annotations
 
 import datetime
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -24,7 +25,16 @@ records = st.builds(
     headers=st.lists(st.tuples(st.text(max_size=5), st.binary(max_size=5)), max_size=3).map(tuple),
 )
 APPEND_MS = 1_750_000_000_000
+def _unpack_entries(part: EntryRange, entries: list[LedgerEntry], records: bool) -> Any:
+    return _unpack(part, [e.entry_id for e in entries], [e.payload for e in entries], records)
+
+
 PART = EntryRange("n", 7, 100, 100, 200, b"")
+
+
+def _pylist(values: list[int] | pa.Array) -> list[int]:
+    """Row ids and indexes come as Arrow arrays from the batch path, as lists entry by entry."""
+    return values if isinstance(values, list) else values.to_pylist()
 
 
 def _utc(ms: int) -> datetime.datetime:
@@ -35,10 +45,10 @@ def _utc(ms: int) -> datetime.datetime:
 @given(st.lists(st.lists(records, min_size=1, max_size=6), min_size=1, max_size=4))
 def test_records_entries_become_their_columns(entries: list[list[Record]]) -> None:
     got = [LedgerEntry(7, i, encode_records(recs, APPEND_MS)) for i, recs in enumerate(entries)]
-    ids, index, cols = _unpack(PART, got, True)
+    ids, index, cols = _unpack_entries(PART, got, True)
     flat = [r for recs in entries for r in recs]
-    assert ids == [100 + i for i, recs in enumerate(entries) for _ in recs]
-    assert index == [j for recs in entries for j in range(len(recs))]
+    assert _pylist(ids) == [100 + i for i, recs in enumerate(entries) for _ in recs]
+    assert _pylist(index) == [j for recs in entries for j in range(len(recs))]
     batch = _batch(_arrow_schema(), "n", 7, ids, index, cols, None).to_pydict()
     assert batch["value"] == batch["payload"] == [r.value for r in flat]
     assert batch["key"] == [r.key for r in flat]
@@ -49,8 +59,8 @@ def test_records_entries_become_their_columns(entries: list[list[Record]]) -> No
 
 def test_rows_v1_entries_have_null_record_columns() -> None:
     got = [LedgerEntry(7, 0, encode_records([Record(b"r", b"k", 5, (("h", b"v"),))], APPEND_MS))]
-    _ids, _index, cols = _unpack(PART, got, True)
-    old_ids, old_index, old = _unpack(PART, [LedgerEntry(7, 1, pack([b"a", b"b"]))], False)
+    _ids, _index, cols = _unpack_entries(PART, got, True)
+    old_ids, old_index, old = _unpack_entries(PART, [LedgerEntry(7, 1, pack([b"a", b"b"]))], False)
     assert (old.key, old.timestamp, old.headers) == (None, None, None)
     batch = _batch(_arrow_schema(), "n", 7, old_ids, old_index, old, None).to_pydict()
     assert batch["value"] == [b"a", b"b"] and batch["key"] == [None, None] and batch["timestamp"] == [None, None]
@@ -62,7 +72,7 @@ def test_corrupt_records_entry_names_ledger_and_entry() -> None:
     entry = bytearray(encode_records([Record(b"abc"), Record(b"de")], APPEND_MS))
     entry[24] = 9  # the middle value offset (3) beyond the end (5): Arrow's validation finds it
     with pytest.raises(CorruptionError, match="ledger 7 entry 3: packed entry value offsets are invalid"):
-        _unpack(PART, [LedgerEntry(7, 3, bytes(entry))], True)
+        _unpack_entries(PART, [LedgerEntry(7, 3, bytes(entry))], True)
 
 
 def _arrow_schema() -> pa.Schema:
@@ -79,4 +89,4 @@ def test_plain_entries_have_null_record_columns() -> None:
 def test_timestamp_beyond_spark_is_a_clear_error() -> None:
     entry = encode_records([Record(b"v", timestamp=2**62)], APPEND_MS)
     with pytest.raises(CorruptionError, match="ledger 7 entry 4: a record timestamp is beyond"):
-        _unpack(PART, [LedgerEntry(7, 4, entry)], True)
+        _unpack_entries(PART, [LedgerEntry(7, 4, entry)], True)

@@ -152,3 +152,53 @@ def test_get_strided_reads_every_stride_th_entry_without_read_ahead(tmp_path: Pa
             storage.get_strided(1, 4, 2, 10, 0)
     finally:
         storage.close()
+
+
+def test_get_strided_serves_a_stored_run_in_one_read(tmp_path: Path) -> None:
+    """READ_STRIDED of entries stored one after the other (the other replicas' entries in
+    between) costs one pread and one index lookup per run, not one each per entry; runs split by
+    another ledger's records, a second flush or the write cache still give exactly the wanted
+    entries."""
+    storage = _storage(tmp_path)
+    try:
+        storage.set_master_key(1, b"k" * 20)
+        storage.set_master_key(2, b"k" * 20)
+        held = [e for e in range(300) if e % 3 != 1]  # what one bookie of a 3-wide, 2-deep stripe holds
+        for e in held[:150]:
+            storage.add_entry(_entry(1, e))
+            storage.add_entry(_entry(2, e))
+        storage.flush()
+        for e in held[150:190]:
+            storage.add_entry(_entry(1, e))
+        storage.flush()
+        for e in held[190:]:  # still in the write cache
+            storage.add_entry(_entry(1, e))
+        reader = storage.entry_logger._reader
+        preads = 0
+        real = reader._pread
+
+        def counting(*args: object) -> bytes:
+            nonlocal preads
+            preads += 1
+            return real(*args)  # type: ignore[arg-type]
+
+        reader._pread = counting  # type: ignore[method-assign]
+        lookups = 0
+        real_get = storage.locations.get_location
+
+        def counting_get(lid: int, eid: int) -> int | None:
+            nonlocal lookups
+            lookups += 1
+            return real_get(lid, eid)
+
+        storage.locations.get_location = counting_get  # type: ignore[method-assign]
+        for first in (0, 2):
+            got = storage.get_strided(1, first, 3, 1000, 0)
+            assert [bytes(x) for x in got] == [_entry(1, e) for e in range(first, 300, 3)]
+        assert preads <= 8 and lookups <= 8, (preads, lookups)  # entry by entry: ~130 each
+        size = len(_entry(1, 0))
+        assert [bytes(x) for x in storage.get_strided(1, 3, 3, 1000, 5 * size)] == [
+            _entry(1, e) for e in (3, 6, 9, 12, 15)]
+        assert len(storage.get_strided(1, 0, 3, 7, 0)) == 7
+    finally:
+        storage.close()

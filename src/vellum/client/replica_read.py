@@ -34,7 +34,7 @@ from vellum.errors import (
     TooManyRequestsError,
     VellumError,
 )
-from vellum.format.entry import DigestManager, Entry
+from vellum.format.entry import BytesLike, DigestManager, Entry
 
 if TYPE_CHECKING:
     from vellum.client.bookie_client import BookieClient
@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _F = TypeVar("_F", bound="asyncio.Future[Any]")
+_R = TypeVar("_R")
 
 #: errors that mean "this bookie does not have it" (explicit negatives for coverage). Never
 #: ``UnknownLedgerStateError`` (EUNKNOWNLEDGERSTATE): a bookie whose ledger is limbo may have lost
@@ -215,6 +216,23 @@ class ReplicaReads:
         tried in order, the next one after ``speculative_s`` without an answer or at once on an
         error. ``[]`` if no replica answered with a verified batch (the caller falls back to
         entry reads)."""
+        verify = self.digest.verify
+        got = await self._batch(first, last, replicas, max_size,
+                                lambda raws: [verify(raw, first + i) for i, raw in enumerate(raws)])
+        return got or []
+
+    async def read_batch_payloads(self, first: int, last: int, replicas: Sequence[str],
+                                  max_size: int) -> tuple[list[BytesLike], int]:
+        """:meth:`read_batch` for bulk readers: the verified payloads (views of the answer) and
+        the greatest LAC they carry; ``([], -1)`` where ``read_batch`` answers ``[]``."""
+        got = await self._batch(first, last, replicas, max_size,
+                                lambda raws: self.digest.verify_payloads(raws, first))
+        return got or ([], -1)
+
+    async def _batch(self, first: int, last: int, replicas: Sequence[str], max_size: int,
+                     verify: Callable[[list[bytes | memoryview]], _R]) -> _R | None:
+        """The BATCH_READ of ``read_batch``; ``verify`` checks an answer's entries (raising
+        DigestMismatchError) and makes the result; None if no replica gave a verified batch."""
         count = last - first + 1
         errors: list[BaseException] = []
         tasks: dict[asyncio.Task[list[bytes | memoryview]], str] = {}
@@ -241,17 +259,16 @@ class ReplicaReads:
                 for t in done:
                     exc = t.exception()
                     if exc is None:
-                        try:
-                            raws = t.result()[:count]
-                            got = [self.digest.verify(raw, first + i) for i, raw in enumerate(raws)]
-                        except DigestMismatchError as e:
-                            log.warning("ledger %d: bad batch from bookie %s at %d: %s", self.ledger_id,
-                                        tasks[t], first, e)
-                            errors.append(e)
-                        else:
-                            if got:
-                                return got
+                        raws = t.result()[:count]
+                        if not raws:
                             errors.append(NoSuchEntryError("empty batch"))
+                        else:
+                            try:
+                                return verify(raws)
+                            except DigestMismatchError as e:
+                                log.warning("ledger %d: bad batch from bookie %s at %d: %s", self.ledger_id,
+                                            tasks[t], first, e)
+                                errors.append(e)
                     else:
                         errors.append(exc)
                     if next_replica < len(replicas):
@@ -264,7 +281,7 @@ class ReplicaReads:
                 elif not t.cancelled():
                     t.exception()
         log.debug("ledger %d: batch read %d..%d failed on every replica: %s", self.ledger_id, first, last, errors)
-        return []
+        return None
 
 
 async def collect_answers(

@@ -41,7 +41,7 @@ import hashlib
 import hmac
 import struct
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import TypeAlias
@@ -154,6 +154,7 @@ _crc32c_fn = crc32c.crc32c
 _crc32_fn = zlib.crc32
 _unpack_crc32c = _CRC32C_DIGEST.unpack_from
 _unpack_crc32 = _CRC32_DIGEST.unpack_from
+_CRC32C_HEAD = struct.Struct(">qqqqI")  # header and CRC32C digest of a stored entry
 
 
 def checksum_matches(entry: BytesLike, digest_type: int) -> bool:
@@ -307,6 +308,42 @@ class DigestManager:
                     f"(stored {bytes(stored).hex()}, computed {computed.hex()} over {size} bytes)"
                 )
         return Entry(ledger_id, entry_id, lac, length, bytes(payload))
+
+    def verify_payloads(self, entries: Sequence[BytesLike], first_entry_id: int,
+                        stride: int = 1) -> tuple[list[BytesLike], int]:
+        """Check stored entries ``first_entry_id, first_entry_id + stride, ...`` as
+        :meth:`verify` does each (size, ledger id, entry id, digest) and return their payloads
+        (views of ``entries``, not copies) and the greatest LAC they carry (-1 if none).
+
+        For bulk readers: no object per entry. CRC32C (the default digest) is checked inline;
+        every other type entry by entry through :meth:`verify`, whose errors this raises too
+        (the first entry that fails raises; nothing is returned).
+        """
+        out: list[BytesLike] = []
+        lac_max = -1
+        if self.digest_type is not DigestType.CRC32C:
+            for i, raw in enumerate(entries):
+                e = self.verify(raw, first_entry_id + i * stride)
+                out.append(e.payload)
+                lac_max = max(lac_max, e.lac)
+            return out, lac_max
+        head = _CRC32C_HEAD.unpack_from
+        crc = _crc32c_fn
+        lid = self.ledger_id
+        eid = first_entry_id
+        for raw in entries:
+            view = raw if type(raw) is memoryview else memoryview(raw)
+            if len(view) < _CRC32C_END:
+                self.verify(raw, eid)  # raises, naming what is wrong
+            ledger_id, entry_id, lac, _length, stored = head(view)
+            if (ledger_id != lid or entry_id != eid
+                    or stored != crc(view[_CRC32C_END:], crc(view[:ENTRY_HEADER_SIZE]))):
+                self.verify(raw, eid)  # raises, naming what is wrong
+            out.append(view[_CRC32C_END:])
+            if lac > lac_max:
+                lac_max = lac
+            eid += stride
+        return out, lac_max
 
     # -- explicit LAC ----------------------------------------------------------------------
 

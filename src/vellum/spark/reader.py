@@ -55,6 +55,7 @@ from pyspark.sql.types import StructType
 from vellum.client.blocking import BookKeeper, LedgerEntry
 from vellum.client.ledger import LedgerHandle as AsyncLedgerHandle
 from vellum.errors import CorruptionError, NoSuchEntryError, NoSuchLedgerError, VellumError
+from vellum.format.entry import BytesLike
 from vellum.format.records import RECORDS_V1, RecordsView, decode, decode_records, entry_format, is_packed
 from vellum.spark.catalog import Bounds, Catalog, DataLossError, Span, catalog_for, resolve_offset
 from vellum.spark.connection import client, drop_client, shared_client
@@ -84,6 +85,7 @@ from vellum.spark.options import (
     COL_VALUE,
     ReadOptions,
 )
+from vellum.spark.packed_arrow import binary_column, decode_values
 from vellum.spark.timeseek import TimeSeek
 
 log = logging.getLogger(__name__)
@@ -270,13 +272,14 @@ def read_range(opts: ReadOptions, schema: StructType, part: EntryRange,
     # follow the rows per entry seen so far, so a batch stays near the rows wanted.
     step = rows_wanted if not packed else max(1, min(rows_wanted, 8))
 
-    def fetch(lo: int) -> tuple[int, int, concurrent.futures.Future[list[LedgerEntry]]]:
+    def fetch(lo: int) -> tuple[int, int, concurrent.futures.Future[list[BytesLike]]]:
         hi = min(part.last, lo + step - 1)
-        return lo, hi, bk.submit(_read(handle.aio, lo - part.base, hi - part.base))
+        # Payloads only (verified, views of the bookies' answers): no object per entry.
+        return lo, hi, bk.submit(handle.aio.read_payloads(lo - part.base, hi - part.base))
 
     # Reads stay in flight ahead (up to _READS_AHEAD ranges): the bookies and the client's loop
     # fetch the next ranges while this thread unpacks the current one and Spark consumes it.
-    pending: collections.deque[tuple[int, int, concurrent.futures.Future[list[LedgerEntry]]]] = collections.deque()
+    pending: collections.deque[tuple[int, int, concurrent.futures.Future[list[BytesLike]]]] = collections.deque()
     next_lo = part.first
 
     def refill(depth: int) -> None:
@@ -290,8 +293,10 @@ def read_range(opts: ReadOptions, schema: StructType, part: EntryRange,
     try:
         while pending:
             lo, hi, fut = pending.popleft()
+            entry_ids: Sequence[int]
             try:
-                entries = fut.result()
+                payloads = fut.result()
+                entry_ids = range(lo - part.base, hi - part.base + 1)  # ledger entry ids
             except (NoSuchEntryError, NoSuchLedgerError) as exc:
                 if _ledger_deleted(bk, part.ledger_id):
                     _data_loss(opts, Loss(name_value, part.ledger_id, lo, part.last, DELETED,
@@ -307,19 +312,23 @@ def read_range(opts: ReadOptions, schema: StructType, part: EntryRange,
                 if not entries:
                     refill(_READS_AHEAD)
                     continue
+                entry_ids = [e.entry_id for e in entries]
+                payloads = [e.payload for e in entries]
             if packed:
-                ids, index, cols = _unpack(part, entries, fmt == RECORDS_V1)
-                step = max(1, rows_wanted * len(entries) // max(1, len(ids)))
+                row_ids, index, cols = _unpack(part, entry_ids, payloads, fmt == RECORDS_V1)
+                step = max(1, rows_wanted * len(payloads) // max(1, len(row_ids)))
             refill(_READS_AHEAD)
             if packed:
                 if not opts.include_payload:
                     cols.value = None
-                yield _batch(arrow_schema, name_value, part.ledger_id, ids, index, cols, custom if with_md else None)
+                yield _batch(arrow_schema, name_value, part.ledger_id, row_ids, index, cols,
+                             custom if with_md else None)
             else:
-                ids = [e.entry_id + part.base for e in entries]
-                payloads = [e.payload for e in entries] if opts.include_payload else None
-                yield _batch(arrow_schema, name_value, part.ledger_id, ids, [0] * len(ids),
-                             RecordColumns(payloads), custom if with_md else None)
+                n = len(payloads)
+                yield _batch(arrow_schema, name_value, part.ledger_id, _global_ids(entry_ids, part.base),
+                             pa.repeat(pa.scalar(0, pa.int32()), n),
+                             RecordColumns(binary_column(payloads) if opts.include_payload else None),
+                             custom if with_md else None)
     finally:
         for _lo, _hi, fut in pending:
             fut.cancel()  # the consumer stopped early (or a range was lost): drop the reads ahead
@@ -347,7 +356,7 @@ class RecordColumns:
     microseconds, UTC), ``timestampType`` (0 event time given by the writer, 1 append time) and
     ``headers`` (Kafka's ``array<struct<key, value>>``, null for a record without headers)."""
 
-    value: list[bytes] | pa.Array | None
+    value: Sequence[BytesLike] | pa.Array | None
     key: pa.Array | None = None
     timestamp: pa.Array | None = None
     timestamp_type: pa.Array | None = None
@@ -418,30 +427,58 @@ def _record_columns(view: RecordsView, where: str) -> RecordColumns:
     return RecordColumns(value, key, micros.cast(pa.timestamp("us", tz="UTC")), ts_type, headers)
 
 
-def _unpack(part: EntryRange, entries: list[LedgerEntry], records: bool) -> tuple[list[int], list[int], RecordColumns]:
-    """Rows of packed entries (``rows-v1``, or ``records-v1`` when ``records``): their global
-    entry ids, batch indexes and columns.
+def _global_ids(ids: Sequence[int], base: int) -> pa.Array:
+    """The global entry ids (int64) of ledger entries ``ids`` of a segment starting at ``base``."""
+    if isinstance(ids, range):
+        return pa.array(range(ids.start + base, ids.stop + base), pa.int64())
+    return pc.add(pa.array(ids, pa.int64()), base)
 
-    Each entry's offsets and data become Arrow arrays without copying a row (the format is
-    little-endian like Arrow); Arrow's full validation checks every offset in C.
+
+def _unpack(part: EntryRange, entry_ids: Sequence[int], payloads: Sequence[BytesLike],
+            records: bool) -> tuple[list[int] | pa.Array, list[int] | pa.Array, RecordColumns]:
+    """Rows of packed entries (``rows-v1``, or ``records-v1`` when ``records``): the ledger
+    entries ``entry_ids`` whose payloads are ``payloads``; their rows' global entry ids, batch
+    indexes and columns.
+
+    Entries without headers are decoded together (``vellum.spark.packed_arrow``: a few Arrow
+    calls per batch, not per entry); a run with headers, or one that fails a check there, entry
+    by entry: each entry's offsets and data become Arrow arrays without copying a row (the
+    format is little-endian like Arrow); Arrow's full validation checks every offset in C; an
+    error names the entry.
     """
-    ids: list[int] = []
+    fast = decode_values(payloads, records)
+    if fast is not None:
+        ids = pc.take(_global_ids(entry_ids, part.base), fast.entry_index)
+        if fast.append_ms is None:
+            return ids, fast.batch_index, RecordColumns(fast.value)
+        try:
+            micros = pc.take(pc.multiply_checked(fast.append_ms, 1000), fast.entry_index)
+            ts_type = pa.repeat(pa.scalar(1, pa.int32()), fast.rows)
+            if fast.event_ms is not None and fast.given is not None:
+                micros = pc.if_else(fast.given, pc.multiply_checked(fast.event_ms, 1000), micros)
+                ts_type = pc.if_else(fast.given, pa.scalar(0, pa.int32()), pa.scalar(1, pa.int32()))
+        except pa.ArrowInvalid:
+            pass  # a timestamp beyond int64 microseconds: the entry-by-entry path names the entry
+        else:
+            return ids, fast.batch_index, RecordColumns(
+                fast.value, fast.key, micros.cast(pa.timestamp("us", tz="UTC")), ts_type)
+    id_list: list[int] = []
     index: list[int] = []
     parts: list[RecordColumns] = []
-    for e in entries:
-        where = f"ledger {part.ledger_id} entry {e.entry_id}"
+    for entry_id, payload in zip(entry_ids, payloads, strict=True):
+        where = f"ledger {part.ledger_id} entry {entry_id}"
         if records:
-            rview = decode_records(e.payload, where=where, check_offsets=False)
+            rview = decode_records(memoryview(payload), where=where, check_offsets=False)
             parts.append(_record_columns(rview, where))
             count = rview.count
         else:
-            view = decode(e.payload, where=where, check_offsets=_BIG_ENDIAN)
+            view = decode(memoryview(payload), where=where, check_offsets=_BIG_ENDIAN)
             parts.append(RecordColumns(_binary(pa.binary(), view.count, None, view.offsets_raw, view.data, where,
                                                "offsets")))
             count = view.count
-        ids.extend([e.entry_id + part.base] * count)
+        id_list.extend([entry_id + part.base] * count)
         index.extend(range(count))
-    return ids, index, _concat(parts, len(ids))
+    return id_list, index, _concat(parts, len(id_list))
 
 
 def _concat(parts: list[RecordColumns], n: int) -> RecordColumns:
@@ -533,8 +570,8 @@ def _batch(
     schema: pa.Schema,
     name: str | None,
     ledger_id: int,
-    ids: list[int],
-    batch_index: list[int],
+    ids: list[int] | pa.Array,
+    batch_index: list[int] | pa.Array,
     cols: RecordColumns,
     custom: dict[str, bytes] | None,
 ) -> pa.RecordBatch:
@@ -557,9 +594,9 @@ def _batch(
         elif f.name == COL_LEDGER:
             col = pa.repeat(pa.scalar(ledger_id, pa.int64()), n)
         elif f.name == COL_ENTRY:
-            col = pa.array(ids, pa.int64())
+            col = ids if isinstance(ids, pa.Array) else pa.array(ids, pa.int64())
         elif f.name == COL_BATCH_INDEX:
-            col = pa.array(batch_index, pa.int32())
+            col = batch_index if isinstance(batch_index, pa.Array) else pa.array(batch_index, pa.int32())
         elif f.name == COL_KEY:
             col = cols.key
         elif f.name == COL_TIMESTAMP:

@@ -603,50 +603,84 @@ class LedgerStorage:
     def get_strided(self, ledger_id: int, first: int, stride: int, max_count: int, max_bytes: int) -> list[Stored]:
         """Entries ``first, first + stride, ...`` (READ_STRIDED): at most ``max_count``, within
         ``max_bytes`` (``<= 0``: no bound; the first always counts), until one is missing.
-        Raises like ``get_entry`` for ``first``. Nothing is read ahead: the request names every
-        entry it wants, and the ones in between are another bookie's to serve."""
+        Raises like ``get_entry`` for ``first``. Nothing is read ahead or cached: the request
+        names every entry it wants, and the ones in between are another bookie's to serve.
+
+        Like ``get_entries``: cached entries come from the caches; where the wanted entries are
+        stored in one run on disk (a sorted flush keeps a ledger's entries adjacent, with the
+        other replicas' entries between them) the run is read in one pread, the entries in
+        between skipped, and the wanted ones returned as views of it.
+        """
         if stride == 1:
             return self.get_entries(ledger_id, first, max_count, max_bytes)
         out: list[Stored] = []
         size = 0
-        for k in range(max(1, max_count)):
-            try:
-                # Caches first. A corrupt entry after others ends the answer short, unreported:
-                # the client asks again from it and is answered EIO then (reported once).
-                entry = self.get_entry(ledger_id, first + k * stride, read_ahead=False, report_corrupt=not out)
-            except (NoSuchEntryError, NoSuchLedgerError, CorruptEntryError):
-                if not out:
-                    raise
-                break
+        eid = first
+        limit = max(1, max_count)
+        run: collections.deque[tuple[int, int, memoryview]] = collections.deque()
+        while len(out) < limit:
+            entry: Stored | None = None
+            if run and run[0][0] == eid:
+                entry = run.popleft()[2]
+            else:
+                run.clear()
+                entry = self.get_cached_entry(ledger_id, eid)
+                if entry is None:
+                    run.extend(self._disk_run(ledger_id, eid, limit - len(out),
+                                              max_bytes - size if max_bytes > 0 else 0, first_counts=not out,
+                                              stride=stride))
+                    if run:
+                        entry = run.popleft()[2]
+            if entry is None:
+                try:
+                    # A corrupt entry after others ends the answer short, unreported: the client
+                    # asks again from it and is answered EIO then (reported once).
+                    entry = self.get_entry(ledger_id, eid, read_ahead=False, report_corrupt=not out)
+                except (NoSuchEntryError, NoSuchLedgerError, CorruptEntryError):
+                    if not out:
+                        raise
+                    break
             if out and max_bytes > 0 and size + len(entry) > max_bytes:
                 break
             out.append(entry)
             size += len(entry)
+            eid += stride
         return out
 
     def _disk_run(self, ledger_id: int, entry_id: int, max_entries: int, max_bytes: int,
-                  *, first_counts: bool) -> list[tuple[int, int, memoryview]]:
-        """Entries ``entry_id, entry_id + 1, ...`` stored one after the other from where the
-        index puts ``entry_id`` ([] if it is not indexed or anything is off: the caller then
-        reads entry by entry)."""
+                  *, first_counts: bool, stride: int = 1) -> list[tuple[int, int, memoryview]]:
+        """Entries ``entry_id, entry_id + stride, ...`` stored one after the other (with, for a
+        stride above 1, only entries whose ids lie between them in between) from where the index
+        puts ``entry_id``; at most ``max_entries`` of them and about ``max_bytes`` (of what is
+        returned). [] if it is not indexed or anything is off: the caller then reads entry by
+        entry; the run ends before an entry that fails the ledger's CRC digest (``get_entry``
+        reports it when a read starts there)."""
         with self._cond:
             self._check_open()
         location = self.locations.get_location(ledger_id, entry_id)
         if location is None:
             return []
         try:
-            got = self.entry_logger.read_run(ledger_id, location, max_entries=max_entries, max_bytes=max_bytes,
+            # Stride > 1: the records in between are read too (at most stride - 1 per entry).
+            got = self.entry_logger.read_run(ledger_id, location, max_entries=(max_entries - 1) * stride + 1,
+                                             max_bytes=max_bytes * stride if max_bytes > 0 else 0,
                                              first_counts=first_counts)
         except (StorageError, CorruptionError):
             return []
         digest = self._checked_digest(ledger_id)
         run: list[tuple[int, int, memoryview]] = []
-        for expected, item in enumerate(got, start=entry_id):
+        expected = entry_id
+        for item in got:
             if item[0] != expected:
+                if expected - stride < item[0] < expected:
+                    continue  # an entry another replica serves, between two wanted ones
                 break
             if digest is not None and not checksum_matches(item[2], digest):
                 break  # the run ends before it; ``get_entry`` reports it when a read starts there
             run.append(item)
+            if len(run) >= max_entries:
+                break
+            expected += stride
         return run
 
     def _checked_digest(self, ledger_id: int) -> int | None:
