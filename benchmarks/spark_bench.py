@@ -93,6 +93,10 @@ def main() -> None:
                     help="sink option entryMaxRows (default: the sink's; 1 = one entry per row)")
     ap.add_argument("--entry-max-bytes", type=int, default=None,
                     help="sink option entryMaxBytes (default: the sink's)")
+    ap.add_argument("--control", action="store_true",
+                    help="also an A/A control: Parquet writes against Parquet writes, same ABBA order (the "
+                         "spread a ratio shows when nothing differs)")
+    ap.add_argument("--write-only", action="store_true", help="skip the read comparison")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     quorum: dict[str, int] = {}
@@ -141,12 +145,19 @@ def main() -> None:
                 .write.format("noop").mode("overwrite").save()
             small.write.mode("overwrite").parquet(str(base / "warm.parquet"))
 
+            def write_parquet_b() -> None:
+                df.write.mode("overwrite").parquet(str(base / "control.parquet"))
+
             wv, wp = _abba(write_vellum, write_parquet, args.repeat)
-            rv, rp = _abba(read_vellum, read_parquet, args.repeat)
-            figures = {"write_vellum": min(wv), "write_parquet": min(wp),
-                       "read_vellum": min(rv), "read_parquet": min(rp)}
-            pair_ratios = {"read_vs_parquet": sorted(p / v for v, p in zip(rv, rp, strict=True)),
-                           "write_vs_parquet": sorted(p / v for v, p in zip(wv, wp, strict=True))}
+            figures = {"write_vellum": min(wv), "write_parquet": min(wp)}
+            pair_ratios = {"write_vs_parquet": sorted(p / v for v, p in zip(wv, wp, strict=True))}
+            if args.control:
+                ca, cb = _abba(write_parquet, write_parquet_b, args.repeat)
+                pair_ratios["control_parquet_aa"] = sorted(b / a for a, b in zip(ca, cb, strict=True))
+            if not args.write_only:
+                rv, rp = _abba(read_vellum, read_parquet, args.repeat)
+                figures.update(read_vellum=min(rv), read_parquet=min(rp))
+                pair_ratios["read_vs_parquet"] = sorted(p / v for v, p in zip(rv, rp, strict=True))
             n = spark.read.format("vellum").option("metadataServiceUri", uri).option("name", "bench/w0").load().count()
             assert n == rows, f"read back {n} rows, wrote {rows}"
             spark.stop()
@@ -166,12 +177,16 @@ def main() -> None:
           f"entryMaxRows={args.entry_max_rows or 'default'} ({args.repeat} ABBA runs; rows/s: best run)")
     print("| path | seconds | rows/s | MiB/s |\n|---|---|---|---|")
     for k in ("write_vellum", "write_parquet", "read_vellum", "read_parquet"):
+        if k not in result:
+            continue
         r = result[k]
         print(f"| {k} | {r['seconds']} | {r['rows_per_s']:,} | {r['mib_per_s']} |")
-    for k, label in (("read_vs_parquet", "read"), ("write_vs_parquet", "write")):
+    for k, label in (("read_vs_parquet", "read vellum/parquet"), ("write_vs_parquet", "write vellum/parquet"),
+                     ("control_parquet_aa", "A/A control write parquet/parquet")):
+        if k not in result["ratios"]:
+            continue
         lo, hi = result["ratio_range"][k]
-        print(f"{label} vellum/parquet = {result['ratios'][k]}x (median of {args.repeat} pairs, {lo}..{hi})")
-
+        print(f"{label} = {result['ratios'][k]}x (median of {args.repeat} pairs, {lo}..{hi})")
 
 if __name__ == "__main__":
     main()
