@@ -188,5 +188,6 @@ def main() -> None:
         lo, hi = result["ratio_range"][k]
         print(f"{label} = {result['ratios'][k]}x (median of {args.repeat} pairs, {lo}..{hi})")
 
+
 if __name__ == "__main__":
     main()
