@@ -82,8 +82,8 @@ def main(uri: str, name: str, query_id: str, step: str) -> None:
                 time.sleep(60)
 
     writer.TaskContext = FakeTaskContext  # type: ignore[assignment,misc]
-    register, append_all, forget, cleanup = (writer._register_staging, writer._append_all,
-                                             writer._forget_published, writer.cleanup_staging)
+    register, finish, forget, cleanup = (writer._register_staging, writer._Appender.finish,
+                                         writer._forget_published, writer.cleanup_staging)
     publish = names.NameWriter.publish
 
     def register_hook(bk: Any, job: str, partition: int, attempt: int, ledger_id: int) -> None:
@@ -92,8 +92,8 @@ def main(uri: str, name: str, query_id: str, step: str) -> None:
         if partition == 1 and attempt == 0:
             at("registered")
 
-    async def append_hook(handle: Any, values: list[bytes], window: int) -> None:
-        await append_all(handle, values, window)
+    def finish_hook(self: Any) -> None:
+        finish(self)  # every row of the task appended and acknowledged, the ledger not closed yet
         ctx = FakeTaskContext.current
         if ctx is not None and ctx.partitionId() == 1:
             at("written")
@@ -113,7 +113,7 @@ def main(uri: str, name: str, query_id: str, step: str) -> None:
         return result
 
     writer._register_staging = register_hook  # type: ignore[assignment]
-    writer._append_all = append_hook  # type: ignore[assignment]
+    writer._Appender.finish = finish_hook  # type: ignore[method-assign]
     writer._forget_published = forget_hook  # type: ignore[assignment]
     writer.cleanup_staging = cleanup_hook  # type: ignore[assignment]
     names.NameWriter.publish = publish_hook  # type: ignore[method-assign]

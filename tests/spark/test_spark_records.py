@@ -201,3 +201,38 @@ def test_bad_sink_input_is_a_clear_error_and_writes_nothing(spark: Any, cluster:
     assert not bk.aio.store.kv.list("names/tests/bad-")
     assert _write_staging(bk) == []
     assert set(bk.list_ledgers()) == before
+
+
+def test_bad_stream_sink_input_is_a_clear_error_and_writes_nothing(spark: Any, cluster: LocalCluster, bk: Any,
+                                                                    tmp_path: Path) -> None:
+    """The streaming sink refuses the same bad columns as the batch sink, naming the column,
+    before anything is written: no ledger, no name record, no staging registration."""
+    uri = cluster.metadata_uri
+    rate = spark.readStream.format("rate").option("rowsPerSecond", 50).load()
+    cases = {
+        "key": (["cast(cast(value as string) as binary) as value", "array(value) as key"],
+                r"column 'key' must be binary or string, not array<bigint>"),
+        "value": (["cast(cast(value as string) as binary) as key"], r"needs a 'value' column"),
+        "timestamp": (["cast(cast(value as string) as binary) as value", "value as timestamp"],
+                      r"column 'timestamp' must be timestamp.*not bigint"),
+        "headers": (["cast(cast(value as string) as binary) as value",
+                     "map('h', cast('x' as binary)) as headers"],
+                    r"column 'headers' must be array<struct<key: string, value: binary>>.*not map<string,binary>"),
+        "headers-fields": (["cast(cast(value as string) as binary) as value",
+                            "array(named_struct('key', 1, 'value', cast('x' as binary))) as headers"],
+                           r"column 'headers' must be array<struct<key: string, value: binary>>"),
+    }
+    before = set(bk.list_ledgers())
+    for case, (columns, error) in cases.items():
+        name = f"tests/bad-stream-{case}"
+        query = None
+        with pytest.raises(Exception, match=error) as info:
+            query = (rate.selectExpr(*columns).writeStream.format("vellum").option("metadataServiceUri", uri)
+                     .option("checkpointLocation", str(tmp_path / case)).start(name))
+            query.processAllAvailable()
+        if query is not None:
+            query.stop()
+        assert "[VELLUM_OPTION]" in str(info.value), (case, str(info.value)[:500])
+        assert not bk.aio.store.kv.list(f"names/{name}")
+    assert _write_staging(bk) == []
+    assert set(bk.list_ledgers()) == before

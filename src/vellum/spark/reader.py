@@ -689,6 +689,7 @@ class VellumStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
         self._initial: dict[str, int] | None = None
         self._latest: dict[str, Bounds] = {}
         self._latest_at = -math.inf
+        self._flowing = False  # the last refresh found new entries: the next one is not throttled
         self._target: dict[str, int] | None = None  # availableNow: frozen end
         self._pending: list[Loss] = []  # found by initialOffset: recorded by the next batch's tasks
         self._last_batch_at: float | None = None  # minEntriesPerTrigger: when the last batch was admitted
@@ -699,7 +700,7 @@ class VellumStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.update(_bk=None, _catalog=None, _latest={}, _latest_at=-math.inf, _pending=[], _last_batch_at=None,
+        state.update(_bk=None, _catalog=None, _latest={}, _latest_at=-math.inf, _flowing=False, _pending=[], _last_batch_at=None,
                      _reported={}, _cursors={})
         return state
 
@@ -711,13 +712,16 @@ class VellumStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
         return self._catalog
 
     def _refresh(self, *, force: bool = False) -> dict[str, Bounds]:
-        """Bounds of every selected key; at most one refresh per ``lacPollIntervalMs``.
+        """Bounds of every selected key; while idle, at most one refresh per ``lacPollIntervalMs``.
 
         Spark calls ``latestOffset`` ~40x/s with no trigger interval: each refresh is a quorum LAC
-        read per open ledger (and a name-record read per name), so it is throttled.
+        read per open ledger (and a name-record read per name), so an idle stream is throttled.
+        A refresh that found new entries does not throttle the next one: while data flows each
+        micro-batch plans up to the freshest LAC instead of one up to ``lacPollIntervalMs`` old
+        (which, with batches shorter than the interval, also left the next trigger empty).
         """
         now = time.monotonic()
-        if not force and (now - self._latest_at) * 1000 < self.opts.lac_poll_interval_ms:
+        if not force and not self._flowing and (now - self._latest_at) * 1000 < self.opts.lac_poll_interval_ms:
             return self._latest
         cat = self._cat()
         fresh: dict[str, Bounds] = {}
@@ -725,6 +729,8 @@ class VellumStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
             b = cat.bounds(key)
             if b is not None:
                 fresh[key] = b
+        old = self._latest
+        self._flowing = any(k not in old or b.end > old[k].end for k, b in fresh.items())
         self._latest, self._latest_at = fresh, now
         return fresh
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import collections
+import concurrent.futures
 import dataclasses
 import json
 import logging
@@ -238,6 +239,7 @@ def write_task(opts: WriteOptions, job: str, batches: Iterator[pa.RecordBatch],
     # (a clock stepping back repeats the last time), which offsets by time rely on
     # (vellum.spark.timeseek); their range goes into the segment when published.
     times: dict[str, tuple[int, int]] = {}
+    appenders: dict[str, _Appender] = {}
     rows = nbytes = 0
     try:
         for batch in batches:
@@ -261,13 +263,18 @@ def write_task(opts: WriteOptions, job: str, batches: Iterator[pa.RecordBatch],
                 else:
                     entries = column.to_pylist()
                     window = opts.max_in_flight
-                # The whole Arrow batch is appended by one coroutine on the client's loop: one thread
-                # hop per batch instead of one per entry.
-                bk.run(_append_all(handle.aio, entries, window))
+                appender = appenders.get(name)
+                if appender is None:
+                    appender = appenders[name] = _Appender(bk, handle.aio, window)
+                # Handed over, not awaited: the adds of this Arrow batch are in flight while the
+                # next one is read from Spark and packed (the appender bounds what is queued).
+                appender.add(entries)
                 rows += len(column)
                 if len(column):
                     offs = _offsets(column)
                     nbytes += offs[-1] - offs[0]  # the rows' bytes, without listing every offset
+        for appender in appenders.values():
+            appender.finish()  # every add acknowledged (or the task fails here)
         for handle in handles.values():
             handle.close()
         ranges = tuple((h.ledger_id, *times[n]) for n, h in handles.items() if n in times)
@@ -277,6 +284,8 @@ def write_task(opts: WriteOptions, job: str, batches: Iterator[pa.RecordBatch],
         return VellumCommit(job, partition, attempt, -1, rows, nbytes, query_id, batch_id,
                             tuple((n, h.ledger_id) for n, h in handles.items()), ranges)
     except BaseException:
+        for appender in appenders.values():
+            appender.abandon()
         for handle in handles.values():
             _drop_failed_staging(bk, handle.ledger_id)
         raise
@@ -331,24 +340,68 @@ def _staging_metadata(opts: WriteOptions, name: str, job: str, partition: int, a
     return md
 
 
-async def _append_all(handle: AsyncLedgerHandle, values: list[bytes], window: int) -> None:
-    """Append in order with at most ``window`` appends outstanding (option ``maxInFlight``).
+class _Appender:
+    """Appends one task's entries to its staging ledger in order, pipelined across Arrow batches.
 
-    The handle itself bounds its adds in flight and rides out bookie back-pressure; this window
-    bounds what one task keeps pending (memory), and lets the option tune the pipelining.
+    ``add`` hands a batch's entries to the client's loop and returns at once, so the task reads
+    and packs the next Arrow batch while these adds are in flight; ``finish`` waits until every
+    add is acknowledged (the ack quorum's fsync: nothing is weaker than awaiting each batch).
+    Order: the batches' coroutines start in submission order and issue their adds under one
+    FIFO ``asyncio.Lock``, so entry ids follow the rows. Bounds: at most ``window`` adds
+    outstanding (option ``maxInFlight``; the handle also rides out bookie back-pressure), and
+    at most ``_HANDED_BATCHES`` batches handed over whose adds are not all issued yet (memory).
     """
-    pending: collections.deque[asyncio.Future[int]] = collections.deque()
-    try:
-        for value in values:
-            pending.append(handle.append_async(value))
-            if len(pending) >= window:
-                await pending.popleft()
-        while pending:
-            await pending.popleft()
-    finally:
-        for f in pending:
-            if f.done() and not f.cancelled():
-                f.exception()  # retrieved: a failed handle fails every pending add alike
+
+    _HANDED_BATCHES = 2
+
+    def __init__(self, bk: BookKeeper, handle: AsyncLedgerHandle, window: int) -> None:
+        self._bk = bk
+        self._handle = handle
+        self._window = window
+        self._lock = asyncio.Lock()  # binds to the client's loop on first use
+        self._pending: collections.deque[asyncio.Future[int]] = collections.deque()  # loop-owned
+        self._handed: collections.deque[concurrent.futures.Future[None]] = collections.deque()
+        self._failed: BaseException | None = None  # loop-owned: the first failed add
+
+    def add(self, entries: list[bytes]) -> None:
+        while len(self._handed) >= self._HANDED_BATCHES:
+            self._handed.popleft().result()  # raises the first failed add's error
+        self._handed.append(self._bk.submit(self._issue(entries)))
+
+    def finish(self) -> None:
+        while self._handed:
+            self._handed.popleft().result()
+        self._bk.run(self._drain())
+
+    def abandon(self) -> None:
+        """The task failed: stop waiting (the staging ledger is dropped by the caller)."""
+        for cf in self._handed:
+            cf.cancel()
+        self._handed.clear()
+
+    async def _issue(self, entries: list[bytes]) -> None:
+        async with self._lock:
+            for value in entries:
+                if self._failed is not None:
+                    raise self._failed
+                self._pending.append(self._handle.append_async(value))
+                if len(self._pending) >= self._window:
+                    await self._ack_oldest()
+
+    async def _drain(self) -> None:
+        async with self._lock:
+            while self._pending:
+                await self._ack_oldest()
+
+    async def _ack_oldest(self) -> None:
+        try:
+            await self._pending.popleft()
+        except BaseException as exc:
+            self._failed = self._failed or exc
+            for f in self._pending:
+                if f.done() and not f.cancelled():
+                    f.exception()  # retrieved: a failed handle fails every pending add alike
+            raise
 
 
 def _register_staging(bk: BookKeeper, job: str, partition: int, attempt: int, ledger_id: int) -> None:
