@@ -15,13 +15,14 @@ from hypothesis import strategies as st
 from vellum.client.ledger_reader import LedgerEntry
 from vellum.errors import CorruptionError, UnknownFormatVersionError
 from vellum.format.records import Record, decode_records, encode_records, pack, unpack
-from vellum.spark import reader
+from vellum.spark import record_columns
 from vellum.spark.packed_arrow import binary_column, decode_values
-from vellum.spark.reader import EntryRange, _unpack
+from vellum.spark.reader import EntryRange
 
 APPEND_MS = 1_750_000_000_000
 def _unpack_entries(part: EntryRange, entries: list[LedgerEntry], records: bool) -> Any:
-    return _unpack(part, [e.entry_id for e in entries], [e.payload for e in entries], records)
+    return record_columns.unpack(part.ledger_id, part.base, [e.entry_id for e in entries],
+                                 [e.payload for e in entries], records)
 
 
 PART = EntryRange("n", 7, 100, 100, 10_000, b"")
@@ -62,13 +63,13 @@ def test_unpack_of_a_batch_matches_unpack_entry_by_entry(entries: list[list[byte
         assert (a is None and b is None) or a.to_pylist() == b.to_pylist(), col
 
 
-def _slow_unpack(entries: list[LedgerEntry]) -> tuple[list[int], list[int], reader.RecordColumns]:
-    saved = reader.decode_values
-    reader.decode_values = lambda *_a: None  # type: ignore[assignment]
+def _slow_unpack(entries: list[LedgerEntry]) -> tuple[list[int], list[int], record_columns.RecordColumns]:
+    saved = record_columns.decode_values
+    record_columns.decode_values = lambda *_a: None  # type: ignore[assignment]
     try:
         ids, index, cols = _unpack_entries(PART, entries, True)
     finally:
-        reader.decode_values = saved
+        record_columns.decode_values = saved
     assert isinstance(ids, list) and isinstance(index, list)
     return ids, index, cols
 

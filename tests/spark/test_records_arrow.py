@@ -15,7 +15,8 @@ from vellum.client.ledger_reader import LedgerEntry
 from vellum.errors import CorruptionError
 from vellum.format.records import Record, encode_records, pack
 from vellum.spark.datasource import read_schema
-from vellum.spark.reader import EntryRange, RecordColumns, _batch, _unpack
+from vellum.spark.reader import EntryRange, _batch
+from vellum.spark.record_columns import RecordColumns, unpack
 
 records = st.builds(
     Record,
@@ -26,7 +27,7 @@ records = st.builds(
 )
 APPEND_MS = 1_750_000_000_000
 def _unpack_entries(part: EntryRange, entries: list[LedgerEntry], records: bool) -> Any:
-    return _unpack(part, [e.entry_id for e in entries], [e.payload for e in entries], records)
+    return unpack(part.ledger_id, part.base, [e.entry_id for e in entries], [e.payload for e in entries], records)
 
 
 PART = EntryRange("n", 7, 100, 100, 200, b"")
