@@ -129,9 +129,10 @@ def test_a_failed_recoverys_persisted_segment_truncates_an_acknowledged_entry(se
 
 @pytest.mark.parametrize("seed", IGNORE_LATE_WRITE_FAILURES_SEEDS)
 def test_a_write_failing_after_the_ack_quorum_that_is_ignored_never_replaces_the_bookie(seed: int) -> None:
-    """Defect D3 of docs/correctness.md (rule 11): with the fix reverted (a write that fails after
-    its entry reached the ack quorum is dropped) the named seed closes a ledger whose ensemble
-    still names a bookie that missed acknowledged entries; with the fix, the same seed is clean."""
+    """Defect D3 of docs/correctness.md, rule 11 of docs/correctness.md: with the fix reverted (a
+    write that fails after its entry reached the ack quorum is dropped) the named seed closes a
+    ledger whose ensemble still names a bookie that missed acknowledged entries; with the fix, the
+    same seed is clean."""
     silent = SCENARIOS["silent-bookie"]
     found = _first_failing(seed, replace(silent, flags=frozenset({"ignore-late-write-failures"})), {"not-replaced"})
     assert found is not None, f"none of seeds {seed}..{seed + DRIFT} finds the defect with its fix reverted"

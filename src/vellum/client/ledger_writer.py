@@ -110,8 +110,8 @@ _ADDS_UNDER_REPLICATED = stats.counter(
     "or timed out after the ack quorum answered): under-replicated until re-replication",
 )
 
-#: A write that fails after its entry was acknowledged still replaces its bookie (rule 11 of
-#: docs/correctness.md). A test flag, for the simulator's regression seeds only
+#: A write that fails after its entry was acknowledged still replaces its bookie
+#: (rule 11 of docs/correctness.md). A test flag, for the simulator's regression seeds only
 #: (docs/verification.md): they turn it off to show the defect it fixes is found again. Never
 #: change it in production.
 _replace_after_ack = True
