@@ -3,7 +3,7 @@ history passes (a checker that cannot fail checks nothing)."""
 
 from __future__ import annotations
 
-from vellum.sim.checker import check
+from vellum.sim.checker import Placement, check
 from vellum.sim.history import History
 
 
@@ -19,7 +19,8 @@ def _history(rows: list[tuple[float, str, str, int, int, object]]) -> History:
 
 def _kinds(h: History, **kw: object) -> list[str]:
     return [v.kind for v in check(h, final_ends=kw.get("final_ends", {}),  # type: ignore[arg-type]
-                                   leftover_deleted=kw.get("leftover_deleted", {}))]  # type: ignore[arg-type]
+                                   leftover_deleted=kw.get("leftover_deleted", {}),  # type: ignore[arg-type]
+                                   placements=kw.get("placements"))]  # type: ignore[arg-type]
 
 
 CLEAN = [
@@ -85,3 +86,19 @@ def test_the_minimal_history_keeps_the_ledger_and_entry_in_question() -> None:
     assert ("ack", 1, 2) in kinds and ("recovered", 1, -1) in kinds and ("crash", -1, -1) in kinds
     assert all(e.ledger in (1, -1) for e in v.history)
     assert ("ack", 1, 0) not in kinds  # another entry of the ledger
+
+
+def test_a_bookie_that_missed_an_acknowledged_entry_and_stayed_in_the_ensemble_is_not_replaced() -> None:
+    """Rule 11 of docs/correctness.md: entries 0 and 1 on E=WQ=3, AQ=2; bookie c lacks entry 1."""
+    every = frozenset({0, 1})
+    kept = Placement({0: ("a", "b", "c")}, 3, {"a": every, "b": every, "c": frozenset({0})})
+    assert _kinds(_history(CLEAN), final_ends={1: 1}, placements={1: kept}) == ["not-replaced"]
+    # replaced at its position by a later segment: the entry stays one copy short, the promise holds
+    replaced = Placement({0: ("a", "b", "c"), 2: ("a", "b", "d")}, 3, kept.held)
+    assert _kinds(_history(CLEAN), final_ends={1: 1}, placements={1: replaced}) == []
+    # a later segment that moved another position does not count
+    moved = Placement({0: ("a", "b", "c"), 2: ("d", "b", "c")}, 3, kept.held)
+    assert _kinds(_history(CLEAN), final_ends={1: 1}, placements={1: moved}) == ["not-replaced"]
+    # every copy present: clean
+    full = Placement({0: ("a", "b", "c")}, 3, {"a": every, "b": every, "c": every})
+    assert _kinds(_history(CLEAN), final_ends={1: 1}, placements={1: full}) == []

@@ -30,6 +30,10 @@ NO_FENCING_RECOVERY_READS_SEEDS = (143,)
 #: of docs/correctness.md): a failed recovery leaves a segment whose replacement bookie never had
 #: the old writer's entries, and the next recovery truncates an acknowledged one
 PERSIST_RECOVERY_SEGMENTS_SEEDS = (273,)
+#: silent-bookie seeds that fail when a write failing after the ack quorum is dropped (defect D3,
+#: rule 11 of docs/correctness.md): a bookie cut off from the writer misses acknowledged entries
+#: and stays in the ensemble until the writer closes the ledger
+IGNORE_LATE_WRITE_FAILURES_SEEDS = (16,)
 
 
 #: how many seeds after a named regression seed are tried when it no longer fails: any change of
@@ -80,7 +84,7 @@ def test_a_seed_replays_exactly_in_another_process_with_another_hash_seed() -> N
     assert len(prints) == 1, prints
 
 
-@pytest.mark.parametrize("scenario", ["fence-race", "tailing"])
+@pytest.mark.parametrize("scenario", ["fence-race", "tailing", "silent-bookie"])
 def test_the_other_scenarios_find_no_violation(scenario: str) -> None:
     report = run_campaign(range(40), SCENARIOS[scenario])
     assert not report.violations and not report.errors, _describe(report)
@@ -120,4 +124,19 @@ def test_a_failed_recoverys_persisted_segment_truncates_an_acknowledged_entry(se
     if found != seed:
         warnings.warn(f"seed {found} (not {seed}) now reproduces the defect: update the named seed", stacklevel=1)
     fixed = run_seed(found)
+    assert not fixed.violations and fixed.error is None, fixed.violations
+
+
+@pytest.mark.parametrize("seed", IGNORE_LATE_WRITE_FAILURES_SEEDS)
+def test_a_write_failing_after_the_ack_quorum_that_is_ignored_never_replaces_the_bookie(seed: int) -> None:
+    """Defect D3 of docs/correctness.md, rule 11 of docs/correctness.md: with the fix reverted (a
+    write that fails after its entry reached the ack quorum is dropped) the named seed closes a
+    ledger whose ensemble still names a bookie that missed acknowledged entries; with the fix, the
+    same seed is clean."""
+    silent = SCENARIOS["silent-bookie"]
+    found = _first_failing(seed, replace(silent, flags=frozenset({"ignore-late-write-failures"})), {"not-replaced"})
+    assert found is not None, f"none of seeds {seed}..{seed + DRIFT} finds the defect with its fix reverted"
+    if found != seed:
+        warnings.warn(f"seed {found} (not {seed}) now reproduces the defect: update the named seed", stacklevel=1)
+    fixed = run_seed(found, silent)
     assert not fixed.violations and fixed.error is None, fixed.violations

@@ -110,6 +110,12 @@ _ADDS_UNDER_REPLICATED = stats.counter(
     "or timed out after the ack quorum answered): under-replicated until re-replication",
 )
 
+#: A write that fails after its entry was acknowledged still replaces its bookie
+#: (rule 11 of docs/correctness.md). A test flag, for the simulator's regression seeds only
+#: (docs/verification.md): they turn it off to show the defect it fixes is found again. Never
+#: change it in production.
+_replace_after_ack = True
+
 
 def copy_error(exc: BaseException) -> BaseException:
     """A fresh exception of the same kind (one instance per future keeps tracebacks apart)."""
@@ -378,6 +384,8 @@ class LedgerWriter:
         acked = op.future.done() and not op.future.cancelled()
         if acked:
             _ADDS_UNDER_REPLICATED.inc()
+            if not _replace_after_ack:
+                return  # the defect the flag brings back: the late failure is dropped
         if self._failed.get(idx) == bookie:
             return  # already being replaced (said once, at its first failure)
         if acked:

@@ -15,6 +15,11 @@ The promises (docs/verification.md):
 - ``written-after-delete``: an add beyond the end a deleted ledger was closed at was
   acknowledged after the delete completed, or a bookie still holds entries of a deleted ledger
   after GC (a late answer to an add the closed ledger holds is not a write after the delete).
+- ``not-replaced``: a bookie of an acknowledged entry's write set lacks it, yet its writer kept
+  it at that place of the ensemble until it closed the ledger (rule 11 of docs/correctness.md: a
+  write that failed after the ack quorum still replaces its bookie). Judged only on the
+  ``Placement`` of ledgers whose writer waited longer than its add timeout before closing (so
+  every failed write was noticed) on a cluster with spare bookies.
 
 Each violation carries a minimal history: the events of its ledger (and entry) only.
 """
@@ -24,6 +29,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
+from vellum.client.distribution import write_set
 from vellum.sim.history import Event, History
 
 #: at most this many events in a violation's minimal history
@@ -37,6 +43,37 @@ class Violation:
     entry: int
     message: str
     history: tuple[Event, ...]
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a ledger its writer closed ended up: the segments of its closed metadata (first
+    entry -> ensemble), its write quorum, and the entries each bookie holds."""
+
+    segments: dict[int, tuple[str, ...]]
+    write_quorum: int
+    held: dict[str, frozenset[int]]
+
+
+def _not_replaced(ledger: int, placement: Placement, acked: dict[int, tuple[float, str]],
+                  events: list[Event]) -> Violation | None:
+    firsts = sorted(placement.segments)
+    for entry in sorted(acked):
+        first = max((f for f in firsts if f <= entry), default=None)
+        if first is None:
+            continue
+        ensemble = placement.segments[first]
+        for idx in write_set(entry, len(ensemble), placement.write_quorum):
+            bookie = ensemble[idx]
+            if entry in placement.held.get(bookie, frozenset()):
+                continue
+            if any(placement.segments[f][idx] != bookie for f in firsts if f > first):
+                continue  # replaced after the failure (the entry itself stays one copy short)
+            return Violation("not-replaced", ledger, entry,
+                             f"bookie {bookie} lacks acknowledged entry {entry}, yet the writer kept it at "
+                             f"position {idx} of the ensemble until it closed the ledger",
+                             _minimal(events, ledger, entry))
+    return None
 
 
 def _minimal(events: list[Event], ledger: int, entry: int) -> tuple[Event, ...]:
@@ -63,10 +100,11 @@ _NOISE = frozenset({"fence", "add-failed", "recover-failed", "read-failed", "gc"
 _FAULTS = frozenset({"crash", "restart", "partition", "heal", "slow", "meta-lost", "corrupt"})
 
 
-def check(history: History, *, final_ends: dict[int, int], leftover_deleted: dict[str, list[int]]) -> list[Violation]:
+def check(history: History, *, final_ends: dict[int, int], leftover_deleted: dict[str, list[int]],
+          placements: dict[int, Placement] | None = None) -> list[Violation]:
     """``final_ends``: ledger -> last entry of its CLOSED metadata after the final phase (absent:
     not closed or deleted); ``leftover_deleted``: bookie -> deleted ledgers it still holds
-    entries of after the final GC."""
+    entries of after the final GC; ``placements``: the ledgers ``not-replaced`` judges."""
     events = history.events
     out: list[Violation] = []
     acks: dict[int, dict[int, tuple[float, str]]] = defaultdict(dict)
@@ -134,6 +172,11 @@ def check(history: History, *, final_ends: dict[int, int], leftover_deleted: dic
                 out.append(Violation("written-after-delete", ledger, min(late),
                                      f"{len(late)} adds beyond the closed end acknowledged after the delete at "
                                      f"t={deleted:.4f}", _minimal(events, ledger, min(late))))
+        placement = (placements or {}).get(ledger)
+        if placement is not None and deleted is None:
+            v = _not_replaced(ledger, placement, acked, events)
+            if v is not None:
+                out.append(v)
         final_end = final_ends.get(ledger)
         if final_end is not None and deleted is None:
             for entry in sorted(acked):

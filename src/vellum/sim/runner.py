@@ -24,6 +24,7 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
+from vellum.client import ledger_writer as client_ledger_writer
 from vellum.client import metadata_update as client_metadata_update
 from vellum.client import recovery as client_recovery
 from vellum.client.bookkeeper import BookKeeper
@@ -86,6 +87,8 @@ TRACE_KINDS = frozenset({"add", "recovery-add", "add-refused", "fence"})
 REGRESSIONS = {
     "no-fencing-recovery-reads": "recovery reads without the fence flag (TLA+ defect 1, rule 4 of docs/correctness.md)",
     "persist-recovery-segments": "a recovery writer's ensemble changes written when they happen, not with the close",
+    "ignore-late-write-failures": "a write that fails after its entry reached the ack quorum is dropped: the bookie "
+                                  "is never replaced (defect D3, rule 11 of docs/correctness.md)",
 }
 
 
@@ -185,6 +188,9 @@ def _seeded_globals(seed: int, flags: frozenset[str]) -> Iterator[None]:
     defer_segments = client_metadata_update._defer_recovery_segments
     if "persist-recovery-segments" in flags:
         client_metadata_update._defer_recovery_segments = False
+    replace_after_ack = client_ledger_writer._replace_after_ack
+    if "ignore-late-write-failures" in flags:
+        client_ledger_writer._replace_after_ack = False
     vellum_log = logging.getLogger("vellum")
     level = vellum_log.level
     vellum_log.setLevel(logging.CRITICAL + 1)
@@ -197,6 +203,7 @@ def _seeded_globals(seed: int, flags: frozenset[str]) -> Iterator[None]:
         random.setstate(state)
         client_recovery._fence_recovery_reads = fence_reads
         client_metadata_update._defer_recovery_segments = defer_segments
+        client_ledger_writer._replace_after_ack = replace_after_ack
         vellum_log.setLevel(level)
         asyncio_log.setLevel(asyncio_level)
 
@@ -367,6 +374,15 @@ SCENARIOS["fence-race"] = SimOptions(
     faults=frozenset({"delay", "drop", "reorder"}), drop=0.15, reorder=0.05, delay_max_s=0.005, slow=0.1,
     shape=WorkloadShape(ledgers=8, entries=(15, 30), window=4, shapes=((3, 3, 3),), recover_delay_s=(0.01, 0.2),
                         close_probability=0.0, delete_probability=0.0, reader_polls=2))
+# A bookie that goes silent while the others keep the ack quorum: E=WQ=3, AQ=2 on five bookies
+# (spares for every replacement), partitions and slow links, no crashes or lost writes (a bookie
+# misses entries only while cut off); the writer waits 2 s (longer than any add timeout) before it
+# closes, the recoverer opens a ledger only after that. ``not-replaced`` judges every ledger.
+SCENARIOS["silent-bookie"] = SimOptions(
+    faults=frozenset({"delay", "partition", "slow"}),
+    shape=WorkloadShape(ledgers=2, entries=(40, 80), shapes=((3, 3, 2),), recover_delay_s=(4.0, 5.0),
+                        close_probability=1.0, delete_probability=0.0, reader_polls=10,
+                        quiet_before_close_s=2.0))
 SCENARIOS["tailing"] = SimOptions(
     shape=WorkloadShape(ledgers=2, entries=(20, 50), long_poll=True, explicit_lac_ms=50, reader_polls=40))
 
@@ -393,7 +409,8 @@ def run_seed(seed: int, options: SimOptions | None = None) -> RunResult:
         final_ends, leftovers = workload.final_ends, workload.leftover_deleted
         virtual = loop.time() - 1000.0
         _drain(loop)
-        violations = check(world.history, final_ends=final_ends, leftover_deleted=leftovers)
+        violations = check(world.history, final_ends=final_ends, leftover_deleted=leftovers,
+                           placements=workload.placements)
         fp = hashlib.blake2b(digest_size=8)
         for ev in world.history.events:
             if ev.kind not in TRACE_KINDS:

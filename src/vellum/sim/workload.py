@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from vellum.errors import NoSuchLedgerError, VellumError
 from vellum.ids import LedgerId
+from vellum.sim.checker import Placement
 from vellum.sim.history import digest
 from vellum.sim.network import current_node
 
@@ -74,6 +75,10 @@ class WorkloadShape:
     long_poll: bool = False
     #: the writer sends explicit LACs when idle (``explicitLacInterval``, ms; 0 = off)
     explicit_lac_ms: int = 0
+    #: the writer waits this long after its last acknowledgement before it closes a ledger (longer
+    #: than any add timeout: every failed write was noticed); the ledgers it then closes are
+    #: judged by ``not-replaced`` (0 = no wait, not judged)
+    quiet_before_close_s: float = 0.0
 
 
 class Workload:
@@ -88,6 +93,9 @@ class Workload:
         self.deleted: set[int] = set()
         self.final_ends: dict[int, int] = {}
         self.leftover_deleted: dict[str, list[int]] = {}
+        #: ledgers the writer closed after ``quiet_before_close_s``: where their entries are at the end
+        self.placements: dict[int, Placement] = {}
+        self._closed_quiet: list[int] = []
         self._writer_done = False
 
     async def run(self, run_s: float) -> None:
@@ -172,9 +180,14 @@ class Workload:
                     failed = True
         if not failed and rng.random() < self.shape.close_probability:
             self.operations += 1
+            quiet = self.shape.quiet_before_close_s
+            if quiet:
+                await asyncio.sleep(quiet)
             try:
                 await h.close()
                 history.add("writer", "closed", lid, value=h.metadata.last_entry_id)
+                if quiet:
+                    self._closed_quiet.append(lid)
             except VellumError as ex:
                 history.add("writer", "close-failed", lid, value=type(ex).__name__)
         else:
@@ -306,6 +319,14 @@ class Workload:
                 continue
             self.final_ends[lid] = h.metadata.last_entry_id
             await self._read_all(h, "final", "final-read")
+        for lid in self._closed_quiet:
+            if lid in self.deleted or not store.ledgers.ledger_exists(LedgerId(lid)):
+                continue
+            md = store.ledgers.read_ledger(LedgerId(lid)).value
+            self.placements[lid] = Placement(
+                {first: tuple(str(b) for b in ens) for first, ens in md.ensembles.items()}, md.write_quorum_size,
+                {node.name: frozenset(node.disk.ledgers[lid].entries) if lid in node.disk.ledgers else frozenset()
+                 for node in self.world.nodes})
         for node in self.world.nodes:
             node.gc()
             assert node.bookie is not None
