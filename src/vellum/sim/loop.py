@@ -16,7 +16,7 @@ ready and no timer raises ``SimQuiescent`` (nothing can ever happen again).
 
 Speed (docs/verification.md, "Speed"): a simulated run schedules about as many callbacks as it
 does anything else, so ``call_soon``, ``call_later`` and ``call_at`` are lean versions of
-``BaseEventLoop``'s (no debug-mode checks: a ``SimLoop`` never runs in asyncio debug mode), their
+``BaseEventLoop``'s (and ``create_task``; no debug-mode checks: a ``SimLoop`` never runs in asyncio debug mode), their
 handles skip ``Handle.__init__``'s debug probe, and ``_run_once`` runs a handle's callback
 inline and keeps iterating until the loop is stopped (what ``run_forever`` would do, one Python
 call less per iteration). The order of callbacks is exactly asyncio's.
@@ -138,6 +138,14 @@ class SimLoop(asyncio.BaseEventLoop):
         handle = _SimHandle(callback, args, self, context)
         self._ready.append(handle)  # type: ignore[attr-defined]
         return handle
+
+    def create_task(self, coro: Any, *, name: str | None = None,  # type: ignore[override]
+                    context: contextvars.Context | None = None) -> asyncio.Task[Any]:
+        if self._task_factory is not None:  # type: ignore[attr-defined]
+            return super().create_task(coro, name=name, context=context)
+        if self._closed:  # type: ignore[attr-defined]
+            raise RuntimeError("Event loop is closed")
+        return asyncio.Task(coro, loop=self, name=name, context=context)
 
     # --------------------------------------------------------------------- one iteration
     def _run_once(self) -> None:
