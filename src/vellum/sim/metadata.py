@@ -59,6 +59,8 @@ class _Ledgers(LedgerManager, LedgerIdGenerator):
         self._loop = loop
         self.on_write: WriteHook | None = None
         self._rows: dict[int, tuple[int, bytes]] = {}
+        #: ledger id -> (the stored row it was parsed from, its password): see ``password_of``
+        self._passwords: dict[int, tuple[bytes, bytes]] = {}
         self._last_id = 0
         self._watches: dict[int, list[_Watch]] = {}
 
@@ -119,6 +121,20 @@ class _Ledgers(LedgerManager, LedgerIdGenerator):
 
     def ledger_exists(self, ledger_id: LedgerId) -> bool:
         return ledger_id in self._rows
+
+    def password_of(self, ledger_id: int) -> bytes | None:
+        """The password in a ledger's stored metadata, None if it has none: what a simulated
+        bookie's master-key check asks on every first add of a ledger. Parsed once per stored
+        row (the cache keeps the row it parsed and is used only while that row is the stored one)."""
+        row = self._rows.get(ledger_id)
+        if row is None:
+            return None
+        cached = self._passwords.get(ledger_id)
+        if cached is not None and cached[0] is row[1]:
+            return cached[1]
+        password = deserialize_ledger_metadata(row[1], where=f"sim ledgers[{ledger_id}]").password
+        self._passwords[ledger_id] = (row[1], password)
+        return password
 
     def ledger_ranges(self, start_after: LedgerId | None = None) -> Iterator[LedgerRange]:
         ids = sorted(i for i in self._rows if start_after is None or i > start_after)
@@ -196,6 +212,11 @@ class SimMetadataStore(MetadataStore):
     @property
     def id_generator(self) -> LedgerIdGenerator:
         return self._ledgers
+
+    def password_of(self, ledger_id: int) -> bytes | None:
+        """The password in a ledger's stored metadata (None: no such ledger); for the simulated
+        bookies' master-key check."""
+        return self._ledgers.password_of(ledger_id)
 
     @property
     def registration(self) -> RegistrationManager:

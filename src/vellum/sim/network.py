@@ -81,7 +81,7 @@ class SimTransport(asyncio.Transport):
         self._link.send(self._side, bytes(data))
 
     def writelines(self, list_of_data: Any) -> None:
-        self._link.send(self._side, b"".join(bytes(d) for d in list_of_data))
+        self._link.send(self._side, b"".join(list_of_data))  # join copies: the caller may reuse its buffers
 
     def close(self) -> None:
         self._link.close(self._side)
@@ -138,7 +138,8 @@ class Link:
             return
         net = self.net
         dst = 1 - side
-        if net.blocked(self.names[side], self.names[dst]):
+        names = self.names
+        if net.blocked(names[side], names[dst]):
             net.count("partitioned")
             return
         rng = net.rng
@@ -155,34 +156,45 @@ class Link:
             if faults.slow and rng.random() < faults.slow:
                 delay *= faults.slow_factor
             if net.slow_links:
-                delay *= net.slow_links.get((self.names[side], self.names[dst]), 1.0)
+                delay *= net.slow_links.get((names[side], names[dst]), 1.0)
             when = loop.time() + delay
             if not (faults.reorder and rng.random() < faults.reorder):
                 # strictly after the previous delivery: timers due at the same instant are not
                 # run in the order they were scheduled (asyncio's heap is not stable)
-                when = max(when, self._last[dst] + _TICK)
+                last = self._last[dst] + _TICK
+                if when < last:
+                    when = last
                 self._last[dst] = when
             else:
                 net.count("reordered")
             loop.call_at(when, self._deliver, dst, data)
 
     def _deliver(self, dst: int, data: bytes) -> None:
-        if self.lost[dst]:
+        lost = self.lost
+        if lost[dst]:
             return
         proto = self.protocols[dst]
-        rng = self.net.rng
+        get_buffer = proto.get_buffer
+        buffer_updated = proto.buffer_updated
+        chunking = self.net.faults.chunking
+        rng_random = self.net.rng.random
+        randint = self.net.rng.randint
+        size = len(data)
+        view = memoryview(data)
         pos = 0
-        while pos < len(data) and not self.lost[dst]:
-            want = len(data) - pos
-            if self.net.faults.chunking and want > 1 and rng.random() < 0.2:
-                want = rng.randint(1, want)
-            buf = memoryview(proto.get_buffer(want)).cast("B")
-            n = min(len(buf), want)
+        while pos < size and not lost[dst]:
+            want = size - pos
+            if chunking and want > 1 and rng_random() < 0.2:
+                want = randint(1, want)
+            buf = memoryview(get_buffer(want)).cast("B")
+            n = len(buf)
+            if n > want:
+                n = want
             if n <= 0:
                 raise RuntimeError("a protocol offered an empty receive buffer")
-            buf[:n] = data[pos:pos + n]
+            buf[:n] = view[pos:pos + n]
             pos += n
-            proto.buffer_updated(n)
+            buffer_updated(n)
 
     def close(self, side: int) -> None:
         """Orderly close by ``side``: what it wrote still arrives, then the peer sees EOF."""

@@ -125,10 +125,7 @@ class BookieNode:
         self.start()
 
     def _password(self, ledger_id: int) -> bytes | None:
-        ledgers = self._store.ledgers
-        if not ledgers.ledger_exists(LedgerId(ledger_id)):
-            return None
-        return ledgers.read_ledger(LedgerId(ledger_id)).value.password
+        return self._store.password_of(ledger_id)
 
     def start(self) -> None:
         self.bookie = SimBookie(self.name, self._loop, self._rng, self.disk, key_check_for(self._password),
