@@ -241,22 +241,9 @@ def register(cli: click.Group) -> None:
 
 
 def _replay(seed: int, options: SimOptions, as_json: bool, replay: str) -> None:
-    from vellum.sim import runner
-
-    captured: dict[str, object] = {}
-    check = runner.check
-
-    def keep(history, **kw):  # type: ignore[no-untyped-def]
-        captured["history"] = history
-        return check(history, **kw)
-
-    runner.check = keep
-    try:
-        result = run_seed(seed, dataclasses.replace(options, trace=True))
-    finally:
-        runner.check = check
-    history = captured.get("history")
-    events = [e.describe() for e in getattr(history, "events", [])]
+    result = run_seed(seed, dataclasses.replace(options, trace=True))
+    history = result.history
+    events = [e.describe() for e in history.events] if history is not None else []
     if as_json:
         emit_json({"seed": seed, "fingerprint": result.fingerprint, "operations": result.operations,
                    "virtual_s": result.virtual_s, "error": result.error,

@@ -104,6 +104,8 @@ class RunResult:
     error: str | None = None
     #: adds the writer saw acknowledged (a run whose adds all fail checks nothing)
     acks: int = 0
+    #: the whole history, kept only for a traced run (``SimOptions.trace``: a replay prints it)
+    history: History | None = None
 
 
 class BookieNode:
@@ -414,7 +416,8 @@ def run_seed(seed: int, options: SimOptions | None = None) -> RunResult:
                 fp.update(ev.describe().encode())
         return RunResult(seed, violations, workload.operations, virtual, len(world.history.events), fp.hexdigest(),
                          dict(world.net.counts), error,
-                         sum(1 for ev in world.history.events if ev.kind == "ack"))
+                         sum(1 for ev in world.history.events if ev.kind == "ack"),
+                         world.history if options.trace else None)
 
 
 async def _main(world: World, workload: Workload) -> None:
