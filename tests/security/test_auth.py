@@ -14,12 +14,11 @@ import asyncio
 import datetime as dt
 import logging
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import pytest
 from security_testkit import Pki, client_settings, close, run, server_settings
 
-from vellum.bookie.executor import AsyncBookie
 from vellum.client.bookie_client import BookieClient
 from vellum.client.bookkeeper import client_auth
 from vellum.config import TLS_CONTEXT_FACTORY, ClientConfig, ServerConfig
@@ -31,8 +30,7 @@ from vellum.security import tokens
 from vellum.security.auth import BookieAuthenticator, ClientAuth, Identity, provider_names
 from vellum.security.tls import ReloadingContext
 from vellum.security.tokens import TokenSigner, TokenVerifier
-from vellum.server.bookie_server import BookieServer, ServerLimits
-from vellum.server.metrics import ServerMetrics
+from vellum.testing.memory_bookie import MemoryBookieServer as Bookie
 
 KEY = master_key(b"pw")
 SERVER_LOG = "vellum.server.bookie_server"
@@ -40,32 +38,6 @@ SERVER_LOG = "vellum.server.bookie_server"
 
 def entry(ledger_id: int, entry_id: int, payload: bytes) -> bytes:
     return DigestManager(ledger_id, DigestType.CRC32C).compute(entry_id, entry_id - 1, len(payload), payload)
-
-
-class MemoryBookie:
-    def __init__(self) -> None:
-        self.entries: dict[tuple[int, int], bytes] = {}
-
-    def add_batch_cb(self, batch: Any, on_result: Any) -> None:
-        for data, lid, eid in zip(batch.entries, batch.ledger_ids, batch.entry_ids):
-            self.entries[(lid, eid)] = bytes(data)
-        asyncio.get_running_loop().call_soon(on_result, [None] * len(batch), None)
-
-    def read_cached_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
-        return self.entries.get((ledger_id, entry_id))
-
-
-class Bookie:
-    def __init__(self, tls: ReloadingContext | None, auth: BookieAuthenticator | None) -> None:
-        from prometheus_client import CollectorRegistry
-
-        self.memory = MemoryBookie()
-        self.server = BookieServer(cast(AsyncBookie, self.memory), host="127.0.0.1", port=0, limits=ServerLimits(),
-                                   metrics=ServerMetrics(CollectorRegistry()), tls=tls, auth=auth)
-
-    @property
-    def bookie_id(self) -> str:
-        return f"127.0.0.1:{self.server.port}"
 
 
 async def add_and_read(client: BookieClient, bookie_id: str, ledger_id: int = 1) -> bytes:

@@ -15,7 +15,7 @@ import asyncio
 import logging
 import ssl
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import pytest
 from security_testkit import (
@@ -28,7 +28,6 @@ from security_testkit import (
     server_settings,
 )
 
-from vellum.bookie.executor import AsyncBookie
 from vellum.client.bookie_client import TLS_FLUSH_BYTES, BookieClient
 from vellum.errors import EBADREQ, EOK, EUA, SecurityError
 from vellum.format.entry import DigestManager, DigestType, master_key
@@ -41,8 +40,7 @@ from vellum.security.tls import (
     client_context,
     server_context,
 )
-from vellum.server.bookie_server import BookieServer, ServerLimits
-from vellum.server.metrics import ServerMetrics
+from vellum.testing.memory_bookie import MemoryBookieServer as Bookie
 
 KEY = master_key(b"pw")
 SERVER_LOG = "vellum.server.bookie_server"
@@ -50,46 +48,6 @@ SERVER_LOG = "vellum.server.bookie_server"
 
 def entry(ledger_id: int, entry_id: int, payload: bytes) -> bytes:
     return DigestManager(ledger_id, DigestType.CRC32C).compute(entry_id, entry_id - 1, len(payload), payload)
-
-
-class MemoryBookie:
-    """The part of AsyncBookie the server uses for adds and reads, in memory."""
-
-    def __init__(self) -> None:
-        self.entries: dict[tuple[int, int], bytes] = {}
-
-    def add_batch_cb(self, batch: Any, on_result: Any) -> None:
-        for data, lid, eid in zip(batch.entries, batch.ledger_ids, batch.entry_ids):
-            self.entries[(lid, eid)] = bytes(data)
-        asyncio.get_running_loop().call_soon(on_result, [None] * len(batch), None)
-
-    def read_cached_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
-        return self.entries.get((ledger_id, entry_id))
-
-    def read_entry(self, ledger_id: int, entry_id: int) -> asyncio.Future[bytes]:
-        raise AssertionError("every entry is cached")
-
-
-class Bookie:
-    """A BookieServer on a free loopback port with the given TLS (None = plaintext only)."""
-
-    def __init__(self, tls: ReloadingContext | None) -> None:
-        self.memory = MemoryBookie()
-        self.server = BookieServer(cast(AsyncBookie, self.memory), host="127.0.0.1", port=0,
-                                   limits=ServerLimits(), metrics=ServerMetrics(_registry()), tls=tls)
-
-    @property
-    def bookie_id(self) -> str:
-        return f"127.0.0.1:{self.server.port}"
-
-    def connections(self) -> list[Any]:
-        return list(self.server._connections)
-
-
-def _registry() -> Any:
-    from prometheus_client import CollectorRegistry
-
-    return CollectorRegistry(auto_describe=True)
 
 
 async def add_and_read(client: BookieClient, bookie_id: str, ledger_id: int = 1) -> bytes:
