@@ -32,7 +32,6 @@ import concurrent.futures
 import dataclasses
 import logging
 import math
-import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -91,8 +90,6 @@ from vellum.spark.timeseek import TimeSeek
 log = logging.getLogger(__name__)
 #: ranges of a partition read ahead of the one being converted (each about arrowBatchEntries rows)
 _READS_AHEAD = 3
-#: packed entries store little-endian offsets; Arrow takes them as they are only on such hosts
-_BIG_ENDIAN = sys.byteorder == "big"
 
 
 @dataclass(frozen=True)
