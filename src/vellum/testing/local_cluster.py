@@ -85,8 +85,12 @@ class LocalCluster:
         self.base_dir = Path(base_dir).resolve()
         self.base_dir.mkdir(parents=True, exist_ok=True)
         self.metadata_uri = metadata_uri or f"sqlite:///{self.base_dir / 'metadata.db'}"
+        # The cluster's own embedded store gets a 4 s session (10 s by default): a bookie killed
+        # and restarted waits for its old session's registration to expire before it serves
+        # again (as a ZooKeeper bookie waits for its old ephemeral node), and tests do that often.
+        own_store = {"zkTimeout": "4000"} if metadata_uri is None else {}
         self._conf = {"journalMaxGroupWaitMSec": "1", "flushInterval": "1000", "diskCheckInterval": "200",
-                      **(bookie_conf or {})}
+                      **own_store, **(bookie_conf or {})}
         self._small_mb = small_ledger_dir_mb
         #: how this process opens the metadata store: the bookies' ZooKeeper identity and TLS
         #: (``zkEnableSecurity``, ``zkDigestAuthFile``, ``zkTls*`` of ``bookie_conf``)
