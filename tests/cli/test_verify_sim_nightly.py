@@ -39,6 +39,9 @@ def test_lying_fsync_is_a_mode_added_to_the_scenarios_faults_never_part_of_all()
                                       "--faults", "default,lying-fsync"])
     data = json.loads(result.stdout)
     assert "lying-fsync" in data["faults"] and "crash" in data["faults"] and "meta" not in data["faults"]
+    assert data["injected"]["delay"] == 1
     refused = CliRunner().invoke(cli, ["verify", "sim", "--faults", "all,lying-fsnc"])
     assert refused.exit_code == 2
     assert "lying-fsnc" in refused.output and "lying-fsync" in refused.output
+    pointless = CliRunner().invoke(cli, ["verify", "sim", "--faults", "delay,lying-fsync"])
+    assert pointless.exit_code == 2 and "add crash, torn or eio" in " ".join(pointless.output.split())

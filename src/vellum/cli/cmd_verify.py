@@ -52,6 +52,9 @@ def _faults(value: str, scenario: frozenset[str] = frozenset()) -> frozenset[str
         raise click.BadParameter(f"unknown fault kind(s) {', '.join(unknown)}: choose from {', '.join(FAULT_KINDS)}, "
                                  f"the mode(s) {', '.join(FAULT_MODES)}, 'all', 'default' or 'none'",
                                  param_hint="--faults")
+    if "lying-fsync" in kinds and not kinds & {"crash", "torn", "eio"}:
+        raise click.BadParameter("lying-fsync loses acknowledged entries only when a bookie dies: add crash, torn or "
+                                 "eio (e.g. 'default,lying-fsync')", param_hint="--faults")
     return frozenset(kinds)
 
 
@@ -304,6 +307,7 @@ def _replay(seed: int, options: SimOptions, as_json: bool, replay: str) -> None:
         emit_json({"seed": seed, "fingerprint": result.fingerprint, "operations": result.operations,
                    "virtual_s": result.virtual_s, "error": result.error,
                    "violations": [_violation_json(seed, v) for v in result.violations], "history": events,
+                   "injected": result.injected,
                    "faults": sorted(options.faults), "regressions": sorted(options.flags),
                    "workload": dataclasses.asdict(options.shape)})
     else:
