@@ -2,7 +2,9 @@
 
 ``--seeds N`` runs seeds ``start .. start+N-1`` with a progress bar and prints a summary and
 every violation with its seed and minimal history; ``--seed S`` replays one seed and prints its
-whole history. The exit status is 1 when a violation was found (or a run stopped with an error).
+whole history; ``--nightly`` runs 100,000 seeds with every fault kind, streaming a progress line
+(with the ``--start`` that resumes it) every 1,000 seeds. The exit status is 1 when a violation
+was found (or a run stopped with an error).
 """
 
 from __future__ import annotations
@@ -19,20 +21,49 @@ from vellum.cli.client_options import client_conf_flag, load_client_config_file
 from vellum.cli.output import emit_json, emit_table
 from vellum.sim.campaign import CampaignReport, run_campaign
 from vellum.sim.checker import Violation
-from vellum.sim.runner import FAULT_KINDS, REGRESSIONS, SCENARIOS, RunResult, SimOptions, run_seed
+from vellum.sim.runner import (
+    FAULT_KINDS,
+    FAULT_MODES,
+    REGRESSIONS,
+    SCENARIOS,
+    RunResult,
+    SimOptions,
+    run_seed,
+)
+
+#: seeds a nightly campaign runs (``--nightly``), and how often it prints a progress line
+NIGHTLY_SEEDS = 100_000
+NIGHTLY_PROGRESS_EVERY = 1_000
 
 
-def _faults(value: str) -> frozenset[str]:
-    if value in ("all", ""):
-        return frozenset(FAULT_KINDS) if value == "all" else frozenset()
-    if value == "none":
-        return frozenset()
-    kinds = {k.strip() for k in value.split(",") if k.strip()}
-    unknown = sorted(kinds - set(FAULT_KINDS))
+def _faults(value: str, scenario: frozenset[str] = frozenset()) -> frozenset[str]:
+    """``--faults``: comma-separated kinds and modes; ``all`` is every kind (never a mode),
+    ``default`` the scenario's, ``none`` nothing; they combine (``default,lying-fsync``)."""
+    kinds: set[str] = set()
+    for word in (k.strip() for k in value.split(",")):
+        if word == "all":
+            kinds |= set(FAULT_KINDS)
+        elif word == "default":
+            kinds |= scenario
+        elif word and word != "none":
+            kinds.add(word)
+    unknown = sorted(kinds - set(FAULT_KINDS) - set(FAULT_MODES))
     if unknown:
         raise click.BadParameter(f"unknown fault kind(s) {', '.join(unknown)}: choose from {', '.join(FAULT_KINDS)}, "
-                                 "'all' or 'none'", param_hint="--faults")
+                                 f"the mode(s) {', '.join(FAULT_MODES)}, 'all', 'default' or 'none'",
+                                 param_hint="--faults")
+    if "lying-fsync" in kinds and not kinds & {"crash", "torn", "eio"}:
+        raise click.BadParameter("lying-fsync loses acknowledged entries only when a bookie dies: add crash, torn or "
+                                 "eio (e.g. 'default,lying-fsync')", param_hint="--faults")
     return frozenset(kinds)
+
+
+def _fault_rows(report: CampaignReport, faults: frozenset[str]) -> list[tuple[str, str]]:
+    """A row per fault kind asked for or hit: the seeds that hit it at least once, their share,
+    and the injections."""
+    kinds = [k for k in (*FAULT_KINDS, *FAULT_MODES) if k in faults or report.fault_seeds[k]]
+    return [(f"faults: {k}", f"{report.fault_seeds[k]} seeds ({report.fault_share(k):.1%}), "
+                             f"{report.injections[k]} injections") for k in kinds]
 
 
 def _violation_json(seed: int, v: Violation) -> dict[str, object]:
@@ -53,11 +84,15 @@ def register(cli: click.Group) -> None:
         """Check the protocol's promises (docs/verification.md)."""
 
     @verify.command("sim")
-    @click.option("--seeds", "count", default=200, show_default=True, help="how many seeds to run")
+    @click.option("--seeds", "count", type=int, default=None,
+                  help=f"how many seeds to run  [default: 200; {NIGHTLY_SEEDS:,} with --nightly]")
     @click.option("--start", default=0, show_default=True, help="the first seed of --seeds")
     @click.option("--seed", "one", type=int, default=None, help="replay this one seed and print its history")
     @click.option("--faults", default=None,
-                  help=f"comma-separated subset of {','.join(FAULT_KINDS)}, or 'all' / 'none' (default: the scenario's)")
+                  help=f"comma-separated subset of {','.join(FAULT_KINDS)}, or 'all' (every one of them) / 'default' "
+                       "(the scenario's) / 'none'; and the mode lying-fsync (never in 'all': every disk acknowledges "
+                       "fsync without persisting, so crashes lose acknowledged entries and the check must fail; e.g. "
+                       "'default,lying-fsync')  [default: the scenario's; 'all' with --nightly]")
     @click.option("--scenario", default="default", show_default=True, type=click.Choice(sorted(SCENARIOS)),
                   help="the workload and fault mix (fence-race: the old writer against fencing)")
     @click.option("--ledgers", type=int, default=None, help="ledgers the writer makes per seed (default: the scenario's)")
@@ -66,11 +101,19 @@ def register(cli: click.Group) -> None:
     @click.option("--regression", "regressions", multiple=True, type=click.Choice(sorted(REGRESSIONS)),
                   help="revert a known fix behind its test flag (the seed should then fail)")
     @click.option("--stop-at-first", is_flag=True, help="stop at the first seed with a violation")
+    @click.option("--nightly", is_flag=True,
+                  help=f"the nightly campaign: {NIGHTLY_SEEDS:,} seeds (unless --seeds), every fault kind (unless "
+                       f"--faults), a progress line every {NIGHTLY_PROGRESS_EVERY:,} seeds naming the --start that "
+                       "resumes it (also printed when interrupted)")
     @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-    def sim(count: int, start: int, one: int | None, scenario: str, faults: str | None, ledgers: int | None,
+    def sim(count: int | None, start: int, one: int | None, scenario: str, faults: str | None, ledgers: int | None,
             entries: int | None,
-            regressions: tuple[str, ...], stop_at_first: bool, as_json: bool) -> None:
+            regressions: tuple[str, ...], stop_at_first: bool, nightly: bool, as_json: bool) -> None:
         """Run the deterministic simulation over many seeds (or replay one)."""
+        if count is None:
+            count = NIGHTLY_SEEDS if nightly else 200
+        if nightly and faults is None:
+            faults = "all"
         if count < 1:
             raise click.BadParameter("must be at least 1", param_hint="--seeds")
         base = SCENARIOS[scenario]
@@ -83,7 +126,8 @@ def register(cli: click.Group) -> None:
             if entries < 1:
                 raise click.BadParameter("must be at least 1", param_hint="--entries")
             shape = dataclasses.replace(shape, entries=(max(1, entries // 2), max(1, entries + entries // 2)))
-        options = dataclasses.replace(base, faults=base.faults if faults is None else _faults(faults), shape=shape,
+        options = dataclasses.replace(base, faults=base.faults if faults is None else _faults(faults, base.faults),
+                                      shape=shape,
                                       flags=frozenset(regressions))
         replay_base = "vellum verify sim" + (f" --scenario {scenario}" if scenario != "default" else "") \
             + (f" --faults {faults}" if faults is not None else "") \
@@ -103,6 +147,7 @@ def register(cli: click.Group) -> None:
             report_box: list[CampaignReport] = []
 
             plain = not as_json and not err.is_terminal  # a log, not a terminal: a line per tenth
+            every = NIGHTLY_PROGRESS_EVERY if nightly else max(1, count // 10)
             started = time.perf_counter()
 
             def on_result(r: RunResult) -> None:
@@ -111,11 +156,19 @@ def register(cli: click.Group) -> None:
                 elapsed = time.perf_counter() - started
                 rate = f"{state['n'] / elapsed:.1f} seeds per s" if elapsed > 0 else ""
                 progress.update(task, advance=1, rate=rate, bad=f"{state['bad']} failing" if state["bad"] else "")
-                if plain and (state["n"] == count or state["n"] % max(1, count // 10) == 0):
-                    click.echo(f"seeds {state['n']}/{count}, {rate}, {state['bad']} failing", err=True)
+                if (plain or nightly) and (state["n"] == count or state["n"] % every == 0):
+                    # a nightly run streams its progress even under --json (on stderr) and names
+                    # where to resume it
+                    resume = f", resume with --start {r.seed + 1}" if nightly and state["n"] < count else ""
+                    click.echo(f"seeds {state['n']}/{count} (last {r.seed}), {rate}, {state['bad']} failing{resume}",
+                               err=True)
 
             report = run_campaign(seeds, options, on_result=on_result, stop_at_first=stop_at_first)
             report_box.append(report)
+        if report.interrupted:
+            after = report.last_seed + 1 if report.last_seed is not None else start
+            click.echo(f"interrupted after {report.seeds} seeds: resume with --start {after} "
+                       f"--seeds {start + count - after}", err=True)
         rows = [
             ("seeds", report.seeds),
             ("seeds per second (wall)", f"{report.seeds_per_s:.1f}"),
@@ -128,7 +181,8 @@ def register(cli: click.Group) -> None:
             ("violations", len(report.violations)),
             ("runs stopped by an error", len(report.errors)),
             ("failing seeds", " ".join(map(str, report.failed_seeds[:20])) or "-"),
-        ] + [(f"violations: {k}", n) for k, n in sorted(report.kinds.items())] \
+        ] + _fault_rows(report, options.faults) \
+          + [(f"violations: {k}", n) for k, n in sorted(report.kinds.items())] \
           + [(f"network: {k}", n) for k, n in sorted(report.network.items())]
         if as_json:
             emit_json({
@@ -138,6 +192,9 @@ def register(cli: click.Group) -> None:
                 "violations": [_violation_json(s, v) for s, v in report.violations],
                 "errors": [{"seed": s, "error": e} for s, e in report.errors],
                 "network": dict(report.network),
+                "fault_seeds": dict(report.fault_seeds), "injections": dict(report.injections),
+                "fault_share": {k: report.fault_share(k) for k in sorted(report.fault_seeds)},
+                "last_seed": report.last_seed, "interrupted": report.interrupted,
             })
         else:
             emit_table(("", "value"), rows, title="vellum verify sim")
@@ -148,6 +205,8 @@ def register(cli: click.Group) -> None:
                 out.print(f"[bold yellow]run stopped[/] seed={seed}: {e}  (replay: {replay_base} --seed={seed})")
         if report.violations or report.errors:
             sys.exit(1)
+        if report.interrupted:
+            sys.exit(130)
 
 
     @verify.command("cluster")
@@ -248,6 +307,7 @@ def _replay(seed: int, options: SimOptions, as_json: bool, replay: str) -> None:
         emit_json({"seed": seed, "fingerprint": result.fingerprint, "operations": result.operations,
                    "virtual_s": result.virtual_s, "error": result.error,
                    "violations": [_violation_json(seed, v) for v in result.violations], "history": events,
+                   "injected": result.injected,
                    "faults": sorted(options.faults), "regressions": sorted(options.flags),
                    "workload": dataclasses.asdict(options.shape)})
     else:

@@ -51,6 +51,9 @@ log = logging.getLogger(__name__)
 
 #: where the embedded store lives when no metadataServiceUri is configured (vellum.config)
 DEFAULT_SQLITE_PATH = Path(DEFAULT_DATA_DIR) / "metadata.db"  # the standalone cluster's store
+#: the wall clock a new ledger's ``ctime`` is read from: a seam for the simulator's clock jumps
+#: (docs/verification.md); nothing of the protocol reads it back
+_wall_clock: Callable[[], float] = time.time
 
 
 def client_tls(config: ClientConfig) -> ReloadingContext | None:
@@ -277,7 +280,7 @@ class BookKeeper:
             password=bytes(password),
             state=LedgerState.OPEN,
             custom_metadata=dict(custom_metadata or {}),
-            ctime_ms=int(time.time() * 1000),
+            ctime_ms=int(_wall_clock() * 1000),
             creator_token=int.from_bytes(os.urandom(7), "big"),
         )
         ledger_id, version = await ctx.meta(ctx.store.ledgers.create_ledger, md)

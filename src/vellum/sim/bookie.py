@@ -17,15 +17,30 @@ network. What it keeps of the real bookie (rules 1, 3, 4 of docs/correctness.md)
   does not hold;
 - the LAC it answers is the max of the LACs piggy-backed on the entries it accepted, and the
   explicit LAC; long polls wait for it on virtual time;
-- a crash loses every journal record not yet synced, and what was only in memory;
+- a crash loses every journal record not yet synced, and what was only in memory; a torn crash
+  (``crash(keep=...)``, the ``torn`` fault) keeps a prefix of the records written but not yet
+  synced (a power cut that persisted part of a group; replay stops at the first bad record, so
+  what survives is a prefix and a torn last record is discarded);
+- a failed journal write or fsync is fail-stop (``fail_journal``, the ``eio`` fault; rule 1 of
+  docs/correctness.md, as ``storage/journal.py``): every pending and every later record fails
+  with ``StorageError`` (answered EIO), nothing is applied to the disk, reads are still served
+  from memory, until the process restarts; a failing ledger-storage flush (``storage_failing``)
+  refuses adds with back-pressure (``OperationRejectedError``: the write caches cannot be
+  emptied, as ``storage/ledger_storage.py``), nothing is lost;
+- a full disk (``SimDisk.full``, the ``full`` fault) makes the bookie read-only, as
+  ``bookie/bookie.py`` does once every ledger dir passes ``diskUsageThreshold``: normal adds are
+  refused (``WriteOnReadOnlyBookieError``, EREADONLY), recovery adds, fences and reads are served;
+- a disk that lies about fsync (``SimDisk.lies``, the ``lying-fsync`` mode) acknowledges a sync
+  and persists its records only at the next write-back; a crash before it loses acknowledged
+  records (what the checker must catch);
 - GC: a ledger whose metadata is gone (two reads, rule 9 of docs/correctness.md) leaves a tombstone: its entries are
   dropped and adds to it are refused (defect D2 of docs/correctness.md).
 
 A stored entry can go bad on the disk (``SimDisk.corrupt``, the ``corrupt`` fault at a crash):
 reading it is an I/O error (rule 2 of docs/correctness.md), a run of entries stops before it.
 
-Not simulated: entry logs, the index, checkpoints, read-only mode, limbo, trim and COLLECT (a
-refusal). The class is the simulator's model of a bookie, not the bookie's code.
+Not simulated: entry logs, the index, checkpoints, limbo, trim and COLLECT (a refusal); the
+registration a read-only bookie rewrites is the nemesis's (``runner.World``). The class is the simulator's model of a bookie, not the bookie's code.
 """
 
 from __future__ import annotations
@@ -46,8 +61,10 @@ from vellum.errors import (
     NoSuchEntryError,
     NoSuchLedgerError,
     OperationRejectedError,
+    StorageError,
     TimeoutError_,
     UnauthorizedAccessError,
+    WriteOnReadOnlyBookieError,
 )
 from vellum.format.entry import master_key
 from vellum.proto.messages import FLAG_RECOVERY_ADD, AddBatch
@@ -76,6 +93,12 @@ class SimDisk:
 
     ledgers: dict[int, LedgerRecord] = field(default_factory=dict)
     corrupt: set[tuple[int, int]] = field(default_factory=set)
+    #: every ledger dir is past its usage threshold: a bookie on this disk is read-only
+    full: bool = False
+    #: the disk acknowledges fsync without persisting (``lying-fsync``): synced records wait in
+    #: ``unwritten`` for the next write-back, and a crash loses them
+    lies: bool = False
+    unwritten: list[Callable[[SimDisk], None]] = field(default_factory=list)
 
     def record(self, ledger_id: int, key: bytes) -> LedgerRecord:
         rec = self.ledgers.get(ledger_id)
@@ -93,7 +116,7 @@ class SimBookie:
 
     def __init__(self, name: str, loop: asyncio.AbstractEventLoop, rng: random.Random, disk: SimDisk,
                  key_check: KeyCheck, *, group_wait_s: float, fsync_s: tuple[float, float],
-                 read_s: tuple[float, float]) -> None:
+                 read_s: tuple[float, float], writeback_s: tuple[float, float] = (5.0, 30.0)) -> None:
         self.name = name
         self._loop = loop
         self._rng = rng
@@ -102,6 +125,12 @@ class SimBookie:
         self._group_wait_s = group_wait_s
         self._fsync_s = fsync_s
         self._read_s = read_s
+        self._writeback_s = writeback_s
+        self._writeback: asyncio.TimerHandle | None = None
+        #: the journal failed (fail-stop until this process ends): every record gets this error
+        self.journal_error: StorageError | None = None
+        #: ledger-storage flushes fail: adds are refused with back-pressure while this is set
+        self.storage_failing = False
         # memory starts as what the disk holds (journal replay)
         self.mem: dict[int, LedgerRecord] = {lid: rec.copy() for lid, rec in disk.ledgers.items()}
         self._lacs: dict[int, int] = {}
@@ -116,17 +145,54 @@ class SimBookie:
         self.trace: Callable[[str, int, int, object], None] | None = None
 
     # ------------------------------------------------------------------------- lifecycle
-    def crash(self) -> None:
-        """The process dies: unsynced journal records and memory are gone, no callback runs."""
+    def crash(self, keep: int = 0) -> tuple[int, int]:
+        """The process dies: memory is gone and no callback runs. Of the journal records written
+        but not yet synced, the first ``keep`` survive (a torn crash; the default, none) and the
+        rest are lost; on a lying disk, what it acknowledged but never wrote back is lost too.
+        Returns (records kept, records that were pending)."""
         self.alive = False
-        self._pending = []
+        pending, self._pending = self._pending, []
+        kept = min(max(keep, 0), len(pending))
+        for apply, _done in pending[:kept]:
+            apply(self.disk)
+        for timer in (self._flush, self._writeback):
+            if timer is not None:
+                timer.cancel()
+        self._flush = self._writeback = None
+        self.disk.unwritten.clear()
+        self._waiters.clear()
+        return kept, len(pending)
+
+    @property
+    def pending_records(self) -> int:
+        """Journal records written but not yet synced (what a torn crash may keep a prefix of)."""
+        return len(self._pending)
+
+    @property
+    def unwritten_records(self) -> int:
+        """Records a lying disk acknowledged but has not written back (a crash loses them)."""
+        return len(self.disk.unwritten)
+
+    def fail_journal(self, why: str) -> int:
+        """A journal write or fsync fails: fail-stop (rule 1 of docs/correctness.md). Every
+        pending record and every later one fails with ``StorageError``; nothing of them reaches
+        the disk; the process goes on serving reads until it is restarted. Returns the records
+        failed at once."""
+        if self.journal_error is None:
+            self.journal_error = StorageError(f"journal of {self.name}: {why}: [Errno 5] Input/output error")
         if self._flush is not None:
             self._flush.cancel()
             self._flush = None
-        self._waiters.clear()
+        pending, self._pending = self._pending, []
+        for _apply, done in pending:
+            self._loop.call_soon(done, self.journal_error)
+        return len(pending)
 
     # --------------------------------------------------------------------------- journal
     def _journal(self, apply: Callable[[SimDisk], None], done: Callable[[BaseException | None], None]) -> None:
+        if self.journal_error is not None:  # fail-stop: nothing is journaled any more
+            self._loop.call_soon(done, self.journal_error)
+            return
         self._pending.append((apply, done))
         if self._flush is None:
             delay = self._group_wait_s + self._rng.uniform(*self._fsync_s)
@@ -137,10 +203,25 @@ class SimBookie:
         if not self.alive:
             return
         batch, self._pending = self._pending, []
-        for apply, _done in batch:
-            apply(self.disk)
+        disk = self.disk
+        if disk.lies:  # acknowledged now, persisted at the next write-back
+            disk.unwritten.extend(apply for apply, _done in batch)
+            if self._writeback is None:
+                self._writeback = self._loop.call_later(self._rng.uniform(*self._writeback_s), self._write_back)
+        else:
+            for apply, _done in batch:
+                apply(disk)
         for _apply, done in batch:
             done(None)
+
+    def _write_back(self) -> None:
+        """A lying disk finally writes what it acknowledged."""
+        self._writeback = None
+        if not self.alive:
+            return
+        unwritten, self.disk.unwritten = self.disk.unwritten, []
+        for apply in unwritten:
+            apply(self.disk)
 
     # ----------------------------------------------------------------------------- state
     @staticmethod
@@ -191,6 +272,14 @@ class SimBookie:
                 if len(entry) < 32:
                     raise IncorrectParameterError(f"entry of {len(entry)} bytes is shorter than its header")
                 ledger_id, entry_id, lac = _IDS.unpack_from(entry)
+                if self.disk.full and not recovery:  # as bookie/bookie.py's _judge: read-only before the key
+                    raise WriteOnReadOnlyBookieError(
+                        f"bookie {self.name} is read-only (disk full); refused entry {ledger_id}:{entry_id}")
+                if self.storage_failing:
+                    raise OperationRejectedError(
+                        f"{self.name}: write cache full and the previous cache is still being flushed; "
+                        f"rejecting ledger {ledger_id} entry {entry_id} (last flush failed: "
+                        "[Errno 5] Input/output error)")
                 rec = self._ledger(ledger_id, bytes(key))
                 if rec.fenced and not recovery:
                     raise LedgerFencedError(f"ledger {ledger_id} is fenced; refused entry {entry_id}")

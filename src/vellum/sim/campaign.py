@@ -39,6 +39,18 @@ class CampaignReport:
     errors: list[tuple[int, str]] = field(default_factory=list)
     kinds: Counter[str] = field(default_factory=Counter)
     network: Counter[str] = field(default_factory=Counter)
+    #: fault kind -> seeds with at least one injection of it (``RunResult.injected``)
+    fault_seeds: Counter[str] = field(default_factory=Counter)
+    #: fault kind -> injections over every seed
+    injections: Counter[str] = field(default_factory=Counter)
+    #: the last seed run (a nightly campaign resumes after it)
+    last_seed: int | None = None
+    #: the campaign was interrupted (Ctrl-C) before its last seed: the report covers what ran
+    interrupted: bool = False
+
+    def fault_share(self, kind: str) -> float:
+        """The share of seeds that hit ``kind`` at least once."""
+        return self.fault_seeds[kind] / self.seeds if self.seeds else 0.0
 
     @property
     def seeds_per_s(self) -> float:
@@ -58,6 +70,11 @@ class CampaignReport:
         self.acks += result.acks
         self.virtual_s += result.virtual_s
         self.network.update(result.net_counts)
+        self.last_seed = result.seed
+        for kind, n in result.injected.items():
+            if n:
+                self.fault_seeds[kind] += 1
+                self.injections[kind] += n
         for v in result.violations:
             self.violations.append((result.seed, v))
             self.kinds[v.kind] += 1
@@ -69,7 +86,8 @@ def run_campaign(seeds: Iterable[int], options: SimOptions | None = None, *,
                  on_result: Callable[[RunResult], None] | None = None,
                  stop_at_first: bool = False) -> CampaignReport:
     """Run every seed; ``on_result`` after each (progress); ``stop_at_first``: stop at the
-    first seed with a violation."""
+    first seed with a violation. An interrupt (Ctrl-C) ends the campaign with the report of the
+    seeds that finished (``interrupted``), so a long campaign can be resumed after its last seed."""
     report = CampaignReport()
     start = time.perf_counter()
     cpu = time.process_time()
@@ -84,6 +102,8 @@ def run_campaign(seeds: Iterable[int], options: SimOptions | None = None, *,
                 on_result(result)
             if stop_at_first and result.violations:
                 break
+    except KeyboardInterrupt:
+        report.interrupted = True
     finally:
         gc.unfreeze()
     report.elapsed_s = time.perf_counter() - start

@@ -97,7 +97,8 @@ def _minimal(events: list[Event], ledger: int, entry: int) -> tuple[Event, ...]:
 
 #: what a long minimal history leaves out first
 _NOISE = frozenset({"fence", "add-failed", "recover-failed", "read-failed", "gc", "add", "add-refused"})
-_FAULTS = frozenset({"crash", "restart", "partition", "heal", "slow", "meta-lost", "corrupt"})
+_FAULTS = frozenset({"crash", "restart", "partition", "heal", "slow", "meta-lost", "corrupt", "torn", "eio",
+                     "full", "writable", "clock", "fsync-lied"})
 
 
 def check(history: History, *, final_ends: dict[int, int], leftover_deleted: dict[str, list[int]],

@@ -114,6 +114,13 @@ class SimLoop(asyncio.BaseEventLoop):
     def advance(self, seconds: float) -> None:
         self._now += seconds
 
+    def jump(self, seconds: float) -> None:
+        """The clock jumps forward (every process was suspended: the ``clock`` fault): the timers
+        that came due meanwhile run late, all at once, by deadline then scheduling order."""
+        if seconds < 0:
+            raise ValueError("a monotonic clock never goes back")
+        self._now += seconds
+
     def call_at(self, when: float, callback: Callable[..., object], *args: Any,  # type: ignore[override]
                 context: contextvars.Context | None = None) -> asyncio.TimerHandle:
         """A timer in the loop's own heap of ``(deadline, sequence, handle)``: compared in C, and

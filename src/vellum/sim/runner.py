@@ -21,9 +21,11 @@ import functools
 import hashlib
 import logging
 import random
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
+from vellum.client import bookkeeper as client_bookkeeper
 from vellum.client import ledger_writer as client_ledger_writer
 from vellum.client import metadata_update as client_metadata_update
 from vellum.client import recovery as client_recovery
@@ -45,11 +47,23 @@ from vellum.sim.workload import Workload, WorkloadShape
 
 log = logging.getLogger(__name__)
 
-#: the fault kinds ``--faults`` takes
-FAULT_KINDS = ("delay", "drop", "dup", "reorder", "partition", "crash", "slow", "meta", "corrupt")
+#: the fault kinds ``--faults`` takes (``all``: every one of them)
+FAULT_KINDS = ("delay", "drop", "dup", "reorder", "partition", "crash", "slow", "meta", "corrupt",
+               "torn", "eio", "full", "clock")
+#: modes ``--faults`` also takes but ``all`` never includes: ``lying-fsync`` (every disk
+#: acknowledges fsync without persisting) breaks durability on purpose, so the checker must fail
+FAULT_MODES = ("lying-fsync",)
 #: what a run injects unless told otherwise (``meta``: metadata writes that fail, ``corrupt``: a
-#: crash that leaves a bad stored entry behind, are opt-in)
-DEFAULT_FAULTS = frozenset(FAULT_KINDS) - {"meta", "corrupt"}
+#: crash that leaves a bad stored entry behind, ``torn``, ``eio``, ``full`` and ``clock``: the
+#: disk and clock faults, are opt-in)
+DEFAULT_FAULTS = frozenset(FAULT_KINDS) - {"meta", "corrupt", "torn", "eio", "full", "clock"}
+#: the nemesis's kinds, in the order its generator picks among them (a kind not asked for is
+#: left out, so the default mix draws as it did before the disk and clock faults existed)
+_NEMESIS_KINDS = ("crash", "partition", "slow", "torn", "eio", "full", "clock")
+#: what the wall clock reads at virtual time 0 (2026-01-01T00:00:00Z): a run never reads the host's
+_WALL_EPOCH = 1_767_225_600.0
+#: the network's counters (``SimNetwork.counts``) that say a seed hit a fault kind
+_NET_FAULTS = {"dropped": "drop", "duplicated": "dup", "reordered": "reorder"}
 #: the metadata-store writes whose reply (or request) the ``meta`` fault loses
 _META_WRITES = frozenset({"create_ledger", "create_ledger_with_id", "write_ledger", "delete_ledger"})
 
@@ -106,6 +120,9 @@ class RunResult:
     acks: int = 0
     #: the whole history, kept only for a traced run (``SimOptions.trace``: a replay prints it)
     history: History | None = None
+    #: fault kind -> injections of it in this run (a kind absent: never hit; ``delay``: every
+    #: write of a run with the kind is delayed, counted once)
+    injected: dict[str, int] = field(default_factory=dict)
 
 
 class BookieNode:
@@ -149,15 +166,19 @@ class BookieNode:
         self._links = [lk for lk in self._links if not all(lk.lost)]
         self._links.append(link)
 
-    def crash(self) -> None:
+    def crash(self, keep: int = 0) -> tuple[int, int]:
+        """The process dies; ``keep``: unsynced journal records that survive (a torn crash).
+        Returns (records kept, records that were unsynced)."""
+        torn = (0, 0)
         if self.bookie is not None:
-            self.bookie.crash()
+            torn = self.bookie.crash(keep)
         for link in self._links:
             link.reset(1)
         self._links = []
         # The processors' in-flight work belongs to the dead process: new counters.
         self._internal_before_crash += self._internal(self._counters)
         self._counters = Counters(max_adds=10000, max_reads=10000, max_frame_size=self._limits.max_frame_size)
+        return torn
 
     @staticmethod
     def _internal(counters: Counters) -> int:
@@ -250,6 +271,18 @@ class World:
         self.clients: list[BookKeeper] = []
         #: entries with a bad copy on some bookie (the ``corrupt`` fault)
         self._corrupted: set[tuple[int, int]] = set()
+        #: fault kind -> injections (``RunResult.injected``)
+        self.injected: Counter[str] = Counter()
+        if "lying-fsync" in faults:
+            for node in self.nodes:
+                node.disk.lies = True
+        #: what the wall clock (``time.time`` as the client sees it) is ahead of virtual time: the
+        #: ``clock`` fault jumps it forward and back
+        self.wall_offset = 0.0
+
+    def wall_time(self) -> float:
+        """The wall clock of the code under test: a fixed epoch plus virtual time, plus the jumps."""
+        return _WALL_EPOCH + self.loop.time() + self.wall_offset
 
     def _metadata_written(self, ledger_id: int, md: LedgerMetadata) -> None:
         segments = " ".join(f"{first}:[{','.join(b.split(':')[0].removeprefix('bookie-') for b in ens)}]"
@@ -269,6 +302,8 @@ class World:
             if getattr(target, "__name__", "") in _META_WRITES:
                 roll = self._meta_rng.random()
                 lose = "request" if roll < 0.03 else "reply" if roll < 0.06 else None
+                if lose is not None:
+                    self.injected["meta"] += 1
 
         def run() -> None:
             if fut.done():
@@ -304,10 +339,11 @@ class World:
 
     # ------------------------------------------------------------------------- nemesis
     async def nemesis(self) -> None:
-        """Crashes, partitions and slow links at random moments, one at a time."""
+        """Crashes, partitions, slow links, and the disk and clock faults at random moments,
+        one at a time."""
         faults = self.options.faults
         rng = random.Random(self.rng.random())
-        kinds = [k for k in ("crash", "partition", "slow") if k in faults]
+        kinds = [k for k in _NEMESIS_KINDS if k in faults]
         if not kinds:
             return
         while True:
@@ -319,20 +355,28 @@ class World:
                 factor = rng.uniform(10.0, 60.0)
                 pair = (who, node.name) if rng.random() < 0.5 else (node.name, who)
                 self.net.slow_links[pair] = factor
+                self.injected["slow"] += 1
                 self.history.add("nemesis", "slow", value=f"{pair[0]} -> {pair[1]} x{factor:.0f}")
                 await asyncio.sleep(rng.uniform(0.1, 1.5))
                 self.net.slow_links.pop(pair, None)
                 self.history.add("nemesis", "heal", value="slow link")
-            elif kind == "crash":
+            elif kind in ("crash", "torn"):
+                if kind == "torn":
+                    node = await self._mid_group(rng) or node
                 if not node.up:
                     continue
-                node.crash()
-                self.history.add("nemesis", "crash", value=node.name)
+                self._crash(node, rng if kind == "torn" else None)
                 if "corrupt" in faults and rng.random() < 0.5:
                     self._corrupt_one(node, rng)
                 await asyncio.sleep(rng.uniform(0.01, 1.0))
                 node.start()
                 self.history.add("nemesis", "restart", value=node.name)
+            elif kind == "eio":
+                await self._eio(node, rng)
+            elif kind == "full":
+                await self._full(node, rng)
+            elif kind == "clock":
+                self._clock_jump(rng)
             else:
                 who = rng.choice(["writer", "reader", "recoverer"])
                 one_way = rng.random() < 0.5
@@ -342,10 +386,94 @@ class World:
                 else:
                     self.net.partition(who, node.name, one_way=one_way)
                     desc = f"{who} {'->' if one_way else '<->'} {node.name}"
+                self.injected["partition"] += 1
                 self.history.add("nemesis", "partition", value=desc)
                 await asyncio.sleep(rng.uniform(0.05, 1.5))
                 self.net.heal()
                 self.history.add("nemesis", "heal")
+
+    async def _mid_group(self, rng: random.Random) -> BookieNode | None:
+        """A bookie with journal records written but not yet synced, waited for in small steps
+        (at most 0.3 virtual seconds): where a power cut tears a group."""
+        for _ in range(100):
+            pending = [n for n in self.nodes if n.up and n.bookie is not None and n.bookie.pending_records]
+            if pending:
+                return rng.choice(pending)
+            await asyncio.sleep(rng.uniform(0.0005, 0.003))
+        return None
+
+    def _crash(self, node: BookieNode, torn: random.Random | None = None) -> None:
+        """Kill ``node``'s process (a power cut: what was not synced is lost). ``torn``: a seeded
+        prefix (drawn from its generator) of the unsynced journal records survives (the group was partly on the disk; replay
+        stops at the first bad record, so the next one is torn and discarded)."""
+        assert node.bookie is not None
+        unwritten = node.bookie.unwritten_records
+        keep = torn.randint(0, node.bookie.pending_records) if torn is not None else 0
+        kept, pending = node.crash(keep)
+        self.injected["crash"] += 1
+        self.history.add("nemesis", "crash", value=node.name)
+        if torn and pending:
+            self.injected["torn"] += 1
+            tail = " (the next one torn, discarded by replay)" if kept < pending else ""
+            self.history.add("nemesis", "torn", value=f"{node.name}: kept {kept} of {pending} unsynced records{tail}")
+        if unwritten:
+            self.injected["lying-fsync"] += 1
+            self.history.add("nemesis", "fsync-lied",
+                             value=f"{node.name}: {unwritten} acknowledged records were never written")
+
+    async def _eio(self, node: BookieNode, rng: random.Random) -> None:
+        """An I/O error on ``node``'s disk for a while. Half the time its journal: fail-stop, as
+        ``storage/journal.py`` (every pending and later add and fence answered EIO, reads still
+        served) until the process is restarted, as an operator would; else its ledger storage's
+        flushes: adds refused with back-pressure while they fail, nothing lost."""
+        bookie = node.bookie
+        if bookie is None or not node.up:
+            return
+        self.injected["eio"] += 1
+        if rng.random() < 0.5:
+            failed = bookie.fail_journal("write failed")
+            self.history.add("nemesis", "eio", value=f"journal of {node.name} ({failed} pending records failed)")
+            await asyncio.sleep(rng.uniform(0.05, 1.0))
+            if node.bookie is bookie and node.up:
+                self._crash(node)
+                node.start()
+                self.history.add("nemesis", "restart", value=node.name)
+        else:
+            bookie.storage_failing = True
+            self.history.add("nemesis", "eio", value=f"ledger storage of {node.name}")
+            await asyncio.sleep(rng.uniform(0.05, 1.0))
+            bookie.storage_failing = False
+            self.history.add("nemesis", "heal", value=f"ledger storage of {node.name}")
+
+    async def _full(self, node: BookieNode, rng: random.Random) -> None:
+        """``node``'s disk fills up: read-only (re-registered as such, as ``bookie/bookie.py``
+        with ``readOnlyModeEnabled``) for a while, then space is freed and it is writable."""
+        if node.disk.full:
+            return
+        self.injected["full"] += 1
+        self._set_full(node, True)
+        await asyncio.sleep(rng.uniform(0.1, 1.5))
+        self._set_full(node, False)
+
+    def _set_full(self, node: BookieNode, full: bool) -> None:
+        node.disk.full = full
+        self.store.registration.register_bookie(BookieId(node.name), read_only=full)
+        self.history.add("nemesis", "full" if full else "writable", value=node.name)
+
+    def _clock_jump(self, rng: random.Random) -> None:
+        """A clock jump. Half the time the wall clock (``time.time`` as the client reads it; NTP
+        stepping it) jumps forward or back by up to an hour; else every process is suspended for
+        a while (a paused host): the monotonic clock (the loop's) jumps forward and every timer
+        that came due meanwhile fires late, at once, in deadline order."""
+        self.injected["clock"] += 1
+        if rng.random() < 0.5:
+            step = rng.choice((-1.0, 1.0)) * rng.uniform(1.0, 3600.0)
+            self.wall_offset += step
+            self.history.add("nemesis", "clock", value=f"wall clock {step:+.1f} s")
+        else:
+            pause = rng.uniform(0.1, 2.0)
+            self.history.add("nemesis", "clock", value=f"suspended {pause:.2f} s")
+            self.loop.jump(pause)
 
     def _corrupt_one(self, node: BookieNode, rng: random.Random) -> None:
         """A stored entry of ``node`` goes bad (torn or rotten): one copy per entry at most, so
@@ -357,12 +485,20 @@ class World:
         lid, eid = rng.choice(candidates)
         self._corrupted.add((lid, eid))
         node.disk.corrupt.add((lid, eid))
+        self.injected["corrupt"] += 1
         self.history.add("nemesis", "corrupt", lid, eid, node.name)
 
     def heal_everything(self) -> None:
         self.net.heal()
         self.net.faults = replace(self.calm)
         for node in self.nodes:
+            if node.disk.full:
+                self._set_full(node, False)
+            if node.bookie is not None and node.up and node.bookie.storage_failing:
+                node.bookie.storage_failing = False
+                self.history.add("nemesis", "heal", value=f"ledger storage of {node.name}")
+            if node.bookie is not None and node.up and node.bookie.journal_error is not None:
+                self._crash(node)  # the operator restarts the failed bookie (below)
             if not node.up:
                 node.start()
                 self.history.add("nemesis", "restart", value=node.name)
@@ -386,6 +522,19 @@ SCENARIOS["tailing"] = SimOptions(
     shape=WorkloadShape(ledgers=2, entries=(20, 50), long_poll=True, explicit_lac_ms=50, reader_polls=40))
 
 
+@contextlib.contextmanager
+def wall_clock_of(world: World) -> Iterator[None]:
+    """The client reads ``world``'s wall clock (``World.wall_time``, which the ``clock`` fault
+    jumps) instead of the host's, for the length of the block: a seed never reads the host's
+    clock."""
+    host = client_bookkeeper._wall_clock
+    client_bookkeeper._wall_clock = world.wall_time
+    try:
+        yield
+    finally:
+        client_bookkeeper._wall_clock = host
+
+
 def run_seed(seed: int, options: SimOptions | None = None) -> RunResult:
     """Simulate one seed (see the module docstring)."""
     options = options or SimOptions()
@@ -395,29 +544,39 @@ def run_seed(seed: int, options: SimOptions | None = None) -> RunResult:
         loop.set_exception_handler(lambda _loop, _ctx: None)  # unretrieved failures of abandoned work
         workload = Workload(world, options.shape)
         error = None
-        try:
-            loop.run_until_complete(_main(world, workload))
-        except SimQuiescent as e:
-            error = f"the simulation stopped: {e}"
-        except Exception as e:  # a bug of the simulator or of the code under test
-            error = f"{type(e).__name__}: {e}"
+        with wall_clock_of(world):
+            try:
+                loop.run_until_complete(_main(world, workload))
+            except SimQuiescent as e:
+                error = f"the simulation stopped: {e}"
+            except Exception as e:  # a bug of the simulator or of the code under test
+                error = f"{type(e).__name__}: {e}"
+            except KeyboardInterrupt:  # a campaign stopped by hand: leave no half-run world behind
+                _drain(loop)
+                raise
+            virtual = loop.time() - 1000.0
+            _drain(loop)
         internal = sum(node.internal_errors for node in world.nodes)
         if internal and error is None:
             error = (f"the request path answered EINTERNAL {internal} time(s): an unexpected exception in the "
                      "code under test or the simulated bookie (replay the seed with the vellum logger on)")
         final_ends, leftovers = workload.final_ends, workload.leftover_deleted
-        virtual = loop.time() - 1000.0
-        _drain(loop)
         violations = check(world.history, final_ends=final_ends, leftover_deleted=leftovers,
                            placements=workload.placements)
         fp = hashlib.blake2b(digest_size=8)
         for ev in world.history.events:
             if ev.kind not in TRACE_KINDS:
                 fp.update(ev.describe().encode())
+        injected = dict(world.injected)
+        for counter, kind in _NET_FAULTS.items():
+            if world.net.counts.get(counter):
+                injected[kind] = world.net.counts[counter]
+        if "delay" in options.faults:
+            injected["delay"] = 1
         return RunResult(seed, violations, workload.operations, virtual, len(world.history.events), fp.hexdigest(),
                          dict(world.net.counts), error,
                          sum(1 for ev in world.history.events if ev.kind == "ack"),
-                         world.history if options.trace else None)
+                         world.history if options.trace else None, injected)
 
 
 async def _main(world: World, workload: Workload) -> None:
@@ -445,4 +604,5 @@ def _drain(loop: SimLoop) -> None:
     loop.close()
 
 
-__all__ = ["DEFAULT_FAULTS", "FAULT_KINDS", "REGRESSIONS", "SCENARIOS", "RunResult", "SimOptions", "World", "run_seed"]
+__all__ = ["DEFAULT_FAULTS", "FAULT_KINDS", "FAULT_MODES", "REGRESSIONS", "SCENARIOS", "RunResult", "SimOptions", "World", "run_seed",
+           "wall_clock_of"]
