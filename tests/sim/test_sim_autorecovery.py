@@ -110,3 +110,16 @@ def test_an_autorecovery_defect_leaves_an_entry_under_replicated(flag: str, seed
         warnings.warn(f"seed {found} (not {seed}) now reproduces {flag}: update the named seed", stacklevel=1)
     fixed = run_seed(found, options)
     assert not fixed.violations and fixed.error is None, fixed.violations
+
+
+def test_the_cli_switches_autorecovery_off_and_names_it_in_the_replay_command() -> None:
+    from click.testing import CliRunner
+
+    from vellum.cli.main import cli
+
+    on = CliRunner().invoke(cli, ["verify", "sim", "--seed", "3", "--autorecovery",
+                                  "--regression", "avoid-bad-fragment-bookies"])
+    assert on.exit_code == 1 and "under-replicated" in on.output and "autorecovery settled" in on.output
+    assert "--autorecovery --seed=3" in on.output, on.output[-800:]  # the replay command keeps the switch
+    off = CliRunner().invoke(cli, ["verify", "sim", "--seed", "3", "--no-autorecovery"])
+    assert off.exit_code == 0 and "settled" not in off.output, off.output

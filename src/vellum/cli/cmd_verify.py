@@ -65,11 +65,13 @@ def register(cli: click.Group) -> None:
                   help="about this many entries per ledger (default: the scenario's)")
     @click.option("--regression", "regressions", multiple=True, type=click.Choice(sorted(REGRESSIONS)),
                   help="revert a known fix behind its test flag (the seed should then fail)")
+    @click.option("--autorecovery/--no-autorecovery", "autorecovery", default=None,
+                  help="run the real AutoRecovery daemons and judge under-replicated (default: the scenario's)")
     @click.option("--stop-at-first", is_flag=True, help="stop at the first seed with a violation")
     @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
     def sim(count: int, start: int, one: int | None, scenario: str, faults: str | None, ledgers: int | None,
             entries: int | None,
-            regressions: tuple[str, ...], stop_at_first: bool, as_json: bool) -> None:
+            regressions: tuple[str, ...], autorecovery: bool | None, stop_at_first: bool, as_json: bool) -> None:
         """Run the deterministic simulation over many seeds (or replay one)."""
         if count < 1:
             raise click.BadParameter("must be at least 1", param_hint="--seeds")
@@ -84,12 +86,14 @@ def register(cli: click.Group) -> None:
                 raise click.BadParameter("must be at least 1", param_hint="--entries")
             shape = dataclasses.replace(shape, entries=(max(1, entries // 2), max(1, entries + entries // 2)))
         options = dataclasses.replace(base, faults=base.faults if faults is None else _faults(faults), shape=shape,
-                                      flags=frozenset(regressions))
+                                      flags=frozenset(regressions),
+                                      autorecovery=base.autorecovery if autorecovery is None else autorecovery)
         replay_base = "vellum verify sim" + (f" --scenario {scenario}" if scenario != "default" else "") \
             + (f" --faults {faults}" if faults is not None else "") \
             + (f" --ledgers {ledgers}" if ledgers is not None else "") \
             + (f" --entries {entries}" if entries is not None else "") \
-            + "".join(f" --regression {r}" for r in regressions)
+            + "".join(f" --regression {r}" for r in regressions) \
+            + ("" if autorecovery is None else " --autorecovery" if autorecovery else " --no-autorecovery")
         err = Console(stderr=True)
         if one is not None:
             _replay(one, options, as_json, f"{replay_base} --seed={one}")
