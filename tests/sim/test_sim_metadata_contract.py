@@ -1,7 +1,9 @@
 """The simulator's in-memory metadata store against the metadata contract suite's ledger tests
-(``tests/meta/test_contract.py``): the semantics the simulated clients rely on are the real
-drivers'. The rest of the suite (cookies, layout, key-value area, sessions, processes) is not
-simulated (docs/verification.md)."""
+(``tests/meta/test_contract.py``) and AutoRecovery's records (``tests/meta/test_underreplication_contract.py``):
+the semantics the simulated clients and AutoRecovery rely on are the real drivers'. Left out:
+cookies and the layout (not simulated), and the tests that wait on other threads or on the wall
+clock (the simulated store lives on one loop; ``test_sim_sessions.py`` covers its waits, watches,
+election and session expiry on virtual time)."""
 
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ def _load(name: str, path: Path) -> ModuleType:
 if "meta_testkit" not in sys.modules:
     _load("meta_testkit", _META / "conftest.py")
 _contract = _load("sim_meta_contract", _META / "test_contract.py")
+_ur_contract = _load("sim_ur_contract", _META / "test_underreplication_contract.py")
 
 CONTRACT: list[Callable[[MetadataStore], None]] = [
     _contract.test_create_read_cas_conflict,
@@ -46,5 +49,34 @@ def test_the_simulated_store_keeps_the_ledger_contract(case: Callable[[MetadataS
     loop = SimLoop()
     try:
         case(SimMetadataStore(loop))
+    finally:
+        loop.close()
+
+
+UR_CONTRACT: list[Callable[[Callable[..., MetadataStore]], None]] = [
+    _ur_contract.test_list_in_ledger_id_order,
+    _ur_contract.test_two_sessions_cannot_hold_the_same_ledger,
+    _ur_contract.test_acquire_skips_excluded_and_locked,
+    _ur_contract.test_closing_a_session_frees_its_locks,
+    _ur_contract.test_record_marked_again_while_replicating_stays,
+    _ur_contract.test_audit_timestamps,
+]
+
+
+@pytest.mark.parametrize("case", UR_CONTRACT, ids=lambda c: c.__name__)
+def test_the_simulated_store_keeps_the_underreplication_contract(
+        case: Callable[[Callable[..., MetadataStore]], None]) -> None:
+    """Each ``open_ur()`` of the contract is another session on one simulated cluster."""
+    loop = SimLoop()
+    first: list[SimMetadataStore] = []
+
+    def open_ur(**_kw: float) -> MetadataStore:
+        if not first:
+            first.append(SimMetadataStore(loop))
+            return first[0]
+        return first[0].session(f"session-{len(first)}")
+
+    try:
+        case(open_ur)
     finally:
         loop.close()

@@ -29,7 +29,7 @@ NO_FENCING_RECOVERY_READS_SEEDS = (143,)
 #: default seeds that fail when a recovery writer's ensemble change is written at once (defect D7
 #: of docs/correctness.md): a failed recovery leaves a segment whose replacement bookie never had
 #: the old writer's entries, and the next recovery truncates an acknowledged one
-PERSIST_RECOVERY_SEGMENTS_SEEDS = (273,)
+PERSIST_RECOVERY_SEGMENTS_SEEDS = (333,)
 #: silent-bookie seeds that fail when a write failing after the ack quorum is dropped (defect D3,
 #: rule 11 of docs/correctness.md): a bookie cut off from the writer misses acknowledged entries
 #: and stays in the ensemble until the writer closes the ledger

@@ -6,7 +6,9 @@
 (the replicas check).
 
 ``FragmentCopier.copy``: read each entry of the fragment from the other bookies of its write
-set (the first one that answers with an intact copy: digest verified, ids checked), and write
+set (the first one that answers with an intact copy: digest verified, ids checked), else from
+the fragment's own bookie (a bookie replaced because it misses some entries of the fragment may
+hold the only surviving copy of others: its intact copies are as good as any), and write
 it to the new bookie with a recovery add (accepted even when the ledger is fenced). How much is
 in flight and how fast (``pacing``): at most ``batch`` entries, fewer while the bookies are busy
 with foreground traffic (``YieldingWindow``, unless ``yield_target_s`` is None), and at most
@@ -53,6 +55,10 @@ QUEUING = stats.gauge("replication_worker_QUEUING_DELAY_SECONDS",
 
 
 T = TypeVar("T")
+
+#: test flag (the simulator's regression seed): False reads an entry only from the other bookies
+#: of its write set, never from the fragment's own bookie (the behaviour before the fix)
+_read_from_replaced_bookie = True
 
 
 class FragmentCopier:
@@ -146,7 +152,10 @@ class FragmentCopier:
     async def _read_intact(self, fragment: Fragment, md: LedgerMetadata, digest: DigestManager,
                            entry_id: int) -> bytes:
         problems: list[str] = []
-        for source in fragment.sources(entry_id, md.write_quorum_size):
+        sources = fragment.sources(entry_id, md.write_quorum_size)
+        if _read_from_replaced_bookie:
+            sources.append(fragment.bookie)  # last: it is being replaced, but may hold the only copy
+        for source in sources:
             try:
                 raw = await self._bc.read(source, fragment.ledger_id, entry_id, timeout_s=self._timeout)
                 digest.verify(raw, entry_id)
@@ -156,7 +165,7 @@ class FragmentCopier:
             BYTES_READ.inc(len(raw))
             return bytes(raw)
         raise LedgerRecoveryError(
-            f"ledger {fragment.ledger_id} entry {entry_id}: no intact copy on the other replicas "
+            f"ledger {fragment.ledger_id} entry {entry_id}: no intact copy on any replica "
             f"({'; '.join(problems) or 'none'}); fragment at {fragment.first_entry} on "
             f"{fragment.bookie} not replaced"
         )

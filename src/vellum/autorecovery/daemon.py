@@ -18,7 +18,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import Awaitable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vellum.autorecovery.auditor import Auditor
 from vellum.autorecovery.settings import AutoRecoverySettings
@@ -26,7 +26,10 @@ from vellum.autorecovery.worker import ReplicationWorker
 from vellum.client.bookkeeper import BookKeeper
 from vellum.config import ClientConfig
 from vellum.ids import BookieId
-from vellum.meta.api import AuditorElection
+from vellum.meta.api import AuditorElection, MetadataStore
+
+if TYPE_CHECKING:
+    from vellum.client.placement import PlacementPolicy
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +38,13 @@ class AutoRecovery:
     """See the module docstring."""
 
     def __init__(self, metadata_uri: str, *, bookie_id: str, settings: AutoRecoverySettings,
-                 client_config: ClientConfig | None = None) -> None:
+                 client_config: ClientConfig | None = None, store: MetadataStore | None = None,
+                 placement: PlacementPolicy | None = None) -> None:
         self.metadata_uri = metadata_uri
+        #: an open store and a placement policy for the client, instead of what the URI and the
+        #: configuration give (the simulator's: its store and a seeded policy)
+        self._store = store
+        self._placement = placement
         self.bookie_id = bookie_id
         self.settings = settings
         self.client_config = client_config or ClientConfig()
@@ -49,7 +57,8 @@ class AutoRecovery:
         return self.election is not None and self.election.is_leader
 
     async def run(self, stop: asyncio.Event) -> None:
-        async with BookKeeper(self.metadata_uri, config=self.client_config) as bk:
+        async with BookKeeper(self.metadata_uri, config=self.client_config, store=self._store,
+                              placement=self._placement) as bk:
             urm = bk.store.underreplication
             loop = asyncio.get_running_loop()
             changed = asyncio.Event()

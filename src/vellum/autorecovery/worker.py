@@ -13,9 +13,10 @@ ledger is retried when the registered bookies change, else every ``BLOCKED_RETRY
 A fragment is bad when its bookie is not registered (lost, decommissioned), or when the record
 names the bookie (the auditor found entries missing or corrupt there) and a verified read of
 the fragment from it fails. Replacing a fragment:
-1. pick a bookie for its position through the placement policy (not in the segment, and none whose
-   fragments of this ledger are bad now: a bookie the record names that is registered again and
-   whose copies verify is a fine target);
+1. pick a bookie for its position through the placement policy (not in the segment, and not a
+   lost one: a bookie the record names that is registered again is a fine target, and so is a
+   registered bookie whose fragment of another segment of this ledger is bad, as in BookKeeper:
+   avoiding it too left two such bookies blocking each other on a small cluster);
 2. copy the fragment's entries to it (``copier``: read from the surviving replicas, digest
    verified, recovery adds, batched, throttled);
 3. CAS the segment with the new bookie in that position; on a conflict re-read and retry while
@@ -66,6 +67,12 @@ FRAGMENTS = stats.counter("replication_worker_REPLACED_FRAGMENTS", "fragments co
 FAILED = stats.counter("replication_worker_FAILED_LEDGERS", "attempts that left a ledger for a retry")
 
 _MAX_CAS = 50
+#: test flag (the simulator's regression seed): avoid, as targets, every bookie whose fragments of
+#: the ledger are bad, registered or not (the behaviour before the fix)
+_avoid_registered_bad_bookies = False
+#: test flag (the simulator's regression seed): give up on a ledger at its first fragment no
+#: bookie may take, leaving the others unhealed (the behaviour before the fix)
+_stop_at_unhealable_fragment = False
 #: seconds before a ledger that cannot heal is tried again while the registered bookies stay the same
 BLOCKED_RETRY_S = 60.0
 
@@ -214,14 +221,12 @@ class ReplicationWorker:
             log.info("ledger %d was deleted: nothing to re-replicate", ledger_id)
             return Outcome.HEALED
         bad = await self._bad_fragments(ledger_id, current.value, suspects)
-        avoid = {f.bookie for f in bad}
+        avoid = self._avoid(bad)
         if any(f.is_open for f in bad):
             marked_ms = record.ctime_ms if record is not None and record.ctime_ms > 0 else 0
             waited_ms = time.time() * 1000 - marked_ms
             if waited_ms < self._settings.open_ledger_grace_period_ms:
-                bad = [f for f in bad if not f.is_open]
-                for f in bad:
-                    await self._replace(ledger_id, f, avoid)
+                await self._replace_all(ledger_id, [f for f in bad if not f.is_open], avoid)
                 return Outcome.DEFERRED
             log.info("ledger %d: its open fragment on %s is still bad after the %d ms grace period: "
                      "fencing and recovering the ledger", ledger_id,
@@ -229,10 +234,37 @@ class ReplicationWorker:
             await recover_ledger(ctx, ledger_id, current.value.password)
             current = await ctx.read_metadata(ledger_id)
             bad = await self._bad_fragments(ledger_id, current.value, suspects)
-            avoid = {f.bookie for f in bad}
-        for f in bad:
-            await self._replace(ledger_id, f, avoid)
+            avoid = self._avoid(bad)
+        await self._replace_all(ledger_id, bad, avoid)
         return Outcome.HEALED
+
+    async def _replace_all(self, ledger_id: int, bad: list[Fragment], avoid: set[str]) -> None:
+        """Replace every fragment that can be replaced; one that cannot (no bookie may take its
+        place) does not stop the others, as in BookKeeper; the first such reason is raised at
+        the end (the ledger is then recorded as one that cannot heal, and retried)."""
+        blocked: NotEnoughBookiesError | None = None
+        for f in bad:
+            try:
+                await self._replace(ledger_id, f, avoid)
+            except NotEnoughBookiesError as exc:
+                if _stop_at_unhealable_fragment:
+                    raise
+                log.info("ledger %d: fragment at %d on %s cannot be replaced now (%s); replacing the others",
+                         ledger_id, f.first_entry, f.bookie, exc)
+                blocked = blocked or exc
+        if blocked is not None:
+            raise blocked
+
+    def _avoid(self, bad: list[Fragment]) -> set[str]:
+        """The bookies no copy of this ledger goes to besides the fragment's segment: those of bad
+        fragments that are not registered (lost). A registered bookie that misses entries of
+        another segment may take a copy; avoiding it too, two of them blocked each other (each
+        fragment's only spare was the other's bookie: "no spare bookie" with a spare up)."""
+        if _avoid_registered_bad_bookies:
+            return {f.bookie for f in bad}
+        ctx = self._bk.context
+        registered = set(ctx.writable_bookies) | set(ctx.read_only_bookies)
+        return {f.bookie for f in bad if f.bookie not in registered}
 
     async def _bad_fragments(self, ledger_id: int, md: LedgerMetadata, suspects: set[str]) -> list[Fragment]:
         ctx = self._bk.context
@@ -246,9 +278,8 @@ class ReplicationWorker:
         return bad
 
     async def _replace(self, ledger_id: int, fragment: Fragment, avoid: set[str]) -> None:
-        """Copy ``fragment`` to a bookie outside its segment and outside ``avoid`` (the bookies
-        whose fragments of this ledger are bad now), then publish it. A bookie the record names
-        but whose copies checked out (it is registered again) may take the copy."""
+        """Copy ``fragment`` to a bookie outside its segment and outside ``avoid`` (``_avoid``),
+        then publish it. A bookie the record names that is registered again may take the copy."""
         ctx = self._bk.context
         current = await ctx.read_metadata(ledger_id)
         md = current.value

@@ -100,6 +100,8 @@ def register(cli: click.Group) -> None:
                   help="about this many entries per ledger (default: the scenario's)")
     @click.option("--regression", "regressions", multiple=True, type=click.Choice(sorted(REGRESSIONS)),
                   help="revert a known fix behind its test flag (the seed should then fail)")
+    @click.option("--autorecovery/--no-autorecovery", "autorecovery", default=None,
+                  help="run the real AutoRecovery daemons and judge under-replicated (default: the scenario's)")
     @click.option("--stop-at-first", is_flag=True, help="stop at the first seed with a violation")
     @click.option("--nightly", is_flag=True,
                   help=f"the nightly campaign: {NIGHTLY_SEEDS:,} seeds (unless --seeds), every fault kind (unless "
@@ -108,7 +110,8 @@ def register(cli: click.Group) -> None:
     @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
     def sim(count: int | None, start: int, one: int | None, scenario: str, faults: str | None, ledgers: int | None,
             entries: int | None,
-            regressions: tuple[str, ...], stop_at_first: bool, nightly: bool, as_json: bool) -> None:
+            regressions: tuple[str, ...], autorecovery: bool | None, stop_at_first: bool, nightly: bool,
+            as_json: bool) -> None:
         """Run the deterministic simulation over many seeds (or replay one)."""
         if count is None:
             count = NIGHTLY_SEEDS if nightly else 200
@@ -128,12 +131,14 @@ def register(cli: click.Group) -> None:
             shape = dataclasses.replace(shape, entries=(max(1, entries // 2), max(1, entries + entries // 2)))
         options = dataclasses.replace(base, faults=base.faults if faults is None else _faults(faults, base.faults),
                                       shape=shape,
-                                      flags=frozenset(regressions))
+                                      flags=frozenset(regressions),
+                                      autorecovery=base.autorecovery if autorecovery is None else autorecovery)
         replay_base = "vellum verify sim" + (f" --scenario {scenario}" if scenario != "default" else "") \
             + (f" --faults {faults}" if faults is not None else "") \
             + (f" --ledgers {ledgers}" if ledgers is not None else "") \
             + (f" --entries {entries}" if entries is not None else "") \
-            + "".join(f" --regression {r}" for r in regressions)
+            + "".join(f" --regression {r}" for r in regressions) \
+            + ("" if autorecovery is None else " --autorecovery" if autorecovery else " --no-autorecovery")
         err = Console(stderr=True)
         if one is not None:
             _replay(one, options, as_json, f"{replay_base} --seed={one}")

@@ -20,6 +20,10 @@ The promises (docs/verification.md):
   write that failed after the ack quorum still replaces its bookie). Judged only on the
   ``Placement`` of ledgers whose writer waited longer than its add timeout before closing (so
   every failed write was noticed) on a cluster with spare bookies.
+- ``under-replicated``: once AutoRecovery settled, an acknowledged entry of a closed, not
+  deleted ledger is missing (or bad) on a bookie of its write set in the final metadata; judged
+  on the segments the cluster can heal (a bookie up at the end outside the segment), and when
+  AutoRecovery did not settle in its bounded time.
 
 Each violation carries a minimal history: the events of its ledger (and entry) only.
 """
@@ -76,6 +80,29 @@ def _not_replaced(ledger: int, placement: Placement, acked: dict[int, tuple[floa
     return None
 
 
+def _under_replicated(ledger: int, replicas: Placement, acked: dict[int, tuple[float, str]], final_end: int,
+                      up_at_end: frozenset[str], events: list[Event]) -> Violation | None:
+    firsts = sorted(replicas.segments)
+    for entry in sorted(acked):
+        if entry > final_end:
+            break
+        first = max((f for f in firsts if f <= entry), default=None)
+        if first is None:
+            continue
+        ensemble = replicas.segments[first]
+        if not up_at_end - set(ensemble):
+            continue  # no spare bookie: nothing can heal this segment
+        for idx in write_set(entry, len(ensemble), replicas.write_quorum):
+            bookie = ensemble[idx]
+            if entry not in replicas.held.get(bookie, frozenset()):
+                where = "a bookie lost for good" if bookie not in up_at_end else "a bookie that is up"
+                return Violation("under-replicated", ledger, entry,
+                                 f"acknowledged entry {entry} is not on {bookie} ({where}), which the final "
+                                 f"metadata names in its write set at position {idx}, after AutoRecovery settled",
+                                 _minimal(events, ledger, entry))
+    return None
+
+
 def _minimal(events: list[Event], ledger: int, entry: int) -> tuple[Event, ...]:
     """The events of ``ledger`` (of ``entry`` only, where an event names an entry) and the
     faults injected while the ledger was in use; past ``_MAX_EVENTS``, the bookies' fences and
@@ -98,14 +125,17 @@ def _minimal(events: list[Event], ledger: int, entry: int) -> tuple[Event, ...]:
 #: what a long minimal history leaves out first
 _NOISE = frozenset({"fence", "add-failed", "recover-failed", "read-failed", "gc", "add", "add-refused"})
 _FAULTS = frozenset({"crash", "restart", "partition", "heal", "slow", "meta-lost", "corrupt", "torn", "eio",
-                     "full", "writable", "clock", "fsync-lied"})
+                     "full", "writable", "clock", "fsync-lied", "expire", "lost-for-good"})
 
 
 def check(history: History, *, final_ends: dict[int, int], leftover_deleted: dict[str, list[int]],
-          placements: dict[int, Placement] | None = None) -> list[Violation]:
+          placements: dict[int, Placement] | None = None, replicas: dict[int, Placement] | None = None,
+          up_at_end: frozenset[str] = frozenset(), settled: bool | None = None) -> list[Violation]:
     """``final_ends``: ledger -> last entry of its CLOSED metadata after the final phase (absent:
     not closed or deleted); ``leftover_deleted``: bookie -> deleted ledgers it still holds
-    entries of after the final GC; ``placements``: the ledgers ``not-replaced`` judges."""
+    entries of after the final GC; ``placements``: the ledgers ``not-replaced`` judges;
+    ``replicas``: where every ledger's entries are once AutoRecovery settled (None: not judged),
+    ``up_at_end`` the bookies then up, ``settled`` whether it settled (None: it did not run)."""
     events = history.events
     out: list[Violation] = []
     acks: dict[int, dict[int, tuple[float, str]]] = defaultdict(dict)
@@ -179,6 +209,11 @@ def check(history: History, *, final_ends: dict[int, int], leftover_deleted: dic
             if v is not None:
                 out.append(v)
         final_end = final_ends.get(ledger)
+        held = (replicas or {}).get(ledger)
+        if final_end is not None and deleted is None and held is not None:
+            v = _under_replicated(ledger, held, acked, final_end, up_at_end, events)
+            if v is not None:
+                out.append(v)
         if final_end is not None and deleted is None:
             for entry in sorted(acked):
                 if entry > final_end:
@@ -196,6 +231,10 @@ def check(history: History, *, final_ends: dict[int, int], leftover_deleted: dic
             seen_keys.add((v.kind, v.ledger, v.entry))
             unique.append(v)
     out = unique
+    if settled is False:
+        out.append(Violation("under-replicated", -1, -1,
+                             "AutoRecovery did not settle in its bounded time after the final phase (records left)",
+                             tuple(e for e in events if e.actor == "autorecovery")[-_MAX_EVENTS:]))
     for bookie, ledgers in sorted(leftover_deleted.items()):
         for ledger in ledgers:
             out.append(Violation("written-after-delete", ledger, -1,

@@ -141,11 +141,13 @@ class Link:
         names = self.names
         if net.blocked(names[side], names[dst]):
             net.count("partitioned")
+            net.lossy[self.link_id] = self
             return
         rng = net.rng
         faults = net.faults
         if faults.drop and rng.random() < faults.drop:
             net.count("dropped")
+            net.lossy[self.link_id] = self
             return
         copies = 2 if faults.duplicate and rng.random() < faults.duplicate else 1
         if copies == 2:
@@ -242,6 +244,8 @@ class SimNetwork:
         self.slow_links: dict[tuple[str, str], float] = {}
         self._next_link = 0
         self.counts: dict[str, int] = {}
+        #: connections that lost a write (dropped, or to a partition), by link id
+        self.lossy: dict[int, Link] = {}
 
     def count(self, what: str) -> None:
         self.counts[what] = self.counts.get(what, 0) + 1
@@ -259,6 +263,19 @@ class SimNetwork:
     def heal(self) -> None:
         self._blocked.clear()
         self.slow_links.clear()
+
+    def reset_lossy(self) -> int:
+        """Reset every live connection that lost a write: TCP would have delivered it late or
+        reset the connection; a lost frame stands for that reset, which happens here at the
+        latest (a v2 request never answered keeps its key busy on its connection). Returns how
+        many were reset."""
+        reset = 0
+        for _lid, link in sorted(self.lossy.items()):
+            if not any(link.lost):
+                link.reset(1)
+                reset += 1
+        self.lossy.clear()
+        return reset
 
     # ------------------------------------------------------------------------- connecting
     def add_server(self, server: Server) -> None:

@@ -25,6 +25,8 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
+from vellum.autorecovery import copier as ar_copier
+from vellum.autorecovery import worker as ar_worker
 from vellum.client import bookkeeper as client_bookkeeper
 from vellum.client import ledger_writer as client_ledger_writer
 from vellum.client import metadata_update as client_metadata_update
@@ -37,8 +39,9 @@ from vellum.ids import BookieId, LedgerId
 from vellum.meta.model import LedgerMetadata
 from vellum.server.bookie_server import BookieConnection, ServerLimits
 from vellum.server.processors import Counters
+from vellum.sim.autorecovery import SimAutoRecovery, replicas, virtual_clock
 from vellum.sim.bookie import SimBookie, SimDisk, key_check_for
-from vellum.sim.checker import Violation, check
+from vellum.sim.checker import Placement, Violation, check
 from vellum.sim.history import History
 from vellum.sim.loop import SimLoop, SimQuiescent
 from vellum.sim.metadata import SimMetadataStore
@@ -48,15 +51,15 @@ from vellum.sim.workload import Workload, WorkloadShape
 log = logging.getLogger(__name__)
 
 #: the fault kinds ``--faults`` takes (``all``: every one of them)
-FAULT_KINDS = ("delay", "drop", "dup", "reorder", "partition", "crash", "slow", "meta", "corrupt",
+FAULT_KINDS = ("delay", "drop", "dup", "reorder", "partition", "crash", "slow", "meta", "corrupt", "expiry",
                "torn", "eio", "full", "clock")
 #: modes ``--faults`` also takes but ``all`` never includes: ``lying-fsync`` (every disk
 #: acknowledges fsync without persisting) breaks durability on purpose, so the checker must fail
 FAULT_MODES = ("lying-fsync",)
 #: what a run injects unless told otherwise (``meta``: metadata writes that fail, ``corrupt``: a
-#: crash that leaves a bad stored entry behind, ``torn``, ``eio``, ``full`` and ``clock``: the
-#: disk and clock faults, are opt-in)
-DEFAULT_FAULTS = frozenset(FAULT_KINDS) - {"meta", "corrupt", "torn", "eio", "full", "clock"}
+#: crash that leaves a bad stored entry behind, ``expiry``: metadata sessions that expire,
+#: ``torn``, ``eio``, ``full`` and ``clock``: the disk and clock faults, are opt-in)
+DEFAULT_FAULTS = frozenset(FAULT_KINDS) - {"meta", "corrupt", "expiry", "torn", "eio", "full", "clock"}
 #: the nemesis's kinds, in the order its generator picks among them (a kind not asked for is
 #: left out, so the default mix draws as it did before the disk and clock faults existed)
 _NEMESIS_KINDS = ("crash", "partition", "slow", "torn", "eio", "full", "clock")
@@ -64,8 +67,10 @@ _NEMESIS_KINDS = ("crash", "partition", "slow", "torn", "eio", "full", "clock")
 _WALL_EPOCH = 1_767_225_600.0
 #: the network's counters (``SimNetwork.counts``) that say a seed hit a fault kind
 _NET_FAULTS = {"dropped": "drop", "duplicated": "dup", "reordered": "reorder"}
-#: the metadata-store writes whose reply (or request) the ``meta`` fault loses
-_META_WRITES = frozenset({"create_ledger", "create_ledger_with_id", "write_ledger", "delete_ledger"})
+#: the metadata-store writes whose reply (or request) the ``meta`` fault loses (ledgers, and
+#: AutoRecovery's records)
+_META_WRITES = frozenset({"create_ledger", "create_ledger_with_id", "write_ledger", "delete_ledger",
+                          "mark_under_replicated", "mark_replicated", "release_ledger"})
 
 
 @dataclass(frozen=True)
@@ -88,6 +93,15 @@ class SimOptions:
     #: record what each bookie did (adds, refusals, fences) in the history: for replaying one
     #: seed; it changes neither the run nor its fingerprint
     trace: bool = False
+    #: run AutoRecovery (``sim/autorecovery.py``: auditor and replication workers) during the run
+    #: and after the final phase until it settles
+    autorecovery: bool = True
+    #: judge ``under-replicated`` (None: when AutoRecovery runs; True without it: the promise
+    #: fails where it is needed)
+    judge_replicas: bool | None = None
+    #: chance that a run with crashes loses one bookie for good in its middle (AutoRecovery then
+    #: re-replicates its ledgers); only where ``under-replicated`` is judged
+    lose_bookie: float = 0.5
 
 
 #: named workloads (``--scenario``): the default mix, and a race of the old writer against
@@ -103,6 +117,12 @@ REGRESSIONS = {
     "persist-recovery-segments": "a recovery writer's ensemble changes written when they happen, not with the close",
     "ignore-late-write-failures": "a write that fails after its entry reached the ack quorum is dropped: the bookie "
                                   "is never replaced (defect D3, rule 11 of docs/correctness.md)",
+    "avoid-bad-fragment-bookies": "a replication worker avoids, as copy targets, registered bookies that miss "
+                                  "entries of another segment of the ledger: two of them block each other",
+    "stop-at-unhealable-fragment": "a replication worker gives up on a ledger at its first fragment no bookie may "
+                                   "take, leaving the fragments it could replace unhealed",
+    "copy-only-from-other-replicas": "a replication worker reads an entry only from the other bookies of its write "
+                                     "set, never from the bookie it replaces, which may hold its only copy",
 }
 
 
@@ -125,6 +145,10 @@ class RunResult:
     injected: dict[str, int] = field(default_factory=dict)
 
 
+#: seconds a crashed bookie's registration outlives it (its metadata session's timeout)
+SESSION_TIMEOUT_S = 0.5
+
+
 class BookieNode:
     """A bookie process on the simulated network: the real request path over a ``SimBookie``."""
 
@@ -141,6 +165,10 @@ class BookieNode:
         self._limits = ServerLimits()
         self.bookie: SimBookie | None = None
         self._internal_before_crash = 0
+        #: the metadata session that holds this bookie's registration (None while it has none)
+        self.session: SimMetadataStore | None = None
+        #: crashed for good (``lose_bookie``): never restarted
+        self.lost = False
         self.start()
 
     def _password(self, ledger_id: int) -> bytes | None:
@@ -153,6 +181,31 @@ class BookieNode:
         if history is not None:
             name = self.name
             self.bookie.trace = lambda kind, ledger, entry, value: history.add(name, kind, ledger, entry, value)
+        if self.session is None:
+            self._register()
+
+    def _register(self) -> None:
+        self.session = self._store.session(self.name)
+        self.session.registration.register_bookie(BookieId(self.name))
+
+    def _session_timed_out(self, session: SimMetadataStore) -> None:
+        """A crashed process's session ends after its timeout; a process that started again
+        meanwhile registers through a new one (as the drivers' bookie start waits for the old
+        registration to go)."""
+        if session is not self.session:
+            return
+        session.close()
+        self.session = None
+        if self.up:
+            self._register()
+
+    def held(self, ledger_id: int) -> frozenset[int]:
+        """The entries of a ledger this bookie holds durably and intact (what survives a crash)."""
+        rec = self.disk.ledgers.get(ledger_id)
+        if rec is None or rec.deleted:
+            return frozenset()
+        bad = self.disk.corrupt
+        return frozenset(e for e in rec.entries if (ledger_id, e) not in bad)
 
     @property
     def up(self) -> bool:
@@ -172,6 +225,8 @@ class BookieNode:
         torn = (0, 0)
         if self.bookie is not None:
             torn = self.bookie.crash(keep)
+        if self.session is not None:
+            self._loop.call_later(SESSION_TIMEOUT_S, self._session_timed_out, self.session)
         for link in self._links:
             link.reset(1)
         self._links = []
@@ -211,6 +266,15 @@ def _seeded_globals(seed: int, flags: frozenset[str]) -> Iterator[None]:
     replace_after_ack = client_ledger_writer._replace_after_ack
     if "ignore-late-write-failures" in flags:
         client_ledger_writer._replace_after_ack = False
+    avoid_bad = ar_worker._avoid_registered_bad_bookies
+    if "avoid-bad-fragment-bookies" in flags:
+        ar_worker._avoid_registered_bad_bookies = True
+    read_from_replaced = ar_copier._read_from_replaced_bookie
+    if "copy-only-from-other-replicas" in flags:
+        ar_copier._read_from_replaced_bookie = False
+    stop_at_unhealable = ar_worker._stop_at_unhealable_fragment
+    if "stop-at-unhealable-fragment" in flags:
+        ar_worker._stop_at_unhealable_fragment = True
     vellum_log = logging.getLogger("vellum")
     level = vellum_log.level
     vellum_log.setLevel(logging.CRITICAL + 1)
@@ -224,6 +288,9 @@ def _seeded_globals(seed: int, flags: frozenset[str]) -> Iterator[None]:
         client_recovery._fence_recovery_reads = fence_reads
         client_metadata_update._defer_recovery_segments = defer_segments
         client_ledger_writer._replace_after_ack = replace_after_ack
+        ar_worker._avoid_registered_bad_bookies = avoid_bad
+        ar_worker._stop_at_unhealable_fragment = stop_at_unhealable
+        ar_copier._read_from_replaced_bookie = read_from_replaced
         vellum_log.setLevel(level)
         asyncio_log.setLevel(asyncio_level)
 
@@ -267,8 +334,24 @@ class World:
                               self.history if options.trace else None)
             self.nodes.append(node)
             self.net.add_server(node)
-            self.store.registration.register_bookie(BookieId(node.name))
         self.clients: list[BookKeeper] = []
+        #: the metadata sessions of the clients and the AutoRecovery daemons, by actor
+        self.sessions: dict[str, SimMetadataStore] = {}
+        # The additions' own generators (seeded by name: drawing from ``rng`` would move every
+        # choice made after them)
+        self._expiry_rng = random.Random(f"expiry/{seed}")
+        self.autorecovery: SimAutoRecovery | None = None
+        #: what ``under-replicated`` judges: where each ledger's entries are at the end (None: not
+        #: judged), and whether AutoRecovery settled (None: it did not run)
+        self.replicas: dict[int, Placement] | None = None
+        self.settled: bool | None = None
+        if options.autorecovery:
+            self.autorecovery = SimAutoRecovery(self.store, self.history, random.Random(f"autorecovery/{seed}"),
+                                                replicas_check="corrupt" in faults)
+        self.store.cluster.on_record = lambda kind, lid, value: self.history.add("metadata", kind, lid, value=value)
+        if "expiry" in faults:
+            rng = self._expiry_rng
+            self.store.cluster.watch_delay = lambda: rng.uniform(0.0, 0.1)
         #: entries with a bad copy on some bookie (the ``corrupt`` fault)
         self._corrupted: set[tuple[int, int]] = set()
         #: fault kind -> injections (``RunResult.injected``)
@@ -317,6 +400,15 @@ class World:
             except BaseException as e:
                 fut.set_exception(e)
                 return
+            blocked = self.store.take_block()
+            if blocked is not None:  # a call that blocks (wait_for_work): answered on a change
+                self.store.wake_after(blocked, lambda: finish(result))
+            else:
+                finish(result)
+
+        def finish(result: object) -> None:
+            if fut.done():
+                return
             if lose == "reply":
                 self.history.add("nemesis", "meta-lost", value="reply")
                 fut.set_exception(MetadataStoreUnavailableError("simulated: the metadata reply was lost"))
@@ -328,8 +420,9 @@ class World:
 
     async def client(self, name: str, *, explicit_lac_ms: int = 0) -> BookKeeper:
         token = current_node.set(name)
+        session = self.sessions[name] = self.store.session(name)
         try:
-            bk = BookKeeper(config=_client_config(self.rng, explicit_lac_ms), store=self.store,
+            bk = BookKeeper(config=_client_config(self.rng, explicit_lac_ms), store=session,
                             placement=DefaultPlacementPolicy(random.Random(self.rng.random())))
             await bk.start()
         finally:
@@ -478,8 +571,9 @@ class World:
     def _corrupt_one(self, node: BookieNode, rng: random.Random) -> None:
         """A stored entry of ``node`` goes bad (torn or rotten): one copy per entry at most, so
         every acknowledged entry keeps a good copy (two bad copies would be a double fault)."""
+        gone = self._held_by_lost()  # a copy on a bookie lost for good is a bad copy too
         candidates = [(lid, eid) for lid, rec in sorted(node.disk.ledgers.items()) if not rec.deleted
-                      for eid in sorted(rec.entries) if (lid, eid) not in self._corrupted]
+                      for eid in sorted(rec.entries) if (lid, eid) not in self._corrupted and (lid, eid) not in gone]
         if not candidates:
             return
         lid, eid = rng.choice(candidates)
@@ -488,9 +582,47 @@ class World:
         self.injected["corrupt"] += 1
         self.history.add("nemesis", "corrupt", lid, eid, node.name)
 
+    async def expiries(self) -> None:
+        """The ``expiry`` fault: now and then the metadata session of one client, AutoRecovery
+        daemon or bookie expires; it is back, a new session, after an outage of up to a second."""
+        rng = self._expiry_rng
+        while True:
+            await asyncio.sleep(rng.uniform(0.5, 3.0))
+            sessions = sorted(self.sessions.items()) + [(n.name, n.session) for n in self.nodes
+                                                        if n.session is not None]
+            name, session = rng.choice(sessions)
+            outage = rng.uniform(0.05, 1.0)
+            if session.expire(outage):
+                self.history.add("nemesis", "expire", value=f"{name} for {outage * 1000:.0f} ms")
+
+    async def lose_bookie(self) -> None:
+        """With ``lose_bookie``'s chance (and crashes among the faults): one bookie crashes in the
+        middle of the run and never comes back, so AutoRecovery has its ledgers to re-replicate."""
+        rng = random.Random(f"lose-bookie/{self.seed}")
+        if "crash" not in self.options.faults or rng.random() >= self.options.lose_bookie:
+            return
+        await asyncio.sleep(rng.uniform(0.1, 2.5))  # while the writer writes (a run's writes take seconds)
+        # one bad copy per entry at most: not a bookie holding an entry that went bad elsewhere
+        candidates = [n for n in self.nodes if n.up and not any(
+            (lid, e) in self._corrupted for lid, rec in n.disk.ledgers.items() for e in rec.entries)]
+        if not candidates:
+            return
+        node = rng.choice(candidates)
+        node.lost = True
+        node.crash()
+        self.history.add("nemesis", "lost-for-good", value=node.name)
+
+    def _held_by_lost(self) -> set[tuple[int, int]]:
+        return {(lid, e) for n in self.nodes if n.lost for lid, rec in n.disk.ledgers.items() for e in rec.entries}
+
     def heal_everything(self) -> None:
         self.net.heal()
         self.net.faults = replace(self.calm)
+        if self.autorecovery is not None:
+            # AutoRecovery's settling is a liveness promise: the network behaves as TCP from here
+            reset = self.net.reset_lossy()
+            if reset:
+                self.history.add("nemesis", "reset-lossy", value=reset)
         for node in self.nodes:
             if node.disk.full:
                 self._set_full(node, False)
@@ -499,7 +631,7 @@ class World:
                 self.history.add("nemesis", "heal", value=f"ledger storage of {node.name}")
             if node.bookie is not None and node.up and node.bookie.journal_error is not None:
                 self._crash(node)  # the operator restarts the failed bookie (below)
-            if not node.up:
+            if not node.up and not node.lost:
                 node.start()
                 self.history.add("nemesis", "restart", value=node.name)
 
@@ -507,6 +639,7 @@ class World:
 SCENARIOS["default"] = SimOptions()
 SCENARIOS["fence-race"] = SimOptions(
     faults=frozenset({"delay", "drop", "reorder"}), drop=0.15, reorder=0.05, delay_max_s=0.005, slow=0.1,
+    autorecovery=False,
     shape=WorkloadShape(ledgers=8, entries=(15, 30), window=4, shapes=((3, 3, 3),), recover_delay_s=(0.01, 0.2),
                         close_probability=0.0, delete_probability=0.0, reader_polls=2))
 # A bookie that goes silent while the others keep the ack quorum: E=WQ=3, AQ=2 on five bookies
@@ -514,7 +647,7 @@ SCENARIOS["fence-race"] = SimOptions(
 # misses entries only while cut off); the writer waits 2 s (longer than any add timeout) before it
 # closes, the recoverer opens a ledger only after that. ``not-replaced`` judges every ledger.
 SCENARIOS["silent-bookie"] = SimOptions(
-    faults=frozenset({"delay", "partition", "slow"}),
+    faults=frozenset({"delay", "partition", "slow"}), autorecovery=False,
     shape=WorkloadShape(ledgers=2, entries=(40, 80), shapes=((3, 3, 2),), recover_delay_s=(4.0, 5.0),
                         close_probability=1.0, delete_probability=0.0, reader_polls=10,
                         quiet_before_close_s=2.0))
@@ -538,8 +671,9 @@ def wall_clock_of(world: World) -> Iterator[None]:
 def run_seed(seed: int, options: SimOptions | None = None) -> RunResult:
     """Simulate one seed (see the module docstring)."""
     options = options or SimOptions()
-    with _seeded_globals(seed, options.flags):
+    with _seeded_globals(seed, options.flags), contextlib.ExitStack() as clocks:
         world = World(seed, options)
+        clocks.enter_context(virtual_clock(world.loop))
         loop = world.loop
         loop.set_exception_handler(lambda _loop, _ctx: None)  # unretrieved failures of abandoned work
         workload = Workload(world, options.shape)
@@ -562,7 +696,9 @@ def run_seed(seed: int, options: SimOptions | None = None) -> RunResult:
                      "code under test or the simulated bookie (replay the seed with the vellum logger on)")
         final_ends, leftovers = workload.final_ends, workload.leftover_deleted
         violations = check(world.history, final_ends=final_ends, leftover_deleted=leftovers,
-                           placements=workload.placements)
+                           placements=workload.placements, replicas=world.replicas,
+                           up_at_end=frozenset(n.name for n in world.nodes if not n.lost),
+                           settled=world.settled)
         fp = hashlib.blake2b(digest_size=8)
         for ev in world.history.events:
             if ev.kind not in TRACE_KINDS:
@@ -580,13 +716,28 @@ def run_seed(seed: int, options: SimOptions | None = None) -> RunResult:
 
 
 async def _main(world: World, workload: Workload) -> None:
-    nemesis = asyncio.ensure_future(world.nemesis())
+    autorecovery = world.autorecovery
+    if autorecovery is not None:
+        autorecovery.start()
+        world.sessions.update(autorecovery.sessions)
+    faults = [asyncio.ensure_future(world.nemesis())]
+    judge = world.options.judge_replicas
+    if autorecovery is not None or judge:
+        faults.append(asyncio.ensure_future(world.lose_bookie()))
+    if "expiry" in world.options.faults:
+        faults.append(asyncio.ensure_future(world.expiries()))
     try:
         await workload.run(world.options.run_s)
     finally:
-        nemesis.cancel()
+        for f in faults:
+            f.cancel()
     world.heal_everything()
     await workload.final_phase()
+    if autorecovery is not None:
+        world.settled = await autorecovery.settle(world.loop.time(), set(workload.final_ends))
+        await autorecovery.stop()
+    if judge or (judge is None and autorecovery is not None):
+        world.replicas = replicas(world.store, world.nodes, workload.ledgers)
 
 
 def _drain(loop: SimLoop) -> None:
