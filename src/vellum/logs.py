@@ -56,6 +56,18 @@ def context_of(record: logging.LogRecord) -> dict[str, Any]:
     return out
 
 
+def _fields(formatter: logging.Formatter, record: logging.LogRecord) -> dict[str, Any]:
+    """What a structured line carries, in order: ``ts``, ``level``, ``logger``, ``msg``, the context
+    keys present, and ``exc`` (the traceback) when the record carries one."""
+    fields: dict[str, Any] = {"ts": _timestamp(record), "level": record.levelname, "logger": record.name,
+                              "msg": record.getMessage(), **context_of(record)}
+    if record.exc_info:
+        fields["exc"] = formatter.formatException(record.exc_info)
+    elif record.exc_text:
+        fields["exc"] = record.exc_text
+    return fields
+
+
 def _logfmt_value(value: Any) -> str:
     text = str(value)
     if text and not any(c in text for c in ' ="\\\n\r\t'):
@@ -69,13 +81,7 @@ class LogfmtFormatter(logging.Formatter):
     (a traceback goes in ``exc``, newlines escaped, so a line is always one record)."""
 
     def format(self, record: logging.LogRecord) -> str:
-        fields: dict[str, Any] = {"ts": _timestamp(record), "level": record.levelname, "logger": record.name,
-                                  "msg": record.getMessage(), **context_of(record)}
-        if record.exc_info:
-            fields["exc"] = self.formatException(record.exc_info)
-        elif record.exc_text:
-            fields["exc"] = record.exc_text
-        return " ".join(f"{k}={_logfmt_value(v)}" for k, v in fields.items())
+        return " ".join(f"{k}={_logfmt_value(v)}" for k, v in _fields(self, record).items())
 
 
 class JsonFormatter(logging.Formatter):
@@ -83,13 +89,7 @@ class JsonFormatter(logging.Formatter):
     present, and ``exc`` (the traceback) when the record carries one."""
 
     def format(self, record: logging.LogRecord) -> str:
-        fields: dict[str, Any] = {"ts": _timestamp(record), "level": record.levelname, "logger": record.name,
-                                  "msg": record.getMessage(), **context_of(record)}
-        if record.exc_info:
-            fields["exc"] = self.formatException(record.exc_info)
-        elif record.exc_text:
-            fields["exc"] = record.exc_text
-        return json.dumps(fields, default=str, ensure_ascii=False)
+        return json.dumps(_fields(self, record), default=str, ensure_ascii=False)
 
 
 class TextFormatter(logging.Formatter):

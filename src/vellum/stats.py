@@ -33,29 +33,30 @@ LATENCY_BUCKETS = (
 _cache: dict[str, object] = {}
 
 
+M = TypeVar("M", Counter, Gauge, Histogram)
+
+
+def _metric(kind: type[M], name: str, make: Callable[[], M]) -> M:
+    """The metric ``name`` of the process, made by ``make`` the first time (idempotent, so a
+    module may be imported more than once)."""
+    if name not in _cache:
+        _cache[name] = make()
+    metric = _cache[name]
+    assert isinstance(metric, kind)
+    return metric
+
+
 def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
     """Get or create a counter (idempotent, so a module may be imported more than once)."""
-    if name not in _cache:
-        _cache[name] = Counter(name, doc, labels, registry=REGISTRY)
-    metric = _cache[name]
-    assert isinstance(metric, Counter)
-    return metric
+    return _metric(Counter, name, lambda: Counter(name, doc, labels, registry=REGISTRY))
 
 
 def gauge(name: str, doc: str, labels: tuple[str, ...] = ()) -> Gauge:
-    if name not in _cache:
-        _cache[name] = Gauge(name, doc, labels, registry=REGISTRY)
-    metric = _cache[name]
-    assert isinstance(metric, Gauge)
-    return metric
+    return _metric(Gauge, name, lambda: Gauge(name, doc, labels, registry=REGISTRY))
 
 
 def histogram(name: str, doc: str, labels: tuple[str, ...] = ()) -> Histogram:
-    if name not in _cache:
-        _cache[name] = Histogram(name, doc, labels, registry=REGISTRY, buckets=LATENCY_BUCKETS)
-    metric = _cache[name]
-    assert isinstance(metric, Histogram)
-    return metric
+    return _metric(Histogram, name, lambda: Histogram(name, doc, labels, registry=REGISTRY, buckets=LATENCY_BUCKETS))
 
 
 #: How a metric is exported: ``counter`` and ``gauge`` as prometheus_client spells them (a

@@ -21,7 +21,7 @@ def test_loop_serves_reads_while_adds_wait_for_a_full_write_cache(tmp_path: Path
     opened = open_bookie(config, bookie_id="b:1")
     release = threading.Event()
     storage = opened.bookie._storages[0]
-    storage._flush_hook = lambda: release.wait(20)  # every flush waits until released
+    storage._flusher._flush_hook = lambda: release.wait(20)  # every flush waits until released
     key = master_key(b"k")
     dm = DigestManager(1, DigestType.CRC32C, b"k")
     entries = [dm.compute(e, e - 1, 0, bytes(16 * 1024)) for e in range(200)]  # ~3.2 MB > 2 caches

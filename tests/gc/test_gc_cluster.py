@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+import urllib.error
 import urllib.request
 import uuid
 from pathlib import Path
@@ -92,6 +93,10 @@ def test_force_gc_over_http_reclaims_deleted_ledgers(tmp_path: Path, metadata_ur
             assert _http(cluster, "/api/v1/bookie/gc/suspend_compaction", "PUT",
                          {"suspendMajor": True, "suspendMinor": False}) == {
                 "isMajorGcSuspended": True, "isMinorGcSuspended": False}
+            assert _http(cluster, "/api/v1/bookie/gc/suspend_compaction")["isMajorGcSuspended"] is True
+            with pytest.raises(urllib.error.HTTPError) as bad:  # a flag that is not a boolean: 400 naming it
+                _http(cluster, "/api/v1/bookie/gc/resume_compaction", "PUT", {"resumeMajor": "maybe"})
+            assert bad.value.code == 400 and "resumeMajor" in bad.value.read().decode()
             assert _http(cluster, "/api/v1/bookie/gc/suspend_compaction")["isMajorGcSuspended"] is True
             _http(cluster, "/api/v1/bookie/gc/resume_compaction", "PUT", {"resumeMajor": True})
             assert _http(cluster, "/api/v1/bookie/gc/suspend_compaction")["isMajorGcSuspended"] is False

@@ -268,7 +268,8 @@ def test_flush_never_replaces_a_cache_an_add_swapped_in_meanwhile(tmp_path: Path
         for _ in range(5):
             st.add_entry(make_entry(1, added, b"p" * 200))
             added += 1
-        first_write_out = st._flush_swapped
+        flusher = st._flusher  # the part that swaps and writes out (storage/storage_flush.py)
+        first_write_out = flusher._flush_swapped
         calls = 0
 
         def then_an_add_swaps() -> None:
@@ -276,14 +277,14 @@ def test_flush_never_replaces_a_cache_an_add_swapped_in_meanwhile(tmp_path: Path
             first_write_out()
             calls += 1
             if calls == 1:  # the window between the flush's write-out and its own swap
-                swapped = st._caches.flushing
-                while st._caches.flushing is swapped:
+                swapped = flusher._caches.flushing
+                while flusher._caches.flushing is swapped:
                     st.add_entry(make_entry(1, added, b"p" * 200))
                     added += 1
 
-        st._flush_swapped = then_an_add_swaps  # type: ignore[method-assign]
+        flusher._flush_swapped = then_an_add_swaps  # type: ignore[method-assign]
         st.flush()
-        del st._flush_swapped
+        del flusher._flush_swapped
         st.flush()
         assert [e for e in range(added) if not st.has_entry(1, e)] == []
     finally:

@@ -23,12 +23,23 @@ from typing import Any
 import click
 
 from vellum.client.metadata_security import open_configured_store
-from vellum.config import ClientConfig, load_client_config
+from vellum.config import DEFAULT_METADATA_URI, ClientConfig, load_client_config
 from vellum.meta import MetadataStore
 from vellum.security.admin_http_client import AdminHttpAccess, AdminHttpCallError
 
 ENV = "VELLUM_CLIENT_CONF"
 _OBJ_KEY = "client_conf"
+
+
+def metadata_uri_option(help: str = "metadata service URI") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--uri`` of the shell verbs that open the metadata store or a client on it: default
+    ``$VELLUM_METADATA_URI``, else the standalone store."""
+    return click.option(
+        "--uri",
+        default=lambda: os.environ.get("VELLUM_METADATA_URI") or DEFAULT_METADATA_URI,
+        show_default="$VELLUM_METADATA_URI or " + DEFAULT_METADATA_URI,
+        help=help,
+    )
 
 
 def client_conf_flag(purpose: str = "for commands that talk to bookies or the metadata store"

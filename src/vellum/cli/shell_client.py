@@ -2,25 +2,16 @@
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
 import click
 from rich.progress import Progress
 
-from vellum.cli.client_options import open_shell_store, shell_client_config
+from vellum.cli.client_options import metadata_uri_option, open_shell_store, shell_client_config
 from vellum.cli.output import emit_json, emit_kv, emit_table
-from vellum.config import DEFAULT_METADATA_URI
 
-
-def _uri_option(fn):  # type: ignore[no-untyped-def]
-    return click.option(
-        "--uri",
-        default=lambda: os.environ.get("VELLUM_METADATA_URI", DEFAULT_METADATA_URI),
-        show_default="$VELLUM_METADATA_URI or " + DEFAULT_METADATA_URI,
-        help="metadata service URI",
-    )(fn)
+_uri_option = metadata_uri_option()
 
 
 def register(shell: click.Group) -> None:

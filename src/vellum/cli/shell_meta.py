@@ -15,24 +15,14 @@ from typing import Any
 
 import click
 
-from vellum.cli.client_options import open_shell_store
+from vellum.cli.client_options import metadata_uri_option, open_shell_store
 from vellum.cli.output import emit_kv, emit_table
-from vellum.config import DEFAULT_METADATA_URI
 from vellum.errors import CookieError
 from vellum.format.cookie import Cookie
 from vellum.ids import BookieId, LedgerId
 from vellum.meta import MetadataStore
 
-DEFAULT_URI = DEFAULT_METADATA_URI
-
-
-def _uri_option(fn: Callable[..., Any]) -> Callable[..., Any]:
-    return click.option(
-        "--uri",
-        default=lambda: os.environ.get("VELLUM_METADATA_URI") or DEFAULT_URI,
-        show_default="$VELLUM_METADATA_URI or " + DEFAULT_URI,
-        help="metadataServiceUri (zk://, zk+flat://, zk+hierarchical://, sqlite:///path)",
-    )(fn)
+_uri_option = metadata_uri_option("metadataServiceUri (zk://, zk+flat://, zk+hierarchical://, sqlite:///path)")
 
 
 def _json_option(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -34,6 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vellum.errors import CookieError, CorruptionError, UnknownFormatVersionError
+from vellum.format.text_format import ESCAPES_IN, escape_text
 
 CURRENT_COOKIE_LAYOUT_VERSION = 5
 #: Oldest layout version a bookie can still read (and must then upgrade).
@@ -46,15 +47,6 @@ _JOURNAL_SEPARATOR = ","
 
 # CookieFormat fields in field-number order (TextFormat prints them in this order).
 _FIELDS = ("bookieHost", "journalDir", "ledgerDirs", "instanceId", "indexDirs")
-
-_ESCAPES_OUT = {
-    0x07: "\\a", 0x08: "\\b", 0x0C: "\\f", 0x0A: "\\n", 0x0D: "\\r", 0x09: "\\t", 0x0B: "\\v",
-    0x5C: "\\\\", 0x27: "\\'", 0x22: '\\"',
-}
-_ESCAPES_IN = {
-    "a": 0x07, "b": 0x08, "f": 0x0C, "n": 0x0A, "r": 0x0D, "t": 0x09, "v": 0x0B,
-    "\\": 0x5C, "'": 0x27, '"': 0x22, "?": 0x3F,
-}
 
 
 @dataclass(frozen=True)
@@ -100,7 +92,7 @@ class Cookie:
         if self.index_dirs:
             values["indexDirs"] = _encode_dir_paths(self.index_dirs)
         lines = [str(CURRENT_COOKIE_LAYOUT_VERSION)]
-        lines += [f'{name}: "{_escape(values[name])}"' for name in _FIELDS if name in values]
+        lines += [f'{name}: "{escape_text(values[name])}"' for name in _FIELDS if name in values]
         return ("\n".join(lines) + "\n").encode("utf-8")
 
     @classmethod
@@ -255,18 +247,6 @@ def _decode_dir_paths(value: str, where: str, field: str) -> tuple[str, ...]:
 # -- protobuf TextFormat (the subset a CookieFormat message needs) ------------------------
 
 
-def _escape(value: str) -> str:
-    out = []
-    for b in value.encode("utf-8"):
-        if b in _ESCAPES_OUT:
-            out.append(_ESCAPES_OUT[b])
-        elif 0x20 <= b < 0x7F:
-            out.append(chr(b))
-        else:
-            out.append(f"\\{b:03o}")
-    return "".join(out)
-
-
 def _parse_text_format(text: str, where: str) -> dict[str, str]:
     """Parse ``name: "string"`` pairs (TextFormat), with comments and adjacent-literal
     concatenation; unknown field names are errors (a cookie with extra fields is not ours)."""
@@ -332,8 +312,8 @@ def _read_literal(text: str, i: int, out: bytearray, where: str, name: str) -> i
         if i + 1 >= n:
             raise CorruptionError(f"{where}: dangling escape in cookie field {name!r}")
         e = text[i + 1]
-        if e in _ESCAPES_IN:
-            out.append(_ESCAPES_IN[e])
+        if e in ESCAPES_IN:
+            out.append(ESCAPES_IN[e])
             i += 2
         elif e in "01234567":
             j = i + 1

@@ -16,6 +16,7 @@ thresholds, version: what the operator console draws).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -33,15 +34,22 @@ def _flag(body: dict[str, Any], name: str, default: bool | None) -> bool | None:
     raise ValueError(f"{name} must be a boolean, got {value!r}")
 
 
+async def _with_flags(r: web.Request, names: tuple[str, str], default: bool | None,
+                      act: Callable[[bool | None, bool | None], Any]) -> web.Response:
+    """Read the (major, minor) flags named ``names`` from the JSON body and answer ``act``'s
+    result; a flag that is not a boolean is a 400 naming it."""
+    body = await json_body(r)
+    try:
+        major = _flag(body, names[0], default)
+        minor = _flag(body, names[1], default)
+    except ValueError as e:
+        return json_response({"error": str(e)}, 400)
+    return json_response(act(major, minor))
+
+
 def gc_routes(admin: GcAdmin) -> list[web.RouteDef]:
     async def gc_put(r: web.Request) -> web.Response:
-        body = await json_body(r)
-        try:
-            major = _flag(body, "forceMajor", None)
-            minor = _flag(body, "forceMinor", None)
-        except ValueError as e:
-            return json_response({"error": str(e)}, 400)
-        return json_response(admin.trigger_gc(major, minor))
+        return await _with_flags(r, ("forceMajor", "forceMinor"), None, admin.trigger_gc)
 
     async def gc_get(_r: web.Request) -> web.Response:
         return json_response(admin.is_in_force_gc())
@@ -53,22 +61,12 @@ def gc_routes(admin: GcAdmin) -> list[web.RouteDef]:
         return json_response(admin.suspension())
 
     async def suspend_put(r: web.Request) -> web.Response:
-        body = await json_body(r)
-        try:
-            major = bool(_flag(body, "suspendMajor", False))
-            minor = bool(_flag(body, "suspendMinor", False))
-        except ValueError as e:
-            return json_response({"error": str(e)}, 400)
-        return json_response(admin.suspend_compaction(major, minor))
+        return await _with_flags(r, ("suspendMajor", "suspendMinor"), False,
+                                 lambda major, minor: admin.suspend_compaction(bool(major), bool(minor)))
 
     async def resume_put(r: web.Request) -> web.Response:
-        body = await json_body(r)
-        try:
-            major = bool(_flag(body, "resumeMajor", False))
-            minor = bool(_flag(body, "resumeMinor", False))
-        except ValueError as e:
-            return json_response({"error": str(e)}, 400)
-        return json_response(admin.resume_compaction(major, minor))
+        return await _with_flags(r, ("resumeMajor", "resumeMinor"), False,
+                                 lambda major, minor: admin.resume_compaction(bool(major), bool(minor)))
 
     async def entrylogs(_r: web.Request) -> web.Response:
         return json_response(await asyncio.to_thread(admin.entry_log_usage))

@@ -38,6 +38,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from vellum.errors import MetaStoreError
+from vellum.format.text_format import ESCAPES_IN, escape_text
 from vellum.ids import BookieId
 from vellum.meta.api import AuditorElection
 
@@ -52,21 +53,9 @@ TextValue = str | int
 
 # -- protobuf text format ---------------------------------------------------------------------
 
-_ESCAPES = {0x07: "\\a", 0x08: "\\b", 0x0C: "\\f", 0x0A: "\\n", 0x0D: "\\r", 0x09: "\\t", 0x0B: "\\v",
-            0x5C: "\\\\", 0x27: "\\'", 0x22: '\\"'}
-_UNESCAPES = {"a": 7, "b": 8, "f": 12, "n": 10, "r": 13, "t": 9, "v": 11, "\\": 92, "'": 39, '"': 34, "?": 63}
-
 
 def _quote(s: str) -> str:
-    out = []
-    for b in s.encode("utf-8"):
-        if b in _ESCAPES:
-            out.append(_ESCAPES[b])
-        elif 0x20 <= b < 0x7F:
-            out.append(chr(b))
-        else:
-            out.append(f"\\{b:03o}")
-    return '"' + "".join(out) + '"'
+    return '"' + escape_text(s) + '"'
 
 
 def _unquote(body: str, where: str) -> str:
@@ -82,8 +71,8 @@ def _unquote(body: str, where: str) -> str:
         if i >= len(body):
             raise MetaStoreError(f"{where}: a string ends in a lone backslash")
         ch = body[i]
-        if ch in _UNESCAPES:
-            out.append(_UNESCAPES[ch])
+        if ch in ESCAPES_IN:
+            out.append(ESCAPES_IN[ch])
             i += 1
         elif ch in "01234567":
             m = re.match(r"[0-7]{1,3}", body[i:])

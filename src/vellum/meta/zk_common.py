@@ -52,6 +52,17 @@ def read_znode(client: KazooClient, path: str, what: str = "") -> tuple[bytes, Z
     return bytes(data), stat
 
 
+def delete_znode(client: KazooClient, path: str) -> None:
+    """Delete ``path``; already absent is fine; a connection problem raises
+    ``MetadataStoreUnavailableError``."""
+    try:
+        client.delete(path)
+    except NoNodeError:
+        pass
+    except TRANSIENT as e:
+        unavailable(e, f"deleting {path}")
+
+
 class Retry:
     """The retry budget of one operation whose replies may be lost.
 

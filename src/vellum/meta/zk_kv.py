@@ -27,7 +27,7 @@ from vellum.meta.api import (
 from vellum.meta.model import (
     LedgerLayout,
 )
-from vellum.meta.zk_common import CREATE_RETRIES, TRANSIENT, read_znode, unavailable
+from vellum.meta.zk_common import CREATE_RETRIES, TRANSIENT, delete_znode, read_znode, unavailable
 
 log = logging.getLogger(__name__)
 
@@ -50,12 +50,7 @@ class ZkLayoutManager(LayoutManager):
             unavailable(e, f"writing {self.path}")
 
     def delete_layout(self) -> None:
-        try:
-            self._client.delete(self.path)
-        except NoNodeError:
-            pass
-        except TRANSIENT as e:
-            unavailable(e, f"deleting {self.path}")
+        delete_znode(self._client, self.path)
 
 
 _KEY_MARK = b"v"

@@ -55,7 +55,15 @@ from vellum.meta.api import (
 )
 from vellum.meta.dispatch import CallbackDispatcher
 from vellum.meta.underreplication import Candidacy
-from vellum.meta.zk_common import CREATE_RETRIES, TRANSIENT, Flag, Retry, read_znode, unavailable
+from vellum.meta.zk_common import (
+    CREATE_RETRIES,
+    TRANSIENT,
+    Flag,
+    Retry,
+    delete_znode,
+    read_znode,
+    unavailable,
+)
 
 log = logging.getLogger(__name__)
 
@@ -483,12 +491,7 @@ class ZkUnderReplicationManager(UnderReplicationManager):
             unavailable(e, f"creating {self._disable}")
 
     def enable_replication(self) -> None:
-        try:
-            self._client.delete(self._disable)
-        except NoNodeError:
-            pass
-        except TRANSIENT as e:
-            unavailable(e, f"deleting {self._disable}")
+        delete_znode(self._client, self._disable)
 
     def is_replication_enabled(self) -> bool:
         try:

@@ -343,18 +343,18 @@ class GarbageCollectorThread:
         return self._disk_state()
 
     def suspend(self, *, major: bool = False, minor: bool = False) -> None:
-        with self._cond:
-            if major:
-                self._status.isMajorGcSuspended = True
-            if minor:
-                self._status.isMinorGcSuspended = True
+        self._set_suspended(major, minor, True)
 
     def resume(self, *, major: bool = False, minor: bool = False) -> None:
+        self._set_suspended(major, minor, False)
+
+    def _set_suspended(self, major: bool, minor: bool, suspended: bool) -> None:
+        """Set the suspension of the compactions named (``major`` / ``minor``) to ``suspended``."""
         with self._cond:
             if major:
-                self._status.isMajorGcSuspended = False
+                self._status.isMajorGcSuspended = suspended
             if minor:
-                self._status.isMinorGcSuspended = False
+                self._status.isMinorGcSuspended = suspended
 
     def status(self) -> GcStatus:
         with self._cond:

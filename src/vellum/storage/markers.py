@@ -71,12 +71,7 @@ def mark_dirty(dirs: Sequence[Path | str]) -> bool:
 
 def mark_clean(dirs: Sequence[Path | str]) -> None:
     """Remove ``current/DIRTY`` from every ledger dir (last step of a clean shutdown)."""
-    for d in dirs:
-        path = current_dir(d) / DIRTY_FILENAME
-        try:
-            remove_file(path)
-        except OSError as e:
-            raise StorageError(f"cannot remove {path}: {e.strerror or e}") from e
+    _remove_from_each(dirs, DIRTY_FILENAME)
 
 
 def is_dirty(dir: Path | str) -> bool:
@@ -115,8 +110,13 @@ def integrity_check_needed(dirs: Sequence[Path | str]) -> str | None:
 
 def clear_integrity_check_needed(dirs: Sequence[Path | str]) -> None:
     """Remove the marker from every ledger dir (the limbo marking is durable)."""
+    _remove_from_each(dirs, INTEGRITY_CHECK_FILENAME)
+
+
+def _remove_from_each(dirs: Sequence[Path | str], name: str) -> None:
+    """Remove ``current/<name>`` durably from every dir (gone already is fine)."""
     for d in dirs:
-        path = current_dir(d) / INTEGRITY_CHECK_FILENAME
+        path = current_dir(d) / name
         try:
             remove_file(path)
         except OSError as e:

@@ -1,0 +1,315 @@
+"""The read path of one ledger storage: cache lookups, entry-log reads verified with the
+ledger's keyless CRC, read-ahead, and the multi-entry reads of BATCH_READ and READ_STRIDED.
+
+Order: write caches (active, then flushing, under the storage's ``cond``) -> read-ahead cache ->
+location index -> entry log. An entry is in a write cache or in the location index at every
+instant (the flush indexes it before the cache is dropped), so a reader never misses an added
+entry. ``NoSuchEntryError`` is raised only for a known ledger whose entry is neither cached nor
+indexed; an unknown ledger raises ``NoSuchLedgerError``; anything doubtful is a storage error.
+
+Read-ahead: a miss that reads the entry log also reads up to ``read_ahead_batch_size``
+following entries (at most ``read_ahead_max_bytes``) of the same ledger (adjacent thanks to the
+sorted flush) into the read-ahead cache, unless a read-ahead of that ledger already covered the
+entry (pipelined readers miss on entries whose read-ahead is still running: they must not each
+read the same range again). ``get_entries`` (BATCH_READ) reads a run of stored entries in one
+pread and caches nothing: the request names what is wanted, and a client spreading its chunks
+over the replicas would make a read-ahead past the run wasted work.
+
+Verification (defect D5 of docs/correctness.md): every entry of a ledger whose keyless digest
+was learnt (``storage/ledger_data.py``) read from an entry log is verified before it is returned
+or enters the read-ahead cache (the write cache holds what was received). A copy that fails
+raises ``CorruptEntryError`` (EIO, never "no such entry"), logged with its ledger, entry, log and
+offset and counted in ``bookie_READ_ENTRY_CORRUPT``; a multi-entry read returns the entries
+before it and stops, and the read that starts at it gets the error (the client then reads that
+entry from another replica).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+
+from vellum import stats
+from vellum.errors import (
+    CorruptEntryError,
+    CorruptionError,
+    IncorrectParameterError,
+    NoSuchEntryError,
+    NoSuchLedgerError,
+    StorageError,
+)
+from vellum.format.entry import BytesLike, DigestType, checksum_matches
+from vellum.ids import INVALID_ENTRY_ID, LAST_ADD_CONFIRMED, location_log_id, location_offset
+from vellum.storage.entry_logger import EntryLogger
+from vellum.storage.index import EntryLocationIndex
+from vellum.storage.ledger_data import LedgerDataTable
+from vellum.storage.read_ahead_cache import ReadAheadCache
+from vellum.storage.storage_lock import StorageLock
+from vellum.storage.write_cache import Stored, WriteCaches
+
+# One ledger storage, one log name (what operators filter on), whichever part logs.
+log = logging.getLogger("vellum.storage.ledger_storage")
+_CORRUPT_READS = stats.counter(
+    "bookie_READ_ENTRY_CORRUPT",
+    "entries read back from an entry log that failed their checks (digest, stored ids, size): answered EIO",
+    ("ledgerDir",),
+)
+
+
+class StorageReader:
+    """The read path of one ledger storage (see the module docstring)."""
+
+    def __init__(self, lock: StorageLock, caches: WriteCaches, read_cache: ReadAheadCache,
+                 entry_logger: EntryLogger, locations: EntryLocationIndex, data: LedgerDataTable) -> None:
+        self._lock = lock
+        self._cond = lock.cond
+        self.ledger_dir = lock.ledger_dir
+        self._caches = caches
+        self._read_cache = read_cache
+        self.entry_logger = entry_logger
+        self.locations = locations
+        self._data = data
+        _CORRUPT_READS.labels(str(self.ledger_dir))  # exported as 0 from the start, not absent
+
+    def get_entry(self, ledger_id: int, entry_id: int, *, read_ahead: bool = True,
+                  report_corrupt: bool = True) -> Stored:
+        """The stored entry; ``entry_id == -1`` means the last entry this storage holds.
+        ``read_ahead=False``: a miss reads this entry only.
+
+        An entry read from an entry log that fails its checks (the ledger's learnt CRC digest,
+        the stored ids, the size) raises ``CorruptEntryError`` (EIO, never "no such entry"),
+        logged and counted in ``bookie_READ_ENTRY_CORRUPT`` unless ``report_corrupt=False``
+        (a multi-entry read that stops short before it: the entry is reported when asked for).
+        """
+        if entry_id == LAST_ADD_CONFIRMED:
+            entry_id = self.get_last_entry_id(ledger_id)
+            if entry_id == INVALID_ENTRY_ID:
+                raise NoSuchEntryError(f"ledger {ledger_id} has no entry in {self.ledger_dir}")
+        if entry_id < 0:
+            raise IncorrectParameterError(f"entry id {entry_id} is not readable")
+        key = (ledger_id, entry_id)
+        with self._cond:
+            self._lock.check_open()
+            found = self._caches.get(key)
+            epoch = self._read_cache.epoch  # with the lookup: a delete after it drops the read-ahead
+        if found is None:
+            found = self._read_cache.get(key)
+        if found is not None:
+            return found
+        location = self.locations.get_location(ledger_id, entry_id)
+        digest = self._data.checked_digest(ledger_id)
+        for _attempt in range(2):
+            if location is None:
+                if not self._data.ledger_exists(ledger_id):
+                    raise NoSuchLedgerError(f"ledger {ledger_id} is not in {self.ledger_dir}")
+                raise NoSuchEntryError(f"ledger {ledger_id} entry {entry_id} is not in {self.ledger_dir}")
+            try:
+                entry = self.entry_logger.read_entry(ledger_id, entry_id, location)
+            except CorruptionError as e:
+                why = str(e)
+            else:
+                if digest is None or checksum_matches(entry, digest):
+                    break
+                why = f"{DigestType(digest).name} digest mismatch over {len(entry)} bytes"
+            # Compaction may have moved the entry and deleted its old log since the lookup.
+            again = self.locations.get_location(ledger_id, entry_id)
+            if again == location:
+                raise self._corrupt_entry(ledger_id, entry_id, location, why, report_corrupt)
+            location = again
+        else:
+            raise StorageError(f"ledger {ledger_id} entry {entry_id}: location kept changing")
+        if read_ahead and self._read_cache.enabled and self._read_cache.claim(ledger_id, entry_id):
+            self._read_ahead_after(ledger_id, entry_id, location, epoch)
+        return entry
+
+    def get_entries(self, ledger_id: int, first: int, max_count: int, max_bytes: int) -> list[Stored]:
+        """Consecutive entries from ``first`` until a gap, ``max_count`` entries (``<= 0``: no
+        bound) or ``max_bytes`` (``<= 0``: no bound; the first entry always counts): BATCH_READ.
+
+        Cached entries come from the caches; a run stored on disk is read in one pread and
+        returned as views of it. Nothing is read ahead or cached. Raises like ``get_entry`` for
+        ``first`` (``NoSuchLedgerError``, ``NoSuchEntryError``, ``CorruptEntryError``); later
+        misses and corrupt copies end the batch.
+        """
+        out: list[Stored] = []
+        size = 0
+        eid = first
+        limit = max_count if max_count > 0 else 1 << 62
+        run: collections.deque[tuple[int, int, memoryview]] = collections.deque()
+        while len(out) < limit:
+            # A disk run holds entries eid, eid + 1, ... (``_disk_run``): served in order.
+            entry = run.popleft()[2] if run else self.get_cached_entry(ledger_id, eid)
+            if entry is None:
+                run.extend(self._disk_run(ledger_id, eid, limit - len(out),
+                                          max_bytes - size if max_bytes > 0 else 0, first_counts=not out))
+                if run:
+                    entry = run.popleft()[2]
+                elif out:
+                    break  # the byte bound, a gap or anything odd: the client asks again from here
+                else:
+                    entry = self.get_entry(ledger_id, eid)  # full checks and errors
+            if out and max_bytes > 0 and size + len(entry) > max_bytes:
+                break
+            out.append(entry)
+            size += len(entry)
+            eid += 1
+        return out
+
+    def get_strided(self, ledger_id: int, first: int, stride: int, max_count: int, max_bytes: int) -> list[Stored]:
+        """Entries ``first, first + stride, ...`` (READ_STRIDED): at most ``max_count``, within
+        ``max_bytes`` (``<= 0``: no bound; the first always counts), until one is missing.
+        Raises like ``get_entry`` for ``first``. Nothing is read ahead or cached: the request
+        names every entry it wants, and the ones in between are another bookie's to serve.
+
+        Like ``get_entries``: cached entries come from the caches; where the wanted entries are
+        stored in one run on disk (a sorted flush keeps a ledger's entries adjacent, with the
+        other replicas' entries between them) the run is read in one pread, the entries in
+        between skipped, and the wanted ones returned as views of it.
+        """
+        if stride == 1:
+            return self.get_entries(ledger_id, first, max_count, max_bytes)
+        out: list[Stored] = []
+        size = 0
+        eid = first
+        limit = max(1, max_count)
+        run: collections.deque[tuple[int, int, memoryview]] = collections.deque()
+        while len(out) < limit:
+            entry: Stored | None = None
+            if run and run[0][0] == eid:
+                entry = run.popleft()[2]
+            else:
+                run.clear()
+                entry = self.get_cached_entry(ledger_id, eid)
+                if entry is None:
+                    run.extend(self._disk_run(ledger_id, eid, limit - len(out),
+                                              max_bytes - size if max_bytes > 0 else 0, first_counts=not out,
+                                              stride=stride))
+                    if run:
+                        entry = run.popleft()[2]
+            if entry is None:
+                try:
+                    # A corrupt entry after others ends the answer short, unreported: the client
+                    # asks again from it and is answered EIO then (reported once).
+                    entry = self.get_entry(ledger_id, eid, read_ahead=False, report_corrupt=not out)
+                except (NoSuchEntryError, NoSuchLedgerError, CorruptEntryError):
+                    if not out:
+                        raise
+                    break
+            if out and max_bytes > 0 and size + len(entry) > max_bytes:
+                break
+            out.append(entry)
+            size += len(entry)
+            eid += stride
+        return out
+
+    def _disk_run(self, ledger_id: int, entry_id: int, max_entries: int, max_bytes: int,
+                  *, first_counts: bool, stride: int = 1) -> list[tuple[int, int, memoryview]]:
+        """Entries ``entry_id, entry_id + stride, ...`` stored one after the other (with, for a
+        stride above 1, only entries whose ids lie between them in between) from where the index
+        puts ``entry_id``; at most ``max_entries`` of them and about ``max_bytes`` (of what is
+        returned). [] if it is not indexed or anything is off: the caller then reads entry by
+        entry; the run ends before an entry that fails the ledger's CRC digest (``get_entry``
+        reports it when a read starts there)."""
+        with self._cond:
+            self._lock.check_open()
+        location = self.locations.get_location(ledger_id, entry_id)
+        if location is None:
+            return []
+        try:
+            # Stride > 1: the records in between are read too (at most stride - 1 per entry).
+            got = self.entry_logger.read_run(ledger_id, location, max_entries=(max_entries - 1) * stride + 1,
+                                             max_bytes=max_bytes * stride if max_bytes > 0 else 0,
+                                             first_counts=first_counts)
+        except (StorageError, CorruptionError):
+            return []
+        digest = self._data.checked_digest(ledger_id)
+        run: list[tuple[int, int, memoryview]] = []
+        expected = entry_id
+        for item in got:
+            if item[0] != expected:
+                if expected - stride < item[0] < expected:
+                    continue  # an entry another replica serves, between two wanted ones
+                break
+            if digest is not None and not checksum_matches(item[2], digest):
+                break  # the run ends before it; ``get_entry`` reports it when a read starts there
+            run.append(item)
+            if len(run) >= max_entries:
+                break
+            expected += stride
+        return run
+
+    def _corrupt_entry(self, ledger_id: int, entry_id: int, location: int, why: str,
+                       report: bool) -> CorruptEntryError:
+        """The error for a stored copy that fails its checks; logged and counted if ``report``."""
+        path = self.entry_logger.log_path(location_log_id(location))
+        offset = location_offset(location)
+        if report:
+            _CORRUPT_READS.labels(str(self.ledger_dir)).inc()
+            log.error("corrupt entry: ledger %d entry %d in entry log %s at offset %d (location %d): %s; "
+                      "answered EIO, another replica must serve it and re-replication replace this copy",
+                      ledger_id, entry_id, path, offset, location, why,
+                      extra={"ledger_id": ledger_id, "entry_id": entry_id})
+        return CorruptEntryError(f"ledger {ledger_id} entry {entry_id}: stored copy is corrupt ({why}) "
+                                 f"in {path} at offset {offset}")
+
+    def get_cached_entry(self, ledger_id: int, entry_id: int) -> Stored | None:
+        """The entry if a write cache or the read-ahead cache holds it, else None. Never touches
+        the disk, so the server can answer it without a thread hop."""
+        key = (ledger_id, entry_id)
+        with self._cond:
+            found = self._caches.get(key)
+        if found is not None:
+            return found
+        return self._read_cache.get(key)
+
+    def _read_ahead_after(self, ledger_id: int, entry_id: int, location: int, epoch: int) -> None:
+        try:
+            following = self.entry_logger.read_following(
+                ledger_id, location, max_entries=self._read_cache.batch_size,
+                max_bytes=self._read_cache.batch_max_bytes,
+            )
+        except (StorageError, CorruptionError):
+            following = []  # read-ahead is an optimisation: the entries are read one by one later
+        digest = self._data.checked_digest(ledger_id)
+        if digest is not None:
+            # Only verified copies enter the cache (it is served without checks, even on the
+            # loop); a corrupt one is left to ``get_entry``, which reports it when asked for.
+            for i, (_eid, _loc, view) in enumerate(following):
+                if not checksum_matches(view, digest):
+                    following = following[:i]
+                    break
+        self._read_cache.fill(ledger_id, entry_id, following, epoch)
+
+    def read_cache_contains(self, ledger_id: int, entry_id: int) -> bool:
+        """Whether the read-ahead cache holds the entry (observability and tests)."""
+        return self._read_cache.contains((ledger_id, entry_id))
+
+    def get_last_entry_id(self, ledger_id: int) -> int:
+        """Greatest entry id held (cached or indexed), -1 if none."""
+        with self._cond:
+            self._lock.check_open()
+            last = self._caches.last_entry_id(ledger_id)
+        indexed = self.locations.get_last_entry(ledger_id)
+        if indexed is not None:
+            last = max(last, indexed[0])
+        return last
+
+    def has_entry(self, ledger_id: int, entry_id: int) -> bool:
+        key = (ledger_id, entry_id)
+        with self._cond:
+            if self._caches.contains(key):
+                return True
+        return self.locations.get_location(ledger_id, entry_id) is not None
+
+    def entry_ids(self, ledger_id: int) -> list[int]:
+        """Every entry id held for the ledger, ascending."""
+        with self._cond:
+            ids = self._caches.entry_ids(ledger_id)
+        ids.update(self.locations.entry_ids(ledger_id))
+        return sorted(ids)
+
+    def entry_intact(self, ledger_id: int, entry: BytesLike) -> bool:
+        """Whether a stored copy passes the checks reads apply (the ledger's learnt CRC digest;
+        True when the ledger's entries are not checkable)."""
+        digest = self._data.checked_digest(ledger_id)
+        return digest is None or checksum_matches(entry, digest)
