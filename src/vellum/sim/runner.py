@@ -23,6 +23,7 @@ import logging
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from vellum.client import ledger_writer as client_ledger_writer
 from vellum.client import metadata_update as client_metadata_update
@@ -41,6 +42,7 @@ from vellum.sim.history import History
 from vellum.sim.loop import SimLoop, SimQuiescent
 from vellum.sim.metadata import SimMetadataStore
 from vellum.sim.network import Link, NetFaults, SimNetwork, current_node
+from vellum.sim.real_bookie import RealSimBookie, remove_scratch, scratch_root
 from vellum.sim.workload import Workload, WorkloadShape
 
 log = logging.getLogger(__name__)
@@ -74,7 +76,15 @@ class SimOptions:
     #: record what each bookie did (adds, refusals, fences) in the history: for replaying one
     #: seed; it changes neither the run nor its fingerprint
     trace: bool = False
+    #: what stands below the request path (``BOOKIE_KINDS``): the model (``sim/bookie.py``) or
+    #: the real bookie and its storage on files (``sim/real_bookie.py``)
+    bookie: str = "model"
 
+
+#: the bookie kinds ``--bookie`` takes
+BOOKIE_KINDS = ("model", "real")
+#: fault kinds the real bookie does not take (a bad stored entry is planted in the model's disk)
+_MODEL_ONLY_FAULTS = frozenset({"corrupt"})
 
 #: named workloads (``--scenario``): the default mix, and a race of the old writer against
 #: fencing (small ensembles, recovery in the middle of the writes, lossy network, no crashes)
@@ -109,11 +119,14 @@ class RunResult:
 
 
 class BookieNode:
-    """A bookie process on the simulated network: the real request path over a ``SimBookie``."""
+    """A bookie process on the simulated network: the real request path over a ``SimBookie``,
+    or over the real bookie (``RealSimBookie``) when given a ``home`` directory for its files."""
 
     def __init__(self, name: str, loop: SimLoop, rng: random.Random, store: SimMetadataStore,
-                 history: History | None) -> None:
+                 history: History | None, home: Path | None = None) -> None:
         self.name = name
+        self.home = home
+        self._real_errors: list[str] = []
         self._history = history
         self._loop = loop
         self._rng = rng
@@ -122,7 +135,7 @@ class BookieNode:
         self._links: list[Link] = []
         self._counters = Counters(max_adds=10000, max_reads=10000, max_frame_size=ServerLimits().max_frame_size)
         self._limits = ServerLimits()
-        self.bookie: SimBookie | None = None
+        self.bookie: SimBookie | RealSimBookie | None = None
         self._internal_before_crash = 0
         self.start()
 
@@ -130,8 +143,15 @@ class BookieNode:
         return self._store.password_of(ledger_id)
 
     def start(self) -> None:
-        self.bookie = SimBookie(self.name, self._loop, self._rng, self.disk, key_check_for(self._password),
-                                group_wait_s=0.001, fsync_s=(0.0002, 0.003), read_s=(0.00005, 0.0005))
+        if self.home is not None:
+            if self.bookie is not None:
+                self._real_errors += self.bookie.errors  # type: ignore[union-attr]
+            self.bookie = RealSimBookie(self.name, self._loop, self._rng, self.home, self._store.ledgers,
+                                        key_check_for(self._password), group_wait_s=0.001, fsync_s=(0.0002, 0.003),
+                                        read_s=(0.00005, 0.0005))
+        else:
+            self.bookie = SimBookie(self.name, self._loop, self._rng, self.disk, key_check_for(self._password),
+                                    group_wait_s=0.001, fsync_s=(0.0002, 0.003), read_s=(0.00005, 0.0005))
         history = self._history
         if history is not None:
             name = self.name
@@ -169,10 +189,42 @@ class BookieNode:
         the code under test or of the model below it), over every life of this bookie."""
         return self._internal_before_crash + self._internal(self._counters)
 
+    @property
+    def storage_errors(self) -> list[str]:
+        """Failures of the real storage's own steps (checkpoint, GC), over every life."""
+        now = self.bookie.errors if isinstance(self.bookie, RealSimBookie) else []
+        return self._real_errors + now
+
     def gc(self) -> list[int]:
         assert self.bookie is not None
+        if isinstance(self.bookie, RealSimBookie):
+            return self.bookie.gc_pass()
         ledgers = self._store.ledgers
         return self.bookie.collect_deleted(lambda lid: ledgers.ledger_exists(LedgerId(lid)))
+
+    def held_entries(self, ledger_id: int) -> frozenset[int]:
+        """The entries of the ledger this bookie holds: on the model's disk, or in the real
+        bookie's storage."""
+        if isinstance(self.bookie, RealSimBookie):
+            return self.bookie.held_entries(ledger_id) if self.bookie.alive else frozenset()
+        rec = self.disk.ledgers.get(ledger_id)
+        return frozenset(rec.entries) if rec is not None else frozenset()
+
+    def holds_any(self, ledger_id: int) -> bool:
+        """Does this bookie (alive) still hold an entry of the ledger after a GC pass that could
+        delete it? The real GC deletes nothing while the metadata store lists no ledger at all
+        (docs/gc.md: an empty listing is taken as a broken store), so after such a pass a real
+        bookie is not asked."""
+        if isinstance(self.bookie, RealSimBookie):
+            return not self.bookie.listing_empty and bool(self.held_entries(ledger_id))
+        assert self.bookie is not None
+        rec = self.bookie.mem.get(ledger_id)
+        return rec is not None and bool(rec.entries)
+
+    def dispose(self) -> None:
+        """The run is over: a real bookie releases its files (as a crash would)."""
+        if isinstance(self.bookie, RealSimBookie):
+            self.bookie.crash()
 
 
 @contextlib.contextmanager
@@ -241,9 +293,19 @@ class World:
         self.store = SimMetadataStore(self.loop, self._metadata_written)
         self.nodes: list[BookieNode] = []
         node_rng = random.Random(self.rng.random())
+        if options.bookie not in BOOKIE_KINDS:
+            raise ValueError(f"unknown bookie kind {options.bookie!r}: one of {', '.join(BOOKIE_KINDS)}")
+        self.scratch: Path | None = None
+        if options.bookie == "real":
+            if options.faults & _MODEL_ONLY_FAULTS:
+                raise ValueError(f"the real bookie does not take the fault(s) {', '.join(sorted(options.faults & _MODEL_ONLY_FAULTS))}"
+                                 " (a bad stored entry is planted in the model's disk only): leave them out of --faults")
+            self.scratch = scratch_root()
+            remove_scratch(self.scratch)  # a run starts on empty disks
         for i in range(options.bookies):
+            home = self.scratch / f"bookie-{i}" if self.scratch is not None else None
             node = BookieNode(f"bookie-{i}:3181", self.loop, node_rng, self.store,
-                              self.history if options.trace else None)
+                              self.history if options.trace else None, home)
             self.nodes.append(node)
             self.net.add_server(node)
             self.store.registration.register_bookie(BookieId(node.name))
@@ -405,9 +467,16 @@ def run_seed(seed: int, options: SimOptions | None = None) -> RunResult:
         if internal and error is None:
             error = (f"the request path answered EINTERNAL {internal} time(s): an unexpected exception in the "
                      "code under test or the simulated bookie (replay the seed with the vellum logger on)")
+        storage_errors = [e for node in world.nodes for e in node.storage_errors]
+        if storage_errors and error is None:
+            error = f"the real bookie's storage failed: {storage_errors[0]} ({len(storage_errors)} failure(s))"
         final_ends, leftovers = workload.final_ends, workload.leftover_deleted
         virtual = loop.time() - 1000.0
         _drain(loop)
+        for node in world.nodes:
+            node.dispose()
+        if world.scratch is not None:
+            remove_scratch(world.scratch)
         violations = check(world.history, final_ends=final_ends, leftover_deleted=leftovers,
                            placements=workload.placements)
         fp = hashlib.blake2b(digest_size=8)
@@ -445,4 +514,4 @@ def _drain(loop: SimLoop) -> None:
     loop.close()
 
 
-__all__ = ["DEFAULT_FAULTS", "FAULT_KINDS", "REGRESSIONS", "SCENARIOS", "RunResult", "SimOptions", "World", "run_seed"]
+__all__ = ["BOOKIE_KINDS", "DEFAULT_FAULTS", "FAULT_KINDS", "REGRESSIONS", "SCENARIOS", "RunResult", "SimOptions", "World", "run_seed"]

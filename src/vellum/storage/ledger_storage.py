@@ -144,6 +144,7 @@ class LedgerStorage:
         entry_log_clock: Callable[[], float] = time.monotonic,
         direct_io: bool = False,
         direct_write_buffer_size: int = DIRECT_WRITE_BUFFER_SIZE,
+        flush_thread: bool = True,
     ) -> None:
         if write_cache_max_bytes < 2:
             raise ValueError(f"write_cache_max_bytes {write_cache_max_bytes} is too small")
@@ -199,10 +200,13 @@ class LedgerStorage:
         self._last_flush_error: BaseException | None = None
         self._retry_at = 0.0
         self._closed = False
-        self._flush_thread = threading.Thread(
-            target=self._flush_loop, name=f"ledger-storage-flush-{self.ledger_dir}", daemon=True
-        )
-        self._flush_thread.start()
+        # flush_thread=False (the simulator): a swapped cache is written out by the next flush()
+        self._flush_thread: threading.Thread | None = None
+        if flush_thread:
+            self._flush_thread = threading.Thread(
+                target=self._flush_loop, name=f"ledger-storage-flush-{self.ledger_dir}", daemon=True
+            )
+            self._flush_thread.start()
 
     # ------------------------------------------------------------------ writes
 
@@ -923,7 +927,8 @@ class LedgerStorage:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-        self._flush_thread.join()
+        if self._flush_thread is not None:
+            self._flush_thread.join()
         for closer in (self.entry_logger.close, self.locations.close, self.ledgers_index.close):
             try:
                 closer()
@@ -931,6 +936,15 @@ class LedgerStorage:
                 error = error or e
         if error is not None:
             raise error
+
+    def abandon(self) -> None:
+        """What a killed process leaves (``flush_thread=False`` only): the files as written; the
+        write caches are lost, descriptors and index handles released. Unusable afterwards."""
+        assert self._flush_thread is None, "abandon() is for a storage without a flush thread"
+        with self._cond:
+            self._closed = True
+        for part in (self.entry_logger, self.locations, self.ledgers_index):
+            part.abandon()
 
     def __enter__(self) -> LedgerStorage:
         return self
