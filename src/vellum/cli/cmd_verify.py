@@ -19,7 +19,15 @@ from vellum.cli.client_options import client_conf_flag, load_client_config_file
 from vellum.cli.output import emit_json, emit_table
 from vellum.sim.campaign import CampaignReport, run_campaign
 from vellum.sim.checker import Violation
-from vellum.sim.runner import FAULT_KINDS, REGRESSIONS, SCENARIOS, RunResult, SimOptions, run_seed
+from vellum.sim.runner import (
+    BOOKIE_KINDS,
+    FAULT_KINDS,
+    REGRESSIONS,
+    SCENARIOS,
+    RunResult,
+    SimOptions,
+    run_seed,
+)
 
 
 def _faults(value: str) -> frozenset[str]:
@@ -65,11 +73,14 @@ def register(cli: click.Group) -> None:
                   help="about this many entries per ledger (default: the scenario's)")
     @click.option("--regression", "regressions", multiple=True, type=click.Choice(sorted(REGRESSIONS)),
                   help="revert a known fix behind its test flag (the seed should then fail)")
+    @click.option("--bookie", "bookie_kind", default="model", show_default=True, type=click.Choice(BOOKIE_KINDS),
+                  help="below the request path: the model bookie, or the real bookie and its storage on files "
+                       "(slower; docs/verification.md)")
     @click.option("--stop-at-first", is_flag=True, help="stop at the first seed with a violation")
     @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
     def sim(count: int, start: int, one: int | None, scenario: str, faults: str | None, ledgers: int | None,
             entries: int | None,
-            regressions: tuple[str, ...], stop_at_first: bool, as_json: bool) -> None:
+            regressions: tuple[str, ...], bookie_kind: str, stop_at_first: bool, as_json: bool) -> None:
         """Run the deterministic simulation over many seeds (or replay one)."""
         if count < 1:
             raise click.BadParameter("must be at least 1", param_hint="--seeds")
@@ -84,12 +95,17 @@ def register(cli: click.Group) -> None:
                 raise click.BadParameter("must be at least 1", param_hint="--entries")
             shape = dataclasses.replace(shape, entries=(max(1, entries // 2), max(1, entries + entries // 2)))
         options = dataclasses.replace(base, faults=base.faults if faults is None else _faults(faults), shape=shape,
-                                      flags=frozenset(regressions))
+                                      flags=frozenset(regressions), bookie=bookie_kind)
+        if bookie_kind == "real" and "corrupt" in options.faults:
+            raise click.BadParameter("the real bookie does not take the 'corrupt' fault (it plants a bad entry in the "
+                                     "model's disk): name the other kinds, e.g. --faults delay,drop,dup,reorder,"
+                                     "partition,crash,slow,meta", param_hint="--faults")
         replay_base = "vellum verify sim" + (f" --scenario {scenario}" if scenario != "default" else "") \
             + (f" --faults {faults}" if faults is not None else "") \
             + (f" --ledgers {ledgers}" if ledgers is not None else "") \
             + (f" --entries {entries}" if entries is not None else "") \
-            + "".join(f" --regression {r}" for r in regressions)
+            + "".join(f" --regression {r}" for r in regressions) \
+            + (f" --bookie {bookie_kind}" if bookie_kind != "model" else "")
         err = Console(stderr=True)
         if one is not None:
             _replay(one, options, as_json, f"{replay_base} --seed={one}")
@@ -133,7 +149,7 @@ def register(cli: click.Group) -> None:
         if as_json:
             emit_json({
                 "seeds": report.seeds, "seeds_per_s": report.seeds_per_s, "seeds_per_cpu_s": report.seeds_per_cpu_s,
-                "scenario": scenario, "operations": report.operations, "acks": report.acks,
+                "scenario": scenario, "bookie": bookie_kind, "operations": report.operations, "acks": report.acks,
                 "virtual_s": report.virtual_s, "faults": sorted(options.faults), "regressions": list(regressions),
                 "violations": [_violation_json(s, v) for s, v in report.violations],
                 "errors": [{"seed": s, "error": e} for s, e in report.errors],

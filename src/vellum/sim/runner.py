@@ -221,6 +221,14 @@ class BookieNode:
         rec = self.bookie.mem.get(ledger_id)
         return rec is not None and bool(rec.entries)
 
+    @property
+    def restarted(self) -> str:
+        """How a restart is written in the history: the bookie's name, and for a real bookie the
+        journal records its start replayed."""
+        if isinstance(self.bookie, RealSimBookie):
+            return f"{self.name} (replayed {self.bookie.replayed} journal records)"
+        return self.name
+
     def dispose(self) -> None:
         """The run is over: a real bookie releases its files (as a crash would)."""
         if isinstance(self.bookie, RealSimBookie):
@@ -272,6 +280,12 @@ class World:
     """Everything one seed runs on."""
 
     def __init__(self, seed: int, options: SimOptions) -> None:
+        if options.bookie not in BOOKIE_KINDS:
+            raise ValueError(f"unknown bookie kind {options.bookie!r}: one of {', '.join(BOOKIE_KINDS)}")
+        if options.bookie == "real" and options.faults & _MODEL_ONLY_FAULTS:
+            raise ValueError(f"the real bookie does not take the fault(s) "
+                             f"{', '.join(sorted(options.faults & _MODEL_ONLY_FAULTS))} (a bad stored entry is "
+                             "planted in the model's disk only): leave them out of --faults")
         self.seed = seed
         self.options = options
         self.rng = random.Random(seed)
@@ -293,13 +307,8 @@ class World:
         self.store = SimMetadataStore(self.loop, self._metadata_written)
         self.nodes: list[BookieNode] = []
         node_rng = random.Random(self.rng.random())
-        if options.bookie not in BOOKIE_KINDS:
-            raise ValueError(f"unknown bookie kind {options.bookie!r}: one of {', '.join(BOOKIE_KINDS)}")
         self.scratch: Path | None = None
         if options.bookie == "real":
-            if options.faults & _MODEL_ONLY_FAULTS:
-                raise ValueError(f"the real bookie does not take the fault(s) {', '.join(sorted(options.faults & _MODEL_ONLY_FAULTS))}"
-                                 " (a bad stored entry is planted in the model's disk only): leave them out of --faults")
             self.scratch = scratch_root()
             remove_scratch(self.scratch)  # a run starts on empty disks
         for i in range(options.bookies):
@@ -394,7 +403,7 @@ class World:
                     self._corrupt_one(node, rng)
                 await asyncio.sleep(rng.uniform(0.01, 1.0))
                 node.start()
-                self.history.add("nemesis", "restart", value=node.name)
+                self.history.add("nemesis", "restart", value=node.restarted)
             else:
                 who = rng.choice(["writer", "reader", "recoverer"])
                 one_way = rng.random() < 0.5
@@ -427,7 +436,7 @@ class World:
         for node in self.nodes:
             if not node.up:
                 node.start()
-                self.history.add("nemesis", "restart", value=node.name)
+                self.history.add("nemesis", "restart", value=node.restarted)
 
 
 SCENARIOS["default"] = SimOptions()
