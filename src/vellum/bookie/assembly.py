@@ -272,7 +272,10 @@ def open_bookie(
         dirs.add_listener(_DirsListener(bookie))
         dirs.add_listener(_EntryLogRotationOnFullDir(storages))
         for journal in journals:
-            journal.start(threads=runtime.threads)
+            if runtime.threads:
+                journal.start()
+            else:
+                journal.start(threads=False)
         if dirs.all_full():
             bookie.on_all_dirs_full()
         if runtime.threads:
