@@ -45,6 +45,7 @@ from vellum.format.lastmark import ZERO_MARK, LogMark
 from vellum.storage.checkpoint import Checkpointer, read_last_marks
 from vellum.storage.cookies import check_cookies
 from vellum.storage.dirs import DiskUsageFn, LedgerDirsListener, LedgerDirsManager
+from vellum.storage.durable import FileOps
 from vellum.storage.gc import DiskState, GarbageCollectorThread, GcSettings, LedgerLister
 from vellum.storage.journal import Journal
 from vellum.storage.ledger_storage import LedgerStorage
@@ -71,13 +72,15 @@ class BookieRuntime:
     nothing runs by itself, and the caller drives the steps those threads would run
     (``Journal.commit``, ``Bookie.checkpoint``, ``LedgerDirsManager.check``,
     ``GarbageCollectorThread.run_once``) at times of its choosing. ``disk_usage`` (None: the
-    file system's) fixes what the disk checks see."""
+    file system's) fixes what the disk checks see; ``file_ops`` (None: the OS's) are the system
+    calls the journals and entry logs write and fsync through (the simulator's power loss)."""
 
     threads: bool = True
     monotonic: Callable[[], float] = time.monotonic
     wall: Callable[[], float] = time.time
     sleep: Callable[[float], None] = time.sleep
     disk_usage: DiskUsageFn | None = None
+    file_ops: FileOps | None = None
 
 
 PRODUCTION = BookieRuntime()
@@ -238,12 +241,15 @@ def open_bookie(
                 direct_write_buffer_size=per_dir_direct_buffer,
                 entry_log_clock=runtime.monotonic,
                 flush_thread=runtime.threads,
+                file_ops=runtime.file_ops,
             )
             for ld, idx in zip(ledger_dirs, index_dirs)
         ]
+        stepped: dict[str, Any] = {} if runtime.threads else {"prealloc_zero": False}
+        if runtime.file_ops is not None:
+            stepped.update(file_ops=runtime.file_ops, fsync=runtime.file_ops.fsync)
         journals = [
-            journal_from_config(config, jd, index=i, clock=runtime.monotonic, wall_clock=runtime.wall,
-                                **({} if runtime.threads else {"prealloc_zero": False}))
+            journal_from_config(config, jd, index=i, clock=runtime.monotonic, wall_clock=runtime.wall, **stepped)
             for i, jd in enumerate(journal_dirs)
         ]
         marks = read_last_marks(ledger_dirs, len(journals))

@@ -76,11 +76,14 @@ def register(cli: click.Group) -> None:
     @click.option("--bookie", "bookie_kind", default="model", show_default=True, type=click.Choice(BOOKIE_KINDS),
                   help="below the request path: the model bookie, or the real bookie and its storage on files "
                        "(slower; docs/verification.md)")
+    @click.option("--power-loss", type=float, default=0.0, show_default=True,
+                  help="with --bookie real: the share of crashes that are power losses (0 to 1)")
     @click.option("--stop-at-first", is_flag=True, help="stop at the first seed with a violation")
     @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
     def sim(count: int, start: int, one: int | None, scenario: str, faults: str | None, ledgers: int | None,
             entries: int | None,
-            regressions: tuple[str, ...], bookie_kind: str, stop_at_first: bool, as_json: bool) -> None:
+            regressions: tuple[str, ...], bookie_kind: str, power_loss: float, stop_at_first: bool,
+            as_json: bool) -> None:
         """Run the deterministic simulation over many seeds (or replay one)."""
         if count < 1:
             raise click.BadParameter("must be at least 1", param_hint="--seeds")
@@ -95,7 +98,12 @@ def register(cli: click.Group) -> None:
                 raise click.BadParameter("must be at least 1", param_hint="--entries")
             shape = dataclasses.replace(shape, entries=(max(1, entries // 2), max(1, entries + entries // 2)))
         options = dataclasses.replace(base, faults=base.faults if faults is None else _faults(faults), shape=shape,
-                                      flags=frozenset(regressions), bookie=bookie_kind)
+                                      flags=frozenset(regressions), bookie=bookie_kind, power_loss=power_loss)
+        if not 0.0 <= power_loss <= 1.0:
+            raise click.BadParameter(f"{power_loss} is not a share between 0 and 1", param_hint="--power-loss")
+        if power_loss and bookie_kind != "real":
+            raise click.BadParameter("a power loss is simulated with the real bookie only: add --bookie real",
+                                     param_hint="--power-loss")
         if bookie_kind == "real" and "corrupt" in options.faults:
             raise click.BadParameter("the real bookie does not take the 'corrupt' fault (it plants a bad entry in the "
                                      "model's disk): name the other kinds, e.g. --faults delay,drop,dup,reorder,"
@@ -105,7 +113,8 @@ def register(cli: click.Group) -> None:
             + (f" --ledgers {ledgers}" if ledgers is not None else "") \
             + (f" --entries {entries}" if entries is not None else "") \
             + "".join(f" --regression {r}" for r in regressions) \
-            + (f" --bookie {bookie_kind}" if bookie_kind != "model" else "")
+            + (f" --bookie {bookie_kind}" if bookie_kind != "model" else "") \
+            + (f" --power-loss {power_loss:g}" if power_loss else "")
         err = Console(stderr=True)
         if one is not None:
             _replay(one, options, as_json, f"{replay_base} --seed={one}")

@@ -20,7 +20,14 @@ virtual times:
 A crash (``crash``) is kill -9: ``OpenedBookie.abandon`` releases descriptors and locks and
 writes nothing more, so what only the write cache, the journal queue or an entry log's buffer
 held is gone, and what reached the files stays; the next incarnation is ``open_bookie`` again
-over the same directory (cookies, journal replay from the persisted mark).
+over the same directory (cookies, journal replay from the persisted mark). A power loss
+(``PageCache.lose`` after the crash) also takes back every byte the journals and entry logs
+wrote since their file's last fsync: the bookie writes them through a ``PageCache`` (the
+``FileOps`` seam). The journal's group commit is two steps here, as with its force-write
+thread: the write at the end of the group wait (``Journal.commit``), the fsync after a seeded
+latency (``Journal.force``), so a crash can fall between them. RocksDB writes its own files:
+its writes that were not synced survive a power loss here (the loss is a subset of what a real
+one may take).
 
 Not run here: the disk checks (the disk usage is fixed: no disk fills), entry-log
 preallocation (off), read-only mode, limbo (no fault wipes a disk), COLLECT waits for a pass it
@@ -51,6 +58,7 @@ from vellum.meta.api import LedgerManager
 from vellum.proto.messages import FLAG_RECOVERY_ADD, AddBatch
 from vellum.sim.bookie import KeyCheck
 from vellum.stats import CollectorRegistry
+from vellum.storage.durable import FileOps
 
 #: the virtual wall clock's epoch (GC's compaction times and the first journal's name)
 _EPOCH_S = 1_700_000_000.0
@@ -76,6 +84,109 @@ def scratch_root() -> Path:
     return base / f"vellum-sim-{os.getpid()}"
 
 
+class PageCache(FileOps):
+    """The page cache as a power loss sees it: bytes written through these ops since their
+    file's last fsync are taken back by ``lose()`` (the old bytes written back, the old size
+    restored); what was fsynced stays. One per bookie, across its restarts (a process crash
+    leaves the page cache as it was)."""
+
+    def __init__(self) -> None:
+        self._paths: dict[int, str] = {}
+        #: path -> (its size at the last fsync, [(offset, the bytes there before a write)])
+        self._undo: dict[str, tuple[int, list[tuple[int, bytes]]]] = {}
+
+    def _before(self, fd: int, offset: int, n: int) -> None:
+        path = self._paths.get(fd)
+        if path is None:
+            return
+        entry = self._undo.get(path)
+        if entry is None:
+            entry = self._undo[path] = (os.fstat(fd).st_size, [])
+        if n:
+            rfd = os.open(path, os.O_RDONLY)  # ``fd`` may be write-only (entry logs)
+            try:
+                entry[1].append((offset, os.pread(rfd, n, offset)))
+            finally:
+                os.close(rfd)
+
+    @property
+    def dirty_files(self) -> int:
+        return len(self._undo)
+
+    def open(self, path: Path, flags: int, mode: int = 0o644) -> int:
+        fresh = not os.path.exists(path)
+        fd = os.open(path, flags, mode)
+        self._paths[fd] = str(path)
+        if fresh:
+            self._undo.setdefault(str(path), (0, []))  # a new file is empty until fsynced
+        return fd
+
+    def write(self, fd: int, data: bytes | memoryview) -> int:
+        self._before(fd, os.lseek(fd, 0, os.SEEK_CUR), len(data))
+        return os.write(fd, data)
+
+    def pwrite(self, fd: int, data: bytes | memoryview, offset: int) -> int:
+        self._before(fd, offset, len(data))
+        return os.pwrite(fd, data, offset)
+
+    def ftruncate(self, fd: int, length: int) -> None:
+        size = os.fstat(fd).st_size
+        self._before(fd, length, max(0, size - length))
+        os.ftruncate(fd, length)
+
+    def fsync(self, fd: int) -> None:
+        os.fsync(fd)
+        path = self._paths.get(fd)
+        if path is not None:
+            self._undo.pop(path, None)
+
+    def close(self, fd: int) -> None:
+        self._paths.pop(fd, None)
+        os.close(fd)
+
+    def rename(self, src: Path, dst: Path) -> None:
+        os.replace(src, dst)
+        self._moved(str(src), str(dst))
+
+    def link(self, src: Path, dst: Path) -> None:
+        os.link(src, dst)
+        entry = self._undo.get(str(src))
+        if entry is not None:
+            self._undo[str(dst)] = (entry[0], list(entry[1]))
+
+    def unlink(self, path: Path) -> None:
+        os.unlink(path)
+        self._undo.pop(str(path), None)
+
+    def _moved(self, src: str, dst: str) -> None:
+        entry = self._undo.pop(src, None)
+        if entry is not None:
+            self._undo[dst] = entry
+        for fd, path in self._paths.items():
+            if path == src:
+                self._paths[fd] = dst
+
+    def lose(self) -> int:
+        """The power goes: every file written since its last fsync gets its old bytes and size
+        back (the process is dead: no descriptor of it is used any more). Returns the files."""
+        lost = 0
+        for path, (size, changes) in sorted(self._undo.items()):
+            try:
+                fd = os.open(path, os.O_RDWR)
+            except FileNotFoundError:
+                continue
+            try:
+                for offset, old in reversed(changes):
+                    os.pwrite(fd, old, offset)
+                os.ftruncate(fd, size)
+            finally:
+                os.close(fd)
+            lost += 1
+        self._undo.clear()
+        self._paths.clear()
+        return lost
+
+
 def remove_scratch(root: Path) -> None:
     shutil.rmtree(root, ignore_errors=True)
 
@@ -96,6 +207,7 @@ def sim_config(home: Path) -> ServerConfig:
         journal_pre_alloc_size_mb=1,
         journal_max_size_mb=1,
         journal_remove_from_page_cache=False,
+        journal_force_write_thread=True,  # the group commit's write and fsync are two steps
         gc_wait_time_ms=1000,
         minor_compaction_interval_s=2,
         major_compaction_interval_s=6,
@@ -126,7 +238,7 @@ class RealSimBookie:
     def __init__(self, name: str, loop: asyncio.AbstractEventLoop, rng: random.Random, home: Path,
                  ledgers: LedgerManager, key_check: KeyCheck, *, group_wait_s: float,
                  fsync_s: tuple[float, float], read_s: tuple[float, float],
-                 checkpoint_s: tuple[float, float] = (0.2, 1.5)) -> None:
+                 checkpoint_s: tuple[float, float] = (0.2, 1.5), page_cache: PageCache | None = None) -> None:
         self.name = name
         self._loop = loop
         self._rng = rng
@@ -135,7 +247,7 @@ class RealSimBookie:
         self._read_s = read_s
         self._checkpoint_s = checkpoint_s
         runtime = BookieRuntime(threads=False, monotonic=loop.time, wall=lambda: _EPOCH_S + loop.time(),
-                                sleep=_no_sleep, disk_usage=_fixed_usage)
+                                sleep=_no_sleep, disk_usage=_fixed_usage, file_ops=page_cache)
         self.opened: OpenedBookie = open_bookie(
             sim_config(home), bookie_id=name, ledger_lister=_StoreLister(ledgers), master_key_check=key_check,
             metrics=BookieMetrics(CollectorRegistry()), runtime=runtime)
@@ -153,6 +265,7 @@ class RealSimBookie:
         #: nothing (docs/gc.md: an empty listing is taken as a broken store)
         self.listing_empty = False
         self._commit: asyncio.TimerHandle | None = None
+        self._force: asyncio.TimerHandle | None = None
         self._checkpoint: asyncio.TimerHandle | None = loop.call_later(rng.uniform(*checkpoint_s), self._run_checkpoint)
 
     # ------------------------------------------------------------------------- lifecycle
@@ -161,18 +274,17 @@ class RealSimBookie:
         if not self.alive:
             return
         self.alive = False
-        for handle in (self._commit, self._checkpoint):
+        for handle in (self._commit, self._force, self._checkpoint):
             if handle is not None:
                 handle.cancel()
-        self._commit = self._checkpoint = None
+        self._commit = self._force = self._checkpoint = None
         self.opened.abandon()
 
     # ---------------------------------------------------------------------- the threads' steps
     def _kick(self) -> None:
-        """Something was journaled: a group commit after the group wait and an fsync."""
+        """Something was journaled: a group commit (the write) after the group wait."""
         if self._commit is None and self.alive:
-            delay = self._group_wait_s + self._rng.uniform(*self._fsync_s)
-            self._commit = self._loop.call_later(delay, self._run_commit)
+            self._commit = self._loop.call_later(self._group_wait_s, self._run_commit)
 
     def _run_commit(self) -> None:
         self._commit = None
@@ -180,6 +292,16 @@ class RealSimBookie:
             return
         for journal in self.bookie.journals:
             journal.commit()
+        if self._force is None:
+            self._force = self._loop.call_later(self._rng.uniform(*self._fsync_s), self._run_force)
+
+    def _run_force(self) -> None:
+        """The force-write thread's fsync of what the commits wrote: the adds become durable."""
+        self._force = None
+        if not self.alive:
+            return
+        for journal in self.bookie.journals:
+            journal.force()
 
     def _run_checkpoint(self) -> None:
         self._checkpoint = None

@@ -42,7 +42,7 @@ from vellum.sim.history import History
 from vellum.sim.loop import SimLoop, SimQuiescent
 from vellum.sim.metadata import SimMetadataStore
 from vellum.sim.network import Link, NetFaults, SimNetwork, current_node
-from vellum.sim.real_bookie import RealSimBookie, remove_scratch, scratch_root
+from vellum.sim.real_bookie import PageCache, RealSimBookie, remove_scratch, scratch_root
 from vellum.sim.workload import Workload, WorkloadShape
 
 log = logging.getLogger(__name__)
@@ -79,6 +79,9 @@ class SimOptions:
     #: what stands below the request path (``BOOKIE_KINDS``): the model (``sim/bookie.py``) or
     #: the real bookie and its storage on files (``sim/real_bookie.py``)
     bookie: str = "model"
+    #: with the real bookie: the share of crashes that are power losses (the bytes its journals
+    #: and entry logs wrote but did not fsync are lost too)
+    power_loss: float = 0.0
 
 
 #: the bookie kinds ``--bookie`` takes
@@ -127,6 +130,8 @@ class BookieNode:
         self.name = name
         self.home = home
         self._real_errors: list[str] = []
+        #: what a power loss takes back (the real bookie's files written since their last fsync)
+        self.page_cache = PageCache() if home is not None else None
         self._history = history
         self._loop = loop
         self._rng = rng
@@ -148,7 +153,7 @@ class BookieNode:
                 self._real_errors += self.bookie.errors  # type: ignore[union-attr]
             self.bookie = RealSimBookie(self.name, self._loop, self._rng, self.home, self._store.ledgers,
                                         key_check_for(self._password), group_wait_s=0.001, fsync_s=(0.0002, 0.003),
-                                        read_s=(0.00005, 0.0005))
+                                        read_s=(0.00005, 0.0005), page_cache=self.page_cache)
         else:
             self.bookie = SimBookie(self.name, self._loop, self._rng, self.disk, key_check_for(self._password),
                                     group_wait_s=0.001, fsync_s=(0.0002, 0.003), read_s=(0.00005, 0.0005))
@@ -169,9 +174,14 @@ class BookieNode:
         self._links = [lk for lk in self._links if not all(lk.lost)]
         self._links.append(link)
 
-    def crash(self) -> None:
+    def crash(self, *, power_loss: bool = False) -> None:
+        """The bookie's process dies; ``power_loss`` (real bookie only): the machine too, so
+        what its files held only in the page cache is gone."""
         if self.bookie is not None:
             self.bookie.crash()
+        if power_loss:
+            assert self.page_cache is not None, "a power loss needs the real bookie"
+            self.page_cache.lose()
         for link in self._links:
             link.reset(1)
         self._links = []
@@ -282,6 +292,9 @@ class World:
     def __init__(self, seed: int, options: SimOptions) -> None:
         if options.bookie not in BOOKIE_KINDS:
             raise ValueError(f"unknown bookie kind {options.bookie!r}: one of {', '.join(BOOKIE_KINDS)}")
+        if options.power_loss and options.bookie != "real":
+            raise ValueError("a power loss is simulated with the real bookie only (--bookie real): the model loses "
+                             "everything not synced at every crash already")
         if options.bookie == "real" and options.faults & _MODEL_ONLY_FAULTS:
             raise ValueError(f"the real bookie does not take the fault(s) "
                              f"{', '.join(sorted(options.faults & _MODEL_ONLY_FAULTS))} (a bad stored entry is "
@@ -397,8 +410,9 @@ class World:
             elif kind == "crash":
                 if not node.up:
                     continue
-                node.crash()
-                self.history.add("nemesis", "crash", value=node.name)
+                power = self.options.power_loss > 0 and rng.random() < self.options.power_loss
+                node.crash(power_loss=power)
+                self.history.add("nemesis", "crash", value=f"{node.name} (power loss)" if power else node.name)
                 if "corrupt" in faults and rng.random() < 0.5:
                     self._corrupt_one(node, rng)
                 await asyncio.sleep(rng.uniform(0.01, 1.0))

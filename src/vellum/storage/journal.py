@@ -90,7 +90,7 @@ from vellum.format.journal import (
 from vellum.format.lastmark import ZERO_MARK, LogMark
 from vellum.proto.messages import AddBatch
 from vellum.storage import direct_io as dio
-from vellum.storage.durable import TMP_SUFFIX, publish, temp_path
+from vellum.storage.durable import OS_FILE_OPS, TMP_SUFFIX, FileOps, publish, temp_path
 from vellum.storage.journal_files import (  # noqa: F401  (names callers import from here)
     JournalFile,
     JournalReplay,
@@ -207,8 +207,9 @@ _I32 = struct.Struct(">i")
 class Journal:
     """One journal directory: writer + force-write threads, replay, roll and GC.
 
-    ``fsync`` (default ``os.fdatasync``), ``clock`` and ``wall_clock`` are injectable for tests
-    and the simulator; ``start(threads=False)`` makes ``commit()`` the writer (no thread).
+    ``fsync`` (default ``os.fdatasync``), ``clock``, ``wall_clock`` and ``file_ops`` (the
+    buffered mode's open, write, truncate and header fsync) are injectable for tests and the
+    simulator; ``start(threads=False)`` makes ``commit()`` the writer (no thread).
     """
 
     def __init__(
@@ -235,6 +236,7 @@ class Journal:
         fsync: Callable[[int], None] = os.fdatasync,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        file_ops: FileOps = OS_FILE_OPS,
     ) -> None:
         encode_header(format_version)  # validates the version early (UnknownFormatVersionError)
         if alignment < 16:
@@ -284,6 +286,11 @@ class Journal:
         self._fsync = fsync
         self._clock = clock
         self._wall_clock = wall_clock  # names the first journal file of an empty dir
+        # the buffered writes' system calls (the simulator's power loss tracks them); the
+        # plain function when they are the OS's, so the writer pays no extra call
+        self._ops = file_ops
+        self._pwrite: Callable[[int, memoryview, int], int] = (
+            os.pwrite if file_ops is OS_FILE_OPS else file_ops.pwrite)
         self._stepped = False  # started without threads: ``commit()`` is the writer
         self._queue = _Queue(queue_size)
         self._force_queue = _Queue(1 << 62)
@@ -424,6 +431,7 @@ class Journal:
             return
         if self._stepped:
             self.commit()
+            self.force()
             self._stopped = True
             if self._fd >= 0:
                 os.close(self._fd)
@@ -461,19 +469,21 @@ class Journal:
         if stop.clean:
             return
         log.warning("journal %s: truncating torn tail: %s", path, stop.describe(str(path)))
-        fd = os.open(path, os.O_RDWR)
+        ops = self._ops
+        fd = ops.open(path, os.O_RDWR)
         try:
-            os.ftruncate(fd, stop.valid_end)
-            os.fsync(fd)
+            ops.ftruncate(fd, stop.valid_end)
+            ops.fsync(fd)
         finally:
-            os.close(fd)
+            ops.close(fd)
 
     def _open_new(self, journal_id: int) -> None:
         """Create ``<hex id>.txn`` atomically: header + first preallocation, fsynced, renamed."""
         path = self.journal_path(journal_id)
         tmp = temp_path(path)
         header = encode_header(self.format_version)
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        ops = self._ops
+        fd = ops.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         self._direct_active = False  # the header and first zeros go through ``fd``, buffered
         try:
             self._fd = fd
@@ -481,7 +491,7 @@ class Journal:
             self._prealloc_end = 0
             self._write(header)
             self._fill_sync(len(header))
-            os.fsync(fd)
+            ops.fsync(fd)
             if self._direct_io:
                 fd = self._fd = self._reopen_direct(tmp, fd, header)
                 self._direct_active = self._direct_io
@@ -490,7 +500,7 @@ class Journal:
                     self._filler = ZeroFiller(f"journal-{self.index}-zero-fill", self._prealloc_step,
                                                os.fdatasync if self._sync_data else _no_fsync)
                 self._filler.reset(fd, self._prealloc_end)
-            publish(tmp, path)
+            publish(tmp, path, ops=ops)
         except BaseException:
             os.close(fd)
             self._fd = -1
@@ -592,8 +602,9 @@ class Journal:
             return
         view = memoryview(data)
         pos = self._pos
+        pwrite = self._pwrite
         while view:
-            n = os.pwrite(self._fd, view, pos)
+            n = pwrite(self._fd, view, pos)
             pos += n
             view = view[n:]
         self._pos = pos
@@ -627,7 +638,7 @@ class Journal:
         if self._zero_fill:
             write_zeros(self._fd, max(self._prealloc_end, self._pos), new_end)
         else:
-            os.ftruncate(self._fd, new_end)
+            self._ops.ftruncate(self._fd, new_end)
         self._prealloc_end = new_end
 
     def _writer_loop(self) -> None:
@@ -730,9 +741,10 @@ class Journal:
 
     def commit(self) -> int:
         """One group commit now, for a journal started with ``threads=False``: everything queued
-        becomes one batch (the writer thread's batch, whatever its size or age), written,
-        fsynced, the mark advanced and the callbacks run, all on the caller's thread. Returns
-        the number of records committed (0: nothing was queued)."""
+        becomes one batch (the writer thread's batch, whatever its size or age), written, and
+        (``sync_in_writer``) fsynced, the mark advanced and the callbacks run, all on the
+        caller's thread; without ``sync_in_writer`` the fsync waits for ``force()``. Returns
+        the number of records written (0: nothing was queued)."""
         if not self._stepped:
             raise StorageError(f"journal {self.journal_dir}: commit() drives a journal started with threads=False")
         items = self._queue.take_all(0)
@@ -756,6 +768,15 @@ class Journal:
         self._commit_batch(buf, 0, callbacks, records)
         return records
 
+    def force(self) -> int:
+        """The force-write thread's step, for a journal started with ``threads=False`` and
+        ``sync_in_writer=False``: fsync what ``commit()`` wrote, advance the mark, run the
+        callbacks. Returns the number of records made durable."""
+        requests: list[_ForceRequest] = self._force_queue.take_all(0)  # type: ignore[assignment]
+        if requests:
+            self._sync_requests(requests)
+        return sum(r.records for r in requests)
+
     @property
     def queued(self) -> bool:
         """Are records waiting for the next group commit? (Read without the lock: advisory.)"""
@@ -769,6 +790,7 @@ class Journal:
             raise StorageError(f"journal {self.journal_dir}: only a journal started with threads=False is abandoned")
         self._stopped = True
         self._queue.items.clear()
+        self._force_queue.items.clear()  # written, never fsynced: no callback runs
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
@@ -798,6 +820,14 @@ class Journal:
         """Hand a force-write request over: to the force-write thread, or (``sync_in_writer``)
         carry it out at once on the writer thread."""
         if self._forcer is None:
+            if self._stepped and not self._sync_in_writer:
+                # driven by steps, with a force-write step: the fsync waits for ``force()``,
+                # unless a roll waits for it now
+                self._force_queue.put(request)
+                if request.done is None:
+                    return
+                self.force()
+                return
             self._sync_requests([request])
         else:
             self._force_queue.put(request)
