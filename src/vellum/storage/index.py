@@ -100,7 +100,6 @@ class _Db:
             except Exception as e:
                 raise self._fail(e, "close") from None
 
-
     def abandon(self) -> None:
         """What a killed process leaves: what RocksDB already wrote to its files (its WAL
         included) stays, nothing more is synced; the handle is released so that the next
