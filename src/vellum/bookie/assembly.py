@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +44,8 @@ from vellum.format.journal import JournalRecord, RecordKind
 from vellum.format.lastmark import ZERO_MARK, LogMark
 from vellum.storage.checkpoint import Checkpointer, read_last_marks
 from vellum.storage.cookies import check_cookies
-from vellum.storage.dirs import LedgerDirsListener, LedgerDirsManager
+from vellum.storage.dirs import DiskUsageFn, LedgerDirsListener, LedgerDirsManager
+from vellum.storage.durable import FileOps
 from vellum.storage.gc import DiskState, GarbageCollectorThread, GcSettings, LedgerLister
 from vellum.storage.journal import Journal
 from vellum.storage.ledger_storage import LedgerStorage
@@ -58,6 +60,30 @@ from vellum.storage.markers import (
 )
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BookieRuntime:
+    """What a bookie's storage takes from its surroundings: its threads and its clocks.
+
+    In production (``PRODUCTION``) every loop runs on its own thread (journal writer and
+    force-write, write-cache flush, checkpoint, disk checks, GC) on the real clocks. The
+    simulator opens the same bookie with ``threads=False`` and its loop's virtual clocks: then
+    nothing runs by itself, and the caller drives the steps those threads would run
+    (``Journal.commit``, ``Bookie.checkpoint``, ``LedgerDirsManager.check``,
+    ``GarbageCollectorThread.run_once``) at times of its choosing. ``disk_usage`` (None: the
+    file system's) fixes what the disk checks see; ``file_ops`` (None: the OS's) are the system
+    calls the journals and entry logs write and fsync through (the simulator's power loss)."""
+
+    threads: bool = True
+    monotonic: Callable[[], float] = time.monotonic
+    wall: Callable[[], float] = time.time
+    sleep: Callable[[float], None] = time.sleep
+    disk_usage: DiskUsageFn | None = None
+    file_ops: FileOps | None = None
+
+
+PRODUCTION = BookieRuntime()
 
 
 @dataclass
@@ -78,6 +104,15 @@ class OpenedBookie:
         """Every ledger the bookie may have held is limbo and durable: drop the marker."""
         clear_integrity_check_needed(self._ledger_dirs)
         self.integrity_check_needed = None
+
+    def abandon(self) -> None:
+        """kill -9 of a bookie opened with ``BookieRuntime(threads=False)``: nothing is flushed
+        or marked clean (``Bookie.abandon``), and the dir locks go as the OS drops them."""
+        try:
+            self.bookie.abandon()
+        finally:
+            for lock in self._locks:
+                lock.release()
 
     def close(self) -> None:
         try:
@@ -124,6 +159,7 @@ def open_bookie(
     store_cookie: Cookie | None = None,
     metrics: BookieMetrics | None = None,
     master_key_check: MasterKeyCheck | None = None,
+    runtime: BookieRuntime = PRODUCTION,
 ) -> OpenedBookie:
     """Lock the dirs, check cookies, open storage, replay journals from ``lastMark``, start.
 
@@ -134,7 +170,8 @@ def open_bookie(
     whose every disk lost its cookie refuses to start (rule 6 of docs/correctness.md). ``metrics`` exports the
     bookie's counts (default: the process's, on the registry the admin HTTP server exports).
     ``master_key_check`` checks the master key of a ledger the bookie has not seen against the
-    ledger's metadata before it is set (``Bookie``; the composition root adapts ``meta``)."""
+    ledger's metadata before it is set (``Bookie``; the composition root adapts ``meta``).
+    ``runtime``: threads or driven steps, and the clocks (``BookieRuntime``)."""
     say = progress or (lambda _msg: None)
     journal_dirs = [Path(d) for d in config.journal_directories]
     ledger_dirs = [Path(d) for d in config.ledger_directories]
@@ -175,6 +212,7 @@ def open_bookie(
             usage_threshold=config.disk_usage_threshold,
             warn_threshold=config.disk_usage_warn_threshold,
             lwm_threshold=config.disk_usage_lwm_threshold,
+            **({"disk_usage": runtime.disk_usage} if runtime.disk_usage is not None else {}),
         )
         dirs.check()
         write_cache = config.write_cache_max_bytes(memory_limit_bytes())
@@ -201,11 +239,17 @@ def open_bookie(
                 entry_log_map_expiry_s=config.entrylog_map_access_expiry_time_s,
                 direct_io=config.db_storage_direct_io_entry_logger,
                 direct_write_buffer_size=per_dir_direct_buffer,
+                entry_log_clock=runtime.monotonic,
+                flush_thread=runtime.threads,
+                file_ops=runtime.file_ops,
             )
             for ld, idx in zip(ledger_dirs, index_dirs)
         ]
+        stepped: dict[str, Any] = {} if runtime.threads else {"prealloc_zero": False}
+        if runtime.file_ops is not None:
+            stepped.update(file_ops=runtime.file_ops, fsync=runtime.file_ops.fsync)
         journals = [
-            journal_from_config(config, jd, index=i)
+            journal_from_config(config, jd, index=i, clock=runtime.monotonic, wall_clock=runtime.wall, **stepped)
             for i, jd in enumerate(journal_dirs)
         ]
         marks = read_last_marks(ledger_dirs, len(journals))
@@ -217,8 +261,8 @@ def open_bookie(
         for journal, mark in zip(journals, marks):
             say(f"replaying journal {journal.journal_dir} from {mark}")
             replayed += _replay_into(journal, mark, router)
-        checkpointer = Checkpointer(journals, storages, dirs, initial_marks=marks)
-        gc_threads = _make_gc_threads(config, storages, dirs, ledger_lister, gc_step_hook)
+        checkpointer = Checkpointer(journals, storages, dirs, initial_marks=marks, clock=runtime.monotonic)
+        gc_threads = _make_gc_threads(config, storages, dirs, ledger_lister, gc_step_hook, runtime)
         bookie = Bookie(
             router=router,
             journals=journals,
@@ -234,13 +278,17 @@ def open_bookie(
         dirs.add_listener(_DirsListener(bookie))
         dirs.add_listener(_EntryLogRotationOnFullDir(storages))
         for journal in journals:
-            journal.start()
+            if runtime.threads:
+                journal.start()
+            else:
+                journal.start(threads=False)
         if dirs.all_full():
             bookie.on_all_dirs_full()
-        checkpointer.start(config.flush_interval_ms)
-        dirs.start(config.disk_check_interval_ms)
-        for gc in gc_threads:
-            gc.start()
+        if runtime.threads:
+            checkpointer.start(config.flush_interval_ms)
+            dirs.start(config.disk_check_interval_ms)
+            for gc in gc_threads:
+                gc.start()
         say(f"bookie ready ({replayed} journal records replayed)")
         return OpenedBookie(bookie, cookie, unclean, replayed, locks, ledger_dirs, integrity_need)
     except BaseException:
@@ -310,6 +358,7 @@ def _make_gc_threads(
     dirs: LedgerDirsManager,
     lister: LedgerLister | None,
     step_hook: Callable[[str], None] | None,
+    runtime: BookieRuntime,
 ) -> list[GarbageCollectorThread]:
     settings = gc_settings(config)
     warn = config.disk_usage_warn_threshold
@@ -331,6 +380,9 @@ def _make_gc_threads(
             index=i,
             dir_count=len(storages),
             step_hook=step_hook,
+            clock=runtime.wall,
+            monotonic=runtime.monotonic,
+            sleep=runtime.sleep,
         )
         for i, storage in enumerate(storages)
     ]

@@ -735,6 +735,16 @@ class Bookie:
         """The journal marks most recently persisted in the ledger dirs."""
         return self._checkpointer.persisted_marks
 
+    def abandon(self) -> None:
+        """What kill -9 leaves of a bookie whose storage runs without threads (a simulated
+        crash): the bytes already in its files; the journals' queued records, the write caches
+        and every buffer in memory are lost, no callback runs, descriptors are released."""
+        self._metrics.untrack(self)
+        for journal in self._journals:
+            journal.abandon()
+        for storage in self._storages:
+            storage.abandon()
+
     def shutdown(self) -> None:
         """Clean shutdown: stop checkpoints, drain journals, final checkpoint, close storages."""
         self._metrics.untrack(self)  # a bookie going away no longer counts in the process's metrics

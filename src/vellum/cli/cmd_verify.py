@@ -22,8 +22,10 @@ from vellum.cli.output import emit_json, emit_table
 from vellum.sim.campaign import CampaignReport, run_campaign
 from vellum.sim.checker import Violation
 from vellum.sim.runner import (
+    BOOKIE_KINDS,
     FAULT_KINDS,
     FAULT_MODES,
+    MODEL_ONLY_FAULTS,
     REGRESSIONS,
     SCENARIOS,
     RunResult,
@@ -102,6 +104,11 @@ def register(cli: click.Group) -> None:
                   help="revert a known fix behind its test flag (the seed should then fail)")
     @click.option("--autorecovery/--no-autorecovery", "autorecovery", default=None,
                   help="run the real AutoRecovery daemons and judge under-replicated (default: the scenario's)")
+    @click.option("--bookie", "bookie_kind", default="model", show_default=True, type=click.Choice(BOOKIE_KINDS),
+                  help="below the request path: the model bookie, or the real bookie and its storage on files "
+                       "(slower; docs/verification.md)")
+    @click.option("--power-loss", type=float, default=0.0, show_default=True,
+                  help="with --bookie real: the share of crashes that are power losses (0 to 1)")
     @click.option("--stop-at-first", is_flag=True, help="stop at the first seed with a violation")
     @click.option("--nightly", is_flag=True,
                   help=f"the nightly campaign: {NIGHTLY_SEEDS:,} seeds (unless --seeds), every fault kind (unless "
@@ -110,7 +117,8 @@ def register(cli: click.Group) -> None:
     @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
     def sim(count: int | None, start: int, one: int | None, scenario: str, faults: str | None, ledgers: int | None,
             entries: int | None,
-            regressions: tuple[str, ...], autorecovery: bool | None, stop_at_first: bool, nightly: bool,
+            regressions: tuple[str, ...], autorecovery: bool | None, bookie_kind: str, power_loss: float,
+            stop_at_first: bool, nightly: bool,
             as_json: bool) -> None:
         """Run the deterministic simulation over many seeds (or replay one)."""
         if count is None:
@@ -129,16 +137,30 @@ def register(cli: click.Group) -> None:
             if entries < 1:
                 raise click.BadParameter("must be at least 1", param_hint="--entries")
             shape = dataclasses.replace(shape, entries=(max(1, entries // 2), max(1, entries + entries // 2)))
-        options = dataclasses.replace(base, faults=base.faults if faults is None else _faults(faults, base.faults),
-                                      shape=shape,
-                                      flags=frozenset(regressions),
-                                      autorecovery=base.autorecovery if autorecovery is None else autorecovery)
+        chosen = base.faults if faults is None else _faults(faults, base.faults)
+        if bookie_kind == "real" and faults is not None and "all" in faults.split(","):
+            chosen -= MODEL_ONLY_FAULTS  # 'all' of what the real bookie takes
+        options = dataclasses.replace(base, faults=chosen, shape=shape, flags=frozenset(regressions),
+                                      autorecovery=base.autorecovery if autorecovery is None else autorecovery,
+                                      bookie=bookie_kind, power_loss=power_loss)
+        if not 0.0 <= power_loss <= 1.0:
+            raise click.BadParameter(f"{power_loss} is not a share between 0 and 1", param_hint="--power-loss")
+        if power_loss and bookie_kind != "real":
+            raise click.BadParameter("a power loss is simulated with the real bookie only: add --bookie real",
+                                     param_hint="--power-loss")
+        if bookie_kind == "real" and options.faults & MODEL_ONLY_FAULTS:
+            raise click.BadParameter(f"the real bookie does not take {', '.join(sorted(options.faults & MODEL_ONLY_FAULTS))} "
+                                     "(they act on the model's disk; the real bookie's torn and lost writes come from "
+                                     "--power-loss): name the other kinds, e.g. --faults delay,drop,dup,reorder,"
+                                     "partition,crash,slow,meta,expiry,clock", param_hint="--faults")
         replay_base = "vellum verify sim" + (f" --scenario {scenario}" if scenario != "default" else "") \
             + (f" --faults {faults}" if faults is not None else "") \
             + (f" --ledgers {ledgers}" if ledgers is not None else "") \
             + (f" --entries {entries}" if entries is not None else "") \
             + "".join(f" --regression {r}" for r in regressions) \
-            + ("" if autorecovery is None else " --autorecovery" if autorecovery else " --no-autorecovery")
+            + ("" if autorecovery is None else " --autorecovery" if autorecovery else " --no-autorecovery") \
+            + (f" --bookie {bookie_kind}" if bookie_kind != "model" else "") \
+            + (f" --power-loss {power_loss:g}" if power_loss else "")
         err = Console(stderr=True)
         if one is not None:
             _replay(one, options, as_json, f"{replay_base} --seed={one}")
@@ -192,7 +214,7 @@ def register(cli: click.Group) -> None:
         if as_json:
             emit_json({
                 "seeds": report.seeds, "seeds_per_s": report.seeds_per_s, "seeds_per_cpu_s": report.seeds_per_cpu_s,
-                "scenario": scenario, "operations": report.operations, "acks": report.acks,
+                "scenario": scenario, "bookie": bookie_kind, "operations": report.operations, "acks": report.acks,
                 "virtual_s": report.virtual_s, "faults": sorted(options.faults), "regressions": list(regressions),
                 "violations": [_violation_json(s, v) for s, v in report.violations],
                 "errors": [{"seed": s, "error": e} for s, e in report.errors],

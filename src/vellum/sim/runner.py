@@ -24,6 +24,7 @@ import random
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from vellum.autorecovery import copier as ar_copier
 from vellum.autorecovery import worker as ar_worker
@@ -46,6 +47,7 @@ from vellum.sim.history import History
 from vellum.sim.loop import SimLoop, SimQuiescent
 from vellum.sim.metadata import SimMetadataStore
 from vellum.sim.network import Link, NetFaults, SimNetwork, current_node
+from vellum.sim.real_bookie import PageCache, RealSimBookie, remove_scratch, scratch_root
 from vellum.sim.workload import Workload, WorkloadShape
 
 log = logging.getLogger(__name__)
@@ -102,7 +104,20 @@ class SimOptions:
     #: chance that a run with crashes loses one bookie for good in its middle (AutoRecovery then
     #: re-replicates its ledgers); only where ``under-replicated`` is judged
     lose_bookie: float = 0.5
+    #: what stands below the request path (``BOOKIE_KINDS``): the model (``sim/bookie.py``) or
+    #: the real bookie and its storage on files (``sim/real_bookie.py``)
+    bookie: str = "model"
+    #: with the real bookie: the share of crashes that are power losses (the bytes its journals
+    #: and entry logs wrote but did not fsync are lost too)
+    power_loss: float = 0.0
 
+
+#: the bookie kinds ``--bookie`` takes
+BOOKIE_KINDS = ("model", "real")
+#: fault kinds the real bookie does not take: they act on the model's disk (a bad stored entry
+#: planted, a torn group, a failing or full disk, a lying fsync); the real bookie's torn and lost
+#: writes come from ``power_loss``
+MODEL_ONLY_FAULTS = frozenset({"corrupt", "torn", "eio", "full", "lying-fsync"})
 
 #: named workloads (``--scenario``): the default mix, and a race of the old writer against
 #: fencing (small ensembles, recovery in the middle of the writes, lossy network, no crashes)
@@ -150,11 +165,16 @@ SESSION_TIMEOUT_S = 0.5
 
 
 class BookieNode:
-    """A bookie process on the simulated network: the real request path over a ``SimBookie``."""
+    """A bookie process on the simulated network: the real request path over a ``SimBookie``,
+    or over the real bookie (``RealSimBookie``) when given a ``home`` directory for its files."""
 
     def __init__(self, name: str, loop: SimLoop, rng: random.Random, store: SimMetadataStore,
-                 history: History | None) -> None:
+                 history: History | None, home: Path | None = None) -> None:
         self.name = name
+        self.home = home
+        self._real_errors: list[str] = []
+        #: what a power loss takes back (the real bookie's files written since their last fsync)
+        self.page_cache = PageCache() if home is not None else None
         self._history = history
         self._loop = loop
         self._rng = rng
@@ -163,7 +183,7 @@ class BookieNode:
         self._links: list[Link] = []
         self._counters = Counters(max_adds=10000, max_reads=10000, max_frame_size=ServerLimits().max_frame_size)
         self._limits = ServerLimits()
-        self.bookie: SimBookie | None = None
+        self.bookie: SimBookie | RealSimBookie | None = None
         self._internal_before_crash = 0
         #: the metadata session that holds this bookie's registration (None while it has none)
         self.session: SimMetadataStore | None = None
@@ -175,8 +195,15 @@ class BookieNode:
         return self._store.password_of(ledger_id)
 
     def start(self) -> None:
-        self.bookie = SimBookie(self.name, self._loop, self._rng, self.disk, key_check_for(self._password),
-                                group_wait_s=0.001, fsync_s=(0.0002, 0.003), read_s=(0.00005, 0.0005))
+        if self.home is not None:
+            if self.bookie is not None:
+                self._real_errors += self.bookie.errors  # type: ignore[union-attr]
+            self.bookie = RealSimBookie(self.name, self._loop, self._rng, self.home, self._store.ledgers,
+                                        key_check_for(self._password), group_wait_s=0.001, fsync_s=(0.0002, 0.003),
+                                        read_s=(0.00005, 0.0005), page_cache=self.page_cache)
+        else:
+            self.bookie = SimBookie(self.name, self._loop, self._rng, self.disk, key_check_for(self._password),
+                                    group_wait_s=0.001, fsync_s=(0.0002, 0.003), read_s=(0.00005, 0.0005))
         history = self._history
         if history is not None:
             name = self.name
@@ -201,6 +228,8 @@ class BookieNode:
 
     def held(self, ledger_id: int) -> frozenset[int]:
         """The entries of a ledger this bookie holds durably and intact (what survives a crash)."""
+        if isinstance(self.bookie, RealSimBookie):
+            return self.held_entries(ledger_id)
         rec = self.disk.ledgers.get(ledger_id)
         if rec is None or rec.deleted:
             return frozenset()
@@ -219,12 +248,18 @@ class BookieNode:
         self._links = [lk for lk in self._links if not all(lk.lost)]
         self._links.append(link)
 
-    def crash(self, keep: int = 0) -> tuple[int, int]:
-        """The process dies; ``keep``: unsynced journal records that survive (a torn crash).
-        Returns (records kept, records that were unsynced)."""
+    def crash(self, keep: int = 0, *, power_loss: bool = False) -> tuple[int, int]:
+        """The process dies. Model: ``keep`` unsynced journal records survive (a torn crash);
+        returns (records kept, records that were unsynced). Real bookie: ``power_loss``, the
+        machine too, so what its files held only in the page cache is gone."""
         torn = (0, 0)
-        if self.bookie is not None:
+        if isinstance(self.bookie, RealSimBookie):
+            self.bookie.crash()
+        elif self.bookie is not None:
             torn = self.bookie.crash(keep)
+        if power_loss:
+            assert self.page_cache is not None, "a power loss needs the real bookie"
+            self.page_cache.lose()
         if self.session is not None:
             self._loop.call_later(SESSION_TIMEOUT_S, self._session_timed_out, self.session)
         for link in self._links:
@@ -245,10 +280,50 @@ class BookieNode:
         the code under test or of the model below it), over every life of this bookie."""
         return self._internal_before_crash + self._internal(self._counters)
 
+    @property
+    def storage_errors(self) -> list[str]:
+        """Failures of the real storage's own steps (checkpoint, GC), over every life."""
+        now = self.bookie.errors if isinstance(self.bookie, RealSimBookie) else []
+        return self._real_errors + now
+
     def gc(self) -> list[int]:
         assert self.bookie is not None
+        if isinstance(self.bookie, RealSimBookie):
+            return self.bookie.gc_pass()
         ledgers = self._store.ledgers
         return self.bookie.collect_deleted(lambda lid: ledgers.ledger_exists(LedgerId(lid)))
+
+    def held_entries(self, ledger_id: int) -> frozenset[int]:
+        """The entries of the ledger this bookie holds: on the model's disk, or in the real
+        bookie's storage."""
+        if isinstance(self.bookie, RealSimBookie):
+            return self.bookie.held_entries(ledger_id) if self.bookie.alive else frozenset()
+        rec = self.disk.ledgers.get(ledger_id)
+        return frozenset(rec.entries) if rec is not None else frozenset()
+
+    def holds_any(self, ledger_id: int) -> bool:
+        """Does this bookie (alive) still hold an entry of the ledger after a GC pass that could
+        delete it? The real GC deletes nothing while the metadata store lists no ledger at all
+        (docs/gc.md: an empty listing is taken as a broken store), so after such a pass a real
+        bookie is not asked."""
+        if isinstance(self.bookie, RealSimBookie):
+            return not self.bookie.listing_empty and bool(self.held_entries(ledger_id))
+        assert self.bookie is not None
+        rec = self.bookie.mem.get(ledger_id)
+        return rec is not None and bool(rec.entries)
+
+    @property
+    def restarted(self) -> str:
+        """How a restart is written in the history: the bookie's name, and for a real bookie the
+        journal records its start replayed."""
+        if isinstance(self.bookie, RealSimBookie):
+            return f"{self.name} (replayed {self.bookie.replayed} journal records)"
+        return self.name
+
+    def dispose(self) -> None:
+        """The run is over: a real bookie releases its files (as a crash would)."""
+        if isinstance(self.bookie, RealSimBookie):
+            self.bookie.crash()
 
 
 @contextlib.contextmanager
@@ -308,6 +383,16 @@ class World:
     """Everything one seed runs on."""
 
     def __init__(self, seed: int, options: SimOptions) -> None:
+        if options.bookie not in BOOKIE_KINDS:
+            raise ValueError(f"unknown bookie kind {options.bookie!r}: one of {', '.join(BOOKIE_KINDS)}")
+        if options.power_loss and options.bookie != "real":
+            raise ValueError("a power loss is simulated with the real bookie only (--bookie real): the model loses "
+                             "everything not synced at every crash already")
+        if options.bookie == "real" and options.faults & MODEL_ONLY_FAULTS:
+            raise ValueError(f"the real bookie does not take the fault(s) "
+                             f"{', '.join(sorted(options.faults & MODEL_ONLY_FAULTS))} (they act on the model's "
+                             "disk only; the real bookie's torn and lost writes come from power_loss): leave them "
+                             "out of --faults")
         self.seed = seed
         self.options = options
         self.rng = random.Random(seed)
@@ -329,9 +414,14 @@ class World:
         self.store = SimMetadataStore(self.loop, self._metadata_written)
         self.nodes: list[BookieNode] = []
         node_rng = random.Random(self.rng.random())
+        self.scratch: Path | None = None
+        if options.bookie == "real":
+            self.scratch = scratch_root()
+            remove_scratch(self.scratch)  # a run starts on empty disks
         for i in range(options.bookies):
+            home = self.scratch / f"bookie-{i}" if self.scratch is not None else None
             node = BookieNode(f"bookie-{i}:3181", self.loop, node_rng, self.store,
-                              self.history if options.trace else None)
+                              self.history if options.trace else None, home)
             self.nodes.append(node)
             self.net.add_server(node)
         self.clients: list[BookKeeper] = []
@@ -458,12 +548,12 @@ class World:
                     node = await self._mid_group(rng) or node
                 if not node.up:
                     continue
-                self._crash(node, rng if kind == "torn" else None)
+                self._crash(node, rng if kind == "torn" else None, rng)
                 if "corrupt" in faults and rng.random() < 0.5:
                     self._corrupt_one(node, rng)
                 await asyncio.sleep(rng.uniform(0.01, 1.0))
                 node.start()
-                self.history.add("nemesis", "restart", value=node.name)
+                self.history.add("nemesis", "restart", value=node.restarted)
             elif kind == "eio":
                 await self._eio(node, rng)
             elif kind == "full":
@@ -489,17 +579,25 @@ class World:
         """A bookie with journal records written but not yet synced, waited for in small steps
         (at most 0.3 virtual seconds): where a power cut tears a group."""
         for _ in range(100):
-            pending = [n for n in self.nodes if n.up and n.bookie is not None and n.bookie.pending_records]
+            pending = [n for n in self.nodes if n.up and isinstance(n.bookie, SimBookie) and n.bookie.pending_records]
             if pending:
                 return rng.choice(pending)
             await asyncio.sleep(rng.uniform(0.0005, 0.003))
         return None
 
-    def _crash(self, node: BookieNode, torn: random.Random | None = None) -> None:
-        """Kill ``node``'s process (a power cut: what was not synced is lost). ``torn``: a seeded
-        prefix (drawn from its generator) of the unsynced journal records survives (the group was partly on the disk; replay
-        stops at the first bad record, so the next one is torn and discarded)."""
+    def _crash(self, node: BookieNode, torn: random.Random | None = None, rng: random.Random | None = None) -> None:
+        """Kill ``node``'s process. Model (a power cut: what was not synced is lost): ``torn``, a
+        seeded prefix (drawn from its generator) of the unsynced journal records survives (the
+        group was partly on the disk; replay stops at the first bad record, so the next one is
+        torn and discarded). Real bookie: kill -9, and with ``power_loss``'s share (drawn from
+        ``rng``) a power loss too."""
         assert node.bookie is not None
+        if isinstance(node.bookie, RealSimBookie):
+            power = self.options.power_loss > 0 and rng is not None and rng.random() < self.options.power_loss
+            node.crash(power_loss=power)
+            self.injected["crash"] += 1
+            self.history.add("nemesis", "crash", value=f"{node.name} (power loss)" if power else node.name)
+            return
         unwritten = node.bookie.unwritten_records
         keep = torn.randint(0, node.bookie.pending_records) if torn is not None else 0
         kept, pending = node.crash(keep)
@@ -520,7 +618,7 @@ class World:
         served) until the process is restarted, as an operator would; else its ledger storage's
         flushes: adds refused with back-pressure while they fail, nothing lost."""
         bookie = node.bookie
-        if bookie is None or not node.up:
+        if not isinstance(bookie, SimBookie) or not node.up:  # a model-only fault (MODEL_ONLY_FAULTS)
             return
         self.injected["eio"] += 1
         if rng.random() < 0.5:
@@ -530,7 +628,7 @@ class World:
             if node.bookie is bookie and node.up:
                 self._crash(node)
                 node.start()
-                self.history.add("nemesis", "restart", value=node.name)
+                self.history.add("nemesis", "restart", value=node.restarted)
         else:
             bookie.storage_failing = True
             self.history.add("nemesis", "eio", value=f"ledger storage of {node.name}")
@@ -626,14 +724,14 @@ class World:
         for node in self.nodes:
             if node.disk.full:
                 self._set_full(node, False)
-            if node.bookie is not None and node.up and node.bookie.storage_failing:
+            if isinstance(node.bookie, SimBookie) and node.up and node.bookie.storage_failing:
                 node.bookie.storage_failing = False
                 self.history.add("nemesis", "heal", value=f"ledger storage of {node.name}")
-            if node.bookie is not None and node.up and node.bookie.journal_error is not None:
+            if isinstance(node.bookie, SimBookie) and node.up and node.bookie.journal_error is not None:
                 self._crash(node)  # the operator restarts the failed bookie (below)
             if not node.up and not node.lost:
                 node.start()
-                self.history.add("nemesis", "restart", value=node.name)
+                self.history.add("nemesis", "restart", value=node.restarted)
 
 
 SCENARIOS["default"] = SimOptions()
@@ -690,10 +788,17 @@ def run_seed(seed: int, options: SimOptions | None = None) -> RunResult:
                 raise
             virtual = loop.time() - 1000.0
             _drain(loop)
+        for node in world.nodes:
+            node.dispose()
+        if world.scratch is not None:
+            remove_scratch(world.scratch)
         internal = sum(node.internal_errors for node in world.nodes)
         if internal and error is None:
             error = (f"the request path answered EINTERNAL {internal} time(s): an unexpected exception in the "
                      "code under test or the simulated bookie (replay the seed with the vellum logger on)")
+        storage_errors = [e for node in world.nodes for e in node.storage_errors]
+        if storage_errors and error is None:
+            error = f"the real bookie's storage failed: {storage_errors[0]} ({len(storage_errors)} failure(s))"
         final_ends, leftovers = workload.final_ends, workload.leftover_deleted
         violations = check(world.history, final_ends=final_ends, leftover_deleted=leftovers,
                            placements=workload.placements, replicas=world.replicas,
@@ -755,5 +860,5 @@ def _drain(loop: SimLoop) -> None:
     loop.close()
 
 
-__all__ = ["DEFAULT_FAULTS", "FAULT_KINDS", "FAULT_MODES", "REGRESSIONS", "SCENARIOS", "RunResult", "SimOptions", "World", "run_seed",
-           "wall_clock_of"]
+__all__ = ["BOOKIE_KINDS", "DEFAULT_FAULTS", "FAULT_KINDS", "FAULT_MODES", "MODEL_ONLY_FAULTS", "REGRESSIONS", "SCENARIOS", "RunResult",
+           "SimOptions", "World", "run_seed", "wall_clock_of"]

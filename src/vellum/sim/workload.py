@@ -325,11 +325,9 @@ class Workload:
             md = store.ledgers.read_ledger(LedgerId(lid)).value
             self.placements[lid] = Placement(
                 {first: tuple(str(b) for b in ens) for first, ens in md.ensembles.items()}, md.write_quorum_size,
-                {node.name: frozenset(node.disk.ledgers[lid].entries) if lid in node.disk.ledgers else frozenset()
-                 for node in self.world.nodes})
+                {node.name: node.held_entries(lid) for node in self.world.nodes})
         for node in self.world.nodes:
             node.gc()
-            assert node.bookie is not None
-            held = [lid for lid, rec in node.bookie.mem.items() if lid in self.deleted and rec.entries]
+            held = [lid for lid in sorted(self.deleted) if node.holds_any(lid)]
             if held:
                 self.leftover_deleted[node.name] = held

@@ -688,6 +688,21 @@ class EntryLogger:
             self._pool.shutdown(wait=True)
         self._reader.close()
 
+    def abandon(self) -> None:
+        """What a killed process leaves: the files as written so far (records still buffered in
+        memory are lost, nothing is fsynced), every descriptor closed as the OS closes them.
+        Unusable afterwards. (The simulator's crash of a real bookie.)"""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for log in self._policy.logs():
+                self._abandon(log)
+        self._allocator.close()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+        self._reader.close()
+
     def __enter__(self) -> EntryLogger:
         return self
 

@@ -100,6 +100,19 @@ class _Db:
             except Exception as e:
                 raise self._fail(e, "close") from None
 
+    def abandon(self) -> None:
+        """What a killed process leaves: what RocksDB already wrote to its files (its WAL
+        included) stays, nothing more is synced; the handle is released so that the next
+        incarnation in this process can open the database. Unusable afterwards."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                self._db.close()
+            except Exception as e:
+                raise self._fail(e, "close") from None
+
 
 class EntryLocationIndex(_Db):
     """``locations``: BE(ledgerId)||BE(entryId) -> BE(location)."""

@@ -90,7 +90,7 @@ from vellum.format.journal import (
 from vellum.format.lastmark import ZERO_MARK, LogMark
 from vellum.proto.messages import AddBatch
 from vellum.storage import direct_io as dio
-from vellum.storage.durable import TMP_SUFFIX, publish, temp_path
+from vellum.storage.durable import OS_FILE_OPS, TMP_SUFFIX, FileOps, publish, temp_path
 from vellum.storage.journal_files import (  # noqa: F401  (names callers import from here)
     JournalFile,
     JournalReplay,
@@ -207,7 +207,9 @@ _I32 = struct.Struct(">i")
 class Journal:
     """One journal directory: writer + force-write threads, replay, roll and GC.
 
-    ``fsync`` (default ``os.fdatasync``) and ``clock`` are injectable for tests.
+    ``fsync`` (default ``os.fdatasync``), ``clock``, ``wall_clock`` and ``file_ops`` (the
+    buffered mode's open, write, truncate and header fsync) are injectable for tests and the
+    simulator; ``start(threads=False)`` makes ``commit()`` the writer (no thread).
     """
 
     def __init__(
@@ -233,6 +235,8 @@ class Journal:
         direct_io: bool = False,
         fsync: Callable[[int], None] = os.fdatasync,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+        file_ops: FileOps = OS_FILE_OPS,
     ) -> None:
         encode_header(format_version)  # validates the version early (UnknownFormatVersionError)
         if alignment < 16:
@@ -281,6 +285,13 @@ class Journal:
         self._progress: SyncProgress | None = None
         self._fsync = fsync
         self._clock = clock
+        self._wall_clock = wall_clock  # names the first journal file of an empty dir
+        # the buffered writes' system calls (the simulator's power loss tracks them); the
+        # plain function when they are the OS's, so the writer pays no extra call
+        self._ops = file_ops
+        self._pwrite: Callable[[int, memoryview, int], int] = (
+            os.pwrite if file_ops is OS_FILE_OPS else file_ops.pwrite)
+        self._stepped = False  # started without threads: ``commit()`` is the writer
         self._queue = _Queue(queue_size)
         self._force_queue = _Queue(1 << 62)
         self._error: StorageError | None = None
@@ -374,10 +385,16 @@ class Journal:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def start(self) -> None:
-        """Open a new journal file (max existing id + 1, or the time in ms) and start the threads."""
+    def start(self, *, threads: bool = True) -> None:
+        """Open a new journal file (max existing id + 1, or the time in ms) and start the threads.
+
+        ``threads=False``: no writer, force-write or zero-fill thread; whoever drives the journal
+        calls ``commit()`` when a group commit is due (the simulator, at a virtual time)."""
         if self._started:
             raise StorageError(f"journal {self.journal_dir} already started")
+        if not threads and self._zero_fill:
+            raise ValueError(f"journal {self.journal_dir}: a journal driven by commit() cannot zero-fill ahead "
+                             "on a thread; set prealloc_zero=False")
         try:
             self.current_dir.mkdir(parents=True, exist_ok=True)
             for name in os.listdir(self.current_dir):
@@ -386,7 +403,7 @@ class Journal:
             ids = self.journal_ids()
             if ids:
                 self._seal(ids[-1])
-            new_id = ids[-1] + 1 if ids else int(time.time() * 1000)
+            new_id = ids[-1] + 1 if ids else int(self._wall_clock() * 1000)
             self._open_new(new_id)
         except OSError as e:
             raise StorageError(f"cannot start journal in {self.current_dir}: {e}") from e
@@ -397,6 +414,9 @@ class Journal:
         )
         # only clean pages drop; direct writes leave none behind
         self._progress = SyncProgress(self._drop_cache and self._sync_data and not self._direct_io)
+        if not threads:
+            self._stepped = True
+            return
         if not self._sync_in_writer:
             self._forcer = threading.Thread(
                 target=self._force_loop, name=f"journal-{self.index}-force-write", daemon=True
@@ -408,6 +428,14 @@ class Journal:
         """Flush and fsync what is queued, run its callbacks, stop the threads, close the file."""
         if not self._started or self._stopped:
             self._stopped = True
+            return
+        if self._stepped:
+            self.commit()
+            self.force()
+            self._stopped = True
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
             return
         self._stopped = True
         self._queue.put(_SHUTDOWN)
@@ -441,19 +469,21 @@ class Journal:
         if stop.clean:
             return
         log.warning("journal %s: truncating torn tail: %s", path, stop.describe(str(path)))
-        fd = os.open(path, os.O_RDWR)
+        ops = self._ops
+        fd = ops.open(path, os.O_RDWR)
         try:
-            os.ftruncate(fd, stop.valid_end)
-            os.fsync(fd)
+            ops.ftruncate(fd, stop.valid_end)
+            ops.fsync(fd)
         finally:
-            os.close(fd)
+            ops.close(fd)
 
     def _open_new(self, journal_id: int) -> None:
         """Create ``<hex id>.txn`` atomically: header + first preallocation, fsynced, renamed."""
         path = self.journal_path(journal_id)
         tmp = temp_path(path)
         header = encode_header(self.format_version)
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        ops = self._ops
+        fd = ops.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         self._direct_active = False  # the header and first zeros go through ``fd``, buffered
         try:
             self._fd = fd
@@ -461,7 +491,7 @@ class Journal:
             self._prealloc_end = 0
             self._write(header)
             self._fill_sync(len(header))
-            os.fsync(fd)
+            ops.fsync(fd)
             if self._direct_io:
                 fd = self._fd = self._reopen_direct(tmp, fd, header)
                 self._direct_active = self._direct_io
@@ -470,7 +500,7 @@ class Journal:
                     self._filler = ZeroFiller(f"journal-{self.index}-zero-fill", self._prealloc_step,
                                                os.fdatasync if self._sync_data else _no_fsync)
                 self._filler.reset(fd, self._prealloc_end)
-            publish(tmp, path)
+            publish(tmp, path, ops=ops)
         except BaseException:
             os.close(fd)
             self._fd = -1
@@ -572,8 +602,9 @@ class Journal:
             return
         view = memoryview(data)
         pos = self._pos
+        pwrite = self._pwrite
         while view:
-            n = os.pwrite(self._fd, view, pos)
+            n = pwrite(self._fd, view, pos)
             pos += n
             view = view[n:]
         self._pos = pos
@@ -607,7 +638,7 @@ class Journal:
         if self._zero_fill:
             write_zeros(self._fd, max(self._prealloc_end, self._pos), new_end)
         else:
-            os.ftruncate(self._fd, new_end)
+            self._ops.ftruncate(self._fd, new_end)
         self._prealloc_end = new_end
 
     def _writer_loop(self) -> None:
@@ -629,23 +660,12 @@ class Journal:
 
         def flush() -> None:
             nonlocal buf, crc, batch_bytes, records
-            try:
-                if self._error is None:
-                    if self.format_version >= V5:
-                        crc = batch_crc(buf, crc)
-                        buf += encode_padding(self._pos + len(buf), self._alignment, crc)
-                    self._extend(self._pos + len(buf))
-                    self._write(buf)
-            except OSError as e:
-                self._fail(f"write of journal {self._path} failed at offset {self._pos}", e)
-            self._force(_ForceRequest(self._fd, self._path, self._journal_id, self._pos, callbacks.copy(), records))
+            self._commit_batch(buf, crc, callbacks.copy(), records)
             buf = bytearray()
             callbacks.clear()
             records = 0
             crc = 0
             batch_bytes = 0
-            if self._pos >= self._max_size and self._error is None:
-                self._roll()
 
         while True:
             timeout = None if not callbacks else max(0.0, oldest + max_wait - clock())
@@ -700,6 +720,81 @@ class Journal:
                 self._queue.close()
                 return
 
+    def _commit_batch(self, buf: bytearray, crc: int, callbacks: list[Callback | None], records: int) -> None:
+        """End a group-commit batch: its padding record (carrying the batch checksum, ``crc``
+        of the bytes written before ``buf``), the write, the fsync hand-over, and a roll once
+        the file is full. The writer thread's flush and ``commit()`` both end a batch here."""
+        try:
+            if self._error is None:
+                if self.format_version >= V5:
+                    crc = batch_crc(buf, crc)
+                    buf += encode_padding(self._pos + len(buf), self._alignment, crc)
+                self._extend(self._pos + len(buf))
+                self._write(buf)
+        except OSError as e:
+            self._fail(f"write of journal {self._path} failed at offset {self._pos}", e)
+        self._force(_ForceRequest(self._fd, self._path, self._journal_id, self._pos, callbacks, records))
+        if self._pos >= self._max_size and self._error is None:
+            self._roll()
+
+    # ------------------------------------------------------------------ stepped driving
+
+    def commit(self) -> int:
+        """One group commit now, for a journal started with ``threads=False``: everything queued
+        becomes one batch (the writer thread's batch, whatever its size or age), written, and
+        (``sync_in_writer``) fsynced, the mark advanced and the callbacks run, all on the
+        caller's thread; without ``sync_in_writer`` the fsync waits for ``force()``. Returns
+        the number of records written (0: nothing was queued)."""
+        if not self._stepped:
+            raise StorageError(f"journal {self.journal_dir}: commit() drives a journal started with threads=False")
+        items = self._queue.take_all(0)
+        if not items or self._stopped:
+            return 0
+        buf = bytearray()
+        callbacks: list[Callback | None] = []
+        records = 0
+        pack_len = _I32.pack
+        for item in items:
+            record, callback, _enqueued = cast(_Item, item)
+            if isinstance(record, list):
+                for entry in record:
+                    buf += pack_len(len(entry))
+                    buf += entry
+                records += len(record)
+            else:
+                buf += record
+                records += 1
+            callbacks.append(callback)
+        self._commit_batch(buf, 0, callbacks, records)
+        return records
+
+    def force(self) -> int:
+        """The force-write thread's step, for a journal started with ``threads=False`` and
+        ``sync_in_writer=False``: fsync what ``commit()`` wrote, advance the mark, run the
+        callbacks. Returns the number of records made durable."""
+        requests: list[_ForceRequest] = self._force_queue.take_all(0)  # type: ignore[assignment]
+        if requests:
+            self._sync_requests(requests)
+        return sum(r.records for r in requests)
+
+    @property
+    def queued(self) -> bool:
+        """Are records waiting for the next group commit? (Read without the lock: advisory.)"""
+        return bool(self._queue.items)
+
+    def abandon(self) -> None:
+        """What a killed process leaves of a journal started with ``threads=False``: the file as
+        written so far; the queued records are dropped, no callback runs, the descriptor is
+        closed (as the OS closes it). Unusable afterwards."""
+        if not self._stepped:
+            raise StorageError(f"journal {self.journal_dir}: only a journal started with threads=False is abandoned")
+        self._stopped = True
+        self._queue.items.clear()
+        self._force_queue.items.clear()  # written, never fsynced: no callback runs
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
     def _roll(self) -> None:
         """Start file id+1 once the old file is fsynced and closed (so it ends cleanly)."""
         done = threading.Event()
@@ -725,6 +820,14 @@ class Journal:
         """Hand a force-write request over: to the force-write thread, or (``sync_in_writer``)
         carry it out at once on the writer thread."""
         if self._forcer is None:
+            if self._stepped and not self._sync_in_writer:
+                # driven by steps, with a force-write step: the fsync waits for ``force()``,
+                # unless a roll waits for it now
+                self._force_queue.put(request)
+                if request.done is None:
+                    return
+                self.force()
+                return
             self._sync_requests([request])
         else:
             self._force_queue.put(request)

@@ -85,6 +85,7 @@ class LedgerStorage:
         entry_log_clock: Callable[[], float] = time.monotonic,
         direct_io: bool = False,
         direct_write_buffer_size: int = DIRECT_WRITE_BUFFER_SIZE,
+        flush_thread: bool = True,
     ) -> None:
         if write_cache_max_bytes < 2:
             raise ValueError(f"write_cache_max_bytes {write_cache_max_bytes} is too small")
@@ -130,7 +131,9 @@ class LedgerStorage:
         self._reader = StorageReader(self._lock, caches, read_cache, self.entry_logger, self.locations, self._data)
         self._upkeep = StorageUpkeep(self._lock, caches, read_cache, self.entry_logger, self.locations,
                                      self.ledgers_index, self._data, trimmed, self._flusher)
-        self._flusher.start()
+        # flush_thread=False (the simulator): a swapped cache is written out by the next flush()
+        if flush_thread:
+            self._flusher.start()
 
     # ------------------------------------------------------------------ writes (storage_writes.py)
 
@@ -282,6 +285,15 @@ class LedgerStorage:
                 error = error or e
         if error is not None:
             raise error
+
+    def abandon(self) -> None:
+        """What a killed process leaves (``flush_thread=False`` only): the files as written; the
+        write caches are lost, descriptors and index handles released. Unusable afterwards."""
+        assert not self._flusher.threaded, "abandon() is for a storage without a flush thread"
+        with self._lock.cond:
+            self._lock.closed = True
+        for part in (self.entry_logger, self.locations, self.ledgers_index):
+            part.abandon()
 
     def __enter__(self) -> LedgerStorage:
         return self

@@ -63,14 +63,19 @@ class StorageFlusher:
         self._flush_thread = threading.Thread(
             target=self._flush_loop, name=f"ledger-storage-flush-{self.ledger_dir}", daemon=True
         )
+        #: whether the flush thread runs (``start``)
+        self.threaded = False
 
     def start(self) -> None:
-        """Start the flush thread."""
+        """Start the flush thread (not started: the simulator, where ``flush()`` writes a swapped
+        cache out)."""
         self._flush_thread.start()
+        self.threaded = True
 
     def join(self) -> None:
         """Wait for the flush thread, which ends once the storage is marked closed."""
-        self._flush_thread.join()
+        if self.threaded:
+            self._flush_thread.join()
 
     def can_take(self, nbytes: int) -> bool:
         """Would ``nbytes`` more of entries go into the write cache now without waiting for a
