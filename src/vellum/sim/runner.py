@@ -289,7 +289,8 @@ class BookieNode:
     def gc(self) -> list[int]:
         assert self.bookie is not None
         if isinstance(self.bookie, RealSimBookie):
-            return self.bookie.gc_pass()
+            # a dead process (a bookie lost for good) runs no GC; its files stay as they are
+            return self.bookie.gc_pass() if self.bookie.alive else []
         ledgers = self._store.ledgers
         return self.bookie.collect_deleted(lambda lid: ledgers.ledger_exists(LedgerId(lid)))
 
