@@ -52,8 +52,9 @@ class ReplyWriter:
             self._scheduled = True
             self._loop.call_soon(self.flush)
 
-    def send_adds(self, status: int, ledger_ids: Sequence[int], entry_ids: Sequence[int]) -> None:
-        """Queue one ADD response per (ledger id, entry id), all with ``status``."""
+    def send_adds(self, status: int | Sequence[int], ledger_ids: Sequence[int], entry_ids: Sequence[int]) -> None:
+        """Queue one ADD response per (ledger id, entry id), all with ``status`` or each with
+        its own (``status`` a sequence)."""
         if self._transport is None:
             return
         self._out.append(_encode_add_responses(status, ledger_ids, entry_ids))
