@@ -10,8 +10,11 @@ Invariants:
   READ only once the fence is durable;
 - adds and reads in progress are bounded per bookie (``maxAddsInProgressLimit``,
   ``maxReadsInProgressLimit``): past the bound a request is answered ETOOMANYREQUESTS at once;
-- the pipelined ADDs of one read (an ``AddBatch``) go to the bookie as one batch and, when all
-  are durable, are answered with one buffer;
+- a processor decides what it needs before it hands a request down (admission, the adds issued
+  per ledger, how an outcome becomes a status), hands it down once, and answers the outcome
+  with one reply: the pipelined ADDs of one read (an ``AddBatch``) go to the bookie as one
+  batch and, when all are durable, are answered with one buffer carrying each add's status; a
+  READ is one ``AsyncBookie.read_cb`` (no task), answered with one ``ReadResponse``;
 - FORCE_LEDGER is answered once every add issued before it on the connection is answered;
 - an exception turned into an error status is logged once, with the request's ledger and entry
   ids (``extra={"ledger_id", "entry_id", "peer"}``), and counted in
