@@ -51,7 +51,7 @@ from vellum.errors import (
 )
 from vellum.proto import messages as m
 from vellum.server.metrics import ServerCounters
-from vellum.server.replies import ReplyWriter, refusal_for
+from vellum.server.replies import ReplyWriter
 
 # The server's logger: operators and tests follow one logger for the request path.
 log = logging.getLogger("vellum.server.bookie_server")
@@ -643,7 +643,7 @@ class Processors:
             except Exception as e:  # a bug in one request must not take the connection down
                 status = self._ch.status_for(e, m.OPCODE_NAMES.get(getattr(kind, "OPCODE", -1), kind.__name__),
                                              getattr(req, "ledger_id", None), getattr(req, "entry_id", None))
-                answer = refusal_for(req, status)
+                answer = m.refusal_for(req, status)
                 if answer is not None:
                     self._ch.replies.send(answer)
         if adds:

@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from vellum.proto import codec
-from vellum.proto import messages as m
 
 _encode_add_responses = codec.encode_add_responses  # bound once: called per answered batch
 
@@ -75,20 +74,3 @@ class ReplyWriter:
             self.wrote = True
             out, self._out = self._out, []
             self._transport.writelines(codec.coalesce(out) if self._coalesce else out)
-
-
-def refusal_for(msg: Any, status: int) -> Any:
-    """The answer refusing ``msg`` with ``status``: a v2 op gets its own response type (a v2
-    client matches those), a Vellum op an ``ErrorResponse`` with its ids; a note gets none."""
-    kind = type(msg)
-    if kind is m.AddRequest:
-        return m.AddResponse(status, msg.ledger_id, msg.entry_id)
-    if kind is m.ReadRequest:
-        return m.ReadResponse(status, msg.ledger_id, msg.entry_id)
-    if kind is m.BatchReadRequest:
-        return m.BatchReadResponse(status, msg.ledger_id, msg.start_entry_id, msg.request_id)
-    if kind is m.LedgerClosedNote:
-        return None
-    if kind is m.BadFrame:
-        return msg.error_response()
-    return m.ErrorResponse(status, getattr(msg, "request_id", None), kind.OPCODE, getattr(msg, "ledger_id", None))
