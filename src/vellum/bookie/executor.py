@@ -273,51 +273,44 @@ class AsyncBookie:
         await fut
 
     def read_cb(self, ledger_id: int, entry_id: int, fence_key: bytes | None, done: OnRead) -> None:
-        """READ of one entry (``entry_id == -1``: the last one this bookie has); with
-        ``fence_key`` the ledger is fenced first and the entry read once the fence is durable
-        (rule 4 of docs/correctness.md). ``done(entry, None)`` or ``done(None, error)`` runs
-        once on the loop thread. A read without fence of an entry in memory (write or
-        read-ahead cache) is answered at once, on the caller's thread; any other read runs on a
-        reader thread (a fencing read wholly: its master key check may read the metadata)."""
-        if fence_key is None:
+        """READ of one entry (``entry_id == -1``: the last one this bookie has); ``done(entry,
+        None)`` or ``done(None, error)`` runs once on the loop thread. An entry in memory (write
+        or read-ahead cache) is answered at once, on the caller's thread; any other is read on a
+        reader thread. With ``fence_key`` the ledger is fenced first, on a reader thread (its
+        master key check may read the metadata), and the READ follows as any other once the
+        fence is durable (rule 4 of docs/correctness.md); a failed fence is the answer."""
+        if fence_key is not None:
+            def fenced(exc: BaseException | None) -> None:  # on the loop, once the fence is durable
+                if exc is not None:
+                    done(None, exc)
+                else:
+                    self.read_cb(ledger_id, entry_id, None, done)
+
             try:
-                cached = self._bookie.read_cached_entry(ledger_id, entry_id)
-            except Exception as exc:
+                self._reads.submit(self._fence_off_loop, ledger_id, fence_key, fenced)
+            except RuntimeError as exc:  # the reader pool was shut down: the bookie is stopping
                 done(None, exc)
-                return
-            if cached is not None:
-                done(cached, None)
-                return
+            return
         try:
-            self._reads.submit(self._read_off_loop, ledger_id, entry_id, fence_key, done)
-        except RuntimeError as exc:  # the reader pool was shut down: the bookie is stopping
+            cached = self._bookie.read_cached_entry(ledger_id, entry_id)
+        except Exception as exc:
+            done(None, exc)
+            return
+        if cached is not None:
+            done(cached, None)
+            return
+        try:
+            self._reads.submit(self._read_off_loop, ledger_id, entry_id, done)
+        except RuntimeError as exc:
             done(None, exc)
 
-    def _read_off_loop(self, ledger_id: int, entry_id: int, fence_key: bytes | None, done: OnRead) -> None:
-        """``read_cb`` on a reader thread: the fence (its durability callback hands the read to
-        a reader thread again), or the read."""
-        bridge = self.bridge
-        if fence_key is not None:
-            def fenced(exc: BaseException | None) -> None:  # on a journal thread
-                if exc is not None:
-                    bridge.call(done, None, exc)
-                    return
-                try:
-                    self._reads.submit(self._read_off_loop, ledger_id, entry_id, None, done)
-                except RuntimeError as stopping:
-                    bridge.call(done, None, stopping)
-
-            try:
-                self._bookie.fence_ledger(ledger_id, fence_key, fenced)
-            except Exception as exc:
-                bridge.call(done, None, exc)
-            return
+    def _read_off_loop(self, ledger_id: int, entry_id: int, done: OnRead) -> None:
         try:
             entry = self._bookie.read_entry(ledger_id, entry_id)
         except Exception as exc:
-            bridge.call(done, None, exc)
+            self.bridge.call(done, None, exc)
         else:
-            bridge.call(done, entry, None)
+            self.bridge.call(done, entry, None)
 
     def _on_reader(self, fn: Callable[..., _T], *args: Any) -> asyncio.Future[_T]:
         return self._loop.run_in_executor(self._reads, fn, *args)
