@@ -24,10 +24,13 @@ class _RecordingBookie:
         self.calls[name] = threading.current_thread().name
 
     def read_cached_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
+        self._seen("read_cached_entry")
         return b"cached" if entry_id == 0 else None
 
     def read_entry(self, ledger_id: int, entry_id: int) -> bytes:
         self._seen("read_entry")
+        if entry_id == 13:
+            raise OSError(5, "Input/output error")
         return b"e%d" % entry_id
 
     def read_entries(self, ledger_id: int, first: int, count: int, max_bytes: int) -> list[bytes]:
@@ -63,9 +66,6 @@ def test_reads_run_on_the_reader_pool_and_in_memory_answers_on_the_loop() -> Non
     async def main() -> dict[str, Any]:
         ab = AsyncBookie(cast(Bookie, fake), asyncio.get_running_loop(), read_threads=2)
         try:
-            # Bound to the bookie's own method: the read hot path pays no extra call.
-            assert ab.read_cached_entry == fake.read_cached_entry
-            assert ab.read_cached_entry(1, 0) == b"cached" and ab.read_cached_entry(1, 5) is None
             fut = ab.read_entries(1, 3, 2, 0)
             assert isinstance(fut, asyncio.Future)  # awaited as is: no coroutine on top
             got = {
@@ -92,6 +92,81 @@ def test_reads_run_on_the_reader_pool_and_in_memory_answers_on_the_loop() -> Non
                          "trim", "info"}
     assert all(name.startswith("bookie-read") for name in pool.values()), pool
     assert fake.calls["note_ledger_closed"] == loop_thread
+
+
+class _FencingBookie(_RecordingBookie):
+    """Fences are held until the test makes them durable (or fails them), from another thread
+    (as a journal would)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fences: list[tuple[int, bytes, Any]] = []
+        self.reads: list[tuple[int, int]] = []
+
+    def fence_ledger(self, ledger_id: int, master_key: bytes, callback: Any) -> None:
+        self._seen("fence_ledger")
+        self.fences.append((ledger_id, master_key, callback))
+
+    def read_entry(self, ledger_id: int, entry_id: int) -> bytes:
+        self.reads.append((ledger_id, entry_id))
+        return super().read_entry(ledger_id, entry_id)
+
+
+def test_a_read_is_handed_over_once_and_answered_once_on_the_loop() -> None:
+    """``read_cb``: an entry in memory is answered before the call returns; any other read runs
+    on a reader thread and is answered on the loop; a fencing READ reads only once its fence is
+    durable (rule 4 of docs/correctness.md), and a failed fence is its answer."""
+    fake = _FencingBookie()
+    answers: dict[str, tuple[Any, ...]] = {}
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        ab = AsyncBookie(cast(Bookie, fake), loop, read_threads=2)
+        waiting: dict[str, asyncio.Future[None]] = {}
+
+        def done_for(name: str) -> Any:
+            waiting[name] = loop.create_future()
+
+            def done(entry: Any, exc: BaseException | None) -> None:
+                answers[name] = (entry, exc, threading.current_thread().name)
+                if not waiting[name].done():
+                    waiting[name].set_result(None)
+            return done
+
+        try:
+            ab.read_cb(1, 0, None, done_for("cached"))
+            assert "cached" in answers  # at once, on the caller's thread: no hand-off
+            ab.read_cb(1, 4, None, done_for("disk"))
+            ab.read_cb(1, 13, None, done_for("bad disk"))
+            await asyncio.wait_for(asyncio.gather(waiting["disk"], waiting["bad disk"]), 10)
+
+            ab.read_cb(2, 5, b"k" * 20, done_for("fenced"))
+            ab.read_cb(3, 6, b"k" * 20, done_for("fence failed"))
+            for _ in range(200):
+                if len(fake.fences) == 2:
+                    break
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.05)
+            assert (2, 5) not in fake.reads and "fenced" not in answers  # the fence is not durable yet
+            by_ledger = {ledger_id: callback for ledger_id, _key, callback in fake.fences}
+            threading.Thread(target=by_ledger[2], args=(None,)).start()
+            threading.Thread(target=by_ledger[3], args=(OSError(5, "journal fsync failed"),)).start()
+            await asyncio.wait_for(asyncio.gather(waiting["fenced"], waiting["fence failed"]), 10)
+        finally:
+            ab.close()
+
+    loop_thread = threading.current_thread().name
+    asyncio.run(main())
+    assert answers["cached"] == (b"cached", None, loop_thread)
+    assert answers["disk"] == (b"e4", None, loop_thread)
+    entry, exc, thread = answers["bad disk"]
+    assert entry is None and isinstance(exc, OSError) and thread == loop_thread
+    assert answers["fenced"] == (b"e5", None, loop_thread)
+    entry, exc, thread = answers["fence failed"]
+    assert entry is None and "journal fsync failed" in str(exc) and thread == loop_thread
+    assert (3, 6) not in fake.reads  # a fence that failed is the answer: nothing read
+    assert fake.calls["read_entry"].startswith("bookie-read")
+    assert fake.calls["fence_ledger"].startswith("bookie-read")  # its key check may read the metadata
 
 
 def test_a_failing_completion_does_not_drop_the_completions_after_it(caplog: pytest.LogCaptureFixture) -> None:

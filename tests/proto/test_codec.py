@@ -105,11 +105,21 @@ def test_a_batch_of_add_responses_is_the_frames_of_its_add_responses(status: int
         encode(AddResponse(status, lid, eid)) for lid, eid in ids)
 
 
+@given(st.lists(st.tuples(st.sampled_from([EOK, EBADREQ, 199]), st.integers(0, 2**63 - 1),
+                          st.integers(-1, 2**63 - 1)), max_size=20))
+def test_a_batch_of_add_responses_may_carry_a_status_per_add(rows: list[tuple[int, int, int]]) -> None:
+    statuses, ledger_ids, entry_ids = [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]
+    assert encode_add_responses(statuses, ledger_ids, entry_ids) == b"".join(
+        encode(AddResponse(status, lid, eid)) for status, lid, eid in rows)
+
+
 def test_a_batch_of_add_responses_is_checked() -> None:
     with pytest.raises(IncorrectParameterError, match="cannot encode ADD responses"):
         encode_add_responses(EOK, [1, 2], [0])
     with pytest.raises(IncorrectParameterError, match="cannot encode ADD responses"):
         encode_add_responses(EOK, [2**63], [0])
+    with pytest.raises(IncorrectParameterError, match="1 statuses, 2 ledger ids"):
+        encode_add_responses([EOK], [1, 2], [0, 1])
 
 
 def test_min_entry_size_matches_the_entry_format() -> None:

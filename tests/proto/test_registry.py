@@ -59,3 +59,18 @@ def test_the_package_lists_no_message_type() -> None:
     exported = {getattr(vellum.proto, name) for name in vellum.proto.__all__}
     assert not exported & set(m.MESSAGE_TYPES)
     assert vellum.proto.REQUEST_TYPES is m.REQUEST_TYPES
+
+
+def test_every_request_has_an_answer_refusing_it_in_the_form_its_client_matches() -> None:
+    """``refusal_for``: v2 ops answer with their own response type (matched by op, ledger,
+    entry), Vellum ops with an ``ErrorResponse`` carrying their request id and opcode, a bad
+    frame with its own error response, a LEDGER_CLOSED note with nothing."""
+    key = bytes(20)
+    entry = (3).to_bytes(8, "big") + (4).to_bytes(8, "big") + bytes(24)
+    assert m.refusal_for(m.AddRequest(key, entry), 106) == m.AddResponse(106, 3, 4)
+    assert m.refusal_for(m.ReadRequest(3, 4), 106) == m.ReadResponse(106, 3, 4)
+    assert m.refusal_for(m.BatchReadRequest(3, 4, 9, 10, 0), 106) == m.BatchReadResponse(106, 3, 4, 9)
+    assert m.refusal_for(m.LedgerClosedNote(9, 3), 102) is None
+    assert m.refusal_for(m.TrimRequest(9, 3, 5, key), 102) == m.ErrorResponse(102, 9, m.OP_TRIM, 3)
+    bad = m.BadFrame("unknown opcode", version=m.PROTOCOL_VERSION, opcode=99, request_id=7)
+    assert m.refusal_for(bad, 102) == bad.error_response()

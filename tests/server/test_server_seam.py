@@ -16,7 +16,16 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from vellum.bookie.bookie import BookieInfo
 from vellum.bookie.executor import AsyncBookie
-from vellum.errors import EINTERNAL, EIO, ENOENTRY, EOK, NoSuchEntryError
+from vellum.errors import (
+    EFENCED,
+    EINTERNAL,
+    EIO,
+    ENOENTRY,
+    EOK,
+    ETOOMANYREQUESTS,
+    LedgerFencedError,
+    NoSuchEntryError,
+)
 from vellum.proto import FrameDecoder, encode
 from vellum.proto import messages as m
 from vellum.server import processors
@@ -43,9 +52,16 @@ class FakeAsyncBookie:
         fut.set_exception(exc)
         return fut
 
-    def read_cached_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
-        self.calls.append(("read_cached_entry", ledger_id, entry_id))
-        return ENTRY if entry_id == 1 else None
+    def read_cb(self, ledger_id: int, entry_id: int, fence_key: bytes | None,
+                done: Callable[[bytes | None, BaseException | None], None]) -> None:
+        """Entry 1 is "in memory" (answered at once), any other comes on a later turn."""
+        self.calls.append(("read_cb", ledger_id, entry_id))
+        if entry_id == 1:
+            done(ENTRY, None)
+            return
+        outcome = self.read_entry(ledger_id, entry_id)
+        outcome.add_done_callback(
+            lambda f: done(None, f.exception()) if f.exception() is not None else done(f.result(), None))
 
     def read_entry(self, ledger_id: int, entry_id: int) -> asyncio.Future[bytes]:
         self.calls.append(("read_entry", ledger_id, entry_id))
@@ -109,8 +125,8 @@ def test_every_request_is_served_through_the_async_bookie_api() -> None:
         await server.start()
         try:
             return await _exchange(server.port, [
-                m.ReadRequest(7, 1),                         # from the cache, on the loop
-                m.ReadRequest(7, 2),                         # a reader-pool read
+                m.ReadRequest(7, 1),                         # answered at once (in memory)
+                m.ReadRequest(7, 2),                         # answered later (a reader-pool read)
                 m.BatchReadRequest(7, 0, 11, 10, 0),
                 m.StridedReadRequest(12, 7, 0, 3, 10, 0),
                 m.ReadLacRequest(13, 7),
@@ -135,7 +151,7 @@ def test_every_request_is_served_through_the_async_bookie_api() -> None:
     assert by_type[m.TrimResponse] == [m.TrimResponse(16, EOK, 7)]
     assert by_type[m.GetBookieInfoResponse] == [m.GetBookieInfoResponse(17, EOK, 100, 40)]
     names = {c[0] for c in fake.calls}
-    assert names == {"read_cached_entry", "read_entry", "read_entries", "read_strided", "read_explicit_lac",
+    assert names == {"read_cb", "read_entry", "read_entries", "read_strided", "read_explicit_lac",
                      "entry_ids", "note_ledger_closed", "trim", "info"}
     assert ("note_ledger_closed", 7) in fake.calls
 
@@ -173,9 +189,6 @@ def test_two_servers_in_one_process_keep_separate_counts() -> None:
 class FailingAsyncBookie(FakeAsyncBookie):
     """Reads of ledger 8 hit a bug (KeyError), reads of ledger 9 a disk error (OSError EIO);
     every add hits a bug in the bookie's add path."""
-
-    def read_cached_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
-        return None
 
     def read_entry(self, ledger_id: int, entry_id: int) -> asyncio.Future[bytes]:
         if ledger_id == 8:
@@ -238,3 +251,73 @@ def test_an_unexpected_exception_is_answered_einternal_logged_once_with_its_ids_
     assert 'bookkeeper_server_REQUEST_ERRORS_total{op="READ",status="EINTERNAL"} 1.0' in text
     assert 'bookkeeper_server_REQUEST_ERRORS_total{op="READ",status="EIO"} 1.0' in text
     assert 'bookkeeper_server_REQUEST_ERRORS_total{op="ADD",status="EINTERNAL"} 3.0' in text
+
+
+class HoldingAsyncBookie(FakeAsyncBookie):
+    """Adds and reads are held until the test answers them; entry 1 of every add batch is
+    refused as fenced."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.adds: list[tuple[m.AddBatch, Any]] = []
+        self.reads: list[Any] = []
+
+    def add_batch_cb(self, batch: m.AddBatch, on_result: Any) -> None:
+        self.adds.append((batch, on_result))
+
+    def read_cb(self, ledger_id: int, entry_id: int, fence_key: bytes | None, done: Any) -> None:
+        self.reads.append(done)
+
+
+def _add_frame(ledger_id: int, entry_id: int) -> bytes:
+    return encode(m.AddRequest(KEY, ledger_id.to_bytes(8, "big") + entry_id.to_bytes(8, "big") + bytes(24)))
+
+
+def test_a_batch_past_the_bound_is_refused_at_once_and_the_rest_answered_in_one_reply_with_each_status() -> None:
+    """The processor decides before the batch goes down: the adds past maxAddsInProgressLimit are
+    answered ETOOMANYREQUESTS at once, the others go to the bookie as one batch; their answer
+    carries each add's own status (a refused add its refusal, the others the durable outcome),
+    and while a READ is with the bookie the connection is busy (the guard's idle timeout)."""
+    bookie = HoldingAsyncBookie()
+    metrics = ServerMetrics(CollectorRegistry(auto_describe=True))
+
+    async def main() -> tuple[list[Any], list[Any]]:
+        server = BookieServer(cast(AsyncBookie, bookie), host="127.0.0.1", port=0,
+                              limits=ServerLimits(max_adds_in_progress=3), metrics=metrics)
+        await server.start()
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            decoder = FrameDecoder(m.DEFAULT_MAX_FRAME_SIZE, side="client")
+
+            async def answers(n: int) -> list[Any]:
+                got: list[Any] = []
+                while len(got) < n:
+                    data = await asyncio.wait_for(reader.read(1 << 16), 10)
+                    assert data, "the server closed the connection"
+                    got += decoder.feed(data)
+                return got
+
+            writer.write(b"".join(_add_frame(4, i) for i in range(5)) + encode(m.ReadRequest(4, 9)))
+            at_once = await answers(2)
+            for _ in range(200):
+                if bookie.adds and bookie.reads:
+                    break
+                await asyncio.sleep(0.01)
+            (conn,) = server._connections
+            assert conn.is_busy()
+            (batch, on_result), = bookie.adds
+            assert batch.entry_ids == [0, 1, 2]  # the admitted ones, as one batch
+            on_result([None, LedgerFencedError("fenced"), None], None)
+            bookie.reads[0](b"", NoSuchEntryError("no entry 9"))
+            later = await answers(4)
+            assert not conn.is_busy()
+            writer.close()
+            await writer.wait_closed()
+            return at_once, later
+        finally:
+            await server.stop()
+
+    at_once, later = asyncio.run(main())
+    assert at_once == [m.AddResponse(ETOOMANYREQUESTS, 4, 3), m.AddResponse(ETOOMANYREQUESTS, 4, 4)]
+    assert later == [m.AddResponse(EOK, 4, 0), m.AddResponse(EFENCED, 4, 1), m.AddResponse(EOK, 4, 2),
+                     m.ReadResponse(ENOENTRY, 4, 9)]

@@ -280,18 +280,23 @@ class Bookie:
     def _known_ledger(self, ledger_id: int, master_key: bytes, *, checked: bool) -> _LedgerState | None:
         """Under ``_key_lock``: the ledger's state from the cache or its storage; if it has
         none, set ``master_key`` when ``checked``, else None. Raises LedgerFencedError for a
-        deleted ledger (its tombstone)."""
+        deleted ledger (its tombstone). The state is made before anything is asked of the
+        storage and cached only once the storage (and, for a new key, the journal) has it."""
         state = self._ledger_state.get(ledger_id)
         if state is not None:
             return state
-        stored = self._storage(ledger_id).get_master_key(ledger_id)
+        state = _LedgerState(master_key, fenced=False)  # as a ledger new here; a stored one keeps its own
+        router = self._router
+        stored = router.view(ledger_id).get_master_key(ledger_id)
+        if stored is not None:
+            state.master_key = stored
+        elif not checked:
+            return None
+        else:
+            router.storage_for_write(ledger_id).set_master_key(ledger_id, master_key)
+        state.fenced = router.view(ledger_id).is_fenced(ledger_id)
         if stored is None:
-            if not checked:
-                return None
-            self._router.storage_for_write(ledger_id).set_master_key(ledger_id, master_key)
             self._journal(ledger_id).log_master_key(ledger_id, master_key, _ignore_ok)
-            stored = master_key
-        state = _LedgerState(stored, self._storage(ledger_id).is_fenced(ledger_id))
         self._ledger_state[ledger_id] = state
         return state
 

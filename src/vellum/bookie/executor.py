@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 #: what ``on_result`` of a batch add gets: per add its refusal or None, and the durability outcome
 OnAddResult = Callable[[list[BaseException | None], BaseException | None], None]
+#: what ``done`` of a READ gets: the entry and None, or None and the error
+OnRead = Callable[[bytes | memoryview | None, BaseException | None], None]
 #: an add batch waiting for the add thread, with its ``on_result``
 _Pending = tuple[AddBatch, OnAddResult]
 #: the most adds the add thread takes together
@@ -93,15 +95,15 @@ class LoopBridge:
 class AsyncBookie:
     """asyncio face of a ``Bookie``: completions arrive on the loop thread. Three kinds of calls:
 
-    - callback style for the hot paths (``add_entries_cb``, ``fence_cb``): no future and no
-      task per request;
+    - callback style for the hot paths (``add_batch_cb``, ``read_cb``, ``fence_cb``): no
+      future and no task per request; a READ of an entry in memory is answered on the
+      caller's thread, any other on a reader thread;
     - reader-pool calls (``read_entry``, ``read_entries``, ``read_strided``,
       ``read_explicit_lac``, ``entry_ids``, ``trim``, ``info``): plain functions returning the
       pool's future, so that awaiting one costs that future and no coroutine on top;
     - ``collect``: reader-pool work, then a wait for GC passes that holds no thread (the GC
       thread answers through the bridge);
-    - in-memory answers given on the caller's thread (``read_cached_entry``,
-      ``note_ledger_closed``).
+    - in-memory answers given on the caller's thread (``note_ledger_closed``).
     """
 
     def __init__(self, bookie: Bookie, loop: asyncio.AbstractEventLoop, *, read_threads: int = 8) -> None:
@@ -118,10 +120,6 @@ class AsyncBookie:
         self._add_closed = False
         self._add_thread = threading.Thread(target=self._add_loop, name="bookie-add", daemon=True)
         self._add_thread.start()
-        #: ``read_cached_entry(ledger_id, entry_id)``: the entry if it is in memory (write or
-        #: read-ahead cache), else None, without touching the disk. The bookie's own method,
-        #: bound here so that the read hot path pays no extra call.
-        self.read_cached_entry: Callable[[int, int], bytes | memoryview | None] = bookie.read_cached_entry
 
     def add_entries_cb(self, adds: list[tuple[BytesLike, bytes, bool]], on_result: OnAddResult) -> None:
         """``add_batch_cb`` of ``(entry, master key, recovery)`` rows (tools)."""
@@ -144,7 +142,7 @@ class AsyncBookie:
             if self._add_closed:
                 raise RuntimeError("cannot add after the bookie's add thread was shut down")
             inline = self._add_idle and not self._add_pending
-        if inline and self._add_now([(batch, on_result)], wait=False):
+        if inline and self._add_now(batch, [(batch, on_result)], wait=False):
             return
         with self._add_lock:
             self._add_pending.append((batch, on_result))
@@ -169,13 +167,14 @@ class AsyncBookie:
                     total += len(pending[taken][0])
                     taken += 1
                 batches, self._add_pending = pending[:taken], pending[taken:]
-            self._add_now(batches)
+            # The batches handed over meanwhile go down as one.
+            self._add_now(AddBatch.concat([batch for batch, _on_result in batches]), batches)
 
-    def _add_now(self, batches: list[_Pending], *, wait: bool = True) -> bool:
-        """Add the batches as one; answer each on the loop. ``wait=False``: only if that needs
-        no waiting (see ``Bookie.add_batch``); False if nothing was done."""
+    def _add_now(self, adds: AddBatch, batches: list[_Pending], *, wait: bool = True) -> bool:
+        """Add ``adds`` (the ``batches``, in order, as one batch); answer each batch on the loop.
+        ``wait=False``: only if that needs no waiting (see ``Bookie.add_batch``); False if
+        nothing was done."""
         bridge = self.bridge
-        adds = AddBatch.concat([batch for batch, _on_result in batches])
         lock = threading.Lock()
         parts = [2]  # the refusals are known, and the accepted adds are durable
         outcome: list[BaseException | None] = [None]
@@ -272,6 +271,46 @@ class AsyncBookie:
         except Exception as exc:
             done(exc)
         await fut
+
+    def read_cb(self, ledger_id: int, entry_id: int, fence_key: bytes | None, done: OnRead) -> None:
+        """READ of one entry (``entry_id == -1``: the last one this bookie has); ``done(entry,
+        None)`` or ``done(None, error)`` runs once on the loop thread. An entry in memory (write
+        or read-ahead cache) is answered at once, on the caller's thread; any other is read on a
+        reader thread. With ``fence_key`` the ledger is fenced first, on a reader thread (its
+        master key check may read the metadata), and the READ follows as any other once the
+        fence is durable (rule 4 of docs/correctness.md); a failed fence is the answer."""
+        if fence_key is not None:
+            def fenced(exc: BaseException | None) -> None:  # on the loop, once the fence is durable
+                if exc is not None:
+                    done(None, exc)
+                else:
+                    self.read_cb(ledger_id, entry_id, None, done)
+
+            try:
+                self._reads.submit(self._fence_off_loop, ledger_id, fence_key, fenced)
+            except RuntimeError as exc:  # the reader pool was shut down: the bookie is stopping
+                done(None, exc)
+            return
+        try:
+            cached = self._bookie.read_cached_entry(ledger_id, entry_id)
+        except Exception as exc:
+            done(None, exc)
+            return
+        if cached is not None:
+            done(cached, None)
+            return
+        try:
+            self._reads.submit(self._read_off_loop, ledger_id, entry_id, done)
+        except RuntimeError as exc:
+            done(None, exc)
+
+    def _read_off_loop(self, ledger_id: int, entry_id: int, done: OnRead) -> None:
+        try:
+            entry = self._bookie.read_entry(ledger_id, entry_id)
+        except Exception as exc:
+            self.bridge.call(done, None, exc)
+        else:
+            self.bridge.call(done, entry, None)
 
     def _on_reader(self, fn: Callable[..., _T], *args: Any) -> asyncio.Future[_T]:
         return self._loop.run_in_executor(self._reads, fn, *args)

@@ -128,15 +128,20 @@ def _enc_batch_resp(m: BatchReadResponse) -> list[BytesLike]:
 _ADD_RESP_HEADER = _V | (OP_ADD << 16)
 
 
-def encode_add_responses(status: int, ledger_ids: Sequence[int], entry_ids: Sequence[int]) -> bytes:
+def encode_add_responses(status: int | Sequence[int], ledger_ids: Sequence[int], entry_ids: Sequence[int]) -> bytes:
     """The frames of ``AddResponse(status, ledger_id, entry_id)`` for each pair, joined: how a
-    bookie answers a batch of pipelined ADDs at once (one buffer, no message objects)."""
-    if len(ledger_ids) != len(entry_ids):
+    bookie answers a batch of pipelined ADDs at once (one buffer, no message objects).
+    ``status``: one for all, or one per pair."""
+    if len(ledger_ids) != len(entry_ids) or (not isinstance(status, int) and len(status) != len(ledger_ids)):
+        counts = "" if isinstance(status, int) else f"{len(status)} statuses, "
         raise IncorrectParameterError(
-            f"cannot encode ADD responses: {len(ledger_ids)} ledger ids for {len(entry_ids)} entry ids")
+            f"cannot encode ADD responses: {counts}{len(ledger_ids)} ledger ids for {len(entry_ids)} entry ids")
     pack = _ADD_RESP.pack
     try:
-        return b"".join([pack(24, _ADD_RESP_HEADER, status, lid, eid) for lid, eid in zip(ledger_ids, entry_ids)])
+        if isinstance(status, int):
+            return b"".join([pack(24, _ADD_RESP_HEADER, status, lid, eid) for lid, eid in zip(ledger_ids, entry_ids)])
+        return b"".join([pack(24, _ADD_RESP_HEADER, st, lid, eid)
+                         for st, lid, eid in zip(status, ledger_ids, entry_ids)])
     except struct.error as exc:
         raise IncorrectParameterError(f"cannot encode ADD responses with status {status}: {exc}") from exc
 

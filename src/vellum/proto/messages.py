@@ -23,7 +23,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar, TypeAlias, get_args
+from typing import Any, ClassVar, TypeAlias, get_args
 
 from vellum.errors import EBADREQ
 
@@ -703,6 +703,24 @@ class BadFrame:
                 if self.opcode == OP_BATCH_READ and self.request_id is not None:
                     return BatchReadResponse(self.status, self.ledger_id, self.entry_id, self.request_id)
         return ErrorResponse(self.status, self.request_id, self.opcode, self.ledger_id, self.entry_id)
+
+
+def refusal_for(msg: Any, status: int) -> Response | None:
+    """The answer refusing the request ``msg`` with ``status``: a v2 op gets its own response
+    type (a v2 client matches those), a Vellum op an ``ErrorResponse`` with its ids, a bad frame
+    its ``error_response``; a note gets none."""
+    kind = type(msg)
+    if kind is AddRequest:
+        return AddResponse(status, msg.ledger_id, msg.entry_id)
+    if kind is ReadRequest:
+        return ReadResponse(status, msg.ledger_id, msg.entry_id)
+    if kind is BatchReadRequest:
+        return BatchReadResponse(status, msg.ledger_id, msg.start_entry_id, msg.request_id)
+    if kind is LedgerClosedNote:
+        return None
+    if kind is BadFrame:
+        return msg.error_response()  # type: ignore[no-any-return]
+    return ErrorResponse(status, getattr(msg, "request_id", None), kind.OPCODE, getattr(msg, "ledger_id", None))
 
 
 # ===========================================================================================

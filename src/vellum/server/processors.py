@@ -10,8 +10,11 @@ Invariants:
   READ only once the fence is durable;
 - adds and reads in progress are bounded per bookie (``maxAddsInProgressLimit``,
   ``maxReadsInProgressLimit``): past the bound a request is answered ETOOMANYREQUESTS at once;
-- the pipelined ADDs of one read (an ``AddBatch``) go to the bookie as one batch and, when all
-  are durable, are answered with one buffer;
+- a processor decides what it needs before it hands a request down (admission, the adds issued
+  per ledger, how an outcome becomes a status), hands it down once, and answers the outcome
+  with one reply: the pipelined ADDs of one read (an ``AddBatch``) go to the bookie as one
+  batch and, when all are durable, are answered with one buffer carrying each add's status; a
+  READ is one ``AsyncBookie.read_cb`` (no task), answered with one ``ReadResponse``;
 - FORCE_LEDGER is answered once every add issued before it on the connection is answered;
 - an exception turned into an error status is logged once, with the request's ledger and entry
   ids (``extra={"ledger_id", "entry_id", "peer"}``), and counted in
@@ -48,7 +51,7 @@ from vellum.errors import (
 )
 from vellum.proto import messages as m
 from vellum.server.metrics import ServerCounters
-from vellum.server.replies import ReplyWriter, refusal_for
+from vellum.server.replies import ReplyWriter
 
 # The server's logger: operators and tests follow one logger for the request path.
 log = logging.getLogger("vellum.server.bookie_server")
@@ -96,11 +99,16 @@ class Counters(ServerCounters):
         self.max_reads = max_reads
         self.max_frame_size = max_frame_size
 
-    def try_add(self) -> bool:
-        if self.max_adds and self.adds >= self.max_adds:
-            return False
-        self.adds += 1
-        return True
+    def admit_adds(self, n: int) -> int:
+        """How many of ``n`` pipelined adds fit the in-progress bound: the first ones; counted
+        as requests, the others as rejected, the admitted ones as in progress."""
+        self.requests["ADD"] += n
+        limit = self.max_adds
+        room = n if not limit or self.adds + n <= limit else max(0, limit - self.adds)
+        if room < n:
+            self.rejected["ADD"] += n - room
+        self.adds += room
+        return room
 
     def try_read(self) -> bool:
         if self.max_reads and self.reads >= self.max_reads:
@@ -113,8 +121,8 @@ class Channel:
     """What the processors of one connection share: the bookie, the server's counters, the
     reply writer, the connection's tasks, and its adds issued/answered per ledger (FORCE)."""
 
-    __slots__ = ("bookie", "completed", "counters", "describe_peer", "force_waiters", "issued", "loop", "replies",
-                 "tasks")
+    __slots__ = ("bookie", "completed", "counters", "describe_peer", "force_waiters", "issued", "loop", "reading",
+                 "replies", "tasks")
 
     def __init__(self, bookie: AsyncBookie, counters: Counters, replies: ReplyWriter,
                  loop: asyncio.AbstractEventLoop, describe_peer: Callable[[], str]) -> None:
@@ -128,6 +136,8 @@ class Channel:
         self.issued: dict[int, int] = {}
         self.completed: dict[int, int] = {}
         self.force_waiters: list[tuple[int, int, Callable[[], None]]] = []
+        #: READs handed to the bookie and not answered yet (they hold no task)
+        self.reading = 0
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = self.loop.create_task(coro)
@@ -136,7 +146,7 @@ class Channel:
 
     def busy(self) -> bool:
         """A request is in progress: a read, a long poll, an add not answered yet, a FORCE."""
-        return bool(self.tasks) or bool(self.force_waiters) or self.issued != self.completed
+        return bool(self.tasks) or bool(self.reading) or bool(self.force_waiters) or self.issued != self.completed
 
     def cancel(self) -> None:
         for task in list(self.tasks):
@@ -209,8 +219,8 @@ class Processor:
 
 # ----------------------------------------------------------------------------------- ADD
 class AddProcessor(Processor):
-    """ADD: admitted against the in-progress bound, handed to the bookie as batches, answered
-    when durable (refusals at once)."""
+    """ADD: admitted against the in-progress bound, handed to the bookie as one batch, answered
+    with one reply once all are durable (the adds past the bound at once)."""
 
     __slots__ = ()
 
@@ -219,75 +229,63 @@ class AddProcessor(Processor):
 
     def add_batch(self, batch: m.AddBatch) -> None:
         """Pipelined ADDs (decoded together by the codec, or single frames gathered with
-        ``AddBatch.of_requests``): admitted and counted as a whole, handed to the bookie as the
-        same batch, answered with one buffer once all are durable. Past the in-progress bound
-        the adds that do not fit (the last ones) are answered ETOOMANYREQUESTS at once."""
-        n = len(batch)
+        ``AddBatch.of_requests``). Everything the processor decides is decided here, before
+        the batch goes down: how many fit the in-progress bound (``Counters.admit_adds``: the
+        adds past it, the last ones, are answered ETOOMANYREQUESTS at once), the adds issued
+        per ledger (FORCE), and how the bookie's answer becomes statuses (``_statuses``). The
+        admitted adds go to the bookie as one batch; once all are durable (or refused) their
+        answers leave in one reply."""
         ch = self.ch
         counters = self.counters
-        counters.requests["ADD"] += n
-        limit = counters.max_adds
-        if limit and counters.adds + n > limit:
-            room = max(0, limit - counters.adds)
-            counters.rejected["ADD"] += n - room
-            for ledger_id, entry_id in zip(batch.ledger_ids[room:], batch.entry_ids[room:]):
-                self.send(m.AddResponse(ETOOMANYREQUESTS, ledger_id, entry_id))
+        n = len(batch)
+        room = counters.admit_adds(n)
+        ledger_ids, entry_ids = batch.ledger_ids, batch.entry_ids
+        if room < n:
+            ledger_ids, entry_ids = ledger_ids[:room], entry_ids[:room]
+        if room:
+            _count_by_ledger(ch.issued, ledger_ids)
+        statuses = self._statuses
+
+        def on_result(refused: list[BaseException | None], exc: BaseException | None) -> None:
+            counters.adds -= room
+            _count_by_ledger(ch.completed, ledger_ids)
+            # All durable is the common case: one status for all.
+            status = EOK if exc is None and refused.count(None) == room else statuses(
+                ledger_ids, entry_ids, refused, exc)
+            ch.replies.send_adds(status, ledger_ids, entry_ids)
+            if ch.force_waiters:
+                ch.check_force_waiters()
+
+        if room < n:
+            ch.replies.send_adds(ETOOMANYREQUESTS, batch.ledger_ids[room:], batch.entry_ids[room:])
             if not room:
                 return
             batch = batch.take(range(room))
-            n = room
-        counters.adds += n
-        ledger_ids, entry_ids = batch.ledger_ids, batch.entry_ids
-        _count_by_ledger(ch.issued, ledger_ids)
-
-        def on_result(refused: list[BaseException | None], exc: BaseException | None) -> None:
-            if exc is None and refused.count(None) == n:  # all durable: the common case, inline
-                counters.adds -= n
-                _count_by_ledger(ch.completed, ledger_ids)
-                ch.replies.send_adds(EOK, ledger_ids, entry_ids)
-                if ch.force_waiters:
-                    ch.check_force_waiters()
-                return
-            self._answer(ledger_ids, entry_ids, refused, exc)
-
         self.bookie.add_batch_cb(batch, on_result)
 
-    def _answer(self, ledger_ids: list[int], entry_ids: list[int], refused: list[BaseException | None],
-                exc: BaseException | None) -> None:
-        """Answer a batch with refusals or a failed journal: each refused add with its own
-        status, the accepted ones with the durability outcome. Each distinct exception is
-        logged once (one failure of a batch is one line, not one per entry)."""
-        ch = self.ch
-        n = len(refused)
-        if exc is None and refused.count(None) == n:  # all durable: the common case
-            self.counters.adds -= n
-            _count_by_ledger(ch.completed, ledger_ids)
-            ch.replies.send_adds(EOK, ledger_ids, entry_ids)
-            if ch.force_waiters:
-                ch.check_force_waiters()
-            return
-        statuses: dict[int, int] = {}
+    def _statuses(self, ledger_ids: list[int], entry_ids: list[int], refused: list[BaseException | None],
+                  exc: BaseException | None) -> list[int]:
+        """Per add of a batch with refusals or a failed journal: each refused add its own
+        status, the accepted ones the durability outcome. Each distinct exception is logged
+        once (one failure of a batch is one line, not one per entry) and every add counted."""
+        status_for = self.ch.status_for
+        accepted = [i for i, why in enumerate(refused) if why is None]
         accepted_status = EOK
-        accepted: list[int] = []
-        for i, why in enumerate(refused):
-            if why is None:
-                accepted.append(i)
+        logged: dict[int, int] = {}
         if exc is not None and accepted:
-            first = accepted[0]
-            statuses[id(exc)] = accepted_status = ch.status_for(
+            first, last = accepted[0], accepted[-1]
+            logged[id(exc)] = accepted_status = status_for(
                 exc, "ADD", ledger_ids[first], entry_ids[first],
-                what=_entries_text(entry_ids[first], entry_ids[accepted[-1]], len(accepted)), count=len(accepted))
-        self.counters.adds -= len(refused)
-        _count_by_ledger(ch.completed, ledger_ids)
+                what=_entries_text(entry_ids[first], entry_ids[last], len(accepted)), count=len(accepted))
+        out: list[int] = []
         for i, why in enumerate(refused):
             if why is None:
-                status = accepted_status
+                out.append(accepted_status)
             else:
-                seen = id(why) in statuses
-                status = statuses[id(why)] = ch.status_for(why, "ADD", ledger_ids[i], entry_ids[i], quiet=seen)
-            ch.replies.send(m.AddResponse(status, ledger_ids[i], entry_ids[i]))
-        if ch.force_waiters:
-            ch.check_force_waiters()
+                seen = id(why) in logged
+                logged[id(why)] = status = status_for(why, "ADD", ledger_ids[i], entry_ids[i], quiet=seen)
+                out.append(status)
+        return out
 
 
 def _entries_text(first: int, last: int, n: int) -> str:
@@ -296,6 +294,8 @@ def _entries_text(first: int, last: int, n: int) -> str:
 
 def _count_by_ledger(counts: dict[int, int], ledger_ids: list[int]) -> None:
     """Add one per id in ``ledger_ids`` to ``counts`` (usually all one ledger: one update)."""
+    if not ledger_ids:
+        return
     first = ledger_ids[0]
     n = ledger_ids.count(first)
     counts[first] = counts.get(first, 0) + n
@@ -307,41 +307,47 @@ def _count_by_ledger(counts: dict[int, int], ledger_ids: list[int]) -> None:
 
 # ---------------------------------------------------------------------------------- READ
 class ReadProcessor(Processor):
-    """READ (with the fence flag: fence first, durably): answered from memory on the loop when
-    the entry is cached, else on a reader thread."""
+    """READ (with the fence flag: fence first, durably): admitted against the in-progress
+    bound, handed to the bookie once (``AsyncBookie.read_cb``: from memory on the loop when
+    the entry is cached, else on a reader thread), answered with one reply."""
 
     __slots__ = ()
 
     def __call__(self, req: m.ReadRequest) -> None:
+        ch = self.ch
         counters = self.counters
-        counters.requests["READ_FENCE" if req.is_fencing else "READ"] += 1
-        if not req.is_fencing:
-            cached = self.bookie.read_cached_entry(req.ledger_id, req.entry_id)
-            if cached is not None:
-                self.send(m.ReadResponse(EOK, req.ledger_id, req.entry_id, cached))
+        ledger_id, entry_id = req.ledger_id, req.entry_id
+        fencing = req.is_fencing
+        op = "READ_FENCE" if fencing else "READ"
+        counters.requests[op] += 1
+
+        def answer(entry: bytes | memoryview | None, exc: BaseException | None) -> None:
+            """The bookie's outcome (on the loop): the entry, or the error's status."""
+            counters.reads -= 1
+            ch.reading -= 1
+            if exc is None:
+                assert entry is not None
+                reply(EOK, entry)
                 return
+            # Includes ENOENTRY/ENOLEDGER after a fence of a ledger this bookie holds nothing
+            # of: the fence itself is durable, the reader learns there is no entry.
+            what = f"fencing READ of entry {entry_id}" if fencing else None
+            reply(ch.status_for(exc, op, ledger_id, entry_id, what), b"")
+
+        def reply(status: int, entry: bytes | memoryview) -> None:
+            """The one answer of this READ: an entry only with EOK."""
+            ch.replies.send(m.ReadResponse(status, ledger_id, entry_id, entry))
+
         if not counters.try_read():
             counters.rejected["READ"] += 1
-            self.send(m.ReadResponse(ETOOMANYREQUESTS, req.ledger_id, req.entry_id))
+            reply(ETOOMANYREQUESTS, b"")
             return
-        self.ch.spawn(self._read(req))
-
-    async def _read(self, req: m.ReadRequest) -> None:
-        try:
-            if req.is_fencing:
-                assert req.master_key is not None
-                await self.bookie.fence(req.ledger_id, bytes(req.master_key))
-            entry = await self.bookie.read_entry(req.ledger_id, req.entry_id)
-            self.send(m.ReadResponse(EOK, req.ledger_id, req.entry_id, entry))
-        except Exception as e:
-            # Includes ENOENTRY/ENOLEDGER after a fence of a ledger this bookie holds nothing of:
-            # the fence itself is durable, the reader learns there is no entry.
-            op = "READ_FENCE" if req.is_fencing else "READ"
-            what = f"fencing READ of entry {req.entry_id}" if req.is_fencing else None
-            self.send(m.ReadResponse(self.ch.status_for(e, op, req.ledger_id, req.entry_id, what),
-                                     req.ledger_id, req.entry_id))
-        finally:
-            self.counters.reads -= 1
+        ch.reading += 1
+        fence_key = None
+        if fencing:
+            assert req.master_key is not None
+            fence_key = bytes(req.master_key)
+        self.bookie.read_cb(ledger_id, entry_id, fence_key, answer)
 
 
 class BatchReadProcessor(Processor):
@@ -637,7 +643,7 @@ class Processors:
             except Exception as e:  # a bug in one request must not take the connection down
                 status = self._ch.status_for(e, m.OPCODE_NAMES.get(getattr(kind, "OPCODE", -1), kind.__name__),
                                              getattr(req, "ledger_id", None), getattr(req, "entry_id", None))
-                answer = refusal_for(req, status)
+                answer = m.refusal_for(req, status)
                 if answer is not None:
                     self._ch.replies.send(answer)
         if adds:

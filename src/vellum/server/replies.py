@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from vellum.proto import codec
-from vellum.proto import messages as m
 
 _encode_add_responses = codec.encode_add_responses  # bound once: called per answered batch
 
@@ -52,8 +51,9 @@ class ReplyWriter:
             self._scheduled = True
             self._loop.call_soon(self.flush)
 
-    def send_adds(self, status: int, ledger_ids: Sequence[int], entry_ids: Sequence[int]) -> None:
-        """Queue one ADD response per (ledger id, entry id), all with ``status``."""
+    def send_adds(self, status: int | Sequence[int], ledger_ids: Sequence[int], entry_ids: Sequence[int]) -> None:
+        """Queue one ADD response per (ledger id, entry id), all with ``status`` or each with
+        its own (``status`` a sequence)."""
         if self._transport is None:
             return
         self._out.append(_encode_add_responses(status, ledger_ids, entry_ids))
@@ -74,20 +74,3 @@ class ReplyWriter:
             self.wrote = True
             out, self._out = self._out, []
             self._transport.writelines(codec.coalesce(out) if self._coalesce else out)
-
-
-def refusal_for(msg: Any, status: int) -> Any:
-    """The answer refusing ``msg`` with ``status``: a v2 op gets its own response type (a v2
-    client matches those), a Vellum op an ``ErrorResponse`` with its ids; a note gets none."""
-    kind = type(msg)
-    if kind is m.AddRequest:
-        return m.AddResponse(status, msg.ledger_id, msg.entry_id)
-    if kind is m.ReadRequest:
-        return m.ReadResponse(status, msg.ledger_id, msg.entry_id)
-    if kind is m.BatchReadRequest:
-        return m.BatchReadResponse(status, msg.ledger_id, msg.start_entry_id, msg.request_id)
-    if kind is m.LedgerClosedNote:
-        return None
-    if kind is m.BadFrame:
-        return msg.error_response()
-    return m.ErrorResponse(status, getattr(msg, "request_id", None), kind.OPCODE, getattr(msg, "ledger_id", None))

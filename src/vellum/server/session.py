@@ -45,7 +45,6 @@ from vellum.errors import EBADREQ, EOK, EUA, SecurityError
 from vellum.proto import messages as m
 from vellum.security.auth import BookieAuthenticator, Identity
 from vellum.server import guard as g
-from vellum.server.replies import refusal_for
 
 
 class Phase(enum.Enum):
@@ -256,7 +255,7 @@ class Session:
             return [UpgradeTls(msg)]
         self._enter(Phase.CLOSED)
         out: list[Decision] = [Reply(m.ErrorResponse(EUA, opcode=m.OP_START_TLS))]
-        answer = refusal_for(msg, EUA)
+        answer = m.refusal_for(msg, EUA)
         if answer is not None:
             out.append(Reply(answer))
         out.append(Close(g.PLAINTEXT, (
@@ -286,7 +285,7 @@ class Session:
                 except SecurityError as e:
                     reason = str(e)
                 self._requests[m.OPCODE_NAMES.get(getattr(kind, "OPCODE", -1), kind.__name__)] += 1
-                answer = refusal_for(msg, EUA)
+                answer = m.refusal_for(msg, EUA)
                 return out + self._refuse_auth(m.AUTH_NOTICE_ID, f"request refused: {reason}", kind.__name__,
                                                answer)
         return out

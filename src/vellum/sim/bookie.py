@@ -393,8 +393,32 @@ class SimBookie:
             raise CorruptEntryError(f"ledger {ledger_id} entry {entry_id} is corrupt on {self.name}")
         return found
 
-    def read_cached_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
-        return None  # every read goes through the simulated read latency
+    def read_cb(self, ledger_id: int, entry_id: int, key: bytes | None,
+                done: Callable[[bytes | None, BaseException | None], None]) -> None:
+        """As ``AsyncBookie.read_cb``: fenced first when ``key`` is given, then read after the
+        simulated read latency (nothing is served from memory at once). Each step starts on
+        the loop's next turn, as the steps of a task awaiting the fence, then the read, would:
+        a seed's schedule does not depend on which of the two the processor uses."""
+
+        def answer(fut: asyncio.Future[Any]) -> None:
+            exc = fut.exception()
+            if exc is not None:
+                done(None, exc)
+            else:
+                done(fut.result(), None)
+
+        def read() -> None:
+            self._later(lambda: self._entry(ledger_id, entry_id)).add_done_callback(answer)
+
+        def start() -> None:
+            if key is None:
+                read()
+                return
+            fut, fenced = self._future()
+            self.fence_cb(ledger_id, key, fenced)
+            fut.add_done_callback(lambda f: read() if f.exception() is None else done(None, f.exception()))
+
+        self._loop.call_soon(start)
 
     def read_entry(self, ledger_id: int, entry_id: int) -> asyncio.Future[bytes]:
         return self._later(lambda: self._entry(ledger_id, entry_id))

@@ -10,9 +10,11 @@ served from that memory. ``MemoryBookieServer`` runs the server on a free loopba
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any, cast
 
 from vellum.bookie.executor import AsyncBookie
+from vellum.errors import NoSuchEntryError
 from vellum.proto.messages import AddBatch
 from vellum.security.auth import BookieAuthenticator
 from vellum.security.tls import ReloadingContext
@@ -31,11 +33,13 @@ class MemoryBookie:
             self.entries[(lid, eid)] = bytes(data)
         asyncio.get_running_loop().call_soon(on_result, [None] * len(batch), None)
 
-    def read_cached_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
-        return self.entries.get((ledger_id, entry_id))
-
-    def read_entry(self, ledger_id: int, entry_id: int) -> asyncio.Future[bytes]:
-        raise AssertionError("every entry is served from memory (read_cached_entry)")
+    def read_cb(self, ledger_id: int, entry_id: int, fence_key: bytes | None,
+                done: Callable[[bytes | None, BaseException | None], None]) -> None:
+        entry = self.entries.get((ledger_id, entry_id))
+        if entry is None:
+            done(None, NoSuchEntryError(f"entry {ledger_id}:{entry_id} was never added to this memory bookie"))
+        else:
+            done(entry, None)
 
 
 class MemoryBookieServer:
