@@ -254,7 +254,6 @@ class RealSimBookie:
         self.bookie = self.opened.bookie
         #: journal records the start replayed into storage
         self.replayed = self.opened.replayed_records
-        self.read_cached_entry = self.bookie.read_cached_entry
         self.alive = True
         self.adds_accepted = 0
         #: failures of the storage's own steps (checkpoint, GC): the run reports them as errors
@@ -432,6 +431,38 @@ class RealSimBookie:
 
         self._loop.call_later(self._rng.uniform(*self._read_s), run)
         return fut
+
+    def read_cb(self, ledger_id: int, entry_id: int, key: bytes | None,
+                done: Callable[[bytes | memoryview | None, BaseException | None], None]) -> None:
+        """As ``AsyncBookie.read_cb``: with ``key`` the ledger is fenced first and the READ
+        follows once the fence is durable; an entry in memory (write or read-ahead cache) is
+        answered at once; any other is read after the simulated read latency."""
+        if key is not None:
+            def fenced(exc: BaseException | None) -> None:
+                if exc is not None:
+                    done(None, exc)
+                else:
+                    self.read_cb(ledger_id, entry_id, None, done)
+
+            self.fence_cb(ledger_id, key, fenced)
+            return
+        try:
+            cached = self.bookie.read_cached_entry(ledger_id, entry_id)
+        except Exception as exc:
+            done(None, exc)
+            return
+        if cached is not None:
+            done(cached, None)
+            return
+
+        def answer(fut: asyncio.Future[Any]) -> None:
+            exc = fut.exception()
+            if exc is not None:
+                done(None, exc)
+            else:
+                done(fut.result(), None)
+
+        self.read_entry(ledger_id, entry_id).add_done_callback(answer)
 
     def read_entry(self, ledger_id: int, entry_id: int) -> asyncio.Future[bytes | memoryview]:
         return self._later(self.bookie.read_entry, ledger_id, entry_id)
