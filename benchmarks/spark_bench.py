@@ -118,7 +118,9 @@ def _produce(uri: str, name: str, rows: int, size: int) -> None:
         await producer.flush()
         await asyncio.gather(*futures)
 
-    with client(uri) as bk:
+    # Untimed loading: a generous add timeout, so that a shared, overloaded machine's stalls (the
+    # JVM, other processes) do not make the producer give up on every bookie (the default is 5 s).
+    with client(uri, (("addEntryTimeoutSec", "120"),)) as bk:
         producer = Producer.open(bk, name, settings=ProducerSettings(batch_size_bytes=1, linger_ms=0))
         bk.run(fill(producer.aio))
         producer.close()
