@@ -189,6 +189,9 @@ def main() -> None:
     ap.add_argument("--ceiling", action="store_true",
                     help="also time, ABBA against Parquet, a Python data source that yields the same rows "
                          "from memory (the upper bound of any Python source's read)")
+    ap.add_argument("--read-option", action="append", default=[], metavar="KEY=VALUE",
+                    help="an option of the Vellum read (repeatable), e.g. maxBytesPerPartition=268435456 "
+                         "(the read plans one task per 128 MiB by default)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if args.write_only:
@@ -253,7 +256,7 @@ def _run_size(spark: Any, uri: str, base: Path, rows: int, args: Any,
         # payloadColumn=false: the value bytes once (the payload alias would copy them twice)
         (spark.read.format("vellum").option("metadataServiceUri", uri).option("name", f"bench/{tag}/w0")
          .option("maxEntriesPerPartition", max(1, rows // args.partitions))
-         .option("payloadColumn", "false").load()
+         .option("payloadColumn", "false").options(**dict(o.split("=", 1) for o in args.read_option)).load()
          .write.format("noop").mode("overwrite").save())
 
     def read_parquet() -> None:
