@@ -227,3 +227,9 @@ def test_plain_payloads_become_one_binary_column(values: list[bytes]) -> None:
     column = binary_column(payloads)
     column.validate(full=True)
     assert column.type == pa.binary() and column.to_pylist() == values
+
+
+@pytest.mark.parametrize("ids", [range(3, 9), range(3, 20, 3), [4, 9, 10]])
+def test_global_ids_are_the_ledger_ids_shifted_by_the_segment_base(ids: Any) -> None:
+    """Every id of a range (a strided one too) or list, plus the segment's first global id."""
+    assert record_columns.global_ids(ids, 100).to_pylist() == [i + 100 for i in ids]
