@@ -12,9 +12,13 @@ entries as the sink does by default; ``--entry-max-rows 1`` measures one plain e
 ``--cases read --writer producer`` reads records written by the producer, one per entry
 (``records-v1``, what applications append). ``--control`` adds an A/A pair (Parquet against
 itself: the spread noise alone gives), ``--ceiling`` a Python source serving the rows from memory.
-Prints a Markdown table; ``--json`` prints the raw figures.
+``--rows`` takes a comma-separated list (default 200,000 and 1,000,000): each size is written
+and read in turn in the same session. A read of 200,000 rows of 1 KiB takes Parquet ~0.3 s, of
+which Spark's fixed per-query costs (planning, scheduling, a Python worker per task for a Python
+source) are a large part; the larger size shows the per-row speed. Prints a Markdown table per
+size (with the 1-minute load average when it started); ``--json`` prints the raw figures.
 
-    .venv/bin/python benchmarks/spark_bench.py --rows 200000
+    .venv/bin/python benchmarks/spark_bench.py --rows 200000,1000000
 """
 
 from __future__ import annotations
@@ -114,7 +118,9 @@ def _produce(uri: str, name: str, rows: int, size: int) -> None:
         await producer.flush()
         await asyncio.gather(*futures)
 
-    with client(uri) as bk:
+    # Untimed loading: a generous add timeout, so that a shared, overloaded machine's stalls (the
+    # JVM, other processes) do not make the producer give up on every bookie (the default is 5 s).
+    with client(uri, (("addEntryTimeoutSec", "120"),)) as bk:
         producer = Producer.open(bk, name, settings=ProducerSettings(batch_size_bytes=1, linger_ms=0))
         bk.run(fill(producer.aio))
         producer.close()
@@ -155,7 +161,9 @@ def _abba(vellum: Any, parquet: Any, repeat: int) -> tuple[list[float], list[flo
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rows", type=int, default=200_000)
+    ap.add_argument("--rows", default="200000,1000000",
+                    help="rows per run; a comma-separated list runs each size in turn in the same session "
+                         "(small reads are dominated by Spark's fixed per-query costs: see docs/benchmarks.md)")
     ap.add_argument("--payload-bytes", type=int, default=1024)
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--repeat", type=int, default=4)
@@ -171,8 +179,9 @@ def main() -> None:
     ap.add_argument("--writer", choices=("sink", "producer"), default="sink",
                     help="who writes the rows to read (with --cases read): the Spark sink, or the producer "
                          "(vellum.client.producer: records-v1 with one record per entry, random payloads)")
-    ap.add_argument("--cases", choices=("all", "read", "write"), default="all",
-                    help="read: write the rows once (untimed) and time only the reads; write: only the writes")
+    ap.add_argument("--cases", choices=("all", "read", "write", "ceiling"), default="all",
+                    help="read: write the rows once (untimed) and time only the reads; write: only the writes; "
+                         "ceiling: only the in-memory Python source against Parquet (no Vellum read or write)")
     ap.add_argument("--write-only", action="store_true", help="the same as --cases write")
     ap.add_argument("--control", action="store_true",
                     help="also run an A/A control of each timed case (Parquet against itself, same ABBA order): "
@@ -180,10 +189,15 @@ def main() -> None:
     ap.add_argument("--ceiling", action="store_true",
                     help="also time, ABBA against Parquet, a Python data source that yields the same rows "
                          "from memory (the upper bound of any Python source's read)")
+    ap.add_argument("--read-option", action="append", default=[], metavar="KEY=VALUE",
+                    help="an option of the Vellum read (repeatable), e.g. maxBytesPerPartition=268435456 "
+                         "(the read plans one task per 128 MiB by default)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if args.write_only:
         args.cases = "write"
+    if args.cases == "ceiling":
+        args.ceiling = True
     quorum: dict[str, int] = {}
     if args.ensemble != "default":
         e, w, a = (int(x) for x in args.ensemble.split(","))
@@ -191,98 +205,132 @@ def main() -> None:
 
     from vellum.testing.local_cluster import LocalCluster
 
+    sizes = [int(x) for x in str(args.rows).split(",")]
     base = Path(tempfile.mkdtemp(prefix="vellum-spark-bench-"))
+    results: list[dict[str, Any]] = []
     try:
         with LocalCluster(base / "cluster", bookies=3) as cluster:
             spark = _session()
-            uri = cluster.metadata_uri
-            rows, size = args.rows, args.payload_bytes
-            df = spark.range(0, rows, numPartitions=args.partitions).selectExpr(f"{_payload_expr(args.payload, size)} as payload")
-            df.cache().count()
-            parquet = str(base / "rows.parquet")
-            counter = iter(range(1_000_000))
-
-            def write_vellum() -> None:
-                wr = df.write.format("vellum").option("metadataServiceUri", uri).options(**quorum).mode("append")
-                if args.entry_max_rows is not None:
-                    wr = wr.option("entryMaxRows", args.entry_max_rows)
-                if args.entry_max_bytes is not None:
-                    wr = wr.option("entryMaxBytes", args.entry_max_bytes)
-                wr.save(f"bench/w{next(counter)}")
-
-            def write_parquet() -> None:
-                df.write.mode("overwrite").parquet(parquet)
-
-            def read_vellum() -> None:
-                # payloadColumn=false: the value bytes once (the payload alias would copy them twice)
-                (spark.read.format("vellum").option("metadataServiceUri", uri).option("name", "bench/w0")
-                 .option("maxEntriesPerPartition", max(1, rows // args.partitions))
-                 .option("payloadColumn", "false").load()
-                 .write.format("noop").mode("overwrite").save())
-
-            def read_parquet() -> None:
-                spark.read.parquet(parquet).write.format("noop").mode("overwrite").save()
-
-            # warm-up: JIT, Python workers, page cache, client connections
-            small = df.limit(1000)
-            small.write.format("vellum").option("metadataServiceUri", uri).mode("append").save("bench/warm")
-            spark.read.format("vellum").option("metadataServiceUri", uri).option("name", "bench/warm").load() \
-                .write.format("noop").mode("overwrite").save()
-            small.write.mode("overwrite").parquet(str(base / "warm.parquet"))
-
-            def write_parquet_b() -> None:
-                df.write.mode("overwrite").parquet(str(base / "control.parquet"))
-
-            figures: dict[str, float] = {}
-            pair_ratios: dict[str, list[float]] = {}
-            if args.cases in ("all", "write"):
-                wv, wp = _abba(write_vellum, write_parquet, args.repeat)
-                figures.update(write_vellum=min(wv), write_parquet=min(wp))
-                pair_ratios["write_vs_parquet"] = sorted(p / v for v, p in zip(wv, wp, strict=True))
-                if args.control:
-                    ca, cb = _abba(write_parquet, write_parquet_b, args.repeat)
-                    pair_ratios["control_write_parquet_aa"] = sorted(b / a for a, b in zip(ca, cb, strict=True))
-            else:  # the rows to read, written once and untimed
-                if args.writer == "producer":
-                    _produce(uri, "bench/w0", rows, size)
-                else:
-                    write_vellum()
-                write_parquet()
-            if args.cases in ("all", "read"):
-                rv, rp = _abba(read_vellum, read_parquet, args.repeat)
-                figures.update(read_vellum=min(rv), read_parquet=min(rp))
-                pair_ratios["read_vs_parquet"] = sorted(p / v for v, p in zip(rv, rp, strict=True))
-                if args.control:
-                    ca, cb = _abba(read_parquet, read_parquet, args.repeat)
-                    pair_ratios["control_read_parquet_aa"] = sorted(b / a for a, b in zip(ca, cb, strict=True))
             if args.ceiling:
                 _register_ceiling(spark)
-
-                def read_ceiling() -> None:
-                    (spark.read.format("ceiling").option("rows", rows).option("partitions", args.partitions)
-                     .option("size", size).load().write.format("noop").mode("overwrite").save())
-
-                read_ceiling()  # warm-up
-                cv, cp = _abba(read_ceiling, read_parquet, args.repeat)
-                figures.update(read_ceiling=min(cv))
-                pair_ratios["ceiling_vs_parquet"] = sorted(p / v for v, p in zip(cv, cp, strict=True))
-            n = spark.read.format("vellum").option("metadataServiceUri", uri).option("name", "bench/w0").load().count()
-            assert n == rows, f"read back {n} rows, wrote {rows}"
+            for rows in sizes:
+                figures, pair_ratios, load = _run_size(spark, cluster.metadata_uri, base / f"r{rows}", rows, args,
+                                                       quorum)
+                results.append(_summary(rows, args, figures, pair_ratios, load))
             spark.stop()
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
+    if args.json:
+        print(json.dumps(results if len(results) > 1 else results[0], indent=2))
+        return
+    for result in results:
+        _print(result, args)
+
+
+def _run_size(spark: Any, uri: str, base: Path, rows: int, args: Any,
+              quorum: dict[str, int]) -> tuple[dict[str, float], dict[str, list[float]], float]:
+    """The timed cases for ``rows`` rows (written under names of their own); (best seconds per
+    path, sorted per-pair ratios per comparison, 1-minute load average when the size started)."""
+    load = os.getloadavg()[0]
+    size = args.payload_bytes
+    base.mkdir(parents=True, exist_ok=True)
+    tag = f"r{rows}"
+    df = spark.range(0, rows, numPartitions=args.partitions).selectExpr(f"{_payload_expr(args.payload, size)} as payload")
+    df.cache().count()
+    parquet = str(base / "rows.parquet")
+    counter = iter(range(1_000_000))
+
+    def write_vellum() -> None:
+        wr = df.write.format("vellum").option("metadataServiceUri", uri).options(**quorum).mode("append")
+        if args.entry_max_rows is not None:
+            wr = wr.option("entryMaxRows", args.entry_max_rows)
+        if args.entry_max_bytes is not None:
+            wr = wr.option("entryMaxBytes", args.entry_max_bytes)
+        wr.save(f"bench/{tag}/w{next(counter)}")
+
+    def write_parquet() -> None:
+        df.write.mode("overwrite").parquet(parquet)
+
+    def read_vellum() -> None:
+        # payloadColumn=false: the value bytes once (the payload alias would copy them twice)
+        (spark.read.format("vellum").option("metadataServiceUri", uri).option("name", f"bench/{tag}/w0")
+         .option("maxEntriesPerPartition", max(1, rows // args.partitions))
+         .option("payloadColumn", "false").options(**dict(o.split("=", 1) for o in args.read_option)).load()
+         .write.format("noop").mode("overwrite").save())
+
+    def read_parquet() -> None:
+        # noop materialises every column of every row on both sides (a count() could skip them)
+        spark.read.parquet(parquet).write.format("noop").mode("overwrite").save()
+
+    # warm-up: JIT, Python workers, page cache, client connections
+    small = df.limit(1000)
+    small.write.format("vellum").option("metadataServiceUri", uri).mode("append").save(f"bench/{tag}/warm")
+    spark.read.format("vellum").option("metadataServiceUri", uri).option("name", f"bench/{tag}/warm").load() \
+        .write.format("noop").mode("overwrite").save()
+    small.write.mode("overwrite").parquet(str(base / "warm.parquet"))
+
+    def write_parquet_b() -> None:
+        df.write.mode("overwrite").parquet(str(base / "control.parquet"))
+
+    figures: dict[str, float] = {}
+    pair_ratios: dict[str, list[float]] = {}
+    if args.cases in ("all", "write"):
+        wv, wp = _abba(write_vellum, write_parquet, args.repeat)
+        figures.update(write_vellum=min(wv), write_parquet=min(wp))
+        pair_ratios["write_vs_parquet"] = sorted(p / v for v, p in zip(wv, wp, strict=True))
+        if args.control:
+            ca, cb = _abba(write_parquet, write_parquet_b, args.repeat)
+            pair_ratios["control_write_parquet_aa"] = sorted(b / a for a, b in zip(ca, cb, strict=True))
+    elif args.cases == "ceiling":
+        write_parquet()
+    else:  # the rows to read, written once and untimed
+        if args.writer == "producer":
+            _produce(uri, f"bench/{tag}/w0", rows, size)
+        else:
+            write_vellum()
+        write_parquet()
+    if args.cases in ("all", "read"):
+        rv, rp = _abba(read_vellum, read_parquet, args.repeat)
+        figures.update(read_vellum=min(rv), read_parquet=min(rp))
+        pair_ratios["read_vs_parquet"] = sorted(p / v for v, p in zip(rv, rp, strict=True))
+        if args.control:
+            ca, cb = _abba(read_parquet, read_parquet, args.repeat)
+            pair_ratios["control_read_parquet_aa"] = sorted(b / a for a, b in zip(ca, cb, strict=True))
+    if args.ceiling:
+        def read_ceiling() -> None:
+            (spark.read.format("ceiling").option("rows", rows).option("partitions", args.partitions)
+             .option("size", size).load().write.format("noop").mode("overwrite").save())
+
+        read_ceiling()  # warm-up
+        cv, cp = _abba(read_ceiling, read_parquet, args.repeat)
+        figures.update(read_ceiling=min(cv))
+        figures.setdefault("read_parquet", min(cp))
+        pair_ratios["ceiling_vs_parquet"] = sorted(p / v for v, p in zip(cv, cp, strict=True))
+    if args.cases != "ceiling":
+        n = spark.read.format("vellum").option("metadataServiceUri", uri).option("name", f"bench/{tag}/w0").load().count()
+        assert n == rows, f"read back {n} rows, wrote {rows}"
+    df.unpersist()
+    return figures, pair_ratios, load
+
+
+def _summary(rows: int, args: Any, figures: dict[str, float], pair_ratios: dict[str, list[float]],
+             load: float) -> dict[str, Any]:
+    size = args.payload_bytes
     mb = rows * size / 2**20
-    result = {k: {"seconds": round(v, 3), "rows_per_s": round(rows / v), "mib_per_s": round(mb / v, 1)}
-              for k, v in figures.items()}
+    result: dict[str, Any] = {"rows": rows, "payload_bytes": size, "payload": args.payload, "ensemble": args.ensemble,
+                              "load_1min": round(load, 1)}
+    result.update({k: {"seconds": round(v, 3), "rows_per_s": round(rows / v), "mib_per_s": round(mb / v, 1)}
+                   for k, v in figures.items()})
     result["ratios"] = {k: round(statistics.median(v), 3) for k, v in pair_ratios.items()}
     result["ratio_range"] = {k: [round(v[0], 3), round(v[-1], 3)] for k, v in pair_ratios.items()}
-    if args.json:
-        print(json.dumps({"rows": rows, "payload_bytes": size, "payload": args.payload, "ensemble": args.ensemble,
-                          **result}, indent=2))
-        return
-    print(f"rows={rows} payload={size} B {args.payload} partitions={args.partitions} ensemble={args.ensemble} "
-          f"entryMaxRows={args.entry_max_rows or 'default'} writer={args.writer} ({args.repeat} ABBA runs; rows/s: best run)")
+    return result
+
+
+def _print(result: dict[str, Any], args: Any) -> None:
+    print(f"rows={result['rows']} payload={args.payload_bytes} B {args.payload} partitions={args.partitions} "
+          f"ensemble={args.ensemble} entryMaxRows={args.entry_max_rows or 'default'} writer={args.writer} "
+          f"({args.repeat} ABBA runs; rows/s: best run; load {result['load_1min']})")
     print("| path | seconds | rows/s | MiB/s |\n|---|---|---|---|")
     for k in ("write_vellum", "write_parquet", "read_vellum", "read_parquet", "read_ceiling"):
         if k not in result:

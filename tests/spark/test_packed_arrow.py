@@ -110,6 +110,50 @@ def test_a_broken_entry_fails_as_it_does_alone(what: str) -> None:
     assert str(batched.value) == str(alone.value) and "ledger 7 entry 11" in str(batched.value)
 
 
+ONE = _records_entry([b"abc"], 0)  # one record (what a producer writes): header 20, offsets 20..28 (0, 3), data
+BROKEN_ONE = {
+    "first offset not 0": _patched(ONE, 20, "<I", 1),
+    "last offset short of the data": _patched(ONE, 24, "<I", 2),
+    "last offset beyond the data": _patched(ONE, 24, "<I", 9),
+    "trailing byte": ONE + b"x",
+    "no data": ONE[:28],
+    "offsets cut": ONE[:26],
+    "count 0": _patched(ONE, 4, "<I", 0),
+}
+
+
+@pytest.mark.parametrize("what", sorted(BROKEN_ONE))
+def test_a_broken_one_record_entry_fails_as_it_does_alone(what: str) -> None:
+    """One-record entries have a shortcut of their own in the batch path: a broken one among
+    good ones still makes it step aside, and the entry path names it."""
+    bad = BROKEN_ONE[what]
+    assert decode_values([ONE, ONE], True) is not None
+    assert decode_values([ONE, bad, ONE], True) is None
+    entries = [LedgerEntry(7, 10, ONE), LedgerEntry(7, 11, bad), LedgerEntry(7, 12, ONE)]
+    with pytest.raises((CorruptionError, UnknownFormatVersionError)) as alone:
+        _slow_unpack([LedgerEntry(7, 11, bad)])
+    with pytest.raises(type(alone.value)) as batched:
+        _unpack_entries(PART, entries, True)
+    assert str(batched.value) == str(alone.value) and "ledger 7 entry 11" in str(batched.value)
+
+
+def test_bare_entries_around_keyed_ones_get_null_keys_and_append_times() -> None:
+    """Key and timestamp sections are built only from the first entry that has one: the bare
+    entries before it and after it read as null keys and append-time timestamps."""
+    bare = [_records_entry([b"a"], 1), _records_entry([b"b", b"c"], 2)]
+    keyed = encode_records([Record(b"d", key=b"k")], APPEND_MS + 3)
+    timed = encode_records([Record(b"e", timestamp=5), Record(b"f")], APPEND_MS + 4)
+    payloads = [*bare, keyed, bare[0], timed, bare[1]]
+    got = [LedgerEntry(7, 3 + i, p) for i, p in enumerate(payloads)]
+    assert decode_values(payloads, True) is not None
+    fast = _unpack_entries(PART, got, True)
+    slow = _slow_unpack(got)
+    assert fast[2].value.to_pylist() == [b"a", b"b", b"c", b"d", b"a", b"e", b"f", b"b", b"c"]
+    assert fast[2].key.to_pylist() == [None, None, None, b"k", None, None, None, None, None]
+    for col in ("value", "key", "timestamp", "timestamp_type"):
+        assert getattr(fast[2], col).to_pylist() == getattr(slow[2], col).to_pylist(), col
+
+
 def test_rows_v1_broken_entry_fails_as_it_does_alone() -> None:
     good = pack([b"ab", b"c"])
     bad = _patched(good, 16, "<I", 9)  # offsets 0, 2, 9 over 3 bytes of data
@@ -183,3 +227,9 @@ def test_plain_payloads_become_one_binary_column(values: list[bytes]) -> None:
     column = binary_column(payloads)
     column.validate(full=True)
     assert column.type == pa.binary() and column.to_pylist() == values
+
+
+@pytest.mark.parametrize("ids", [range(3, 9), range(3, 20, 3), [4, 9, 10]])
+def test_global_ids_are_the_ledger_ids_shifted_by_the_segment_base(ids: Any) -> None:
+    """Every id of a range (a strided one too) or list, plus the segment's first global id."""
+    assert record_columns.global_ids(ids, 100).to_pylist() == [i + 100 for i in ids]

@@ -43,6 +43,7 @@ _LITTLE = sys.byteorder == "little"
 _ROWS_HEAD = struct.Struct("<4sI")
 _RECORDS_HEAD = struct.Struct("<4sIIq")
 _last_offset = struct.Struct("<I").unpack_from
+_first_last = struct.Struct("<II").unpack_from
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,8 @@ def decode_values(payloads: Sequence[BytesLike], records: bool) -> PackedColumns
     magic = RECORDS_MAGIC if records else MAGIC
     # Per entry: its row count, its sections' sizes and its offsets but the last (an entry's
     # first offset is 0 and its last its section's size: both checked here) appended as stored.
+    # The key and timestamp sections are filled only once some entry has one (the rows before
+    # it get zeros then): bare values, what producers and the sink write, cost no work for them.
     offs, koffs = array("I"), array("I")
     counts, sizes, ksizes = array("q"), array("q"), array("q")
     stamps, event = array("q"), array("q")
@@ -92,24 +95,45 @@ def decode_values(payloads: Sequence[BytesLike], records: bool) -> PackedColumns
     chunks: list[memoryview] = []
     kchunks: list[memoryview] = []
     any_keys = any_ts = False
+    add_offsets, add_count, add_size, add_ksize = offs.frombytes, counts.append, sizes.append, ksizes.append
+    add_chunk, add_stamp = chunks.append, stamps.append
+    keyed = FLAG_KEYS | FLAG_TIMESTAMPS
     try:
         for p in payloads:
             fields = unpack_head(p)
-            if fields[0] != magic:
-                return None
             n = fields[1]
-            if n < 1:
+            if fields[0] != magic or n < 1:
                 return None
             flags = 0
             if records:
                 flags = fields[2]
-                if flags & ~(FLAG_KEYS | FLAG_TIMESTAMPS):  # headers (or a newer format): entry by entry
+                if flags & ~keyed:  # headers (or a newer format): entry by entry
                     return None
-                stamps.append(fields[3])
-            size = len(p)
-            mv = memoryview(p)
-            bitmap = (n + 7) // 8
+                add_stamp(fields[3])
+            mv = p if type(p) is memoryview else memoryview(p)
+            size = len(mv)
             data = hsize + 4 * (n + 1)
+            if not flags:  # bare values
+                if data > size:
+                    return None
+                first_off, vsize = _first_last(mv, hsize) if n == 1 else (_last_offset(mv, hsize)[0],
+                                                                           _last_offset(mv, data - 4)[0])
+                if first_off != 0 or data + vsize != size:
+                    return None
+                add_offsets(mv[hsize:data - 4])
+                add_count(n)
+                add_size(vsize)
+                add_chunk(mv[data:size])
+                add_ksize(0)
+                if any_keys:
+                    koffs.frombytes(bytes(4 * n))
+                    kvalid.frombytes(bytes(n))
+                if any_ts:
+                    tvalid.frombytes(bytes(n))
+                    event.frombytes(bytes(8 * n))
+                continue
+            rows_before = len(offs)
+            bitmap = (n + 7) // 8
             ko = tv = 0
             if flags & FLAG_KEYS:
                 ko = data + bitmap
@@ -123,32 +147,39 @@ def decode_values(payloads: Sequence[BytesLike], records: bool) -> PackedColumns
             ksize = _last_offset(mv, ko + 4 * n)[0] if ko else 0
             if data + vsize + ksize != size:
                 return None
-            first = len(offs)
-            offs.frombytes(mv[hsize:hsize + 4 * n])
-            if offs[first] != 0:
+            add_offsets(mv[hsize:hsize + 4 * n])
+            if offs[rows_before] != 0:
                 return None
-            counts.append(n)
-            sizes.append(vsize)
-            chunks.append(mv[data:data + vsize])
-            ksizes.append(ksize)
-            if ko:
+            add_count(n)
+            add_size(vsize)
+            add_chunk(mv[data:data + vsize])
+            add_ksize(ksize)
+            if ko and not any_keys:
                 any_keys = True
-                first = len(koffs)
-                koffs.frombytes(mv[ko:ko + 4 * n])
-                if koffs[first] != 0:
-                    return None
-                kvalid.frombytes(_bits(mv[ko - bitmap:ko], n))
-                kchunks.append(mv[data + vsize:size])
-            else:
-                koffs.frombytes(bytes(4 * n))
-                kvalid.frombytes(bytes(n))
-            if tv:
+                koffs.frombytes(bytes(4 * rows_before))
+                kvalid.frombytes(bytes(rows_before))
+            if any_keys:
+                if ko:
+                    first = len(koffs)
+                    koffs.frombytes(mv[ko:ko + 4 * n])
+                    if koffs[first] != 0:
+                        return None
+                    kvalid.frombytes(_bits(mv[ko - bitmap:ko], n))
+                    kchunks.append(mv[data + vsize:size])
+                else:
+                    koffs.frombytes(bytes(4 * n))
+                    kvalid.frombytes(bytes(n))
+            if tv and not any_ts:
                 any_ts = True
-                tvalid.frombytes(_bits(mv[tv:tv + bitmap], n))
-                event.frombytes(mv[tv + bitmap:tv + bitmap + 8 * n])
-            else:
-                tvalid.frombytes(bytes(n))
-                event.frombytes(bytes(8 * n))
+                tvalid.frombytes(bytes(rows_before))
+                event.frombytes(bytes(8 * rows_before))
+            if any_ts:
+                if tv:
+                    tvalid.frombytes(_bits(mv[tv:tv + bitmap], n))
+                    event.frombytes(mv[tv + bitmap:tv + bitmap + 8 * n])
+                else:
+                    tvalid.frombytes(bytes(n))
+                    event.frombytes(bytes(8 * n))
     except struct.error:  # an entry shorter than its header
         return None
     m = len(counts)
@@ -161,7 +192,7 @@ def decode_values(payloads: Sequence[BytesLike], records: bool) -> PackedColumns
         if n_rows == m:  # one row per entry: the entries' data starts are the offsets
             entry_index = pa.array(range(m), pa.int32())
             offsets = pa.py_buffer(array("i", bases))
-            key_offsets = pa.py_buffer(array("i", kbases))
+            key_offsets = pa.py_buffer(array("i", kbases)) if any_keys else None
             batch_index = pa.repeat(pa.scalar(0, pa.int32()), m)
         else:
             row_starts = array("i", accumulate(counts, initial=0))
@@ -169,7 +200,7 @@ def decode_values(payloads: Sequence[BytesLike], records: bool) -> PackedColumns
                                              pa.nulls(n_rows, pa.null()))
             entry_index = pc.list_parent_indices(lists).cast(pa.int32())
             offsets = _shifted(offs, bases, entry_index, n_rows, m)
-            key_offsets = _shifted(koffs, kbases, entry_index, n_rows, m)
+            key_offsets = _shifted(koffs, kbases, entry_index, n_rows, m) if any_keys else None
             starts = pa.Array.from_buffers(pa.int32(), m, [None, pa.py_buffer(row_starts)])
             row = pc.cumulative_sum(pa.repeat(pa.scalar(1, pa.int32()), n_rows))  # 1..n_rows
             batch_index = pc.subtract(pc.subtract(row, pc.take(starts, entry_index)), 1)

@@ -108,7 +108,7 @@ def _record_columns(view: RecordsView, where: str) -> RecordColumns:
 def global_ids(ids: Sequence[int], base: int) -> pa.Array:
     """The global entry ids (int64) of ledger entries ``ids`` of a segment starting at ``base``."""
     if isinstance(ids, range):
-        return pa.array(range(ids.start + base, ids.stop + base), pa.int64())
+        return pa.array(range(ids.start + base, ids.stop + base, ids.step), pa.int64())
     return pc.add(pa.array(ids, pa.int64()), base)
 
 
