@@ -18,7 +18,10 @@ Threads (one ``Journal`` per journal directory; instances are independent):
   ``journalFlushWhenQueueEmpty`` is set. A flush appends the padding record carrying the batch
   checksum, ``os.pwrite``s the bytes and then, by default (``sync_in_writer``), itself
   ``fdatasync``s, advances ``current_mark()`` and runs the callbacks; records queued meanwhile
-  form the next batch (one thread hand-off fewer per group commit). With
+  form the next batch (one thread hand-off fewer per group commit). The batches that the byte or
+  entry threshold cuts out of one take of the queue are written as they fill and fsynced together
+  once that take is written (one ``fdatasync`` for all of them: a writer pipelining big entries
+  would otherwise wait for one fsync per ``journalBufferedWritesThreshold`` bytes). With
   ``sync_in_writer=False`` (``journalForceWriteThread``, BookKeeper's structure) it hands a
   force-write request to
   - the *force-write* thread, which coalesces every request waiting for it into one
@@ -626,8 +629,19 @@ class Journal:
         write_buffer = self._write_buffer
         queue_items = self._queue.items
         shutting_down = False
+        # Fsyncing on this thread (sync_in_writer), the batches a group-commit threshold cuts out
+        # of one take are forced together once the take is written: one fdatasync instead of one
+        # per threshold (an fsync costs milliseconds, writing the rest of a take far less). The
+        # force-write thread coalesces them the same way (_sync_requests).
+        deferred: list[_ForceRequest] = []
 
-        def flush() -> None:
+        def force_deferred() -> None:
+            if deferred:
+                requests = deferred.copy()
+                deferred.clear()
+                self._sync_requests(requests)
+
+        def flush(defer: bool = False) -> None:
             nonlocal buf, crc, batch_bytes, records
             try:
                 if self._error is None:
@@ -638,13 +652,22 @@ class Journal:
                     self._write(buf)
             except OSError as e:
                 self._fail(f"write of journal {self._path} failed at offset {self._pos}", e)
-            self._force(_ForceRequest(self._fd, self._path, self._journal_id, self._pos, callbacks.copy(), records))
+            request = _ForceRequest(self._fd, self._path, self._journal_id, self._pos, callbacks.copy(), records)
             buf = bytearray()
             callbacks.clear()
             records = 0
             crc = 0
             batch_bytes = 0
-            if self._pos >= self._max_size and self._error is None:
+            roll = self._pos >= self._max_size and self._error is None
+            if defer and self._forcer is None and not roll:
+                deferred.append(request)
+                return
+            if deferred:
+                deferred.append(request)
+                force_deferred()
+            else:
+                self._force(request)
+            if roll:
                 self._roll()
 
         while True:
@@ -681,11 +704,12 @@ class Journal:
                 if (bytes_threshold and batch_bytes >= bytes_threshold) or (
                     entries_threshold and records >= entries_threshold
                 ):
-                    flush()
+                    flush(defer=True)
             if callbacks and (
                 shutting_down or clock() - oldest >= max_wait or (self._flush_when_empty and not queue_items)
             ):
                 flush()
+            force_deferred()  # what a threshold flushed is forced by the end of its take
             if shutting_down:
                 self._force(
                     _ForceRequest(
