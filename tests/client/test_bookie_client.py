@@ -460,3 +460,55 @@ def test_multi_entry_answers_always_fit_a_frame(tmp_path: Path) -> None:
                 await client.close()
 
     run(run_it())
+
+
+def test_one_add_to_a_write_set_answers_each_bookie_on_its_own(tmp_path: Path) -> None:
+    """``add_quorum_cb``: one frame for the write set; each callback answers for its bookie.
+    A bookie that cannot be asked (reconnect backoff) fails only its own callback, and an entry
+    without a header fails every callback, all through ``call_soon``, never from the call."""
+
+    async def main() -> None:
+        probe = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+        dead = f"127.0.0.1:{probe.sockets[0].getsockname()[1]}"
+        probe.close()
+        await probe.wait_closed()
+        async with inprocess_bookies(tmp_path, 2) as bookies:
+            client = BookieClient(connect_timeout_s=2.0, reconnect_backoff_s=30.0)
+            try:
+                with pytest.raises(BookieHandleNotAvailableError):
+                    await client.read(dead, LEDGER, 0, timeout_s=5)  # now in its backoff window
+                loop = asyncio.get_running_loop()
+                ids = [b.bookie_id for b in bookies] + [dead]
+                n = 50
+                got: list[dict[str, BaseException | None]] = [{} for _ in range(n)]
+                done = loop.create_future()
+
+                def answer(i: int, idx: int, bid: str, exc: BaseException | None) -> None:
+                    assert bid == ids[idx] and bid not in got[i], "answered twice, or for the wrong bookie"
+                    got[i][bid] = exc
+                    if all(len(g) == len(ids) for g in got) and not done.done():
+                        done.set_result(None)
+
+                for i in range(n):
+                    client.add_quorum_cb(ids, range(len(ids)), MASTER_KEY, make_entry(LEDGER, i, b"q%d" % i, lac=i - 1),
+                                         False, answer, i, 30)
+                assert not any(got), "a failure known at once was delivered from inside the call"
+                await asyncio.wait_for(done, 30)
+                for g in got:
+                    assert g[ids[0]] is None and g[ids[1]] is None
+                    assert isinstance(g[dead], BookieHandleNotAvailableError) and "retrying in" in str(g[dead])
+                for b in ids[:2]:  # both live bookies hold every entry, byte for byte
+                    assert await client.list_entries(b, LEDGER, timeout_s=5) == ((0, n - 1),)
+                    assert await client.read(b, LEDGER, 7, timeout_s=5) == make_entry(LEDGER, 7, b"q7", lac=6)
+
+                short: list[tuple[object, int, str, BaseException | None]] = []
+                client.add_quorum_cb(ids, (0, 1), MASTER_KEY, b"short", False, lambda *a: short.append(a), "t", 5)
+                assert short == []
+                await asyncio.sleep(0)
+                assert [(t, i, b) for t, i, b, _e in short] == [("t", 0, ids[0]), ("t", 1, ids[1])]
+                assert all(isinstance(e, IncorrectParameterError) for *_x, e in short)
+                assert "5 bytes" in str(short[0][3]) and "no header" in str(short[0][3])
+            finally:
+                await client.close()
+
+    run(main())

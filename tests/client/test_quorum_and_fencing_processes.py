@@ -57,19 +57,19 @@ def test_add_waits_for_the_ack_quorum_while_two_bookies_hold_their_fsync(tmp_pat
                 # Watch the bookies' answers to the writer's ADDs (the client's own callback path).
                 bc = bk.context.bookie_client
                 answers: list[tuple[str, int, BaseException | None]] = []
-                real_add_cb = bc.add_cb
+                real_add_cb = bc.add_quorum_cb
 
-                def add_cb(bookie_id: str, key: bytes, entry: Any, recovery: bool, callback: Any,
-                           timeout_s: float) -> None:
+                def add_cb(ensemble: Any, indexes: Any, key: bytes, entry: Any, recovery: bool, callback: Any,
+                           token: Any, timeout_s: float) -> None:
                     entry_id = int.from_bytes(bytes(entry[8:16]), "big")
 
-                    def seen(exc: BaseException | None) -> None:
+                    def seen(token: Any, idx: int, bookie_id: str, exc: BaseException | None) -> None:
                         answers.append((bookie_id, entry_id, exc))
-                        callback(exc)
+                        callback(token, idx, bookie_id, exc)
 
-                    real_add_cb(bookie_id, key, entry, recovery, seen, timeout_s)
+                    real_add_cb(ensemble, indexes, key, entry, recovery, seen, token, timeout_s)
 
-                bc.add_cb = add_cb  # type: ignore[method-assign,assignment]
+                bc.add_quorum_cb = add_cb  # type: ignore[method-assign]
                 for b in frozen:
                     cluster.pause(index_of[b])
                 try:

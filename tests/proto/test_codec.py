@@ -10,10 +10,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from proto_strategies import REQUESTS, RESPONSES
 
-from vellum.errors import EBADREQ, EBADVERSION, EOK, FramingError, IncorrectParameterError
+from vellum.errors import (
+    EBADREQ,
+    EBADVERSION,
+    ENOENTRY,
+    EOK,
+    ETOOMANYREQUESTS,
+    FramingError,
+    IncorrectParameterError,
+)
 from vellum.format.entry import ENTRY_HEADER_SIZE, DigestManager, DigestType, master_key
 from vellum.proto import FrameDecoder, decode_body, encode, encode_parts
-from vellum.proto.codec import encode_add_responses
+from vellum.proto.codec import encode_add_request, encode_add_responses
 from vellum.proto.messages import (
     FLAG_DO_FENCING,
     MIN_ENTRY_SIZE,
@@ -23,6 +31,7 @@ from vellum.proto.messages import (
     OP_READ,
     OP_TRIM,
     V2_OPCODES,
+    AddAnswers,
     AddBatch,
     AddRequest,
     AddResponse,
@@ -207,6 +216,53 @@ def test_batching_decoder_batches_the_adds_of_one_read() -> None:
     assert second.requests() == [AddRequest(KEY, e, flags=2) for e in entries[3:]]
 
 
+@given(
+    msgs=st.lists(RESPONSES, min_size=1, max_size=8),
+    adds=st.lists(st.integers(min_value=0, max_value=3), max_size=8),
+    cuts=st.lists(st.integers(min_value=0, max_value=4000), max_size=20),
+    kind=st.sampled_from(["bytes", "memoryview", "reused-bytearray"]),
+)
+def test_batching_client_decoder_gives_the_same_responses(msgs: list[Message], adds: list[int], cuts: list[int],
+                                                          kind: str) -> None:
+    """``batch_adds`` on the client side: runs of ADD answers come as ``AddAnswers``, whose
+    responses are exactly the frames' (any chunking), with the other answers in between in order."""
+    mixed: list[Message] = []
+    for i, msg in enumerate(msgs):
+        mixed.append(msg)
+        for e in range(adds[i] if i < len(adds) else 0):  # runs of pipelined ADD answers
+            mixed.append(AddResponse(EOK if e != 1 else ETOOMANYREQUESTS, 7, e))
+    stream = b"".join(encode(m) for m in mixed)
+    _check_chunking(stream, cuts, kind, "client", mixed, batch_adds=True)
+
+
+def test_batching_client_decoder_batches_the_add_answers_of_one_read() -> None:
+    answers = [AddResponse(EOK, 7, e) for e in range(3)]
+    stream = (b"".join(encode(a) for a in answers[:2]) + encode(ReadResponse(ENOENTRY, 7, 9))
+              + encode(answers[2]) + encode_add_responses(EOK, [8, 8], [0, 1]))
+    out = FrameDecoder(MAX, side="client", batch_adds=True).feed(stream)
+    assert [type(m).__name__ for m in out] == ["AddAnswers", "ReadResponse", "AddAnswers"]
+    first, _, second = out
+    assert isinstance(first, AddAnswers) and isinstance(second, AddAnswers)
+    assert first.statuses == [EOK, EOK] and first.ledger_ids == [7, 7] and first.entry_ids == [0, 1]
+    assert second.responses() == [answers[2], AddResponse(EOK, 8, 0), AddResponse(EOK, 8, 1)]
+    # An ADD answer of the wrong size is not an answer to match: it stays a BadFrame.
+    bad = frame(struct.pack(">Iiqqq", (2 << 24) | (OP_ADD << 16), EOK, 7, 3, 0))
+    out = FrameDecoder(MAX, side="client", batch_adds=True).feed(encode(answers[0]) + bad + encode(answers[1]))
+    assert [type(m).__name__ for m in out] == ["AddAnswers", "BadFrame", "AddAnswers"]
+
+
+def test_an_add_frame_built_without_its_message_is_the_messages_frame() -> None:
+    parts = encode_add_request(KEY, ENTRY, 2)
+    assert parts[1] is ENTRY  # the entry is never copied
+    assert b"".join(parts) == encode(AddRequest(KEY, ENTRY, flags=2))
+    with pytest.raises(IncorrectParameterError, match="shorter than its header"):
+        encode_add_request(KEY, ENTRY[:31], 0)
+    with pytest.raises(IncorrectParameterError, match="master key must be 20 bytes"):
+        encode_add_request(KEY[:19], ENTRY, 0)
+    with pytest.raises(IncorrectParameterError, match="16 bits"):
+        encode_add_request(KEY, ENTRY, 1 << 16)
+
+
 def _check_chunking(stream: bytes, cuts: list[int], kind: str, side: str, msgs: list[Message], *,
                     batch_adds: bool = False) -> None:
     bounds = sorted({c % (len(stream) + 1) for c in cuts} | {0, len(stream)})
@@ -226,7 +282,8 @@ def _check_chunking(stream: bytes, cuts: list[int], kind: str, side: str, msgs: 
             out += decoder.feed(view)
             view[:] = b"\xa5" * (b - a)
     if batch_adds:
-        out = [r for m in out for r in (m.requests() if isinstance(m, AddBatch) else [m])]
+        out = [r for m in out for r in (m.requests() if isinstance(m, AddBatch) else
+                                        m.responses() if isinstance(m, AddAnswers) else [m])]
     assert out == msgs
     assert decoder.buffered == 0
 

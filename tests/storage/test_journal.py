@@ -178,6 +178,69 @@ def test_bytes_threshold_flushes(tmp_path: Path) -> None:
     j.shutdown()
 
 
+def _one_take(tmp_path: Path, n: int, size: int, **kw: Any) -> tuple[Journal, Acks, Callable[[], None]]:
+    """A journal whose writer sits in its first fsync while ``n`` records of ``size`` bytes are
+    queued, so that its next take holds all of them; returns it, the acks and the gate opener."""
+    gate = threading.Event()
+    in_fsync = threading.Event()
+    fail_after = kw.pop("fail_after", None)
+    calls = [0]
+
+    def fsync(fd: int) -> None:
+        calls[0] += 1
+        if calls[0] == 1:
+            in_fsync.set()
+            assert gate.wait(WAIT)
+        if fail_after is not None and calls[0] > fail_after:
+            raise OSError(5, "Input/output error")
+        os.fdatasync(fd)
+
+    j = make(tmp_path, fsync=fsync, max_group_wait_ms=10**7, buffered_entries_threshold=1, **kw)
+    j.start()
+    acks = Acks()
+    j.log_entry(1, 0, entry(1, 0), acks.cb(0))
+    assert in_fsync.wait(WAIT)
+    for i in range(1, n + 1):
+        j.log_entry(1, i, entry(1, i, size), acks.cb(i))
+    return j, acks, gate.set
+
+
+def test_the_batches_a_threshold_cuts_out_of_one_take_share_one_fsync(tmp_path: Path) -> None:
+    """Twenty records queued while the writer fsyncs are one take; the entries threshold (1)
+    cuts it into twenty batches, each written as it fills, all acknowledged only after an fsync
+    that covers them: with the writer fsyncing itself, one fsync for the whole take."""
+    j, acks, open_gate = _one_take(tmp_path, 20, 100)
+    assert j.fsyncs_total == 0
+    open_gate()
+    assert sorted(acks.wait(21)) == [(i, None) for i in range(21)]
+    if _SYNC_IN_WRITER:
+        assert j.fsyncs_total == 2, "the threshold's batches of one take were fsynced one by one"
+    j.shutdown()
+    assert [r.entry_id for r in replay_all(make(tmp_path))] == list(range(21))
+
+
+def test_a_failed_fsync_of_a_take_fails_every_batch_a_threshold_cut_from_it(tmp_path: Path) -> None:
+    j, acks, open_gate = _one_take(tmp_path, 20, 100, fail_after=1)
+    open_gate()
+    results = dict(acks.wait(21))
+    assert results.pop(0) is None
+    assert all(isinstance(exc, StorageError) for exc in results.values()), results
+    assert j.current_mark().offset > 0 and j.failed is not None
+    j.shutdown()
+
+
+def test_a_roll_inside_a_take_forces_what_the_threshold_cut_before_it(tmp_path: Path) -> None:
+    """A take of ~2.4 MiB into 1 MiB journals: the journal rolls in the middle of the take,
+    after the batches cut before the roll are fsynced; everything replays in order."""
+    j, acks, open_gate = _one_take(tmp_path, 40, 60 * 1024, max_size_mb=1)
+    first = j.current_journal_id
+    open_gate()
+    assert sorted(acks.wait(41)) == [(i, None) for i in range(41)]
+    j.shutdown()
+    assert len(j.journal_ids()) >= 3 and j.journal_ids()[0] == first
+    assert [r.entry_id for r in replay_all(make(tmp_path))] == list(range(41))
+
+
 def test_below_every_threshold_nothing_is_acked_until_shutdown(tmp_path: Path) -> None:
     # the negative control for the trigger tests above: they can fail
     j = make(tmp_path, max_group_wait_ms=10**7, buffered_writes_threshold=10**6)

@@ -55,7 +55,7 @@ import asyncio
 import logging
 import struct
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from vellum.client.bookie_connection import (
@@ -64,6 +64,7 @@ from vellum.client.bookie_connection import (
     BookieConnection,
     ConnectionSettings,
     Pending,
+    QuorumAddCallback,
 )
 from vellum.client.bookie_connection import (
     TLS_FLUSH_BYTES as TLS_FLUSH_BYTES,  # the slice size, with the docstring
@@ -197,8 +198,12 @@ class BookieClient:
     ) -> None:
         conn = self._connection(bookie_id)
         p = Pending(conn, op, ledger_id, entry_id, 0, cb, fut, conn.loop.time() + timeout_s, timeout_s)
-        table = conn.adds if op == m.OP_ADD else conn.reads
-        key = (ledger_id, entry_id)
+        self._queue_v2(conn, conn.adds if op == m.OP_ADD else conn.reads, p, parts)
+
+    def _queue_v2(self, conn: BookieConnection, table: dict[tuple[int, int], Pending], p: Pending,
+                  parts: list[m.BytesLike]) -> None:
+        """Chain ``p`` under its (ledger, entry) key, arm its timeout and send its frame."""
+        key = (p.ledger_id, p.entry_id)
         head = table.get(key)
         if head is None:
             table[key] = p
@@ -263,9 +268,7 @@ class BookieClient:
         """
         try:
             ledger_id, entry_id = _ENTRY_IDS.unpack_from(entry)
-            parts = codec.encode_parts(
-                m.AddRequest(master_key, entry, m.FLAG_RECOVERY_ADD if recovery else 0)
-            )
+            parts = codec.encode_add_request(master_key, entry, m.FLAG_RECOVERY_ADD if recovery else 0)
             self._submit_v2(bookie_id, m.OP_ADD, ledger_id, entry_id, parts, callback, None, timeout_s)
         except (VellumError, struct.error) as exc:
             err: BaseException = exc
@@ -274,6 +277,45 @@ class BookieClient:
                     f"ADD on {bookie_id}: entry of {len(entry)} bytes has no header"
                 )
             self._get_loop().call_soon(callback, err)
+
+    def add_quorum_cb(
+        self,
+        ensemble: Sequence[str],
+        indexes: Sequence[int],
+        master_key: bytes,
+        entry: m.BytesLike,
+        recovery: bool,
+        callback: QuorumAddCallback,
+        token: Any,
+        timeout_s: float,
+    ) -> None:
+        """``add_cb`` of one entry to the bookies ``ensemble[i]`` for ``i`` in ``indexes`` (an
+        entry's write set): the frame is built once and the same buffers go to every bookie,
+        and each bookie's outcome is ``callback(token, i, ensemble[i], None | exc)``, once, on
+        the loop thread (no closure per bookie and entry). A bookie that cannot be asked now
+        fails only its own callback, through ``call_soon`` like every failure known at once."""
+        try:
+            ledger_id, entry_id = _ENTRY_IDS.unpack_from(entry)
+            parts = codec.encode_add_request(master_key, entry, m.FLAG_RECOVERY_ADD if recovery else 0)
+        except (VellumError, struct.error) as exc:
+            err: BaseException = exc
+            if isinstance(exc, struct.error):
+                err = IncorrectParameterError(
+                    f"ADD on {', '.join(ensemble[i] for i in indexes)}: entry of {len(entry)} bytes has no header"
+                )
+            for i in indexes:
+                self._get_loop().call_soon(callback, token, i, ensemble[i], err)
+            return
+        for i in indexes:
+            bookie_id = ensemble[i]
+            try:
+                conn = self._connection(bookie_id)
+            except VellumError as exc:
+                self._get_loop().call_soon(callback, token, i, bookie_id, exc)
+                continue
+            p = Pending(conn, m.OP_ADD, ledger_id, entry_id, 0, None, None, conn.loop.time() + timeout_s, timeout_s)
+            p.quorum_cb, p.token, p.index = callback, token, i
+            self._queue_v2(conn, conn.adds, p, parts)
 
     async def add(
         self,

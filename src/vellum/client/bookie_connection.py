@@ -40,6 +40,9 @@ CONNECTING, CONNECTED, CLOSED = 0, 1, 2
 
 #: callback of the add fast path: ``None`` on success, the exception otherwise
 AddCallback = Callable[[BaseException | None], None]
+#: callback of an add sent to a write set (``BookieClient.add_quorum_cb``):
+#: ``(token, ensemble index, bookie id, None | exception)``
+QuorumAddCallback = Callable[[Any, int, str, BaseException | None], None]
 
 
 @dataclass(frozen=True)
@@ -81,11 +84,14 @@ class Pending:
         "done",
         "entry_id",
         "fut",
+        "index",
         "ledger_id",
         "next",
         "op",
+        "quorum_cb",
         "request_id",
         "timeout_s",
+        "token",
     )
 
     def __init__(
@@ -112,6 +118,11 @@ class Pending:
         self.done = False
         # next request with the same (op, ledger, entry) key on this connection (v2 FIFO chain)
         self.next: Pending | None = None
+        # an add of a write set answers ``quorum_cb(token, index, bookie id, exc)`` instead of
+        # ``cb``: no closure per bookie and entry on the add path
+        self.quorum_cb: QuorumAddCallback | None = None
+        self.token: Any = None
+        self.index = 0
 
     def describe(self) -> str:
         """``"<op> <ledger>:<entry> on <bookie>"`` (the context of every error message)."""
@@ -124,6 +135,15 @@ class Pending:
 
     def finish(self, exc: BaseException | None, value: Any = None) -> None:
         """Deliver the outcome (the caller has set ``done``)."""
+        qcb = self.quorum_cb
+        if qcb is not None:
+            self.quorum_cb = None
+            token, self.token = self.token, None
+            try:
+                qcb(token, self.index, self.conn.bookie_id, exc)
+            except Exception:
+                log.exception("callback of %s raised", self.describe())
+            return
         cb = self.cb
         if cb is not None:
             self.cb = None
@@ -163,7 +183,8 @@ class BookieConnection(asyncio.BufferedProtocol):
         self.loop = loop
         self.state = CONNECTING
         self.transport: asyncio.Transport | None = None
-        self.decoder = codec.FrameDecoder(client.settings.max_frame_size, side="client")
+        # batch_adds: pipelined ADD answers come as one AddAnswers (columns), not an object each
+        self.decoder = codec.FrameDecoder(client.settings.max_frame_size, side="client", batch_adds=True)
         self.out: list[m.BytesLike] = []
         self.out_bytes = 0  # bytes in ``out`` (counted under TLS only)
         self.flush_scheduled = False
@@ -339,7 +360,14 @@ class BookieConnection(asyncio.BufferedProtocol):
             return
         for msg in messages:
             kind = type(msg)
-            if kind is m.AddResponse:
+            if kind is m.AddAnswers:
+                adds = self.adds
+                answer = self._answer_v2
+                for ledger_id, entry_id, status in zip(msg.ledger_ids, msg.entry_ids, msg.statuses):
+                    answer(adds, ledger_id, entry_id, status, None)
+                    if self.state == CLOSED:
+                        return
+            elif kind is m.AddResponse:
                 self._answer_v2(self.adds, msg.ledger_id, msg.entry_id, msg.status, None)
             elif kind is m.ReadResponse:
                 self._answer_v2(self.reads, msg.ledger_id, msg.entry_id, msg.status, msg.entry)

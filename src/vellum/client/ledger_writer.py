@@ -8,7 +8,8 @@ explicit LAC, close) or a *recovery writer* (``recovery=True``: the write-backs 
 ``recovery.py``, sent with the RECOVERY_ADD flag that fenced bookies accept, against the
 IN_RECOVERY metadata). What the handle knows of the ledger lives in its ``LedgerView``.
 
-Write path (per append: one digest, one future, ``WQ`` ``add_cb`` calls, no task):
+Write path (per append: one digest, one future, one ADD frame sent to the ``WQ`` bookies of the
+write set, no task):
 - entry ids are assigned in call order; entry ``e`` goes to its write set
   ``{ensemble[(e + i) % E] : i < WQ}`` (round-robin striping, ``distribution.py``) and carries
   the writer's LAC at send time (piggy-backed LAC) and the cumulative ledger length;
@@ -331,18 +332,16 @@ class LedgerWriter:
 
     def _send(self, op: _PendingAdd) -> None:
         """Send ``op`` to its write set (skipping bookies being replaced: the change re-sends)."""
-        ens = self._view.ensemble
-        failed = self._failed
-        add_cb = self._bc.add_cb
-        on_done = self._on_add_done
         entry = op.entry
         assert entry is not None
-        for idx in self._write_sets[op.entry_id % self._E]:
-            if failed and idx in failed:
-                continue
-            bookie = ens[idx]
-            add_cb(bookie, self._master_key, entry, self.recovery,
-                   functools.partial(on_done, op, idx, bookie), self._add_timeout_s)
+        write_set = self._write_sets[op.entry_id % self._E]
+        failed = self._failed
+        if failed:
+            write_set = tuple(idx for idx in write_set if idx not in failed)
+        # One frame for the whole write set (the same buffers to each bookie), answered
+        # through _on_add_done(op, idx, bookie, exc) without a closure per bookie.
+        self._bc.add_quorum_cb(self._view.ensemble, write_set, self._master_key, entry, self.recovery,
+                               self._on_add_done, op, self._add_timeout_s)
 
     def _on_add_done(self, op: _PendingAdd, idx: int, bookie: str, exc: BaseException | None) -> None:
         if exc is None:

@@ -26,6 +26,7 @@ from vellum.proto.frames_v2 import (
     _ADD_FRAME_MIN_BODY,
     _ADD_HEADER,
     _ADD_HEADER_MASK,
+    _ADD_RESP,
     _dec_add_req,
     _dec_batch_resp,
     _dec_read_resp,
@@ -52,13 +53,17 @@ from vellum.proto.messages import (
     PROTOCOL_VERSION,
     REQUEST_TYPES,
     RESPONSE_TYPES,
+    AddAnswers,
     AddBatch,
     BadFrame,
     BytesLike,
     Message,
 )
 
-Decoded: TypeAlias = Message | BadFrame | AddBatch
+Decoded: TypeAlias = Message | BadFrame | AddBatch | AddAnswers
+
+#: the body size of a v2 ADD response (header, rc, ledger id, entry id)
+_ADD_RESP_BODY = _ADD_RESP.size - 4
 
 
 # Keyed by message type like the encoders; the opcode tables each side decodes with are built
@@ -188,9 +193,12 @@ class FrameDecoder:
     """Splits a byte stream into frames and decodes each (sans-IO).
 
     ``side="server"`` decodes requests (what a bookie reads); ``side="client"`` decodes
-    responses. With ``batch_adds`` (server side), consecutive well-formed v2 ADD frames of one
-    read come out as one :class:`AddBatch` instead of one ``AddRequest`` each (a big ADD frame
-    received into its own buffer stays an ``AddRequest``). Two ways in, one decoder:
+    responses. With ``batch_adds``, consecutive well-formed v2 ADD frames of one read come out
+    as one batch of columns: on the server side one :class:`AddBatch` instead of one
+    ``AddRequest`` each (a big ADD frame received into its own buffer stays an ``AddRequest``),
+    on the client side one :class:`AddAnswers` instead of one ``AddResponse`` each (an ADD
+    response of another size is malformed and stays the ``BadFrame`` it decodes to). Two ways
+    in, one decoder:
 
     - ``feed(data)``: the messages the data completes, in order; partial frames are kept until
       the rest arrives. Never keeps a view of ``data``.
@@ -228,7 +236,7 @@ class FrameDecoder:
             raise IncorrectParameterError(f"side must be 'server' or 'client', not {side!r}")
         self._max = max_frame_size
         self._side: Side = side
-        self._batch_adds = batch_adds and side == "server"
+        self._batch_adds = batch_adds
         self._decoders = _REQUEST_DECODERS if side == "server" else _RESPONSE_DECODERS
         self._owned_decoders = _REQUEST_DECODERS_OWNED if side == "server" else _RESPONSE_DECODERS_OWNED
         # Made at the first read (an idle connection costs none), then never resized: views
@@ -335,8 +343,11 @@ class FrameDecoder:
             decoders, side, limit = self._decoders, self._side, self._max
             unpack_len = _INT.unpack_from
             batching = self._batch_adds
+            server = side == "server"
             unpack_add = _ADD_FRAME.unpack_from
+            unpack_answer = _ADD_RESP.unpack_from
             adds: AddBatch | None = None
+            answers: AddAnswers | None = None
             while end - pos >= 4:
                 (size,) = unpack_len(view, pos)
                 if size < 0 or size > limit:
@@ -347,7 +358,7 @@ class FrameDecoder:
                 start = pos + 4
                 stop = start + size
                 if stop <= end:
-                    if batching and size >= _ADD_FRAME_MIN_BODY:
+                    if batching and server and size >= _ADD_FRAME_MIN_BODY:
                         _size, header, key, ledger_id, entry_id, lac = unpack_add(view, pos)
                         if header & _ADD_HEADER_MASK == _ADD_HEADER:
                             if adds is None:
@@ -359,7 +370,20 @@ class FrameDecoder:
                             pos = stop
                             self._peek = size >= self.BIG_FRAME
                             continue
+                    elif batching and not server and size == _ADD_RESP_BODY:
+                        _size, header, status, ledger_id, entry_id = unpack_answer(view, pos)
+                        if header & _ADD_HEADER_MASK == _ADD_HEADER:
+                            if answers is None:
+                                answers = AddAnswers()
+                                out.append(answers)
+                            answers.statuses.append(status)
+                            answers.ledger_ids.append(ledger_id)
+                            answers.entry_ids.append(entry_id)
+                            pos = stop
+                            self._peek = False
+                            continue
                     adds = None
+                    answers = None
                     out.append(_decode(view[start:stop], decoders, side))  # copies what it keeps
                     pos = stop
                     self._peek = size >= self.BIG_FRAME

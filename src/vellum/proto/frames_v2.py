@@ -78,12 +78,19 @@ _READ_RESP_B = _body(_READ_RESP)
 
 
 def _enc_add_req(m: AddRequest) -> list[BytesLike]:
-    entry = m.entry
+    return encode_add_request(m.master_key, m.entry, m.flags)
+
+
+def encode_add_request(master_key: BytesLike, entry: BytesLike, flags: int) -> list[BytesLike]:
+    """The frame of ``AddRequest(master_key, entry, flags)`` without building the message: the
+    client's add path sends one entry to every bookie of its write set with the same parts
+    (the entry itself is never copied)."""
     if len(entry) < MIN_ENTRY_SIZE:
         raise IncorrectParameterError(f"ADD: entry of {len(entry)} bytes is shorter than its header")
-    head = _ADD_REQ.pack(
-        4 + MASTER_KEY_LENGTH + len(entry), _V | (OP_ADD << 16) | _flags(m.flags), _key(m.master_key, "ADD")
-    )
+    try:
+        head = _ADD_REQ.pack(4 + MASTER_KEY_LENGTH + len(entry), _ADD_HEADER | _flags(flags), _key(master_key, "ADD"))
+    except struct.error as exc:
+        raise IncorrectParameterError(f"cannot encode an ADD with flags {flags!r}: {exc}") from exc
     return [head, entry]
 
 

@@ -661,6 +661,35 @@ class AddBatch:
         return f"AddBatch({len(self)} adds)"
 
 
+class AddAnswers:
+    """Pipelined ADD answers decoded together, as columns (the client's side of ``AddBatch``):
+    a client's ``FrameDecoder(batch_adds=True)`` decodes the consecutive well-formed v2 ADD
+    responses of one read straight into one, so a connection matches a thousand answers
+    without building a thousand ``AddResponse`` objects. Not a wire message of its own: each
+    item is exactly the ``AddResponse(statuses[i], ledger_ids[i], entry_ids[i])`` its frame
+    holds (``responses`` gives them as such).
+
+    Invariant: the three columns have equal lengths, in arrival order.
+    """
+
+    __slots__ = ("entry_ids", "ledger_ids", "statuses")
+
+    def __init__(self) -> None:
+        self.statuses: list[int] = []
+        self.ledger_ids: list[int] = []
+        self.entry_ids: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.statuses)
+
+    def responses(self) -> list[AddResponse]:
+        """The same answers as single ``AddResponse`` messages."""
+        return [AddResponse(s, lid, eid) for s, lid, eid in zip(self.statuses, self.ledger_ids, self.entry_ids)]
+
+    def __repr__(self) -> str:
+        return f"AddAnswers({len(self)} answers)"
+
+
 # ===========================================================================================
 # A well-framed frame whose contents cannot be used
 

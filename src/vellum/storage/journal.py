@@ -18,7 +18,10 @@ Threads (one ``Journal`` per journal directory; instances are independent):
   ``journalFlushWhenQueueEmpty`` is set. A flush appends the padding record carrying the batch
   checksum, ``os.pwrite``s the bytes and then, by default (``sync_in_writer``), itself
   ``fdatasync``s, advances ``current_mark()`` and runs the callbacks; records queued meanwhile
-  form the next batch (one thread hand-off fewer per group commit). With
+  form the next batch (one thread hand-off fewer per group commit). The batches that the byte or
+  entry threshold cuts out of one take of the queue are written as they fill and fsynced together
+  once that take is written (one ``fdatasync`` for all of them: a writer pipelining big entries
+  would otherwise wait for one fsync per ``journalBufferedWritesThreshold`` bytes). With
   ``sync_in_writer=False`` (``journalForceWriteThread``, BookKeeper's structure) it hands a
   force-write request to
   - the *force-write* thread, which coalesces every request waiting for it into one
@@ -657,15 +660,37 @@ class Journal:
         write_buffer = self._write_buffer
         queue_items = self._queue.items
         shutting_down = False
+        # Fsyncing on this thread (sync_in_writer), the batches a group-commit threshold cuts out
+        # of one take are forced together once the take is written: one fdatasync instead of one
+        # per threshold (an fsync costs milliseconds, writing the rest of a take far less). The
+        # force-write thread coalesces them the same way (_sync_requests).
+        deferred: list[_ForceRequest] = []
 
-        def flush() -> None:
+        def force_deferred() -> None:
+            if deferred:
+                requests = deferred.copy()
+                deferred.clear()
+                self._sync_requests(requests)
+
+        def flush(defer: bool = False) -> None:
             nonlocal buf, crc, batch_bytes, records
-            self._commit_batch(buf, crc, callbacks.copy(), records)
+            request = self._write_batch(buf, crc, callbacks.copy(), records)
             buf = bytearray()
             callbacks.clear()
             records = 0
             crc = 0
             batch_bytes = 0
+            roll = self._pos >= self._max_size and self._error is None
+            if defer and self._forcer is None and not roll:
+                deferred.append(request)
+                return
+            if deferred:
+                deferred.append(request)
+                force_deferred()
+            else:
+                self._force(request)
+            if roll:
+                self._roll()
 
         while True:
             timeout = None if not callbacks else max(0.0, oldest + max_wait - clock())
@@ -701,11 +726,12 @@ class Journal:
                 if (bytes_threshold and batch_bytes >= bytes_threshold) or (
                     entries_threshold and records >= entries_threshold
                 ):
-                    flush()
+                    flush(defer=True)
             if callbacks and (
                 shutting_down or clock() - oldest >= max_wait or (self._flush_when_empty and not queue_items)
             ):
                 flush()
+            force_deferred()  # what a threshold flushed is forced by the end of its take
             if shutting_down:
                 self._force(
                     _ForceRequest(
@@ -721,9 +747,17 @@ class Journal:
                 return
 
     def _commit_batch(self, buf: bytearray, crc: int, callbacks: list[Callback | None], records: int) -> None:
-        """End a group-commit batch: its padding record (carrying the batch checksum, ``crc``
-        of the bytes written before ``buf``), the write, the fsync hand-over, and a roll once
-        the file is full. The writer thread's flush and ``commit()`` both end a batch here."""
+        """End a group-commit batch (``commit()``): written, handed to the fsync, and a roll
+        once the file is full."""
+        self._force(self._write_batch(buf, crc, callbacks, records))
+        if self._pos >= self._max_size and self._error is None:
+            self._roll()
+
+    def _write_batch(self, buf: bytearray, crc: int, callbacks: list[Callback | None],
+                     records: int) -> _ForceRequest:
+        """Write a group-commit batch: its padding record (carrying the batch checksum, ``crc``
+        of the bytes written before ``buf``) and the write; returns the fsync request that will
+        acknowledge it. The writer thread's flush and ``commit()`` both write a batch here."""
         try:
             if self._error is None:
                 if self.format_version >= V5:
@@ -733,9 +767,7 @@ class Journal:
                 self._write(buf)
         except OSError as e:
             self._fail(f"write of journal {self._path} failed at offset {self._pos}", e)
-        self._force(_ForceRequest(self._fd, self._path, self._journal_id, self._pos, callbacks, records))
-        if self._pos >= self._max_size and self._error is None:
-            self._roll()
+        return _ForceRequest(self._fd, self._path, self._journal_id, self._pos, callbacks, records)
 
     # ------------------------------------------------------------------ stepped driving
 
