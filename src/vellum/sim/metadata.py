@@ -343,12 +343,6 @@ class _SessionLedgers(_SessionPart, LedgerManager, LedgerIdGenerator):
         self._s.check(f"creating ledger {ledger_id}")
         return self._c.ledgers.create_ledger_with_id(ledger_id, metadata)
 
-    def _store_row(self, ledger_id: int, version: int, metadata: LedgerMetadata) -> None:
-        """Store ``metadata`` as the ledger's row; its password is known without parsing the row."""
-        data = serialize_ledger_metadata(metadata)
-        self._rows[ledger_id] = (version, data)
-        self._passwords[ledger_id] = (data, metadata.password)
-
     def read_ledger(self, ledger_id: LedgerId) -> Versioned[LedgerMetadata]:
         self._s.check(f"reading ledger {ledger_id}")
         return self._c.ledgers.read_ledger(ledger_id)
