@@ -7,6 +7,7 @@ election and session expiry on virtual time)."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import sys
 from collections.abc import Callable
@@ -15,7 +16,9 @@ from types import ModuleType
 
 import pytest
 
-from vellum.meta import MetadataStore
+from vellum.ids import LedgerId
+from vellum.meta import LedgerMetadata, MetadataStore
+from vellum.sim import metadata as sim_metadata
 from vellum.sim.loop import SimLoop
 from vellum.sim.metadata import SimMetadataStore
 
@@ -78,5 +81,33 @@ def test_the_simulated_store_keeps_the_underreplication_contract(
 
     try:
         case(open_ur)
+    finally:
+        loop.close()
+
+
+def test_password_of_gives_the_stored_rows_password_without_parsing_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The simulated bookies' master-key check asks ``password_of`` on every first add of a
+    ledger: the password of the row stored now (created, rewritten, deleted), known from the
+    metadata it was written from (docs/verification.md, "Speed": no parse per metadata write)."""
+    loop = SimLoop()
+    try:
+        store = SimMetadataStore(loop)
+        ledgers = store.cluster.ledgers
+        md = LedgerMetadata(ensemble_size=1, write_quorum_size=1, ack_quorum_size=1, ensembles={0: ("b:1",)},
+                            password=b"first")
+
+        def no_parse(*_a: object, **_kw: object) -> LedgerMetadata:
+            raise AssertionError("password_of parsed a row it wrote")
+
+        monkeypatch.setattr(sim_metadata, "deserialize_ledger_metadata", no_parse)
+        lid, version = ledgers.create_ledger(md)
+        assert store.password_of(lid) == b"first"
+        ledgers.write_ledger(lid, dataclasses.replace(md, password=b"second"), version)
+        assert store.password_of(lid) == b"second"
+        ledgers.create_ledger_with_id(LedgerId(77), dataclasses.replace(md, password=b"third"))
+        assert store.password_of(77) == b"third"
+        monkeypatch.undo()
+        ledgers.delete_ledger(lid)
+        assert store.password_of(lid) is None
     finally:
         loop.close()

@@ -136,7 +136,13 @@ class SimLoop(asyncio.BaseEventLoop):
                    context: contextvars.Context | None = None) -> asyncio.TimerHandle:
         if delay is None:
             raise TypeError("delay must not be None")
-        return self.call_at(self._now + delay, callback, *args, context=context)
+        if self._closed:  # type: ignore[attr-defined]
+            raise RuntimeError("Event loop is closed")
+        when = self._now + delay  # call_at's body inline: one Python call less per timer
+        timer = _SimTimerHandle(when, callback, args, self, context)
+        self._seq += 1
+        heapq.heappush(self._heap, (when, self._seq, timer))
+        return timer
 
     def call_soon(self, callback: Callable[..., object], *args: Any,  # type: ignore[override]
                   context: contextvars.Context | None = None) -> asyncio.Handle:

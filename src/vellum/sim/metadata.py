@@ -110,19 +110,25 @@ class _Ledgers(LedgerManager, LedgerIdGenerator):
         ledger_id = self.generate_ledger_id()
         while ledger_id in self._rows:
             ledger_id = self.generate_ledger_id()
-        self._rows[ledger_id] = (0, serialize_ledger_metadata(metadata))
+        self._store_row(ledger_id, 0, metadata)
         return ledger_id, 0
 
     def create_ledger_with_id(self, ledger_id: LedgerId, metadata: LedgerMetadata) -> int:
         row = self._rows.get(ledger_id)
         if row is None:
-            self._rows[ledger_id] = (0, serialize_ledger_metadata(metadata))
+            self._store_row(ledger_id, 0, metadata)
             self._last_id = max(self._last_id, int(ledger_id))
             return 0
         held = deserialize_ledger_metadata(row[1], where=f"sim ledgers[{ledger_id}]")
         if metadata.creator_token and held.creator_token == metadata.creator_token:
             return 0
         raise LedgerExistsError(f"ledger {ledger_id} already exists (simulated store, another creator)")
+
+    def _store_row(self, ledger_id: int, version: int, metadata: LedgerMetadata) -> None:
+        """Store ``metadata`` as the ledger's row; its password is known without parsing the row."""
+        data = serialize_ledger_metadata(metadata)
+        self._rows[ledger_id] = (version, data)
+        self._passwords[ledger_id] = (data, metadata.password)
 
     def read_ledger(self, ledger_id: LedgerId) -> Versioned[LedgerMetadata]:
         row = self._rows.get(ledger_id)
@@ -137,7 +143,7 @@ class _Ledgers(LedgerManager, LedgerIdGenerator):
         if row[0] != expected_version:
             raise MetadataVersionError(
                 f"ledger {ledger_id} changed: expected version {expected_version}, the store has {row[0]}")
-        self._rows[ledger_id] = (row[0] + 1, serialize_ledger_metadata(metadata))
+        self._store_row(ledger_id, row[0] + 1, metadata)
         if self.on_write is not None:
             self.on_write(ledger_id, metadata)
         self._changed(ledger_id)
@@ -158,8 +164,9 @@ class _Ledgers(LedgerManager, LedgerIdGenerator):
 
     def password_of(self, ledger_id: int) -> bytes | None:
         """The password in a ledger's stored metadata, None if it has none: what a simulated
-        bookie's master-key check asks on every first add of a ledger. Parsed once per stored
-        row (the cache keeps the row it parsed and is used only while that row is the stored one)."""
+        bookie's master-key check asks on every first add of a ledger. Taken from the metadata a row
+        was stored from, else parsed once per stored row (the cache keeps the row it belongs to and
+        is used only while that row is the stored one)."""
         row = self._rows.get(ledger_id)
         if row is None:
             return None

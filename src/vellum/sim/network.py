@@ -134,33 +134,39 @@ class Link:
         self._last = [0.0, 0.0]
 
     def send(self, side: int, data: bytes) -> None:
+        # Hot (one call per message): the random draws are made in one fixed order, and
+        # ``uniform`` is inlined as ``random.uniform`` computes it (``a + (b - a) * random()``).
         if self.closing[side] or not data:
             return
         net = self.net
         dst = 1 - side
         names = self.names
-        if net.blocked(names[side], names[dst]):
+        blocked = net._blocked
+        if blocked and (names[side], names[dst]) in blocked:
             net.count("partitioned")
             net.lossy[self.link_id] = self
             return
-        rng = net.rng
+        random = net.rng.random
         faults = net.faults
-        if faults.drop and rng.random() < faults.drop:
+        if faults.drop and random() < faults.drop:
             net.count("dropped")
             net.lossy[self.link_id] = self
             return
-        copies = 2 if faults.duplicate and rng.random() < faults.duplicate else 1
+        copies = 2 if faults.duplicate and random() < faults.duplicate else 1
         if copies == 2:
             net.count("duplicated")
         loop = net.loop
+        now = loop.time()
+        delay_min = faults.delay_min_s
+        spread = faults.delay_max_s - delay_min
         for _ in range(copies):
-            delay = rng.uniform(faults.delay_min_s, faults.delay_max_s)
-            if faults.slow and rng.random() < faults.slow:
+            delay = delay_min + spread * random()
+            if faults.slow and random() < faults.slow:
                 delay *= faults.slow_factor
             if net.slow_links:
                 delay *= net.slow_links.get((names[side], names[dst]), 1.0)
-            when = loop.time() + delay
-            if not (faults.reorder and rng.random() < faults.reorder):
+            when = now + delay
+            if not (faults.reorder and random() < faults.reorder):
                 # strictly after the previous delivery: timers due at the same instant are not
                 # run in the order they were scheduled (asyncio's heap is not stable)
                 last = self._last[dst] + _TICK
@@ -188,7 +194,9 @@ class Link:
             want = size - pos
             if chunking and want > 1 and rng_random() < 0.2:
                 want = randint(1, want)
-            buf = memoryview(get_buffer(want)).cast("B")
+            buf = get_buffer(want)
+            if type(buf) is not memoryview or buf.format != "B" or buf.ndim != 1:
+                buf = memoryview(buf).cast("B")  # the decoders' buffers are bytes already: no new view
             n = len(buf)
             if n > want:
                 n = want
