@@ -21,6 +21,7 @@ import functools
 import hashlib
 import logging
 import random
+import shutil
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -35,7 +36,7 @@ from vellum.client import recovery as client_recovery
 from vellum.client.bookkeeper import BookKeeper
 from vellum.client.placement import DefaultPlacementPolicy
 from vellum.config import ClientConfig
-from vellum.errors import MetadataStoreUnavailableError
+from vellum.errors import CookieError, MetadataStoreUnavailableError
 from vellum.ids import BookieId, LedgerId
 from vellum.meta.model import LedgerMetadata
 from vellum.server.bookie_server import BookieConnection, ServerLimits
@@ -49,6 +50,7 @@ from vellum.sim.metadata import SimMetadataStore
 from vellum.sim.network import Link, NetFaults, SimNetwork, current_node
 from vellum.sim.real_bookie import PageCache, RealSimBookie, remove_scratch, scratch_root
 from vellum.sim.workload import Workload, WorkloadShape
+from vellum.storage import cookies as storage_cookies
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +59,9 @@ FAULT_KINDS = ("delay", "drop", "dup", "reorder", "partition", "crash", "slow", 
                "torn", "eio", "full", "clock")
 #: modes ``--faults`` also takes but ``all`` never includes: ``lying-fsync`` (every disk
 #: acknowledges fsync without persisting) breaks durability on purpose, so the checker must fail
-FAULT_MODES = ("lying-fsync",)
+#: ``wipe`` (real bookie only): a crashed bookie's journal and ledger dirs are emptied before
+#: its restart (once a run, on a run with no bookie lost for good)
+FAULT_MODES = ("lying-fsync", "wipe")
 #: what a run injects unless told otherwise (``meta``: metadata writes that fail, ``corrupt``: a
 #: crash that leaves a bad stored entry behind, ``expiry``: metadata sessions that expire,
 #: ``torn``, ``eio``, ``full`` and ``clock``: the disk and clock faults, are opt-in)
@@ -136,6 +140,8 @@ REGRESSIONS = {
                                   "entries of another segment of the ledger: two of them block each other",
     "stop-at-unhealable-fragment": "a replication worker gives up on a ledger at its first fragment no bookie may "
                                    "take, leaving the fragments it could replace unhealed",
+    "start-wiped-bookie": "a bookie whose every disk was wiped starts empty although the metadata store holds its "
+                          "cookie (defect D1, rule 6 of docs/correctness.md; with the fault wipe)",
     "copy-only-from-other-replicas": "a replication worker reads an entry only from the other bookies of its write "
                                      "set, never from the bookie it replaces, which may hold its only copy",
 }
@@ -189,6 +195,9 @@ class BookieNode:
         self.session: SimMetadataStore | None = None
         #: crashed for good (``lose_bookie``): never restarted
         self.lost = False
+        #: why the real bookie refused to start (its cookie check: the ``wipe`` fault); it stays
+        #: down for the rest of the run, as an operator would find it (``lost`` too)
+        self.refused: str | None = None
         self.start()
 
     def _password(self, ledger_id: int) -> bytes | None:
@@ -196,11 +205,20 @@ class BookieNode:
 
     def start(self) -> None:
         if self.home is not None:
+            if self.refused is not None:
+                return
             if self.bookie is not None:
                 self._real_errors += self.bookie.errors  # type: ignore[union-attr]
-            self.bookie = RealSimBookie(self.name, self._loop, self._rng, self.home, self._store.ledgers,
-                                        key_check_for(self._password), group_wait_s=0.001, fsync_s=(0.0002, 0.003),
-                                        read_s=(0.00005, 0.0005), page_cache=self.page_cache)
+            try:
+                bookie = RealSimBookie(self.name, self._loop, self._rng, self.home, self._store.ledgers,
+                                       key_check_for(self._password), group_wait_s=0.001, fsync_s=(0.0002, 0.003),
+                                       read_s=(0.00005, 0.0005), page_cache=self.page_cache,
+                                       registration=self._store.registration)
+            except CookieError as e:  # the dead incarnation stays (not alive): the node is down
+                self.refused = str(e)
+                self.lost = True
+                return
+            self.bookie = bookie
         else:
             self.bookie = SimBookie(self.name, self._loop, self._rng, self.disk, key_check_for(self._password),
                                     group_wait_s=0.001, fsync_s=(0.0002, 0.003), read_s=(0.00005, 0.0005))
@@ -317,6 +335,8 @@ class BookieNode:
     def restarted(self) -> str:
         """How a restart is written in the history: the bookie's name, and for a real bookie the
         journal records its start replayed."""
+        if self.refused is not None:
+            return f"{self.name} refused to start (its cookie check): it stays down"
         if isinstance(self.bookie, RealSimBookie):
             return f"{self.name} (replayed {self.bookie.replayed} journal records)"
         return self.name
@@ -351,6 +371,9 @@ def _seeded_globals(seed: int, flags: frozenset[str]) -> Iterator[None]:
     stop_at_unhealable = ar_worker._stop_at_unhealable_fragment
     if "stop-at-unhealable-fragment" in flags:
         ar_worker._stop_at_unhealable_fragment = True
+    refuse_wiped = storage_cookies._refuse_wiped_bookie
+    if "start-wiped-bookie" in flags:
+        storage_cookies._refuse_wiped_bookie = False
     vellum_log = logging.getLogger("vellum")
     level = vellum_log.level
     vellum_log.setLevel(logging.CRITICAL + 1)
@@ -367,6 +390,7 @@ def _seeded_globals(seed: int, flags: frozenset[str]) -> Iterator[None]:
         ar_worker._avoid_registered_bad_bookies = avoid_bad
         ar_worker._stop_at_unhealable_fragment = stop_at_unhealable
         ar_copier._read_from_replaced_bookie = read_from_replaced
+        storage_cookies._refuse_wiped_bookie = refuse_wiped
         vellum_log.setLevel(level)
         asyncio_log.setLevel(asyncio_level)
 
@@ -389,6 +413,8 @@ class World:
         if options.power_loss and options.bookie != "real":
             raise ValueError("a power loss is simulated with the real bookie only (--bookie real): the model loses "
                              "everything not synced at every crash already")
+        if "wipe" in options.faults and options.bookie != "real":
+            raise ValueError("the fault wipe needs the real bookie (--bookie real): the model has no cookies")
         if options.bookie == "real" and options.faults & MODEL_ONLY_FAULTS:
             raise ValueError(f"the real bookie does not take the fault(s) "
                              f"{', '.join(sorted(options.faults & MODEL_ONLY_FAULTS))} (they act on the model's "
@@ -431,6 +457,9 @@ class World:
         # The additions' own generators (seeded by name: drawing from ``rng`` would move every
         # choice made after them)
         self._expiry_rng = random.Random(f"expiry/{seed}")
+        self._wipe_rng = random.Random(f"wipe/{seed}")
+        #: the bookie the ``wipe`` fault emptied (one a run)
+        self.wiped: BookieNode | None = None
         self.autorecovery: SimAutoRecovery | None = None
         #: what ``under-replicated`` judges: where each ledger's entries are at the end (None: not
         #: judged), and whether AutoRecovery settled (None: it did not run)
@@ -552,6 +581,8 @@ class World:
                 self._crash(node, rng if kind == "torn" else None, rng)
                 if "corrupt" in faults and rng.random() < 0.5:
                     self._corrupt_one(node, rng)
+                if "wipe" in faults:
+                    self._wipe(node)
                 await asyncio.sleep(rng.uniform(0.01, 1.0))
                 node.start()
                 self.history.add("nemesis", "restart", value=node.restarted)
@@ -612,6 +643,22 @@ class World:
             self.injected["lying-fsync"] += 1
             self.history.add("nemesis", "fsync-lied",
                              value=f"{node.name}: {unwritten} acknowledged records were never written")
+
+    def _wipe(self, node: BookieNode) -> None:
+        """The ``wipe`` fault: half the time, a crashed real bookie's disks are replaced by empty
+        ones (its journal and ledger dirs emptied, cookies too) before its restart; once a run, and
+        not on a run that lost a bookie for good (two bookies without their data are a double
+        fault). With its cookie check the restart is refused and the bookie stays down."""
+        if self.wiped is not None or any(n.lost for n in self.nodes) or node.home is None:
+            return
+        if self._wipe_rng.random() >= 0.5:
+            return
+        self.wiped = node
+        for sub in ("journal", "ledgers"):
+            shutil.rmtree(node.home / sub, ignore_errors=True)
+        node.page_cache = PageCache()  # what the old disks held in the page cache went with them
+        self.injected["wipe"] += 1
+        self.history.add("nemesis", "wipe", value=node.name)
 
     async def _eio(self, node: BookieNode, rng: random.Random) -> None:
         """An I/O error on ``node``'s disk for a while. Half the time its journal: fail-stop, as
@@ -701,6 +748,8 @@ class World:
         if "crash" not in self.options.faults or rng.random() >= self.options.lose_bookie:
             return
         await asyncio.sleep(rng.uniform(0.1, 2.5))  # while the writer writes (a run's writes take seconds)
+        if self.wiped is not None:  # a wiped bookie is down for good already: not a second one
+            return
         # one bad copy per entry at most: not a bookie holding an entry that went bad elsewhere
         candidates = [n for n in self.nodes if n.up and not any(
             (lid, e) in self._corrupted for lid, rec in n.disk.ledgers.items() for e in rec.entries)]
