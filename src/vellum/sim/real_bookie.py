@@ -241,7 +241,7 @@ class RealSimBookie:
                  ledgers: LedgerManager, key_check: KeyCheck, *, group_wait_s: float,
                  fsync_s: tuple[float, float], read_s: tuple[float, float],
                  checkpoint_s: tuple[float, float] = (0.2, 1.5), page_cache: PageCache | None = None,
-                 registration: RegistrationManager | None = None) -> None:
+                 registration: RegistrationManager | None = None, check_keys: bool = True) -> None:
         self.name = name
         self._loop = loop
         self._rng = rng
@@ -255,7 +255,7 @@ class RealSimBookie:
         # (a bookie whose every disk was wiped is refused: ``CookieError``), stamped at first start.
         stored = registration.get_cookie(BookieId(name)) if registration is not None else None
         self.opened: OpenedBookie = open_bookie(
-            sim_config(home), bookie_id=name, ledger_lister=_StoreLister(ledgers), master_key_check=key_check,
+            sim_config(home), bookie_id=name, ledger_lister=_StoreLister(ledgers), master_key_check=key_check if check_keys else None,
             metrics=BookieMetrics(CollectorRegistry()), runtime=runtime,
             store_cookie=None if stored is None else Cookie.decode(stored.value, where=f"metadata cookie of {name}"))
         if registration is not None and stored is None:

@@ -51,6 +51,7 @@ from vellum.sim.network import Link, NetFaults, SimNetwork, current_node
 from vellum.sim.real_bookie import PageCache, RealSimBookie, remove_scratch, scratch_root
 from vellum.sim.workload import Workload, WorkloadShape
 from vellum.storage import cookies as storage_cookies
+from vellum.storage import storage_upkeep
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +115,10 @@ class SimOptions:
     #: with the real bookie: the share of crashes that are power losses (the bytes its journals
     #: and entry logs wrote but did not fsync are lost too)
     power_loss: float = 0.0
+    #: with the real bookie: check the master key of a ledger a bookie has not seen against its
+    #: metadata (``ledgerMasterKeyCheck``); off, as a bookie port without authentication runs
+    #: (``auto``), a deleted ledger's tombstone alone refuses a stale writer's adds
+    master_key_check: bool = True
 
 
 #: the bookie kinds ``--bookie`` takes
@@ -142,6 +147,8 @@ REGRESSIONS = {
                                    "take, leaving the fragments it could replace unhealed",
     "start-wiped-bookie": "a bookie whose every disk was wiped starts empty although the metadata store holds its "
                           "cookie (defect D1, rule 6 of docs/correctness.md; with the fault wipe)",
+    "no-delete-tombstone": "a ledger the bookie's GC deletes leaves no fenced tombstone in its storage's index, "
+                           "and journal replay skips nothing (defect D2: a write after delete acknowledged)",
     "copy-only-from-other-replicas": "a replication worker reads an entry only from the other bookies of its write "
                                      "set, never from the bookie it replaces, which may hold its only copy",
 }
@@ -175,7 +182,7 @@ class BookieNode:
     or over the real bookie (``RealSimBookie``) when given a ``home`` directory for its files."""
 
     def __init__(self, name: str, loop: SimLoop, rng: random.Random, store: SimMetadataStore,
-                 history: History | None, home: Path | None = None) -> None:
+                 history: History | None, home: Path | None = None, *, check_keys: bool = True) -> None:
         self.name = name
         self.home = home
         self._real_errors: list[str] = []
@@ -193,6 +200,8 @@ class BookieNode:
         self._internal_before_crash = 0
         #: the metadata session that holds this bookie's registration (None while it has none)
         self.session: SimMetadataStore | None = None
+        #: the real bookie checks a new ledger's master key against the store (``master_key_check``)
+        self.check_keys = check_keys
         #: crashed for good (``lose_bookie``): never restarted
         self.lost = False
         #: why the real bookie refused to start (its cookie check: the ``wipe`` fault); it stays
@@ -213,7 +222,7 @@ class BookieNode:
                 bookie = RealSimBookie(self.name, self._loop, self._rng, self.home, self._store.ledgers,
                                        key_check_for(self._password), group_wait_s=0.001, fsync_s=(0.0002, 0.003),
                                        read_s=(0.00005, 0.0005), page_cache=self.page_cache,
-                                       registration=self._store.registration)
+                                       registration=self._store.registration, check_keys=self.check_keys)
             except CookieError as e:  # the dead incarnation stays (not alive): the node is down
                 self.refused = str(e)
                 self.lost = True
@@ -374,6 +383,9 @@ def _seeded_globals(seed: int, flags: frozenset[str]) -> Iterator[None]:
     refuse_wiped = storage_cookies._refuse_wiped_bookie
     if "start-wiped-bookie" in flags:
         storage_cookies._refuse_wiped_bookie = False
+    tombstone = storage_upkeep._leave_tombstone
+    if "no-delete-tombstone" in flags:
+        storage_upkeep._leave_tombstone = False
     vellum_log = logging.getLogger("vellum")
     level = vellum_log.level
     vellum_log.setLevel(logging.CRITICAL + 1)
@@ -391,6 +403,7 @@ def _seeded_globals(seed: int, flags: frozenset[str]) -> Iterator[None]:
         ar_worker._stop_at_unhealable_fragment = stop_at_unhealable
         ar_copier._read_from_replaced_bookie = read_from_replaced
         storage_cookies._refuse_wiped_bookie = refuse_wiped
+        storage_upkeep._leave_tombstone = tombstone
         vellum_log.setLevel(level)
         asyncio_log.setLevel(asyncio_level)
 
@@ -448,7 +461,7 @@ class World:
         for i in range(options.bookies):
             home = self.scratch / f"bookie-{i}" if self.scratch is not None else None
             node = BookieNode(f"bookie-{i}:3181", self.loop, node_rng, self.store,
-                              self.history if options.trace else None, home)
+                              self.history if options.trace else None, home, check_keys=options.master_key_check)
             self.nodes.append(node)
             self.net.add_server(node)
         self.clients: list[BookKeeper] = []
@@ -799,6 +812,15 @@ SCENARIOS["silent-bookie"] = SimOptions(
     shape=WorkloadShape(ledgers=2, entries=(40, 80), shapes=((3, 3, 2),), recover_delay_s=(4.0, 5.0),
                         close_probability=1.0, delete_probability=0.0, reader_polls=10,
                         quiet_before_close_s=2.0))
+# A writer that stalls (a long GC pause) halfway through each ledger while the recoverer recovers
+# and deletes it and the bookies' GC removes it, then adds on with its old handle. Meant for the
+# real bookie (``--bookie real``) without ``ledgerMasterKeyCheck`` (a bookie port without
+# authentication): the deleted ledger's tombstone alone must refuse the stale adds
+# (``written-after-delete``). Some ledgers stay (a GC pass deletes nothing while none is listed).
+SCENARIOS["stale-writer"] = SimOptions(
+    autorecovery=False, master_key_check=False,
+    shape=WorkloadShape(ledgers=3, entries=(20, 40), recover_delay_s=(0.1, 0.6), close_probability=0.0,
+                        delete_probability=0.6, reader_polls=5, writer_pause_s=6.0))
 SCENARIOS["tailing"] = SimOptions(
     shape=WorkloadShape(ledgers=2, entries=(20, 50), long_poll=True, explicit_lac_ms=50, reader_polls=40))
 
