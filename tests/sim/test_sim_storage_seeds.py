@@ -4,12 +4,22 @@ flag a named seed fails within seconds; without the flag the same seed is clean.
 
 from __future__ import annotations
 
+import asyncio
+import random
 import warnings
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
+from vellum.errors import CorruptEntryError, DigestMismatchError
+from vellum.format.entry import DigestManager, DigestType, master_key
+from vellum.proto.messages import AddBatch
+from vellum.sim.loop import SimLoop
+from vellum.sim.metadata import SimMetadataStore
+from vellum.sim.real_bookie import RealSimBookie
 from vellum.sim.runner import DEFAULT_FAULTS, SCENARIOS, SimOptions, run_seed
+from vellum.storage import storage_reads
 
 #: how many seeds after a named seed are tried when it no longer fails (as tests/sim/test_sim_seeds.py)
 DRIFT = 60
@@ -60,3 +70,64 @@ def test_a_deleted_ledger_without_its_tombstone_takes_a_stale_writers_adds(seed:
     fenced and the same seed is clean. Without ``ledgerMasterKeyCheck`` (the scenario's), as a
     bookie port without authentication runs: that check refuses them too."""
     _check_seed(seed, STALE_WRITER, "no-delete-tombstone", {"written-after-delete"})
+
+
+KEY = master_key(b"pw")
+DM = DigestManager(1, DigestType.CRC32C, b"pw")
+
+
+def _entry(entry_id: int) -> bytes:
+    return bytes(DM.compute(entry_id, entry_id - 1, entry_id + 1, b"payload-%04d" % entry_id))
+
+
+def _real_bookie(loop: SimLoop, home: Path) -> RealSimBookie:
+    store = SimMetadataStore(loop, lambda _lid, _md: None)
+    return RealSimBookie("bookie-0:3181", loop, random.Random(1), home, store.ledgers,
+                         lambda lid, key: key == KEY, group_wait_s=0.001, fsync_s=(0.002, 0.003),
+                         read_s=(0.0001, 0.0002), checkpoint_s=(1000.0, 1001.0))
+
+
+def test_a_corrupt_copy_is_eio_and_without_the_check_the_clients_digest_still_catches_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Defect D5 (a corrupt replica served as good), with the real bookie as the simulator runs it:
+    a byte of a stored entry flips in its entry log while the bookie is down. With the keyless CRC
+    check of reads the bookie answers EIO; with it reverted (``storage_reads._check_reads``) it
+    serves the bad bytes with EOK, and every client path verifies the ledger's digest
+    (``DigestManager.verify``: reads, recovery reads, the AutoRecovery copier), which rejects them
+    and reads another replica. So no promise of the checker can fail on one bad copy per entry: the
+    fix is a bookie-side defence (EIO instead of bad bytes, counted, seen by replica-check), which
+    this test shows rather than a seed."""
+    loop = SimLoop()
+    b = _real_bookie(loop, tmp_path)
+    answers: list[object] = []
+
+    async def first_life() -> None:
+        for e in range(5):
+            b.add_batch_cb(AddBatch.of_entries([(_entry(e), KEY, False)]), lambda r, x: answers.append((r, x)))
+        await asyncio.sleep(0.01)
+        b.bookie.checkpoint()  # the entries go to an entry log
+        b.crash()
+
+    loop.run_until_complete(first_life())
+    assert answers == [([None], None)] * 5
+    logs = sorted((tmp_path / "ledgers").rglob("*.log"))
+    hits = [(p, p.read_bytes().find(b"payload-0002")) for p in logs]
+    path, at = next((p, i) for p, i in hits if i >= 0)
+    data = bytearray(path.read_bytes())
+    data[at + 8] ^= 0x01  # one bit of entry 2's payload rots on the disk
+    path.write_bytes(bytes(data))
+    again = _real_bookie(loop, tmp_path)
+
+    async def read(entry_id: int) -> bytes:
+        return bytes(await again.read_entry(1, entry_id))
+
+    with pytest.raises(CorruptEntryError):
+        loop.run_until_complete(read(2))
+    assert loop.run_until_complete(read(3)) == _entry(3)  # the other entries are intact
+    monkeypatch.setattr(storage_reads, "_check_reads", False)  # the fix reverted
+    served = loop.run_until_complete(read(2))
+    assert served != _entry(2) and len(served) == len(_entry(2))  # bad bytes answered as good
+    with pytest.raises(DigestMismatchError):
+        DM.verify(served, 2)  # what every client read path does with them
+    again.crash()
+    loop.close()
