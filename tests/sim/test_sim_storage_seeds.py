@@ -24,9 +24,9 @@ from vellum.storage import storage_reads
 #: how many seeds after a named seed are tried when it no longer fails (as tests/sim/test_sim_seeds.py)
 DRIFT = 60
 
-#: seeds that fail when a bookie whose every disk was wiped starts empty (defect D1, rule 6 of
-#: docs/correctness.md): its "no such entry" answers let a recovery close a ledger below an
-#: acknowledged entry
+#: seeds that fail when a bookie whose every disk was wiped starts empty (defect D1,
+#: rule 6 of docs/correctness.md): its "no such entry" answers let a recovery close a ledger
+#: below an acknowledged entry
 START_WIPED_BOOKIE_SEEDS = (38,)
 #: stale-writer seeds that fail when a deleted ledger leaves no tombstone (defect D2): a writer
 #: paused while its ledger was recovered, deleted and garbage-collected adds on, and the bookies,
