@@ -19,6 +19,7 @@ from vellum.sim.loop import SimLoop
 from vellum.sim.metadata import SimMetadataStore
 from vellum.sim.real_bookie import RealSimBookie
 from vellum.sim.runner import DEFAULT_FAULTS, SCENARIOS, SimOptions, run_seed
+from vellum.sim.workload import WorkloadShape
 from vellum.storage import storage_reads
 
 #: how many seeds after a named seed are tried when it no longer fails (as tests/sim/test_sim_seeds.py)
@@ -131,3 +132,16 @@ def test_a_corrupt_copy_is_eio_and_without_the_check_the_clients_digest_still_ca
         DM.verify(served, 2)  # what every client read path does with them
     again.crash()
     loop.close()
+
+
+def test_wiped_bookies_are_refused_and_the_runs_stay_clean() -> None:
+    """The ``wipe`` mode with the cookie check (as shipped), AutoRecovery on: every wiped bookie
+    is refused at its restart and stays down, and no promise fails."""
+    options = SimOptions(shape=WorkloadShape(ledgers=2, entries=(10, 30), reader_polls=15), bookie="real",
+                         faults=DEFAULT_FAULTS | {"wipe"})
+    wiped = 0
+    for seed in range(10, 20):
+        result = run_seed(seed, options)
+        assert not result.violations and result.error is None, (seed, result.violations, result.error)
+        wiped += result.injected.get("wipe", 0)
+    assert wiped >= 3, wiped  # seeds 11, 13, 15, 18 and 19 wipe one (a change of the code may move them)
