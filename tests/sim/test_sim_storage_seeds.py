@@ -28,13 +28,13 @@ DRIFT = 60
 #: seeds that fail when a bookie whose every disk was wiped starts empty (defect D1,
 #: rule 6 of docs/correctness.md): its "no such entry" answers let a recovery close a ledger
 #: below an acknowledged entry
-START_WIPED_BOOKIE_SEEDS = (38,)
+START_WIPED_BOOKIE_SEEDS = (0,)
 #: stale-writer seeds that fail when a deleted ledger leaves no tombstone (defect D2): a writer
 #: paused while its ledger was recovered, deleted and garbage-collected adds on, and the bookies,
 #: which forgot the ledger and its fence, recreate it and acknowledge the adds
 NO_DELETE_TOMBSTONE_SEEDS = (3,)
 STALE_WRITER = replace(SCENARIOS["stale-writer"], bookie="real")
-WIPE = SimOptions(bookie="real", faults=DEFAULT_FAULTS | {"wipe"}, autorecovery=False)
+WIPE = replace(SCENARIOS["wiped-bookie"], bookie="real")
 
 
 def _first_failing(seed: int, options: SimOptions, kinds: set[str]) -> int | None:

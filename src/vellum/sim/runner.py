@@ -821,6 +821,13 @@ SCENARIOS["stale-writer"] = SimOptions(
     autorecovery=False, master_key_check=False,
     shape=WorkloadShape(ledgers=3, entries=(20, 40), recover_delay_s=(0.1, 0.6), close_probability=0.0,
                         delete_probability=0.6, reader_polls=5, writer_pause_s=6.0))
+# Crashed bookies whose disks are wiped (``wipe``, real bookie only): more ledgers with an ack
+# quorum below their write quorum, recovered later and rarely deleted, so a wiped bookie's empty
+# answers meet recoveries (the cookie check keeps it down; without it, ``ack-lost``).
+SCENARIOS["wiped-bookie"] = SimOptions(
+    faults=DEFAULT_FAULTS | {"wipe"}, autorecovery=False,
+    shape=WorkloadShape(ledgers=4, entries=(20, 40), shapes=((3, 3, 2), (3, 2, 2), (4, 3, 2)),
+                        recover_delay_s=(0.3, 1.5), close_probability=0.3, delete_probability=0.0))
 SCENARIOS["tailing"] = SimOptions(
     shape=WorkloadShape(ledgers=2, entries=(20, 50), long_poll=True, explicit_lac_ms=50, reader_polls=40))
 
