@@ -145,3 +145,21 @@ def test_wiped_bookies_are_refused_and_the_runs_stay_clean() -> None:
         assert not result.violations and result.error is None, (seed, result.violations, result.error)
         wiped += result.injected.get("wipe", 0)
     assert wiped >= 3, wiped  # seeds 11, 13, 15, 18 and 19 wipe one (a change of the code may move them)
+
+
+@pytest.mark.parametrize("flags", [frozenset(), frozenset({"serve-unchecked-reads"})])
+def test_corrupt_copies_on_real_bookies_break_no_promise_with_or_without_the_crc_check(flags: frozenset[str]) -> None:
+    """The ``corrupt`` fault on the real bookie (a byte of a stored entry flipped in the entry
+    logs of a crashed bookie, one bad copy per entry at most), AutoRecovery and its replicas check
+    on. With the keyless CRC check the bookie answers EIO for the bad copy; with it reverted
+    (``serve-unchecked-reads``, defect D5) it serves the bad bytes, and the clients' digest
+    check rejects them: no promise fails either way, so D5 has no failing seed (see the focused
+    test above)."""
+    options = SimOptions(shape=WorkloadShape(ledgers=2, entries=(10, 30), reader_polls=15), bookie="real",
+                         faults=DEFAULT_FAULTS | {"corrupt"}, flags=flags)
+    corrupted = 0
+    for seed in range(10, 20):
+        result = run_seed(seed, options)
+        assert not result.violations and result.error is None, (seed, result.violations, result.error)
+        corrupted += result.injected.get("corrupt", 0)
+    assert corrupted >= 3, corrupted  # seeds 10, 11, 13, 14, 18 and 19 corrupt one (a change may move them)

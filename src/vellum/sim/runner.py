@@ -23,7 +23,7 @@ import logging
 import random
 import shutil
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -36,7 +36,8 @@ from vellum.client import recovery as client_recovery
 from vellum.client.bookkeeper import BookKeeper
 from vellum.client.placement import DefaultPlacementPolicy
 from vellum.config import ClientConfig
-from vellum.errors import CookieError, MetadataStoreUnavailableError
+from vellum.errors import CookieError, CorruptionError, MetadataStoreUnavailableError
+from vellum.format.entrylog import EntryLogScanner
 from vellum.ids import BookieId, LedgerId
 from vellum.meta.model import LedgerMetadata
 from vellum.server.bookie_server import BookieConnection, ServerLimits
@@ -51,7 +52,7 @@ from vellum.sim.network import Link, NetFaults, SimNetwork, current_node
 from vellum.sim.real_bookie import PageCache, RealSimBookie, remove_scratch, scratch_root
 from vellum.sim.workload import Workload, WorkloadShape
 from vellum.storage import cookies as storage_cookies
-from vellum.storage import storage_upkeep
+from vellum.storage import storage_reads, storage_upkeep
 
 log = logging.getLogger(__name__)
 
@@ -123,10 +124,10 @@ class SimOptions:
 
 #: the bookie kinds ``--bookie`` takes
 BOOKIE_KINDS = ("model", "real")
-#: fault kinds the real bookie does not take: they act on the model's disk (a bad stored entry
-#: planted, a torn group, a failing or full disk, a lying fsync); the real bookie's torn and lost
-#: writes come from ``power_loss``
-MODEL_ONLY_FAULTS = frozenset({"corrupt", "torn", "eio", "full", "lying-fsync"})
+#: fault kinds the real bookie does not take: they act on the model's disk (a torn group, a
+#: failing or full disk, a lying fsync); the real bookie's torn and lost writes come from
+#: ``power_loss`` (``corrupt`` flips a byte of a stored entry in its entry logs)
+MODEL_ONLY_FAULTS = frozenset({"torn", "eio", "full", "lying-fsync"})
 
 #: named workloads (``--scenario``): the default mix, and a race of the old writer against
 #: fencing (small ensembles, recovery in the middle of the writes, lossy network, no crashes)
@@ -149,6 +150,9 @@ REGRESSIONS = {
                           "cookie (defect D1, rule 6 of docs/correctness.md; with the fault wipe)",
     "no-delete-tombstone": "a ledger the bookie's GC deletes leaves no fenced tombstone in its storage's index, "
                            "and journal replay skips nothing (defect D2: a write after delete acknowledged)",
+    "serve-unchecked-reads": "the real bookie serves an entry read from an entry log without its keyless CRC "
+                             "check (defect D5; with the fault corrupt no seed fails: the client's digest "
+                             "check rejects the bad copy)",
     "copy-only-from-other-replicas": "a replication worker reads an entry only from the other bookies of its write "
                                      "set, never from the bookie it replaces, which may hold its only copy",
 }
@@ -207,6 +211,10 @@ class BookieNode:
         #: why the real bookie refused to start (its cookie check: the ``wipe`` fault); it stays
         #: down for the rest of the run, as an operator would find it (``lost`` too)
         self.refused: str | None = None
+        #: the real bookie's entries the ``corrupt`` fault damaged in its entry logs
+        self.rotted: set[tuple[int, int]] = set()
+        #: the entries a real bookie held when it was lost for good (its process is gone)
+        self.lost_copies: frozenset[tuple[int, int]] = frozenset()
         self.start()
 
     def _password(self, ledger_id: int) -> bytes | None:
@@ -256,12 +264,46 @@ class BookieNode:
     def held(self, ledger_id: int) -> frozenset[int]:
         """The entries of a ledger this bookie holds durably and intact (what survives a crash)."""
         if isinstance(self.bookie, RealSimBookie):
-            return self.held_entries(ledger_id)
+            held = self.held_entries(ledger_id)
+            return held - {e for lid, e in self.rotted if lid == ledger_id and e in held and not self._intact(lid, e)}
         rec = self.disk.ledgers.get(ledger_id)
         if rec is None or rec.deleted:
             return frozenset()
         bad = self.disk.corrupt
         return frozenset(e for e in rec.entries if (ledger_id, e) not in bad)
+
+    def _intact(self, ledger_id: int, entry_id: int) -> bool:
+        """Does the real bookie read this entry back without a corruption error (a later copy,
+        a journal replay or compaction may have replaced the damaged one)?"""
+        assert isinstance(self.bookie, RealSimBookie)
+        try:
+            self.bookie.bookie.read_entry(ledger_id, entry_id)
+        except CorruptionError:
+            return False
+        return True
+
+    def rot_entry(self, rng: random.Random, spare: Callable[[int, int], bool]) -> tuple[int, int] | None:
+        """The ``corrupt`` fault on a crashed real bookie: one stored entry, drawn from those
+        ``spare(ledger, entry)`` allows, gets a byte of its payload flipped in every entry-log
+        record of it (a rotten sector). Returns it, or None if none was found."""
+        assert self.home is not None
+        records: dict[tuple[int, int], list[tuple[Path, int]]] = {}
+        for path in sorted((self.home / "ledgers").rglob("*.log")):
+            for rec in EntryLogScanner(path.read_bytes(), skip_corrupt=True):
+                if rec.ledger_id >= 0 and rec.entry_id >= 0 and spare(rec.ledger_id, rec.entry_id):
+                    # the entry's last byte (its payload's)
+                    records.setdefault((rec.ledger_id, rec.entry_id), []).append((path, rec.offset + rec.size - 1))
+        if not records:
+            return None
+        key = rng.choice(sorted(records))
+        for path, at in records[key]:
+            with path.open("r+b") as f:
+                f.seek(at)
+                byte = f.read(1)
+                f.seek(at)
+                f.write(bytes([byte[0] ^ 0x20]))
+        self.rotted.add(key)
+        return key
 
     @property
     def up(self) -> bool:
@@ -386,6 +428,9 @@ def _seeded_globals(seed: int, flags: frozenset[str]) -> Iterator[None]:
     tombstone = storage_upkeep._leave_tombstone
     if "no-delete-tombstone" in flags:
         storage_upkeep._leave_tombstone = False
+    check_reads = storage_reads._check_reads
+    if "serve-unchecked-reads" in flags:
+        storage_reads._check_reads = False
     vellum_log = logging.getLogger("vellum")
     level = vellum_log.level
     vellum_log.setLevel(logging.CRITICAL + 1)
@@ -404,6 +449,7 @@ def _seeded_globals(seed: int, flags: frozenset[str]) -> Iterator[None]:
         ar_copier._read_from_replaced_bookie = read_from_replaced
         storage_cookies._refuse_wiped_bookie = refuse_wiped
         storage_upkeep._leave_tombstone = tombstone
+        storage_reads._check_reads = check_reads
         vellum_log.setLevel(level)
         asyncio_log.setLevel(asyncio_level)
 
@@ -729,8 +775,16 @@ class World:
 
     def _corrupt_one(self, node: BookieNode, rng: random.Random) -> None:
         """A stored entry of ``node`` goes bad (torn or rotten): one copy per entry at most, so
-        every acknowledged entry keeps a good copy (two bad copies would be a double fault)."""
+        every acknowledged entry keeps a good copy (two bad copies would be a double fault). The
+        real bookie: a byte of it flipped in its entry logs (``BookieNode.rot_entry``)."""
         gone = self._held_by_lost()  # a copy on a bookie lost for good is a bad copy too
+        if node.home is not None:  # the real bookie: a byte of its entry logs
+            picked = node.rot_entry(rng, lambda lid, eid: (lid, eid) not in self._corrupted and (lid, eid) not in gone)
+            if picked is not None:
+                self._corrupted.add(picked)
+                self.injected["corrupt"] += 1
+                self.history.add("nemesis", "corrupt", picked[0], picked[1], node.name)
+            return
         candidates = [(lid, eid) for lid, rec in sorted(node.disk.ledgers.items()) if not rec.deleted
                       for eid in sorted(rec.entries) if (lid, eid) not in self._corrupted and (lid, eid) not in gone]
         if not candidates:
@@ -765,16 +819,21 @@ class World:
             return
         # one bad copy per entry at most: not a bookie holding an entry that went bad elsewhere
         candidates = [n for n in self.nodes if n.up and not any(
-            (lid, e) in self._corrupted for lid, rec in n.disk.ledgers.items() for e in rec.entries)]
+            (lid, e) in self._corrupted for lid, rec in n.disk.ledgers.items() for e in rec.entries)
+            and not any(e in n.held_entries(lid) for lid, e in self._corrupted)]
         if not candidates:
             return
         node = rng.choice(candidates)
         node.lost = True
+        if node.home is not None:
+            node.lost_copies = frozenset((int(lid), e) for r in self.store.ledgers.ledger_ranges()
+                                         for lid in r.ledger_ids for e in node.held_entries(int(lid)))
         node.crash()
         self.history.add("nemesis", "lost-for-good", value=node.name)
 
     def _held_by_lost(self) -> set[tuple[int, int]]:
-        return {(lid, e) for n in self.nodes if n.lost for lid, rec in n.disk.ledgers.items() for e in rec.entries}
+        return {(lid, e) for n in self.nodes if n.lost for lid, rec in n.disk.ledgers.items() for e in rec.entries} \
+            | {c for n in self.nodes if n.lost for c in n.lost_copies}
 
     def heal_everything(self) -> None:
         self.net.heal()
