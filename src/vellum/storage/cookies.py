@@ -50,12 +50,12 @@ from vellum.storage.markers import INTEGRITY_CHECK_FILENAME, mark_integrity_chec
 
 log = logging.getLogger(__name__)
 
-# Files the bookie itself may create in a fresh ``current/`` before or while cookies are
-# stamped (the dir lock, the unclean-shutdown marker, a torn stamp); they do not count as data.
 #: test flag (the simulator's ``start-wiped-bookie`` regression, docs/verification.md): False
 #: lets a bookie whose every disk was wiped start empty although the store holds its cookie
 _refuse_wiped_bookie = True
 
+# Files the bookie itself may create in a fresh ``current/`` before or while cookies are
+# stamped (the dir lock, the unclean-shutdown marker, a torn stamp); they do not count as data.
 _IGNORED_IN_FRESH_DIR = {".lock", "DIRTY", "DIRTY.tmp", VERSION_FILENAME + ".tmp",
                          INTEGRITY_CHECK_FILENAME, INTEGRITY_CHECK_FILENAME + ".tmp"}
 

@@ -56,9 +56,10 @@ _CORRUPT_READS = stats.counter(
 )
 
 
-#: test flag (docs/verification.md, defect D5): False serves an entry read from an entry log
-#: without its keyless CRC check
+#: test flag (the simulator's ``serve-unchecked-reads`` regression, docs/verification.md, defect D5):
+#: False serves an entry read from an entry log without its keyless CRC check
 _check_reads = True
+
 
 class StorageReader:
     """The read path of one ledger storage (see the module docstring)."""

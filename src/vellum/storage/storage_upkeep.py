@@ -27,6 +27,7 @@ from vellum.storage.write_cache import WriteCaches
 #: deletes a ledger's data from the index instead of leaving a fenced tombstone
 _leave_tombstone = True
 
+
 class StorageUpkeep:
     """Deletes, trims and GC / compaction support of one ledger storage (see the module
     docstring)."""
