@@ -185,7 +185,9 @@ def test_a_real_bookie_seed_replays_exactly_in_this_process_and_another() -> Non
 
 
 def test_the_real_bookie_refuses_the_model_only_fault_and_the_model_a_power_loss() -> None:
-    with pytest.raises(ValueError, match="corrupt"):
-        run_seed(1, replace(REAL, faults=REAL.faults | {"corrupt"}))
+    with pytest.raises(ValueError, match="torn"):
+        run_seed(1, replace(REAL, faults=REAL.faults | {"torn"}))
+    with pytest.raises(ValueError, match="wipe"):
+        run_seed(1, SimOptions(faults=SimOptions().faults | {"wipe"}))
     with pytest.raises(ValueError, match="power loss"):
         run_seed(1, SimOptions(power_loss=0.5))

@@ -94,7 +94,8 @@ def register(cli: click.Group) -> None:
                   help=f"comma-separated subset of {','.join(FAULT_KINDS)}, or 'all' (every one of them) / 'default' "
                        "(the scenario's) / 'none'; and the mode lying-fsync (never in 'all': every disk acknowledges "
                        "fsync without persisting, so crashes lose acknowledged entries and the check must fail; e.g. "
-                       "'default,lying-fsync')  [default: the scenario's; 'all' with --nightly]")
+                       "'default,lying-fsync'); and wipe (real bookie only: a crashed bookie restarts on empty disks, "
+                       "once a run)  [default: the scenario's; 'all' with --nightly]")
     @click.option("--scenario", default="default", show_default=True, type=click.Choice(sorted(SCENARIOS)),
                   help="the workload and fault mix (fence-race: the old writer against fencing)")
     @click.option("--ledgers", type=int, default=None, help="ledgers the writer makes per seed (default: the scenario's)")
@@ -148,6 +149,8 @@ def register(cli: click.Group) -> None:
         if power_loss and bookie_kind != "real":
             raise click.BadParameter("a power loss is simulated with the real bookie only: add --bookie real",
                                      param_hint="--power-loss")
+        if "wipe" in options.faults and bookie_kind != "real":
+            raise click.BadParameter("the fault wipe empties a real bookie's disks: add --bookie real", param_hint="--faults")
         if bookie_kind == "real" and options.faults & MODEL_ONLY_FAULTS:
             raise click.BadParameter(f"the real bookie does not take {', '.join(sorted(options.faults & MODEL_ONLY_FAULTS))} "
                                      "(they act on the model's disk; the real bookie's torn and lost writes come from "

@@ -22,7 +22,9 @@ Watch callbacks, election callbacks and session events run on the loop after the
 (``call_soon``, or after a seeded delay: ``SimCluster.watch_delay``); a watch reads the state
 when it fires, as a ZooKeeper watcher re-reads the node.
 
-Not simulated (these raise ``MetaStoreError``): the layout and cookies.
+Cookies are kept (version and bytes per bookie, compare-and-set as the drivers): the real
+bookie (``sim/real_bookie.py``) stamps its cookie there at first start and checks it at every
+start. Not simulated (these raise ``MetaStoreError``): the layout.
 
 Invariants: single-threaded (the simulator's loop); calls are synchronous: the latency and the
 faults of the store (lost replies) are the loop's executor hook's business (``runner``). The one
@@ -222,6 +224,8 @@ class SimCluster:
         self.bookies: dict[BookieId, tuple[bool, int, bytes]] = {}
         self.bookie_watches: list[_Watch] = []
         self.kv: dict[str, tuple[int, bytes]] = {}
+        #: bookie id -> (version, cookie bytes)
+        self.cookies: dict[BookieId, tuple[int, bytes]] = {}
         # AutoRecovery's records
         #: ledger id -> (version, missing replicas sorted, ctime ms)
         self.records: dict[int, tuple[int, tuple[str, ...], int]] = {}
@@ -400,16 +404,31 @@ class _SessionRegistration(_SessionPart, RegistrationManager):
         return w
 
     def get_cookie(self, bookie_id: BookieId) -> Versioned[bytes] | None:
-        raise MetaStoreError("cookies are not simulated")
+        self._s.check(f"reading the cookie of {bookie_id}")
+        row = self._c.cookies.get(bookie_id)
+        return None if row is None else Versioned(row[1], row[0])
 
     def put_cookie(self, bookie_id: BookieId, data: bytes, expected_version: int | None) -> int:
-        raise MetaStoreError("cookies are not simulated")
+        self._s.check(f"writing the cookie of {bookie_id}")
+        row = self._c.cookies.get(bookie_id)
+        if (row is None) != (expected_version is None) or (row is not None and row[0] != expected_version):
+            raise MetadataVersionError(f"cookie of {bookie_id} changed: expected version {expected_version} "
+                                       "(simulated store)")
+        version = 0 if row is None else row[0] + 1
+        self._c.cookies[bookie_id] = (version, bytes(data))
+        return version
 
     def remove_cookie(self, bookie_id: BookieId, expected_version: int | None = None) -> None:
-        raise MetaStoreError("cookies are not simulated")
+        self._s.check(f"removing the cookie of {bookie_id}")
+        row = self._c.cookies.get(bookie_id)
+        if row is not None and expected_version is not None and row[0] != expected_version:
+            raise MetadataVersionError(f"cookie of {bookie_id} changed: expected version {expected_version} "
+                                       "(simulated store)")
+        self._c.cookies.pop(bookie_id, None)
 
     def list_cookies(self) -> frozenset[BookieId]:
-        return frozenset(self._c.bookies)
+        self._s.check("listing cookies")
+        return frozenset(self._c.cookies)
 
     def get_instance_id(self) -> str | None:
         return "simulated"

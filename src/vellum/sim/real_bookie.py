@@ -30,7 +30,8 @@ its writes that were not synced survive a power loss here (the loss is a subset 
 one may take).
 
 Not run here: the disk checks (the disk usage is fixed: no disk fills), entry-log
-preallocation (off), read-only mode, limbo (no fault wipes a disk), COLLECT waits for a pass it
+preallocation (off), read-only mode, limbo (a wiped bookie is refused, or with the
+``start-wiped-bookie`` regression starts empty; ``dataIntegrityChecking`` is off), COLLECT waits for a pass it
 runs itself. Invariants: every choice comes from the run's generator and the loop's clock (file
 and journal names included); nothing blocks (the journal queue and the write cache are sized so
 that an add never waits, and a full write cache refuses at once).
@@ -53,8 +54,9 @@ from vellum.bookie.executor import CollectOutcome
 from vellum.bookie.metrics import BookieMetrics
 from vellum.config import ServerConfig
 from vellum.errors import NoSuchLedgerError, TimeoutError_, VellumError
-from vellum.ids import LedgerId
-from vellum.meta.api import LedgerManager
+from vellum.format.cookie import Cookie
+from vellum.ids import BookieId, LedgerId
+from vellum.meta.api import LedgerManager, RegistrationManager
 from vellum.proto.messages import FLAG_RECOVERY_ADD, AddBatch
 from vellum.sim.bookie import KeyCheck
 from vellum.stats import CollectorRegistry
@@ -238,7 +240,8 @@ class RealSimBookie:
     def __init__(self, name: str, loop: asyncio.AbstractEventLoop, rng: random.Random, home: Path,
                  ledgers: LedgerManager, key_check: KeyCheck, *, group_wait_s: float,
                  fsync_s: tuple[float, float], read_s: tuple[float, float],
-                 checkpoint_s: tuple[float, float] = (0.2, 1.5), page_cache: PageCache | None = None) -> None:
+                 checkpoint_s: tuple[float, float] = (0.2, 1.5), page_cache: PageCache | None = None,
+                 registration: RegistrationManager | None = None, check_keys: bool = True) -> None:
         self.name = name
         self._loop = loop
         self._rng = rng
@@ -248,9 +251,15 @@ class RealSimBookie:
         self._checkpoint_s = checkpoint_s
         runtime = BookieRuntime(threads=False, monotonic=loop.time, wall=lambda: _EPOCH_S + loop.time(),
                                 sleep=_no_sleep, disk_usage=_fixed_usage, file_ops=page_cache)
+        # With ``registration``: the metadata store's copy of the cookie, as the service's start
+        # (a bookie whose every disk was wiped is refused: ``CookieError``), stamped at first start.
+        stored = registration.get_cookie(BookieId(name)) if registration is not None else None
         self.opened: OpenedBookie = open_bookie(
-            sim_config(home), bookie_id=name, ledger_lister=_StoreLister(ledgers), master_key_check=key_check,
-            metrics=BookieMetrics(CollectorRegistry()), runtime=runtime)
+            sim_config(home), bookie_id=name, ledger_lister=_StoreLister(ledgers), master_key_check=key_check if check_keys else None,
+            metrics=BookieMetrics(CollectorRegistry()), runtime=runtime,
+            store_cookie=None if stored is None else Cookie.decode(stored.value, where=f"metadata cookie of {name}"))
+        if registration is not None and stored is None:
+            registration.put_cookie(BookieId(name), self.opened.cookie.encode(), None)
         self.bookie = self.opened.bookie
         #: journal records the start replayed into storage
         self.replayed = self.opened.replayed_records

@@ -21,8 +21,9 @@ import functools
 import hashlib
 import logging
 import random
+import shutil
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -35,7 +36,8 @@ from vellum.client import recovery as client_recovery
 from vellum.client.bookkeeper import BookKeeper
 from vellum.client.placement import DefaultPlacementPolicy
 from vellum.config import ClientConfig
-from vellum.errors import MetadataStoreUnavailableError
+from vellum.errors import CookieError, CorruptionError, MetadataStoreUnavailableError
+from vellum.format.entrylog import EntryLogScanner
 from vellum.ids import BookieId, LedgerId
 from vellum.meta.model import LedgerMetadata
 from vellum.server.bookie_server import BookieConnection, ServerLimits
@@ -49,6 +51,8 @@ from vellum.sim.metadata import SimMetadataStore
 from vellum.sim.network import Link, NetFaults, SimNetwork, current_node
 from vellum.sim.real_bookie import PageCache, RealSimBookie, remove_scratch, scratch_root
 from vellum.sim.workload import Workload, WorkloadShape
+from vellum.storage import cookies as storage_cookies
+from vellum.storage import storage_reads, storage_upkeep
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +61,9 @@ FAULT_KINDS = ("delay", "drop", "dup", "reorder", "partition", "crash", "slow", 
                "torn", "eio", "full", "clock")
 #: modes ``--faults`` also takes but ``all`` never includes: ``lying-fsync`` (every disk
 #: acknowledges fsync without persisting) breaks durability on purpose, so the checker must fail
-FAULT_MODES = ("lying-fsync",)
+#: ``wipe`` (real bookie only): a crashed bookie's journal and ledger dirs are emptied before
+#: its restart (once a run, on a run with no bookie lost for good)
+FAULT_MODES = ("lying-fsync", "wipe")
 #: what a run injects unless told otherwise (``meta``: metadata writes that fail, ``corrupt``: a
 #: crash that leaves a bad stored entry behind, ``expiry``: metadata sessions that expire,
 #: ``torn``, ``eio``, ``full`` and ``clock``: the disk and clock faults, are opt-in)
@@ -110,14 +116,18 @@ class SimOptions:
     #: with the real bookie: the share of crashes that are power losses (the bytes its journals
     #: and entry logs wrote but did not fsync are lost too)
     power_loss: float = 0.0
+    #: with the real bookie: check the master key of a ledger a bookie has not seen against its
+    #: metadata (``ledgerMasterKeyCheck``); off, as a bookie port without authentication runs
+    #: (``auto``), a deleted ledger's tombstone alone refuses a stale writer's adds
+    master_key_check: bool = True
 
 
 #: the bookie kinds ``--bookie`` takes
 BOOKIE_KINDS = ("model", "real")
-#: fault kinds the real bookie does not take: they act on the model's disk (a bad stored entry
-#: planted, a torn group, a failing or full disk, a lying fsync); the real bookie's torn and lost
-#: writes come from ``power_loss``
-MODEL_ONLY_FAULTS = frozenset({"corrupt", "torn", "eio", "full", "lying-fsync"})
+#: fault kinds the real bookie does not take: they act on the model's disk (a torn group, a
+#: failing or full disk, a lying fsync); the real bookie's torn and lost writes come from
+#: ``power_loss`` (``corrupt`` flips a byte of a stored entry in its entry logs)
+MODEL_ONLY_FAULTS = frozenset({"torn", "eio", "full", "lying-fsync"})
 
 #: named workloads (``--scenario``): the default mix, and a race of the old writer against
 #: fencing (small ensembles, recovery in the middle of the writes, lossy network, no crashes)
@@ -136,6 +146,13 @@ REGRESSIONS = {
                                   "entries of another segment of the ledger: two of them block each other",
     "stop-at-unhealable-fragment": "a replication worker gives up on a ledger at its first fragment no bookie may "
                                    "take, leaving the fragments it could replace unhealed",
+    "start-wiped-bookie": "a bookie whose every disk was wiped starts empty although the metadata store holds its "
+                          "cookie (defect D1, rule 6 of docs/correctness.md; with the fault wipe)",
+    "no-delete-tombstone": "a ledger the bookie's GC deletes leaves no fenced tombstone in its storage's index, "
+                           "and journal replay skips nothing (defect D2: a write after delete acknowledged)",
+    "serve-unchecked-reads": "the real bookie serves an entry read from an entry log without its keyless CRC "
+                             "check (defect D5; with the fault corrupt no seed fails: the client's digest "
+                             "check rejects the bad copy)",
     "copy-only-from-other-replicas": "a replication worker reads an entry only from the other bookies of its write "
                                      "set, never from the bookie it replaces, which may hold its only copy",
 }
@@ -169,7 +186,7 @@ class BookieNode:
     or over the real bookie (``RealSimBookie``) when given a ``home`` directory for its files."""
 
     def __init__(self, name: str, loop: SimLoop, rng: random.Random, store: SimMetadataStore,
-                 history: History | None, home: Path | None = None) -> None:
+                 history: History | None, home: Path | None = None, *, check_keys: bool = True) -> None:
         self.name = name
         self.home = home
         self._real_errors: list[str] = []
@@ -187,8 +204,17 @@ class BookieNode:
         self._internal_before_crash = 0
         #: the metadata session that holds this bookie's registration (None while it has none)
         self.session: SimMetadataStore | None = None
+        #: the real bookie checks a new ledger's master key against the store (``master_key_check``)
+        self.check_keys = check_keys
         #: crashed for good (``lose_bookie``): never restarted
         self.lost = False
+        #: why the real bookie refused to start (its cookie check: the ``wipe`` fault); it stays
+        #: down for the rest of the run, as an operator would find it (``lost`` too)
+        self.refused: str | None = None
+        #: the real bookie's entries the ``corrupt`` fault damaged in its entry logs
+        self.rotted: set[tuple[int, int]] = set()
+        #: the entries a real bookie held when it was lost for good (its process is gone)
+        self.lost_copies: frozenset[tuple[int, int]] = frozenset()
         self.start()
 
     def _password(self, ledger_id: int) -> bytes | None:
@@ -196,11 +222,20 @@ class BookieNode:
 
     def start(self) -> None:
         if self.home is not None:
+            if self.refused is not None:
+                return
             if self.bookie is not None:
                 self._real_errors += self.bookie.errors  # type: ignore[union-attr]
-            self.bookie = RealSimBookie(self.name, self._loop, self._rng, self.home, self._store.ledgers,
-                                        key_check_for(self._password), group_wait_s=0.001, fsync_s=(0.0002, 0.003),
-                                        read_s=(0.00005, 0.0005), page_cache=self.page_cache)
+            try:
+                bookie = RealSimBookie(self.name, self._loop, self._rng, self.home, self._store.ledgers,
+                                       key_check_for(self._password), group_wait_s=0.001, fsync_s=(0.0002, 0.003),
+                                       read_s=(0.00005, 0.0005), page_cache=self.page_cache,
+                                       registration=self._store.registration, check_keys=self.check_keys)
+            except CookieError as e:  # the dead incarnation stays (not alive): the node is down
+                self.refused = str(e)
+                self.lost = True
+                return
+            self.bookie = bookie
         else:
             self.bookie = SimBookie(self.name, self._loop, self._rng, self.disk, key_check_for(self._password),
                                     group_wait_s=0.001, fsync_s=(0.0002, 0.003), read_s=(0.00005, 0.0005))
@@ -229,12 +264,46 @@ class BookieNode:
     def held(self, ledger_id: int) -> frozenset[int]:
         """The entries of a ledger this bookie holds durably and intact (what survives a crash)."""
         if isinstance(self.bookie, RealSimBookie):
-            return self.held_entries(ledger_id)
+            held = self.held_entries(ledger_id)
+            return held - {e for lid, e in self.rotted if lid == ledger_id and e in held and not self._intact(lid, e)}
         rec = self.disk.ledgers.get(ledger_id)
         if rec is None or rec.deleted:
             return frozenset()
         bad = self.disk.corrupt
         return frozenset(e for e in rec.entries if (ledger_id, e) not in bad)
+
+    def _intact(self, ledger_id: int, entry_id: int) -> bool:
+        """Does the real bookie read this entry back without a corruption error (a later copy,
+        a journal replay or compaction may have replaced the damaged one)?"""
+        assert isinstance(self.bookie, RealSimBookie)
+        try:
+            self.bookie.bookie.read_entry(ledger_id, entry_id)
+        except CorruptionError:
+            return False
+        return True
+
+    def rot_entry(self, rng: random.Random, spare: Callable[[int, int], bool]) -> tuple[int, int] | None:
+        """The ``corrupt`` fault on a crashed real bookie: one stored entry, drawn from those
+        ``spare(ledger, entry)`` allows, gets a byte of its payload flipped in every entry-log
+        record of it (a rotten sector). Returns it, or None if none was found."""
+        assert self.home is not None
+        records: dict[tuple[int, int], list[tuple[Path, int]]] = {}
+        for path in sorted((self.home / "ledgers").rglob("*.log")):
+            for rec in EntryLogScanner(path.read_bytes(), skip_corrupt=True):
+                if rec.ledger_id >= 0 and rec.entry_id >= 0 and spare(rec.ledger_id, rec.entry_id):
+                    # the entry's last byte (its payload's)
+                    records.setdefault((rec.ledger_id, rec.entry_id), []).append((path, rec.offset + rec.size - 1))
+        if not records:
+            return None
+        key = rng.choice(sorted(records))
+        for path, at in records[key]:
+            with path.open("r+b") as f:
+                f.seek(at)
+                byte = f.read(1)
+                f.seek(at)
+                f.write(bytes([byte[0] ^ 0x20]))
+        self.rotted.add(key)
+        return key
 
     @property
     def up(self) -> bool:
@@ -317,6 +386,8 @@ class BookieNode:
     def restarted(self) -> str:
         """How a restart is written in the history: the bookie's name, and for a real bookie the
         journal records its start replayed."""
+        if self.refused is not None:
+            return f"{self.name} refused to start (its cookie check): it stays down"
         if isinstance(self.bookie, RealSimBookie):
             return f"{self.name} (replayed {self.bookie.replayed} journal records)"
         return self.name
@@ -351,6 +422,15 @@ def _seeded_globals(seed: int, flags: frozenset[str]) -> Iterator[None]:
     stop_at_unhealable = ar_worker._stop_at_unhealable_fragment
     if "stop-at-unhealable-fragment" in flags:
         ar_worker._stop_at_unhealable_fragment = True
+    refuse_wiped = storage_cookies._refuse_wiped_bookie
+    if "start-wiped-bookie" in flags:
+        storage_cookies._refuse_wiped_bookie = False
+    tombstone = storage_upkeep._leave_tombstone
+    if "no-delete-tombstone" in flags:
+        storage_upkeep._leave_tombstone = False
+    check_reads = storage_reads._check_reads
+    if "serve-unchecked-reads" in flags:
+        storage_reads._check_reads = False
     vellum_log = logging.getLogger("vellum")
     level = vellum_log.level
     vellum_log.setLevel(logging.CRITICAL + 1)
@@ -367,6 +447,9 @@ def _seeded_globals(seed: int, flags: frozenset[str]) -> Iterator[None]:
         ar_worker._avoid_registered_bad_bookies = avoid_bad
         ar_worker._stop_at_unhealable_fragment = stop_at_unhealable
         ar_copier._read_from_replaced_bookie = read_from_replaced
+        storage_cookies._refuse_wiped_bookie = refuse_wiped
+        storage_upkeep._leave_tombstone = tombstone
+        storage_reads._check_reads = check_reads
         vellum_log.setLevel(level)
         asyncio_log.setLevel(asyncio_level)
 
@@ -389,6 +472,8 @@ class World:
         if options.power_loss and options.bookie != "real":
             raise ValueError("a power loss is simulated with the real bookie only (--bookie real): the model loses "
                              "everything not synced at every crash already")
+        if "wipe" in options.faults and options.bookie != "real":
+            raise ValueError("the fault wipe needs the real bookie (--bookie real): the model has no cookies")
         if options.bookie == "real" and options.faults & MODEL_ONLY_FAULTS:
             raise ValueError(f"the real bookie does not take the fault(s) "
                              f"{', '.join(sorted(options.faults & MODEL_ONLY_FAULTS))} (they act on the model's "
@@ -422,7 +507,7 @@ class World:
         for i in range(options.bookies):
             home = self.scratch / f"bookie-{i}" if self.scratch is not None else None
             node = BookieNode(f"bookie-{i}:3181", self.loop, node_rng, self.store,
-                              self.history if options.trace else None, home)
+                              self.history if options.trace else None, home, check_keys=options.master_key_check)
             self.nodes.append(node)
             self.net.add_server(node)
         self.clients: list[BookKeeper] = []
@@ -431,6 +516,9 @@ class World:
         # The additions' own generators (seeded by name: drawing from ``rng`` would move every
         # choice made after them)
         self._expiry_rng = random.Random(f"expiry/{seed}")
+        self._wipe_rng = random.Random(f"wipe/{seed}")
+        #: the bookie the ``wipe`` fault emptied (one a run)
+        self.wiped: BookieNode | None = None
         self.autorecovery: SimAutoRecovery | None = None
         #: what ``under-replicated`` judges: where each ledger's entries are at the end (None: not
         #: judged), and whether AutoRecovery settled (None: it did not run)
@@ -552,6 +640,8 @@ class World:
                 self._crash(node, rng if kind == "torn" else None, rng)
                 if "corrupt" in faults and rng.random() < 0.5:
                     self._corrupt_one(node, rng)
+                if "wipe" in faults:
+                    self._wipe(node)
                 await asyncio.sleep(rng.uniform(0.01, 1.0))
                 node.start()
                 self.history.add("nemesis", "restart", value=node.restarted)
@@ -613,6 +703,22 @@ class World:
             self.history.add("nemesis", "fsync-lied",
                              value=f"{node.name}: {unwritten} acknowledged records were never written")
 
+    def _wipe(self, node: BookieNode) -> None:
+        """The ``wipe`` fault: half the time, a crashed real bookie's disks are replaced by empty
+        ones (its journal and ledger dirs emptied, cookies too) before its restart; once a run, and
+        not on a run that lost a bookie for good (two bookies without their data are a double
+        fault). With its cookie check the restart is refused and the bookie stays down."""
+        if self.wiped is not None or any(n.lost for n in self.nodes) or node.home is None:
+            return
+        if self._wipe_rng.random() >= 0.5:
+            return
+        self.wiped = node
+        for sub in ("journal", "ledgers"):
+            shutil.rmtree(node.home / sub, ignore_errors=True)
+        node.page_cache = PageCache()  # what the old disks held in the page cache went with them
+        self.injected["wipe"] += 1
+        self.history.add("nemesis", "wipe", value=node.name)
+
     async def _eio(self, node: BookieNode, rng: random.Random) -> None:
         """An I/O error on ``node``'s disk for a while. Half the time its journal: fail-stop, as
         ``storage/journal.py`` (every pending and later add and fence answered EIO, reads still
@@ -669,8 +775,16 @@ class World:
 
     def _corrupt_one(self, node: BookieNode, rng: random.Random) -> None:
         """A stored entry of ``node`` goes bad (torn or rotten): one copy per entry at most, so
-        every acknowledged entry keeps a good copy (two bad copies would be a double fault)."""
+        every acknowledged entry keeps a good copy (two bad copies would be a double fault). The
+        real bookie: a byte of it flipped in its entry logs (``BookieNode.rot_entry``)."""
         gone = self._held_by_lost()  # a copy on a bookie lost for good is a bad copy too
+        if node.home is not None:  # the real bookie: a byte of its entry logs
+            picked = node.rot_entry(rng, lambda lid, eid: (lid, eid) not in self._corrupted and (lid, eid) not in gone)
+            if picked is not None:
+                self._corrupted.add(picked)
+                self.injected["corrupt"] += 1
+                self.history.add("nemesis", "corrupt", picked[0], picked[1], node.name)
+            return
         candidates = [(lid, eid) for lid, rec in sorted(node.disk.ledgers.items()) if not rec.deleted
                       for eid in sorted(rec.entries) if (lid, eid) not in self._corrupted and (lid, eid) not in gone]
         if not candidates:
@@ -701,18 +815,25 @@ class World:
         if "crash" not in self.options.faults or rng.random() >= self.options.lose_bookie:
             return
         await asyncio.sleep(rng.uniform(0.1, 2.5))  # while the writer writes (a run's writes take seconds)
+        if self.wiped is not None:  # a wiped bookie is down for good already: not a second one
+            return
         # one bad copy per entry at most: not a bookie holding an entry that went bad elsewhere
         candidates = [n for n in self.nodes if n.up and not any(
-            (lid, e) in self._corrupted for lid, rec in n.disk.ledgers.items() for e in rec.entries)]
+            (lid, e) in self._corrupted for lid, rec in n.disk.ledgers.items() for e in rec.entries)
+            and not any(e in n.held_entries(lid) for lid, e in self._corrupted)]
         if not candidates:
             return
         node = rng.choice(candidates)
         node.lost = True
+        if node.home is not None:
+            node.lost_copies = frozenset((int(lid), e) for r in self.store.ledgers.ledger_ranges()
+                                         for lid in r.ledger_ids for e in node.held_entries(int(lid)))
         node.crash()
         self.history.add("nemesis", "lost-for-good", value=node.name)
 
     def _held_by_lost(self) -> set[tuple[int, int]]:
-        return {(lid, e) for n in self.nodes if n.lost for lid, rec in n.disk.ledgers.items() for e in rec.entries}
+        return {(lid, e) for n in self.nodes if n.lost for lid, rec in n.disk.ledgers.items() for e in rec.entries} \
+            | {c for n in self.nodes if n.lost for c in n.lost_copies}
 
     def heal_everything(self) -> None:
         self.net.heal()
@@ -750,6 +871,22 @@ SCENARIOS["silent-bookie"] = SimOptions(
     shape=WorkloadShape(ledgers=2, entries=(40, 80), shapes=((3, 3, 2),), recover_delay_s=(4.0, 5.0),
                         close_probability=1.0, delete_probability=0.0, reader_polls=10,
                         quiet_before_close_s=2.0))
+# A writer that stalls (a long GC pause) halfway through each ledger while the recoverer recovers
+# and deletes it and the bookies' GC removes it, then adds on with its old handle. Meant for the
+# real bookie (``--bookie real``) without ``ledgerMasterKeyCheck`` (a bookie port without
+# authentication): the deleted ledger's tombstone alone must refuse the stale adds
+# (``written-after-delete``). Some ledgers stay (a GC pass deletes nothing while none is listed).
+SCENARIOS["stale-writer"] = SimOptions(
+    autorecovery=False, master_key_check=False,
+    shape=WorkloadShape(ledgers=3, entries=(20, 40), recover_delay_s=(0.1, 0.6), close_probability=0.0,
+                        delete_probability=0.6, reader_polls=5, writer_pause_s=6.0))
+# Crashed bookies whose disks are wiped (``wipe``, real bookie only): more ledgers with an ack
+# quorum below their write quorum, recovered later and rarely deleted, so a wiped bookie's empty
+# answers meet recoveries (the cookie check keeps it down; without it, ``ack-lost``).
+SCENARIOS["wiped-bookie"] = SimOptions(
+    faults=DEFAULT_FAULTS | {"wipe"}, autorecovery=False,
+    shape=WorkloadShape(ledgers=4, entries=(20, 40), shapes=((3, 3, 2), (3, 2, 2), (4, 3, 2)),
+                        recover_delay_s=(0.3, 1.5), close_probability=0.3, delete_probability=0.0))
 SCENARIOS["tailing"] = SimOptions(
     shape=WorkloadShape(ledgers=2, entries=(20, 50), long_poll=True, explicit_lac_ms=50, reader_polls=40))
 

@@ -79,6 +79,9 @@ class WorkloadShape:
     #: than any add timeout: every failed write was noticed); the ledgers it then closes are
     #: judged by ``not-replaced`` (0 = no wait, not judged)
     quiet_before_close_s: float = 0.0
+    #: the writer stalls this long once per ledger, halfway through its adds (a process paused by
+    #: a long GC or swapping), then adds on with the handle it holds (0 = never)
+    writer_pause_s: float = 0.0
 
 
 class Workload:
@@ -146,7 +149,11 @@ class Workload:
         lid = h.ledger_id
         inflight: deque[asyncio.Future[int]] = deque()
         failed = False
-        for _ in range(rng.randint(*self.shape.entries)):
+        count = rng.randint(*self.shape.entries)
+        for i in range(count):
+            if self.shape.writer_pause_s and i == count // 2:
+                history.add("writer", "paused", lid, value=f"{self.shape.writer_pause_s} s")
+                await asyncio.sleep(self.shape.writer_pause_s)
             payload = rng.getrandbits(8 * rng.randint(8, 48)).to_bytes(48, "big")
             self.operations += 1
             fut = h.append_async(payload)

@@ -50,6 +50,10 @@ from vellum.storage.markers import INTEGRITY_CHECK_FILENAME, mark_integrity_chec
 
 log = logging.getLogger(__name__)
 
+#: test flag (the simulator's ``start-wiped-bookie`` regression, docs/verification.md): False
+#: lets a bookie whose every disk was wiped start empty although the store holds its cookie
+_refuse_wiped_bookie = True
+
 # Files the bookie itself may create in a fresh ``current/`` before or while cookies are
 # stamped (the dir lock, the unclean-shutdown marker, a torn stamp); they do not count as data.
 _IGNORED_IN_FRESH_DIR = {".lock", "DIRTY", "DIRTY.tmp", VERSION_FILENAME + ".tmp",
@@ -186,7 +190,7 @@ def check_cookies(
             write_cookie(d, expected)
         return CookieCheck(expected, tuple(all_dirs))
 
-    if not stamped and store_cookie is not None:
+    if not stamped and store_cookie is not None and _refuse_wiped_bookie:
         raise CookieError(
             f"the metadata store holds a cookie for bookie {bookie_id} but none of its directories "
             f"({', '.join(all_dirs)}) has one: every disk of this bookie was wiped or replaced, and "

@@ -23,6 +23,10 @@ from vellum.storage.storage_lock import StorageLock
 from vellum.storage.trimmed_bytes import TrimmedBytes
 from vellum.storage.write_cache import WriteCaches
 
+#: test flag (the simulator's ``no-delete-tombstone`` regression, docs/verification.md): False
+#: deletes a ledger's data from the index instead of leaving a fenced tombstone
+_leave_tombstone = True
+
 
 class StorageUpkeep:
     """Deletes, trims and GC / compaction support of one ledger storage (see the module
@@ -53,7 +57,10 @@ class StorageUpkeep:
                 self._read_cache.evict(ledger_id, None)
                 old = self._data.forget(ledger_id)
             self.locations.delete_ledger(ledger_id)
-            self._data.put_tombstone(ledger_id, old)
+            if _leave_tombstone:
+                self._data.put_tombstone(ledger_id, old)
+            else:
+                self.ledgers_index.delete(ledger_id)
 
     def trim(self, ledger_id: int, end_entry_id: int) -> None:
         """Drop the ledger's entries with id < ``end_entry_id`` (shrink with force)."""
