@@ -44,7 +44,8 @@ from pathlib import Path
 from vellum.bookie.integrity import LimboLedgers, unknown_state
 from vellum.bookie.ledger_keys import LedgerKeys, LedgerState, MasterKeyCheck
 from vellum.bookie.metrics import BookieMetrics
-from vellum.bookie.routing import LedgerRouter, LedgerView
+from vellum.bookie.routing import LedgerRouter
+from vellum.bookie.spanned_ledger import LedgerView
 from vellum.errors import (
     IncorrectParameterError,
     LedgerFencedError,
@@ -341,8 +342,12 @@ class Bookie:
                 storage = router.storage_for_write(ledger_ids[i])
                 by_storage.setdefault(id(storage), (storage, []))[1].append(i)
             groups = list(by_storage.values())
-        if not wait and not self._can_take_now(batch, groups, len(accepted)):
-            return None
+        if not wait:
+            # Would the write caches and the journal queues take these adds without waiting?
+            entries = batch.entries
+            if not (all(storage.can_take(sum(len(entries[i]) for i in positions)) for storage, positions in groups)
+                    and all(j.can_take(len(accepted)) for j in self._journals)):
+                return None
         stored: list[int] = []
         for storage, positions in groups:
             try:
@@ -370,14 +375,6 @@ class Bookie:
         self._advance_lacs(part)
         self._log(part, callback)
         return refused
-
-    def _can_take_now(self, batch: AddBatch, groups: list[tuple[LedgerStorage, list[int]]], count: int) -> bool:
-        """Would the write caches and the journal queues take these adds without waiting?"""
-        entries = batch.entries
-        for storage, positions in groups:
-            if not storage.can_take(sum(len(entries[i]) for i in positions)):
-                return False
-        return all(j.can_take(count) for j in self._journals)
 
     def _advance_lacs(self, batch: AddBatch) -> None:
         """The piggy-backed LACs of stored adds move each ledger's LAC forward."""
