@@ -137,10 +137,10 @@ def test_a_fenced_ledger_continues_fenced_and_presence_answers_in_one_call(tmp_p
         first.set_fenced(3)
         first.set_master_key(4, b"key")
         first.delete_ledger(4)
-        assert tuple(first.presence(3)) == (True, False, 1)
-        assert tuple(first.presence(4)) == (False, True, -1)     # a tombstone
+        assert tuple(first.presence(3))[:3] == (True, False, 1)
+        assert tuple(first.presence(4))[:3] == (False, True, -1)   # a tombstone
         other = storages[1] if first is storages[0] else storages[0]
-        assert tuple(other.presence(3)) == (False, False, -1)    # nothing of it here
+        assert tuple(other.presence(3))[:3] == (False, False, -1)   # nothing of it here
         writable[first.ledger_dir] = False
         second = router.storage_for_write(3)
         assert second is other

@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from vellum.bookie.spanned_ledger import LedgerView, SpannedLedger
-from vellum.storage.ledger_storage import LedgerStorage
+from vellum.storage.ledger_storage import LedgerPresence, LedgerStorage
 
 log = logging.getLogger(__name__)
 
@@ -85,21 +85,26 @@ class LedgerRouter:
             if self._writable(write.ledger_dir):
                 return write
         with self._lock:
+            # Decide first, from one answer per storage, then act once (a move is the only act).
+            facts = self._facts(ledger_id)
             homes = self._homes.get(ledger_id)
             if homes is None:
-                homes = self._find(ledger_id)
+                homes = self._homes_in(facts)
                 if homes is not None:
                     self._homes[ledger_id] = homes
-            if homes is not None:
-                write = homes[-1]
-                if self._writable(write.ledger_dir) or write.is_deleted(ledger_id):
-                    return write  # (a tombstone refuses the write itself)
-                if write.ledger_exists(ledger_id):
-                    return self._move(ledger_id, homes)
-            # New, or chosen earlier but never written: the dir with the fewest active logs.
-            home = self._choose(ledger_id, self._storages)
-            self._homes[ledger_id] = [home]
-            return home
+            target, fresh = self._decide(ledger_id, homes, facts)
+            if homes is None or fresh:
+                # New, or chosen earlier but never written: the dir with the fewest active logs.
+                self._homes[ledger_id] = [target]
+            elif target is not homes[-1]:
+                if target in homes:  # back to a home that is writable again
+                    homes.remove(target)
+                else:
+                    target.continue_ledger(ledger_id, homes)
+                    log.info("ledger %d continues in %s: %s is full", ledger_id, target.ledger_dir,
+                             homes[-1].ledger_dir, extra={"ledger_id": ledger_id})
+                homes.append(target)
+            return target
 
     def storage_of(self, ledger_id: int) -> LedgerStorage:
         """The write home if the ledger is known, else where it would be created (journal
@@ -116,52 +121,60 @@ class LedgerRouter:
         homes = self._homes.get(ledger_id)
         if homes is not None:
             return homes
-        found = self._find(ledger_id)
+        found = self._homes_in(self._facts(ledger_id))
         if found is None:
             return None
         with self._lock:
             return self._homes.setdefault(ledger_id, found)
 
-    def _find(self, ledger_id: int) -> list[LedgerStorage] | None:
-        """The ledger's homes from one ``presence`` answer per storage, or None (known nowhere)."""
-        known = [(s, s.presence(ledger_id)) for s in self._storages]
-        live = [(s, p) for s, p in known if p.live]
-        tombstones = [s for s, p in known if p.deleted]
-        if tombstones:
-            # A ledger spanning dirs whose delete reached one dir's GC first is deleted: its
-            # tombstone answers (refuses writes), not the dir that still holds its entries.
-            return [tombstones[0]]
+    def _facts(self, ledger_id: int) -> dict[int, LedgerPresence]:
+        """What each storage holds of the ledger: one ``presence`` question per storage."""
+        return {id(s): s.presence(ledger_id) for s in self._storages}
+
+    def _homes_in(self, facts: dict[int, LedgerPresence]) -> list[LedgerStorage] | None:
+        """The ledger's homes (write home last) from its ``facts``, or None (known nowhere)."""
+        storages = self._storages
+        for s in storages:
+            if facts[id(s)].deleted:
+                # A ledger spanning dirs whose delete reached one dir's GC first is deleted: its
+                # tombstone answers (refuses writes), not the dir that still holds its entries.
+                return [s]
+        live = [s for s in storages if facts[id(s)].live]
         if not live:
             return None
         if len(live) > 1:
             # Continued across dirs: write where it is writable and holds the newest entry.
-            live.sort(key=lambda sp: (self._writable(sp[0].ledger_dir), sp[1].last_entry_id))
-        return [s for s, _p in live]
+            live.sort(key=lambda s: (self._writable(s.ledger_dir), facts[id(s)].last_entry_id))
+        return live
 
-    def _choose(self, ledger_id: int, among: Sequence[LedgerStorage]) -> LedgerStorage:
+    def _decide(self, ledger_id: int, homes: list[LedgerStorage] | None,
+                facts: dict[int, LedgerPresence]) -> tuple[LedgerStorage, bool]:
+        """Where the ledger's next write goes (no storage is asked or changed here): its write
+        home while writable (or a tombstone, which refuses the write itself); else a writable
+        home; else, for a ledger with data, a new writable home (nowhere writable: the write
+        home); else (new, or chosen earlier but never written: ``fresh``, True) the writable dir
+        with the fewest active logs."""
+        if homes is not None:
+            write = homes[-1]
+            if self._writable(write.ledger_dir) or facts[id(write)].deleted:
+                return write, False
+            if facts[id(write)].live:
+                for home in homes:
+                    if self._writable(home.ledger_dir):
+                        return home, False
+                others = [s for s in self._storages if s not in homes]
+                target = self._choose(ledger_id, others, facts) if others else write
+                # nowhere to go: the bookie turns read-only when all are full
+                return (target if self._writable(target.ledger_dir) else write), False
+        return self._choose(ledger_id, self._storages, facts), True
+
+    def _choose(self, ledger_id: int, among: Sequence[LedgerStorage],
+                facts: dict[int, LedgerPresence]) -> LedgerStorage:
         writable = [s for s in among if self._writable(s.ledger_dir)]
         if not writable:
             # Every dir is full: the bookie is read-only and only recovery adds come; they go
             # to the ledger's configured-order default rather than fail.
             return among[ledger_id % len(among)]
-        counts = [(s.active_log_count(), s) for s in writable]
-        fewest = min(c for c, _s in counts)
-        ties = [s for c, s in counts if c == fewest]
+        fewest = min(facts[id(s)].active_logs for s in writable)
+        ties = [s for s in writable if facts[id(s)].active_logs == fewest]
         return ties[ledger_id % len(ties)]
-
-    def _move(self, ledger_id: int, homes: list[LedgerStorage]) -> LedgerStorage:
-        """The write home's dir is full: continue in a writable home, or a new one."""
-        for i, home in enumerate(homes):
-            if self._writable(home.ledger_dir):
-                homes.append(homes.pop(i))
-                return home
-        others = [s for s in self._storages if s not in homes]
-        target = self._choose(ledger_id, others) if others else homes[-1]
-        if target in homes or not self._writable(target.ledger_dir):
-            return homes[-1]  # nowhere to go: the bookie turns read-only when all are full
-        old = homes[-1]
-        target.continue_ledger(ledger_id, homes)
-        homes.append(target)
-        log.info("ledger %d continues in %s: %s is full", ledger_id, target.ledger_dir, old.ledger_dir,
-                 extra={"ledger_id": ledger_id})
-        return target

@@ -68,6 +68,7 @@ class LedgerPresence(NamedTuple):
     live: bool  #: its ledgers index holds the ledger (not deleted)
     deleted: bool  #: its ledgers index holds the ledger's tombstone
     last_entry_id: int  #: the greatest entry id held here (-1: none, or not live)
+    active_logs: int  #: entry logs active in this dir (``active_log_count``), for a new home
 
 
 class LedgerStorage:
@@ -223,7 +224,7 @@ class LedgerStorage:
         data = self._data.record(ledger_id)
         live = data is not None and data.exists
         return LedgerPresence(live, data is not None and not data.exists,
-                              self.get_last_entry_id(ledger_id) if live else -1)
+                              self.get_last_entry_id(ledger_id) if live else -1, self.active_log_count())
 
     def ledger_record(self, ledger_id: int) -> LedgerData | None:
         """The ledger's data as this dir holds it (live, or its tombstone), or None."""
