@@ -120,3 +120,32 @@ def test_a_spanning_ledger_deleted_in_one_dir_refuses_writes_in_the_other(tmp_pa
     finally:
         for s in storages:
             s.close()
+
+
+def test_a_fenced_ledger_continues_fenced_and_presence_answers_in_one_call(tmp_path: Path) -> None:
+    """A new write home takes the ledger's fence with its key and explicit LAC (a fenced ledger
+    must stay fenced in every home, rule 3 of docs/correctness.md); ``presence`` is what routing
+    learns of a dir in one call."""
+    storages = [_storage(tmp_path / f"l{i}") for i in range(2)]
+    writable = {s.ledger_dir: True for s in storages}
+    try:
+        router = LedgerRouter(storages, lambda d: writable[d])
+        first = router.storage_for_write(3)
+        first.set_master_key(3, b"key")
+        first.add_entry(_entry(3, 0))
+        first.add_entry(_entry(3, 1))
+        first.set_fenced(3)
+        first.set_master_key(4, b"key")
+        first.delete_ledger(4)
+        assert tuple(first.presence(3))[:3] == (True, False, 1)
+        assert tuple(first.presence(4))[:3] == (False, True, -1)   # a tombstone
+        other = storages[1] if first is storages[0] else storages[0]
+        assert tuple(other.presence(3))[:3] == (False, False, -1)   # nothing of it here
+        writable[first.ledger_dir] = False
+        second = router.storage_for_write(3)
+        assert second is other
+        assert second.get_master_key(3) == b"key" and second.is_fenced(3)
+        assert second.get_explicit_lac(3) is None
+    finally:
+        for s in storages:
+            s.close()

@@ -409,11 +409,11 @@ def test_write_failure_is_fail_stop(tmp_path: Path) -> None:
     acks = Acks()
     j.log_entry(1, 0, entry(1, 0), acks.cb(0))
     acks.wait(1)
-    os.close(j._fd)  # the next pwrite fails with EBADF
+    os.close(j._file.fd)  # the next pwrite fails with EBADF
     j.log_entry(1, 1, entry(1, 1), acks.cb(1))
     res = acks.wait(2)[1]
     assert isinstance(res[1], StorageError) and "write of journal" in str(res[1])
-    j._fd = -1  # already closed above
+    j._file.fd = -1  # already closed above
     j.shutdown()
 
 
@@ -570,7 +570,7 @@ def test_big_group_commits_switch_the_filler_to_allocation(tmp_path: Path) -> No
     for i in range(20):
         small.log_entry(1, i, entry(1, i, 100), acks.cb(i))
         acks.wait(i + 1)  # one small record per fsync
-    assert small._filler is not None and not small._filler.allocates()
+    assert small._file.filler is not None and not small._file.filler.allocates()
     small.shutdown()
 
     big = make(tmp_path / "big", prealloc_size_mb=1, max_group_wait_ms=50, buffered_writes_threshold=4 << 20,
@@ -584,7 +584,7 @@ def test_big_group_commits_switch_the_filler_to_allocation(tmp_path: Path) -> No
         big.log_entry(1, i, entries[i], acks.cb(i))
         if i % 8 == 7:
             acks.wait(i + 1)
-    assert big._filler is not None
-    assert big._filler.bytes_per_sync > ZeroFiller.FALLOCATE_ABOVE_BYTES_PER_SYNC
-    assert big._filler.allocates()
+    assert big._file.filler is not None
+    assert big._file.filler.bytes_per_sync > ZeroFiller.FALLOCATE_ABOVE_BYTES_PER_SYNC
+    assert big._file.filler.allocates()
     big.shutdown()

@@ -123,7 +123,7 @@ def test_every_direct_write_is_aligned(direct_io_dir: Path) -> None:
     alignment = 4096
     j = make(direct_io_dir, alignment=alignment, direct_io=True, write_buffer_size_kb=64)
     j.start()
-    appender = j._appender
+    appender = j._file.appender
     assert appender is not None and j.direct_io
     seen: list[tuple[int, int, int]] = []
     real = appender._pwrite

@@ -15,13 +15,8 @@ Invariants (rules 1, 3, 4, 7 of docs/correctness.md):
   covers it; the entry is put in the write cache before it is journaled, so a checkpoint mark
   taken after the journal write never skips it;
 - the master key of a ledger is fixed by its first add, fence or explicit LAC; a different key
-  is refused (compared in constant time). With a ``master_key_check`` (the composition root's
-  view of the ledger metadata) a ledger this bookie has not seen gets a key only if its
-  metadata exists and its password gives that key: a client cannot claim a ledger id before
-  its owner. A refused key is never stored; a check that cannot be made (metadata store
-  unreachable) refuses that request with a retryable error (back-pressure) and stores nothing.
-  The check runs once per ledger per bookie process (a metadata read); afterwards the key is
-  known (cached, and persisted by ledger storage and the journal);
+  is refused, and a ledger new here gets a key only once its metadata gives it
+  (``master_key_check``): ``bookie/ledger_keys.py`` (``LedgerKeys``) keeps that role;
 - a fence is acknowledged only after the fence record is durable in the journal; once fenced,
   normal adds are refused (recovery adds are still accepted);
 - a read-only bookie refuses normal adds but serves reads, fences and recovery adds;
@@ -42,21 +37,20 @@ import logging
 import shutil
 import struct
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from vellum.bookie.integrity import LimboLedgers, unknown_state
+from vellum.bookie.ledger_keys import LedgerKeys, LedgerState, MasterKeyCheck
 from vellum.bookie.metrics import BookieMetrics
-from vellum.bookie.routing import LedgerRouter, LedgerView
+from vellum.bookie.routing import LedgerRouter
+from vellum.bookie.spanned_ledger import LedgerView
 from vellum.errors import (
     IncorrectParameterError,
     LedgerFencedError,
     NoSuchEntryError,
     NoSuchLedgerError,
-    OperationRejectedError,
-    UnauthorizedAccessError,
     UnknownLedgerStateError,
     VellumError,
     WriteOnReadOnlyBookieError,
@@ -74,23 +68,7 @@ from vellum.storage.ledger_storage import LedgerStorage
 log = logging.getLogger(__name__)
 
 Callback = Callable[[BaseException | None], None]
-#: ``check(ledger_id, master_key)``: does the ledger's metadata exist and give this master key?
-#: Raises when it cannot tell (metadata store unreachable). Injected: the bookie never imports meta/.
-MasterKeyCheck = Callable[[int, bytes], bool]
-#: at most one "cannot check a master key" warning per this many seconds
-_CHECK_WARN_INTERVAL_S = 10.0
 _IDS = struct.Struct(">qqq")  # ledgerId, entryId, lac: the first 24 bytes of a stored entry
-
-
-class _LedgerState:
-    """What every add checks, cached so the hot path does one dict lookup: the master key and
-    the fenced flag (both also persisted by ledger storage and the journal)."""
-
-    __slots__ = ("fenced", "master_key")
-
-    def __init__(self, master_key: bytes, fenced: bool) -> None:
-        self.master_key = master_key
-        self.fenced = fenced
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,10 +161,8 @@ class Bookie:
         self._read_only_mode_enabled = read_only_mode_enabled
         self._forced_read_only = force_read_only
         self._disk_read_only = False
-        self._key_lock = threading.Lock()
-        self._ledger_state: dict[int, _LedgerState] = {}
-        self._master_key_check = master_key_check
-        self._check_warned_at = float("-inf")
+        #: the master key and fence flag of every ledger known here (one role: ``LedgerKeys``)
+        self._keys = LedgerKeys(self._router, self._journal, master_key_check)
         self._lacs = _LacWaiters()
         #: ledgers whose data this bookie may have lost (rule 12 of docs/correctness.md), from the storages' flags
         self.limbo = LimboLedgers(self._router, self._storages)
@@ -247,80 +223,14 @@ class Bookie:
         return tuple(self._journals)
 
     # --------------------------------------------------------------------------------------- add
-    def _ledger(self, ledger_id: int, master_key: bytes) -> _LedgerState:
-        """The ledger's cached state after checking its master key. A ledger this bookie has
-        not seen is created with that key (once ``master_key_check`` accepts it), and the key
-        is journaled, queued before anything else of the ledger so that replay always meets
-        the key first."""
-        state = self._ledger_state.get(ledger_id)
-        if state is None:
-            state = self._load_ledger(ledger_id, master_key)
-        if not hmac.compare_digest(state.master_key, master_key):
-            raise UnauthorizedAccessError(f"wrong master key for ledger {ledger_id}")
-        return state
+    def _ledger(self, ledger_id: int, master_key: bytes) -> LedgerState:
+        """The ledger's state after its master key check (``LedgerKeys.state``)."""
+        return self._keys.state(ledger_id, master_key)
 
     def needs_key_check(self, ledger_id: int) -> bool:
         """Could a request for this ledger cost a metadata read (``master_key_check`` of a
         ledger not known in memory)? ``AsyncBookie`` then keeps it off the event loop."""
-        return self._master_key_check is not None and ledger_id not in self._ledger_state
-
-    def _load_ledger(self, ledger_id: int, master_key: bytes) -> _LedgerState:
-        with self._key_lock:
-            state = self._known_ledger(ledger_id, master_key, checked=self._master_key_check is None)
-        if state is not None:
-            return state
-        # A ledger this bookie has never seen: the key must be its owner's. The metadata read
-        # happens outside the lock (other ledgers' first requests do not wait for it).
-        self._check_new_key(ledger_id, master_key)
-        with self._key_lock:
-            state = self._known_ledger(ledger_id, master_key, checked=True)
-        assert state is not None
-        return state
-
-    def _known_ledger(self, ledger_id: int, master_key: bytes, *, checked: bool) -> _LedgerState | None:
-        """Under ``_key_lock``: the ledger's state from the cache or its storage; if it has
-        none, set ``master_key`` when ``checked``, else None. Raises LedgerFencedError for a
-        deleted ledger (its tombstone). The state is made before anything is asked of the
-        storage and cached only once the storage (and, for a new key, the journal) has it."""
-        state = self._ledger_state.get(ledger_id)
-        if state is not None:
-            return state
-        state = _LedgerState(master_key, fenced=False)  # as a ledger new here; a stored one keeps its own
-        router = self._router
-        stored = router.view(ledger_id).get_master_key(ledger_id)
-        if stored is not None:
-            state.master_key = stored
-        elif not checked:
-            return None
-        else:
-            router.storage_for_write(ledger_id).set_master_key(ledger_id, master_key)
-        state.fenced = router.view(ledger_id).is_fenced(ledger_id)
-        if stored is None:
-            self._journal(ledger_id).log_master_key(ledger_id, master_key, _ignore_ok)
-        self._ledger_state[ledger_id] = state
-        return state
-
-    def _check_new_key(self, ledger_id: int, master_key: bytes) -> None:
-        """Raise unless ``master_key_check`` says the ledger's metadata gives ``master_key``."""
-        assert self._master_key_check is not None
-        try:
-            accepted = self._master_key_check(ledger_id, master_key)
-        except Exception as e:
-            now = time.monotonic()
-            if now - self._check_warned_at >= _CHECK_WARN_INTERVAL_S:
-                self._check_warned_at = now
-                log.warning("cannot check the master key of ledger %d against its metadata (%s): its first "
-                            "requests here are refused as retryable until the metadata store answers", ledger_id, e,
-                            extra={"ledger_id": ledger_id})
-            raise OperationRejectedError(
-                f"cannot check the master key of ledger {ledger_id} against its metadata now ({type(e).__name__}); "
-                "retry"
-            ) from None
-        if not accepted:
-            raise UnauthorizedAccessError(
-                f"master key refused for ledger {ledger_id}: its metadata does not exist or its password does not "
-                "give this key (ledgerMasterKeyCheck)"
-            )
+        return self._keys.needs_check(ledger_id)
 
     def _judge(self, entry: BytesLike, ledger_id: int, entry_id: int, master_key: bytes, recovery: bool) -> None:
         """Why an add is refused (raised), for an add the fast path of ``_admit`` did not take:
@@ -362,7 +272,7 @@ class Bookie:
         refused: list[BaseException | None] = [None] * n
         accepted: list[int] = []
         read_only = self._forced_read_only or self._disk_read_only
-        states = self._ledger_state
+        states = self._keys.states
         compare_digest = hmac.compare_digest
         keys, flags = batch.keys, batch.flags
         for i, ledger_id, entry_id in zip(range(n), batch.ledger_ids, batch.entry_ids):
@@ -432,8 +342,12 @@ class Bookie:
                 storage = router.storage_for_write(ledger_ids[i])
                 by_storage.setdefault(id(storage), (storage, []))[1].append(i)
             groups = list(by_storage.values())
-        if not wait and not self._can_take_now(batch, groups, len(accepted)):
-            return None
+        if not wait:
+            # Would the write caches and the journal queues take these adds without waiting?
+            entries = batch.entries
+            if not (all(storage.can_take(sum(len(entries[i]) for i in positions)) for storage, positions in groups)
+                    and all(j.can_take(len(accepted)) for j in self._journals)):
+                return None
         stored: list[int] = []
         for storage, positions in groups:
             try:
@@ -461,14 +375,6 @@ class Bookie:
         self._advance_lacs(part)
         self._log(part, callback)
         return refused
-
-    def _can_take_now(self, batch: AddBatch, groups: list[tuple[LedgerStorage, list[int]]], count: int) -> bool:
-        """Would the write caches and the journal queues take these adds without waiting?"""
-        entries = batch.entries
-        for storage, positions in groups:
-            if not storage.can_take(sum(len(entries[i]) for i in positions)):
-                return False
-        return all(j.can_take(count) for j in self._journals)
 
     def _advance_lacs(self, batch: AddBatch) -> None:
         """The piggy-backed LACs of stored adds move each ledger's LAC forward."""
@@ -536,16 +442,16 @@ class Bookie:
         self._journal(ledger_id).log_fence(ledger_id, callback)
 
     def is_fenced(self, ledger_id: int) -> bool:
-        state = self._ledger_state.get(ledger_id)
+        state = self._keys.states.get(ledger_id)
         return state.fenced if state is not None else self._storage(ledger_id).is_fenced(ledger_id)
 
     # ------------------------------------------------------------------------------------ limbo
     def mark_limbo(self, ledger_id: int, master_key: bytes) -> bool:
         """Make the ledger limbo and fenced (``bookie/integrity.py``); durable at the next
         checkpoint. False if it was deleted here."""
-        with self._key_lock:
+        with self._keys.lock:
             marked = self.limbo.mark(ledger_id, master_key)
-            state = self._ledger_state.get(ledger_id)
+            state = self._keys.states.get(ledger_id)
             if state is not None:
                 state.fenced = True
         return marked
@@ -699,16 +605,15 @@ class Bookie:
 
     def delete_ledger(self, ledger_id: int) -> None:
         """Remove a ledger's entries and state (GC: the ledger is gone from metadata)."""
-        with self._key_lock:
-            self._ledger_state.pop(ledger_id, None)
+        with self._keys.lock:
+            self._keys.states.pop(ledger_id, None)
             self._storage(ledger_id).delete_ledger(ledger_id)
         self._lacs.forget(ledger_id)
         self.limbo.forget(ledger_id)
 
     def forget_ledger(self, ledger_id: int) -> None:
         """Drop the cached state of a ledger that GC removed from storage."""
-        with self._key_lock:
-            self._ledger_state.pop(ledger_id, None)
+        self._keys.forget(ledger_id)
         self._lacs.forget(ledger_id)
         self._router.forget(ledger_id)
         self.limbo.forget(ledger_id)
@@ -765,7 +670,3 @@ class Bookie:
             for storage in self._storages:
                 storage.close()
 
-
-def _ignore_ok(exc: BaseException | None) -> None:
-    if exc is not None:
-        log.error("journal write of a ledger master key failed: %s", exc)

@@ -36,7 +36,8 @@ import logging
 import threading
 from collections.abc import Iterable, Sequence
 
-from vellum.bookie.routing import LedgerRouter, LedgerView
+from vellum.bookie.routing import LedgerRouter
+from vellum.bookie.spanned_ledger import LedgerView
 from vellum.errors import (
     LedgerFencedError,
     NoSuchEntryError,

@@ -20,7 +20,8 @@ delete). The last home is its *write home*, where new entries go; every home is 
 
 Invariants: a ledger known to a storage is always read from it, whatever the number of dirs and
 whichever is full; no read of a ledger answers "no such entry" while another home of the ledger
-holds the entry; with one dir there is nothing to choose. Thread-safe.
+holds the entry; with one dir there is nothing to choose. Thread-safe. What a ledger held in
+several homes answers (``SpannedLedger``) is ``bookie/spanned_ledger.py``'s.
 """
 
 from __future__ import annotations
@@ -29,36 +30,11 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Protocol
 
-from vellum.errors import NoSuchEntryError
-from vellum.ids import INVALID_ENTRY_ID, LAST_ADD_CONFIRMED
-from vellum.storage.ledger_storage import LedgerStorage, Stored
+from vellum.bookie.spanned_ledger import LedgerView, SpannedLedger
+from vellum.storage.ledger_storage import LedgerPresence, LedgerStorage
 
 log = logging.getLogger(__name__)
-
-
-class LedgerView(Protocol):
-    """What the bookie asks of the storage(s) of one ledger (a ``LedgerStorage`` is one)."""
-
-    def get_entry(self, ledger_id: int, entry_id: int, *, read_ahead: bool = True,
-                  report_corrupt: bool = True) -> Stored: ...
-    def get_entries(self, ledger_id: int, first: int, max_count: int, max_bytes: int) -> list[Stored]: ...
-    def get_strided(self, ledger_id: int, first: int, stride: int, max_count: int,
-                    max_bytes: int) -> list[Stored]: ...
-    def get_cached_entry(self, ledger_id: int, entry_id: int) -> Stored | None: ...
-    def get_last_entry_id(self, ledger_id: int) -> int: ...
-    def entry_ids(self, ledger_id: int) -> list[int]: ...
-    def ledger_exists(self, ledger_id: int) -> bool: ...
-    def is_deleted(self, ledger_id: int) -> bool: ...
-    def get_master_key(self, ledger_id: int) -> bytes | None: ...
-    def is_fenced(self, ledger_id: int) -> bool: ...
-    def set_fenced(self, ledger_id: int) -> bool: ...
-    def get_explicit_lac(self, ledger_id: int) -> bytes | None: ...
-    def set_explicit_lac(self, ledger_id: int, body: bytes) -> None: ...
-    def trim(self, ledger_id: int, end_entry_id: int) -> None: ...
-    def note_ledger_closed(self, ledger_id: int) -> None: ...
-    def delete_ledger(self, ledger_id: int) -> None: ...
 
 
 class LedgerRouter:
@@ -109,21 +85,26 @@ class LedgerRouter:
             if self._writable(write.ledger_dir):
                 return write
         with self._lock:
+            # Decide first, from one answer per storage, then act once (a move is the only act).
+            facts = self._facts(ledger_id)
             homes = self._homes.get(ledger_id)
             if homes is None:
-                homes = self._find(ledger_id)
+                homes = self._homes_in(facts)
                 if homes is not None:
                     self._homes[ledger_id] = homes
-            if homes is not None:
-                write = homes[-1]
-                if self._writable(write.ledger_dir) or write.is_deleted(ledger_id):
-                    return write  # (a tombstone refuses the write itself)
-                if write.ledger_exists(ledger_id):
-                    return self._move(ledger_id, homes)
-            # New, or chosen earlier but never written: the dir with the fewest active logs.
-            home = self._choose(ledger_id, self._storages)
-            self._homes[ledger_id] = [home]
-            return home
+            target, fresh = self._decide(ledger_id, homes, facts)
+            if homes is None or fresh:
+                # New, or chosen earlier but never written: the dir with the fewest active logs.
+                self._homes[ledger_id] = [target]
+            elif target is not homes[-1]:
+                if target in homes:  # back to a home that is writable again
+                    homes.remove(target)
+                else:
+                    target.continue_ledger(ledger_id, homes)
+                    log.info("ledger %d continues in %s: %s is full", ledger_id, target.ledger_dir,
+                             homes[-1].ledger_dir, extra={"ledger_id": ledger_id})
+                homes.append(target)
+            return target
 
     def storage_of(self, ledger_id: int) -> LedgerStorage:
         """The write home if the ledger is known, else where it would be created (journal
@@ -140,178 +121,60 @@ class LedgerRouter:
         homes = self._homes.get(ledger_id)
         if homes is not None:
             return homes
-        found = self._find(ledger_id)
+        found = self._homes_in(self._facts(ledger_id))
         if found is None:
             return None
         with self._lock:
             return self._homes.setdefault(ledger_id, found)
 
-    def _find(self, ledger_id: int) -> list[LedgerStorage] | None:
-        live = [s for s in self._storages if s.ledger_exists(ledger_id)]
-        if live and len(live) < len(self._storages):
-            # A ledger spanning dirs whose delete reached one dir's GC first is deleted: its
-            # tombstone answers (refuses writes), not the dir that still holds its entries.
-            for s in self._storages:
-                if s not in live and s.is_deleted(ledger_id):
-                    return [s]
-        if live:
-            if len(live) > 1:
-                # Continued across dirs: write where it is writable and holds the newest entry.
-                live.sort(key=lambda s: (self._writable(s.ledger_dir), s.get_last_entry_id(ledger_id)))
-            return live
-        for s in self._storages:
-            if s.is_deleted(ledger_id):
-                return [s]
-        return None
+    def _facts(self, ledger_id: int) -> dict[int, LedgerPresence]:
+        """What each storage holds of the ledger: one ``presence`` question per storage."""
+        return {id(s): s.presence(ledger_id) for s in self._storages}
 
-    def _choose(self, ledger_id: int, among: Sequence[LedgerStorage]) -> LedgerStorage:
+    def _homes_in(self, facts: dict[int, LedgerPresence]) -> list[LedgerStorage] | None:
+        """The ledger's homes (write home last) from its ``facts``, or None (known nowhere)."""
+        storages = self._storages
+        for s in storages:
+            if facts[id(s)].deleted:
+                # A ledger spanning dirs whose delete reached one dir's GC first is deleted: its
+                # tombstone answers (refuses writes), not the dir that still holds its entries.
+                return [s]
+        live = [s for s in storages if facts[id(s)].live]
+        if not live:
+            return None
+        if len(live) > 1:
+            # Continued across dirs: write where it is writable and holds the newest entry.
+            live.sort(key=lambda s: (self._writable(s.ledger_dir), facts[id(s)].last_entry_id))
+        return live
+
+    def _decide(self, ledger_id: int, homes: list[LedgerStorage] | None,
+                facts: dict[int, LedgerPresence]) -> tuple[LedgerStorage, bool]:
+        """Where the ledger's next write goes (no storage is asked or changed here): its write
+        home while writable (or a tombstone, which refuses the write itself); else a writable
+        home; else, for a ledger with data, a new writable home (nowhere writable: the write
+        home); else (new, or chosen earlier but never written: ``fresh``, True) the writable dir
+        with the fewest active logs."""
+        if homes is not None:
+            write = homes[-1]
+            if self._writable(write.ledger_dir) or facts[id(write)].deleted:
+                return write, False
+            if facts[id(write)].live:
+                for home in homes:
+                    if self._writable(home.ledger_dir):
+                        return home, False
+                others = [s for s in self._storages if s not in homes]
+                target = self._choose(ledger_id, others, facts) if others else write
+                # nowhere to go: the bookie turns read-only when all are full
+                return (target if self._writable(target.ledger_dir) else write), False
+        return self._choose(ledger_id, self._storages, facts), True
+
+    def _choose(self, ledger_id: int, among: Sequence[LedgerStorage],
+                facts: dict[int, LedgerPresence]) -> LedgerStorage:
         writable = [s for s in among if self._writable(s.ledger_dir)]
         if not writable:
             # Every dir is full: the bookie is read-only and only recovery adds come; they go
             # to the ledger's configured-order default rather than fail.
             return among[ledger_id % len(among)]
-        counts = [(s.active_log_count(), s) for s in writable]
-        fewest = min(c for c, _s in counts)
-        ties = [s for c, s in counts if c == fewest]
+        fewest = min(facts[id(s)].active_logs for s in writable)
+        ties = [s for s in writable if facts[id(s)].active_logs == fewest]
         return ties[ledger_id % len(ties)]
-
-    def _move(self, ledger_id: int, homes: list[LedgerStorage]) -> LedgerStorage:
-        """The write home's dir is full: continue in a writable home, or a new one."""
-        for i, home in enumerate(homes):
-            if self._writable(home.ledger_dir):
-                homes.append(homes.pop(i))
-                return home
-        others = [s for s in self._storages if s not in homes]
-        target = self._choose(ledger_id, others) if others else homes[-1]
-        if target in homes or not self._writable(target.ledger_dir):
-            return homes[-1]  # nowhere to go: the bookie turns read-only when all are full
-        old = homes[-1]
-        key = old.get_master_key(ledger_id)
-        if key is not None:  # (a ledger known by entries alone is made known by its next one)
-            target.set_master_key(ledger_id, key)
-        fenced = any(h.ledger_exists(ledger_id) and h.is_fenced(ledger_id) for h in homes)
-        if fenced and target.ledger_exists(ledger_id):
-            target.set_fenced(ledger_id)
-        lac = old.get_explicit_lac(ledger_id)
-        if lac is not None and target.ledger_exists(ledger_id):
-            target.set_explicit_lac(ledger_id, lac)
-        homes.append(target)
-        log.info("ledger %d continues in %s: %s is full", ledger_id, target.ledger_dir, old.ledger_dir,
-                 extra={"ledger_id": ledger_id})
-        return target
-
-
-class SpannedLedger:
-    """A ledger held in several storages (continued after a dir filled): reads look in every
-    home, changes of its state go to every home. Write home last in ``homes``."""
-
-    def __init__(self, homes: list[LedgerStorage]) -> None:
-        self._homes = homes
-        self._newest_first = homes[::-1]
-
-    def get_entry(self, ledger_id: int, entry_id: int, *, read_ahead: bool = True,
-                  report_corrupt: bool = True) -> Stored:
-        if entry_id == LAST_ADD_CONFIRMED:
-            entry_id = self.get_last_entry_id(ledger_id)
-            if entry_id == INVALID_ENTRY_ID:
-                raise NoSuchEntryError(f"ledger {ledger_id} has no entry in any of its ledger dirs")
-        missing: NoSuchEntryError | None = None
-        for home in self._newest_first:
-            try:
-                return home.get_entry(ledger_id, entry_id, read_ahead=read_ahead,
-                                      report_corrupt=report_corrupt)
-            except NoSuchEntryError as exc:
-                missing = exc
-        assert missing is not None
-        raise missing
-
-    def get_entries(self, ledger_id: int, first: int, max_count: int, max_bytes: int) -> list[Stored]:
-        return self.get_strided(ledger_id, first, 1, max_count, max_bytes)
-
-    def get_strided(self, ledger_id: int, first: int, stride: int, max_count: int,
-                    max_bytes: int) -> list[Stored]:
-        """Runs from each home in turn, each continuing where the previous one stopped."""
-        out: list[Stored] = []
-        size = 0
-        nxt = first
-        while max_count <= 0 or len(out) < max_count:
-            left = max_count - len(out) if max_count > 0 else 0
-            budget = max_bytes - size if max_bytes > 0 else 0
-            if max_bytes > 0 and out and budget <= 0:
-                break
-            best: list[Stored] = []
-            for home in self._newest_first:
-                try:
-                    got = home.get_strided(ledger_id, nxt, stride, left, budget)
-                except NoSuchEntryError:
-                    continue
-                if len(got) > len(best):
-                    best = got
-            if not best:
-                if not out:
-                    self.get_entry(ledger_id, first)  # raises what no home holds
-                break
-            if out and max_bytes > 0 and size + len(best[0]) > max_bytes:
-                break
-            out.extend(best)
-            size += sum(len(e) for e in best)
-            nxt += stride * len(best)
-        return out
-
-    def get_cached_entry(self, ledger_id: int, entry_id: int) -> Stored | None:
-        for home in self._newest_first:
-            found = home.get_cached_entry(ledger_id, entry_id)
-            if found is not None:
-                return found
-        return None
-
-    def get_last_entry_id(self, ledger_id: int) -> int:
-        return max(h.get_last_entry_id(ledger_id) for h in self._homes)
-
-    def entry_ids(self, ledger_id: int) -> list[int]:
-        ids: set[int] = set()
-        for home in self._homes:
-            ids.update(home.entry_ids(ledger_id))
-        return sorted(ids)
-
-    def ledger_exists(self, ledger_id: int) -> bool:
-        return any(h.ledger_exists(ledger_id) for h in self._homes)
-
-    def is_deleted(self, ledger_id: int) -> bool:
-        return any(h.is_deleted(ledger_id) for h in self._homes)
-
-    def get_master_key(self, ledger_id: int) -> bytes | None:
-        for home in self._homes:
-            key = home.get_master_key(ledger_id)
-            if key is not None:
-                return key
-        return None
-
-    def is_fenced(self, ledger_id: int) -> bool:
-        return any(h.is_fenced(ledger_id) for h in self._homes)
-
-    def set_fenced(self, ledger_id: int) -> bool:
-        changed = [h.set_fenced(ledger_id) for h in self._homes]
-        return any(changed)
-
-    def get_explicit_lac(self, ledger_id: int) -> bytes | None:
-        for home in self._newest_first:
-            lac = home.get_explicit_lac(ledger_id)
-            if lac is not None:
-                return lac
-        return None
-
-    def set_explicit_lac(self, ledger_id: int, body: bytes) -> None:
-        self._homes[-1].set_explicit_lac(ledger_id, body)
-
-    def trim(self, ledger_id: int, end_entry_id: int) -> None:
-        for home in self._homes:
-            home.trim(ledger_id, end_entry_id)
-
-    def note_ledger_closed(self, ledger_id: int) -> None:
-        for home in self._homes:
-            home.note_ledger_closed(ledger_id)
-
-    def delete_ledger(self, ledger_id: int) -> None:
-        for home in self._homes:
-            home.delete_ledger(ledger_id)

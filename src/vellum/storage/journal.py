@@ -3,7 +3,9 @@
 Responsibility: make journal records durable and call each record's callback once the fsync
 that covers it has completed; replay journals from a ``LogMark``; roll and garbage-collect
 journal files. The byte format lives in ``vellum.format.journal``; naming, reading and replaying
-the files on disk in ``storage/journal_files.py``.
+the files on disk in ``storage/journal_files.py``; the file being written (created, sealed,
+preallocated, written to, buffered or direct) in ``storage/journal_file_writer.py``: this module
+keeps the queue, the group commit, the fsync hand-over and the marks.
 
 Threads (one ``Journal`` per journal directory; instances are independent):
 
@@ -93,7 +95,8 @@ from vellum.format.journal import (
 from vellum.format.lastmark import ZERO_MARK, LogMark
 from vellum.proto.messages import AddBatch
 from vellum.storage import direct_io as dio
-from vellum.storage.durable import OS_FILE_OPS, TMP_SUFFIX, FileOps, publish, temp_path
+from vellum.storage.durable import OS_FILE_OPS, TMP_SUFFIX, FileOps
+from vellum.storage.journal_file_writer import JournalFileWriter
 from vellum.storage.journal_files import (  # noqa: F401  (names callers import from here)
     JournalFile,
     JournalReplay,
@@ -102,7 +105,7 @@ from vellum.storage.journal_files import (  # noqa: F401  (names callers import 
     list_journal_ids,
     replay_journals,
 )
-from vellum.storage.journal_pages import SyncProgress, ZeroFiller, write_zeros
+from vellum.storage.journal_pages import SyncProgress
 
 log = logging.getLogger(__name__)
 
@@ -112,10 +115,6 @@ _MB = 1 << 20
 #: smallest hand-over of a direct-I/O journal: each direct write waits for the device, and on the
 #: benchmark disk 64 KiB writes ran at a quarter of 1 MiB writes (``docs/benchmarks.md``)
 DIRECT_MIN_WRITE_BYTES = _MB
-
-
-def _no_fsync(fd: int) -> None:
-    del fd
 
 
 class _Queue:
@@ -268,32 +267,27 @@ class Journal:
         self._flush_when_empty = flush_when_queue_empty
         self._max_size = max_size_mb * _MB
         self.max_backups = max_backups
-        self._prealloc_step = max(prealloc_size_mb * _MB, alignment)
         self._alignment = alignment
         self.format_version = format_version
         self._sync_data = sync_data
         self._write_buffer = max(write_buffer_size_kb, 1) * 1024
         if direct_io:
             self._write_buffer = max(self._write_buffer, DIRECT_MIN_WRITE_BYTES)
-        #: None: zero-fill unless writing with direct I/O (see ``_ensure_preallocated``)
-        self._prealloc_zero_asked = prealloc_zero
         self._drop_cache = remove_from_page_cache
         self._sync_in_writer = sync_in_writer
-        self._direct_io = direct_io and bool(dio.O_DIRECT)
-        self._appender: dio.AlignedAppender | None = None
-        self._direct_active = False  # the current file is written through the appender
-        if direct_io and not self._direct_io:
+        if direct_io and not dio.O_DIRECT:
             log.warning("journal %s: O_DIRECT is not available on this platform; writing buffered",
                         self.journal_dir)
+        #: the file being written (created, sealed, preallocated, written to): its own role
+        self._file = JournalFileWriter(
+            self.current_dir, index, format_version=format_version, alignment=alignment,
+            prealloc_step=max(prealloc_size_mb * _MB, alignment), write_buffer=self._write_buffer,
+            prealloc_zero=prealloc_zero, direct_io=direct_io and bool(dio.O_DIRECT), sync_data=sync_data,
+            file_ops=file_ops)
         self._progress: SyncProgress | None = None
         self._fsync = fsync
         self._clock = clock
         self._wall_clock = wall_clock  # names the first journal file of an empty dir
-        # the buffered writes' system calls (the simulator's power loss tracks them); the
-        # plain function when they are the OS's, so the writer pays no extra call
-        self._ops = file_ops
-        self._pwrite: Callable[[int, memoryview, int], int] = (
-            os.pwrite if file_ops is OS_FILE_OPS else file_ops.pwrite)
         self._stepped = False  # started without threads: ``commit()`` is the writer
         self._queue = _Queue(queue_size)
         self._force_queue = _Queue(1 << 62)
@@ -303,14 +297,6 @@ class Journal:
         self._stopped = False
         self._writer: threading.Thread | None = None
         self._forcer: threading.Thread | None = None
-        # state owned by the writer thread once started
-        self._fd = -1
-        self._journal_id = -1
-        self._path = Path()
-        self._pos = 0
-        self._prealloc_end = 0
-        self._filler: ZeroFiller | None = None
-        self._header_size = 0
         # what replay learnt about the last journal: (id, stop) so start() can seal its tail
         self._replayed_tail: tuple[int, ScanStop] | None = None
 
@@ -319,21 +305,16 @@ class Journal:
     @property
     def current_journal_id(self) -> int:
         """Id of the journal file being written (-1 before ``start``)."""
-        return self._journal_id
+        return self._file.journal_id
 
     @property
     def current_path(self) -> Path:
-        return self._path
-
-    @property
-    def _zero_fill(self) -> bool:
-        asked = self._prealloc_zero_asked
-        return (not self._direct_io) if asked is None else asked
+        return self._file.path
 
     @property
     def direct_io(self) -> bool:
         """Whether the journal writes with ``O_DIRECT`` (false once a filesystem refused it)."""
-        return self._direct_io
+        return self._file.direct_io
 
     @property
     def failed(self) -> StorageError | None:
@@ -341,7 +322,7 @@ class Journal:
         return self._error
 
     def journal_path(self, journal_id: int) -> Path:
-        return self.current_dir / journal_file_name(journal_id)
+        return self._file.journal_path(journal_id)
 
     def journal_ids(self) -> list[int]:
         return list_journal_ids(self.current_dir)
@@ -370,7 +351,7 @@ class Journal:
         Never deletes the current journal or any journal at or above the mark (rule 7 of docs/correctness.md: journals
         are deleted only below a persisted mark). Returns the deleted paths.
         """
-        below = [i for i in self.journal_ids() if i < mark.journal_id and i != self._journal_id]
+        below = [i for i in self.journal_ids() if i < mark.journal_id and i != self._file.journal_id]
         victims = below[: len(below) - self.max_backups] if self.max_backups > 0 else below
         deleted = []
         for journal_id in victims:
@@ -395,7 +376,7 @@ class Journal:
         calls ``commit()`` when a group commit is due (the simulator, at a virtual time)."""
         if self._started:
             raise StorageError(f"journal {self.journal_dir} already started")
-        if not threads and self._zero_fill:
+        if not threads and self._file.zero_fill:
             raise ValueError(f"journal {self.journal_dir}: a journal driven by commit() cannot zero-fill ahead "
                              "on a thread; set prealloc_zero=False")
         try:
@@ -405,18 +386,19 @@ class Journal:
                     (self.current_dir / name).unlink()
             ids = self.journal_ids()
             if ids:
-                self._seal(ids[-1])
+                known = self._replayed_tail
+                self._file.seal(ids[-1], known[1] if known is not None and known[0] == ids[-1] else None)
             new_id = ids[-1] + 1 if ids else int(self._wall_clock() * 1000)
-            self._open_new(new_id)
+            self._file.open_new(new_id)
         except OSError as e:
             raise StorageError(f"cannot start journal in {self.current_dir}: {e}") from e
-        self._mark = LogMark(self._journal_id, self._pos)
+        self._mark = LogMark(self._file.journal_id, self._file.pos)
         self._started = True
         self._writer = threading.Thread(
             target=self._writer_loop, name=f"journal-{self.index}-writer", daemon=True
         )
         # only clean pages drop; direct writes leave none behind
-        self._progress = SyncProgress(self._drop_cache and self._sync_data and not self._direct_io)
+        self._progress = SyncProgress(self._drop_cache and self._sync_data and not self._file.direct_io)
         if not threads:
             self._stepped = True
             return
@@ -436,9 +418,7 @@ class Journal:
             self.commit()
             self.force()
             self._stopped = True
-            if self._fd >= 0:
-                os.close(self._fd)
-                self._fd = -1
+            self._file.close_fd()
             return
         self._stopped = True
         self._queue.put(_SHUTDOWN)
@@ -446,99 +426,7 @@ class Journal:
         self._writer.join()
         if self._forcer is not None:
             self._forcer.join()
-        if self._filler is not None:
-            self._filler.stop()
-        if self._appender is not None:
-            self._appender.close()
-            self._appender = None
-
-    def _seal(self, journal_id: int) -> None:
-        """Cut the torn tail of the previous last journal so it ends cleanly as a non-last one.
-
-        The bytes after the last valid batch were never acknowledged (a batch is acked only
-        after the fsync that covers its checksum).
-        """
-        known = self._replayed_tail
-        path = self.journal_path(journal_id)
-        if known is not None and known[0] == journal_id:
-            stop = known[1]
-        else:
-            with JournalFile(path) as jf:
-                scanner = jf.scanner()
-                for _ in scanner:
-                    pass
-                assert scanner.stop is not None
-                stop = scanner.stop
-        if stop.clean:
-            return
-        log.warning("journal %s: truncating torn tail: %s", path, stop.describe(str(path)))
-        ops = self._ops
-        fd = ops.open(path, os.O_RDWR)
-        try:
-            ops.ftruncate(fd, stop.valid_end)
-            ops.fsync(fd)
-        finally:
-            ops.close(fd)
-
-    def _open_new(self, journal_id: int) -> None:
-        """Create ``<hex id>.txn`` atomically: header + first preallocation, fsynced, renamed."""
-        path = self.journal_path(journal_id)
-        tmp = temp_path(path)
-        header = encode_header(self.format_version)
-        ops = self._ops
-        fd = ops.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-        self._direct_active = False  # the header and first zeros go through ``fd``, buffered
-        try:
-            self._fd = fd
-            self._pos = 0
-            self._prealloc_end = 0
-            self._write(header)
-            self._fill_sync(len(header))
-            ops.fsync(fd)
-            if self._direct_io:
-                fd = self._fd = self._reopen_direct(tmp, fd, header)
-                self._direct_active = self._direct_io
-            if self._zero_fill:
-                if self._filler is None:
-                    self._filler = ZeroFiller(f"journal-{self.index}-zero-fill", self._prealloc_step,
-                                               os.fdatasync if self._sync_data else _no_fsync)
-                self._filler.reset(fd, self._prealloc_end)
-            publish(tmp, path, ops=ops)
-        except BaseException:
-            os.close(fd)
-            self._fd = -1
-            raise
-        self._journal_id = journal_id
-        self._path = path
-        self._header_size = len(header)
-        log.info("journal %d: writing %s", self.index, path)
-
-    def _reopen_direct(self, tmp: Path, fd: int, header: bytes) -> int:
-        """Reopen the new file ``tmp`` (header written and fsynced through ``fd``) with
-        ``O_DIRECT`` and point the appender at it; returns the descriptor to write through:
-        the direct one, or ``fd`` after a refusal (logged, buffered from then on)."""
-        alignment = self._alignment
-        try:
-            dfd = dio.open_probed(tmp, os.O_RDWR, header, alignment)
-        except dio.Refused as r:
-            what = "open" if r.what == "open" else f"{r.what} (journalAlignmentSize)"
-            return self._refused(fd, r.why, what)
-        os.close(fd)
-        if self._appender is None:
-            capacity = 2 * dio.align_up(max(self._write_buffer, alignment), alignment)
-            self._appender = dio.AlignedAppender(capacity, alignment)
-        end = len(header)
-        self._appender.reset(dfd, end, header[dio.align_down(end, alignment) :])
-        return dfd
-
-    def _refused(self, fd: int, why: str, what: str) -> int:
-        log.warning(
-            "journal %d: the filesystem of %s refused direct I/O at %s (%s); writing this journal "
-            "buffered from now on (journalDirectIO=false avoids the attempt)",
-            self.index, self.current_dir, what, why,
-        )
-        self._direct_io = False
-        return fd
+        self._file.release()  # its descriptor went with the last force-write request
 
     # ------------------------------------------------------------------ adding records
 
@@ -593,57 +481,6 @@ class Journal:
 
     # ------------------------------------------------------------------ writer thread
 
-    def _write(self, data: bytes | bytearray | memoryview) -> None:
-        """Write ``data`` at the current position (raises OSError). Direct I/O: whole aligned
-        blocks reach the file, a partial last block waits in the appender for the next write
-        (a flush ends aligned, so after a flush nothing waits)."""
-        appender = self._appender
-        if appender is not None and self._direct_active:
-            appender.append(data)
-            appender.write_blocks()
-            self._pos = appender.end
-            return
-        view = memoryview(data)
-        pos = self._pos
-        pwrite = self._pwrite
-        while view:
-            n = pwrite(self._fd, view, pos)
-            pos += n
-            view = view[n:]
-        self._pos = pos
-
-    def _extend(self, upto: int) -> None:
-        """Make sure the file is preallocated past ``upto`` before the writer writes there.
-
-        Zero-filled by default for buffered writes: overwriting written blocks makes fdatasync
-        cheaper than writing into holes or fallocated extents (benchmarking.md). The zero-filler
-        thread keeps about two ``journalPreAllocSizeMB`` steps zeroed and synced ahead, so the
-        writer waits only if it catches up. ``prealloc_zero=False`` extends the size only, as
-        BookKeeper does; that is the default with direct I/O, where the zeros went through the
-        same device queue as the journal's own writes and cost it more than the holes
-        (docs/benchmarks.md, "Direct I/O": 1.38-1.41x the plain loop with zeros, 1.60-1.70x
-        without, in the same runs).
-        """
-        if upto + self._prealloc_step <= self._prealloc_end:
-            return
-        if self._filler is not None:
-            self._prealloc_end = self._filler.extend(upto)
-            return
-        self._fill_sync(upto)
-
-    def _fill_sync(self, upto: int) -> None:
-        """Preallocate past ``upto`` on the calling thread (journalPreAllocSizeMB steps)."""
-        if upto <= self._prealloc_end:
-            return
-        new_end = self._prealloc_end + self._prealloc_step
-        while new_end < upto:
-            new_end += self._prealloc_step
-        if self._zero_fill:
-            write_zeros(self._fd, max(self._prealloc_end, self._pos), new_end)
-        else:
-            self._ops.ftruncate(self._fd, new_end)
-        self._prealloc_end = new_end
-
     def _writer_loop(self) -> None:
         take = self._queue.take_all
         clock = self._clock
@@ -659,6 +496,7 @@ class Journal:
         entries_threshold = self._entries_threshold
         write_buffer = self._write_buffer
         queue_items = self._queue.items
+        file = self._file
         shutting_down = False
         # Fsyncing on this thread (sync_in_writer), the batches a group-commit threshold cuts out
         # of one take are forced together once the take is written: one fdatasync instead of one
@@ -680,7 +518,7 @@ class Journal:
             records = 0
             crc = 0
             batch_bytes = 0
-            roll = self._pos >= self._max_size and self._error is None
+            roll = self._file.pos >= self._max_size and self._error is None
             if defer and self._forcer is None and not roll:
                 deferred.append(request)
                 return
@@ -718,10 +556,10 @@ class Journal:
                     # without padding; the batch checksum runs over the pieces.
                     try:
                         crc = batch_crc(buf, crc)
-                        self._extend(self._pos + len(buf))
-                        self._write(buf)
+                        file.extend(file.pos + len(buf))
+                        file.write(buf)
                     except OSError as e:
-                        self._fail(f"write of journal {self._path} failed at offset {self._pos}", e)
+                        self._fail(f"write of journal {file.path} failed at offset {file.pos}", e)
                     buf = bytearray()
                 if (bytes_threshold and batch_bytes >= bytes_threshold) or (
                     entries_threshold and records >= entries_threshold
@@ -733,16 +571,12 @@ class Journal:
                 flush()
             force_deferred()  # what a threshold flushed is forced by the end of its take
             if shutting_down:
-                self._force(
-                    _ForceRequest(
-                        self._fd, self._path, self._journal_id, self._pos, [], close_fd=True, last=True
-                    )
-                )
+                self._force(self._request([], 0, close_fd=True, last=True))
                 # records enqueued after the shutdown marker (a race with shutdown()) must not hang
                 for item in take(0):
                     late = None if item is _SHUTDOWN else cast(_Item, item)[1]
                     if late is not None:
-                        late(StorageError(f"journal {self._path} was shut down"))
+                        late(StorageError(f"journal {file.path} was shut down"))
                 self._queue.close()
                 return
 
@@ -750,7 +584,7 @@ class Journal:
         """End a group-commit batch (``commit()``): written, handed to the fsync, and a roll
         once the file is full."""
         self._force(self._write_batch(buf, crc, callbacks, records))
-        if self._pos >= self._max_size and self._error is None:
+        if self._file.pos >= self._max_size and self._error is None:
             self._roll()
 
     def _write_batch(self, buf: bytearray, crc: int, callbacks: list[Callback | None],
@@ -758,16 +592,17 @@ class Journal:
         """Write a group-commit batch: its padding record (carrying the batch checksum, ``crc``
         of the bytes written before ``buf``) and the write; returns the fsync request that will
         acknowledge it. The writer thread's flush and ``commit()`` both write a batch here."""
+        file = self._file
         try:
             if self._error is None:
                 if self.format_version >= V5:
                     crc = batch_crc(buf, crc)
-                    buf += encode_padding(self._pos + len(buf), self._alignment, crc)
-                self._extend(self._pos + len(buf))
-                self._write(buf)
+                    buf += encode_padding(file.pos + len(buf), self._alignment, crc)
+                file.extend(file.pos + len(buf))
+                file.write(buf)
         except OSError as e:
-            self._fail(f"write of journal {self._path} failed at offset {self._pos}", e)
-        return _ForceRequest(self._fd, self._path, self._journal_id, self._pos, callbacks, records)
+            self._fail(f"write of journal {file.path} failed at offset {file.pos}", e)
+        return self._request(callbacks, records)
 
     # ------------------------------------------------------------------ stepped driving
 
@@ -823,22 +658,29 @@ class Journal:
         self._stopped = True
         self._queue.items.clear()
         self._force_queue.items.clear()  # written, never fsynced: no callback runs
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        self._file.close_fd()
 
     def _roll(self) -> None:
         """Start file id+1 once the old file is fsynced and closed (so it ends cleanly)."""
         done = threading.Event()
-        self._force(_ForceRequest(self._fd, self._path, self._journal_id, self._pos, [], close_fd=True, done=done))
+        self._force(self._request([], 0, close_fd=True, done=done))
         done.wait()
+        file = self._file
         if self._error is not None:
-            self._fd = -1
+            file.fd = -1
             return
         try:
-            self._open_new(self._journal_id + 1)
+            file.open_new(file.journal_id + 1)
         except OSError as e:
-            self._fail(f"cannot roll journal {self._path} to id {self._journal_id + 1:x}", e)
+            self._fail(f"cannot roll journal {file.path} to id {file.journal_id + 1:x}", e)
+
+    def _request(self, callbacks: list[Callback | None], records: int, *, close_fd: bool = False,
+                 done: threading.Event | None = None, last: bool = False) -> _ForceRequest:
+        """A force-write request for everything written to the current file so far."""
+        file = self._file
+        request = _ForceRequest(file.fd, file.path, file.journal_id, file.pos, callbacks, records)
+        request.close_fd, request.done, request.last = close_fd, done, last
+        return request
 
     def _fail(self, what: str, exc: OSError) -> StorageError:
         if self._error is None:
@@ -896,8 +738,9 @@ class Journal:
                 self.records_synced_total += sum(r.records for r in group)
                 if last.fd >= 0:
                     progress.synced(last.fd, last.journal_id, last.end)
-                    if self._filler is not None:
-                        self._filler.bytes_per_sync = progress.bytes_per_sync
+                    filler = self._file.filler
+                    if filler is not None:
+                        filler.bytes_per_sync = progress.bytes_per_sync
             for request in group:
                 for callback in request.callbacks:
                     if callback is None:

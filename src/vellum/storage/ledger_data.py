@@ -82,6 +82,13 @@ class LedgerDataTable:
         data = self.ledgers_index.get(ledger_id)
         return data is not None and not data.exists
 
+    def record(self, ledger_id: int) -> LedgerData | None:
+        """The ledger's data as this dir holds it: live, or its tombstone (``exists`` false);
+        None if it holds nothing of the ledger."""
+        with self._cond:
+            data = self.by_id.get(ledger_id)
+        return data if data is not None else self.ledgers_index.get(ledger_id)
+
     def refuse_if_deleted(self, ledger_id: int, what: str) -> None:
         if self.is_deleted(ledger_id):
             raise LedgerFencedError(

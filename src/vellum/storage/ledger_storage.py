@@ -42,8 +42,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 from vellum.format.entry import BytesLike
+from vellum.format.ledger_index import LedgerData
 from vellum.proto.messages import AddBatch
 from vellum.storage.entry_logger import DIRECT_WRITE_BUFFER_SIZE, EntryLogger, FileOps
 from vellum.storage.index import EntryLocationIndex, LedgerMetadataIndex
@@ -58,6 +60,15 @@ from vellum.storage.trimmed_bytes import TRIMMED_FILE, TrimmedBytes
 from vellum.storage.write_cache import Stored, WriteCaches
 
 __all__ = ["FLUSH_RETRY_DELAY_S", "TRIMMED_FILE", "LedgerStorage", "Stored"]
+
+
+class LedgerPresence(NamedTuple):
+    """What one ledger dir knows of a ledger, in one answer (``LedgerStorage.presence``)."""
+
+    live: bool  #: its ledgers index holds the ledger (not deleted)
+    deleted: bool  #: its ledgers index holds the ledger's tombstone
+    last_entry_id: int  #: the greatest entry id held here (-1: none, or not live)
+    active_logs: int  #: entry logs active in this dir (``active_log_count``), for a new home
 
 
 class LedgerStorage:
@@ -207,6 +218,34 @@ class LedgerStorage:
 
     def ledgers(self) -> Iterator[int]:
         return self._data.ledgers()
+
+    def presence(self, ledger_id: int) -> LedgerPresence:
+        """Everything routing asks of this dir to find a ledger's homes, in one call."""
+        data = self._data.record(ledger_id)
+        live = data is not None and data.exists
+        return LedgerPresence(live, data is not None and not data.exists,
+                              self.get_last_entry_id(ledger_id) if live else -1, self.active_log_count())
+
+    def ledger_record(self, ledger_id: int) -> LedgerData | None:
+        """The ledger's data as this dir holds it (live, or its tombstone), or None."""
+        return self._data.record(ledger_id)
+
+    def continue_ledger(self, ledger_id: int, homes: Sequence[LedgerStorage]) -> None:
+        """This dir becomes the write home of a ledger held so far by ``homes`` (write home
+        last): it first takes the ledger's master key, its fence (if any home has it) and its
+        explicit LAC, then the entries (requirement R1 of docs/correctness.md)."""
+        records = [home.ledger_record(ledger_id) for home in homes]
+        old = records[-1]
+        if old is not None and old.exists and old.master_key:
+            # (a ledger known by entries alone is made known by its next one)
+            self.set_master_key(ledger_id, old.master_key)
+        mine = self._data.record(ledger_id)
+        if mine is None or not mine.exists:
+            return
+        if any(r is not None and r.exists and r.fenced for r in records):
+            self.set_fenced(ledger_id)
+        if old is not None and old.exists and old.explicit_lac is not None:
+            self.set_explicit_lac(ledger_id, old.explicit_lac)
 
     def set_master_key(self, ledger_id: int, master_key: bytes) -> None:
         self._data.set_master_key(ledger_id, master_key)
