@@ -88,7 +88,8 @@ def _entries(body: memoryview, pos: int, what: str, owned: bool) -> FrameEntries
         body = memoryview(bytes(body[pos:]))
         pos = 0
     end = len(body)
-    starts, ends = array("q"), array("q")
+    starts: list[int] = []  # lists, made arrays once: list.append is the cheaper per entry
+    ends: list[int] = []
     add_start, add_end = starts.append, ends.append
     unpack = _INT.unpack_from
     while pos < end:
@@ -101,7 +102,7 @@ def _entries(body: memoryview, pos: int, what: str, owned: bool) -> FrameEntries
         add_start(pos)
         pos += size
         add_end(pos)
-    return FrameEntries(body, starts, ends)
+    return FrameEntries(body, array("q", starts), array("q", ends))
 
 
 def _utf8(text: str, limit: int, what: str) -> bytes:
