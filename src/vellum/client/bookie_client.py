@@ -384,7 +384,7 @@ class BookieClient:
         max_size: int,
         *,
         timeout_s: float = DEFAULT_TIMEOUT_S,
-    ) -> list[bytes | memoryview]:
+    ) -> m.FrameEntries:
         """BATCH_READ: consecutive stored entries from ``start_entry_id`` (at least one, or
         NoSuchEntryError), at most ``max_count`` entries / ``max_size`` bytes."""
         fut = self._submit_by_id(
@@ -395,7 +395,7 @@ class BookieClient:
             lambda rid: m.BatchReadRequest(ledger_id, start_entry_id, rid, max_count, max_size),
             timeout_s,
         )
-        result: list[bytes | memoryview] = await fut
+        result: m.FrameEntries = await fut
         return result
 
     # -------------------------------------------------------------------- Vellum's own ops
@@ -409,7 +409,7 @@ class BookieClient:
         max_size: int,
         *,
         timeout_s: float = DEFAULT_TIMEOUT_S,
-    ) -> list[bytes | memoryview]:
+    ) -> m.FrameEntries:
         """READ_STRIDED: stored entries ``first, first + stride, ...`` (at least one, or
         NoSuchEntryError), at most ``max_count`` entries / about ``max_size`` bytes."""
         fut = self._submit_by_id(
@@ -420,7 +420,7 @@ class BookieClient:
             lambda rid: m.StridedReadRequest(rid, ledger_id, first_entry_id, stride, max_count, max_size),
             timeout_s,
         )
-        result: list[bytes | memoryview] = await fut
+        result: m.FrameEntries = await fut
         return result
 
     async def read_lac(

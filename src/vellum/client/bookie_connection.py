@@ -427,7 +427,7 @@ class BookieConnection(asyncio.BufferedProtocol):
         kind = type(msg)
         value: Any
         if kind is m.BatchReadResponse or kind is m.StridedReadResponse:
-            value = list(msg.entries)
+            value = msg.entries  # FrameEntries: one buffer and the entries' offsets
         elif kind is m.ReadLacResponse or kind is m.LongPollReadLacResponse:
             value = (bytes(msg.lac_body), bytes(msg.last_entry))
         elif kind is m.ListEntriesResponse:

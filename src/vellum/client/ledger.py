@@ -49,7 +49,7 @@ from vellum.client.ledger_writer import LedgerWriter, copy_error
 from vellum.client.metadata_update import EnsembleChangeHook
 from vellum.client.replica_read import read_failure
 from vellum.errors import IllegalOpError, IncorrectParameterError, LedgerClosedError
-from vellum.format.entry import BytesLike, DigestManager, DigestType
+from vellum.format.entry import DigestManager, DigestType, PayloadSpans
 from vellum.meta.api import Versioned
 from vellum.meta.model import LedgerMetadata
 
@@ -241,7 +241,7 @@ class LedgerHandle:
         ``readUnconfirmed``); an entry no bookie has raises NoSuchEntryError."""
         return await self._reader.read_unconfirmed(first_entry_id, last_entry_id)
 
-    async def read_payloads(self, first_entry_id: int, last_entry_id: int) -> list[BytesLike]:
+    async def read_payloads(self, first_entry_id: int, last_entry_id: int) -> PayloadSpans:
         """The verified payloads of ``first..last`` in order, no object per entry (bulk readers;
         reads beyond the LAC like ``read_unconfirmed``; see ``LedgerReader.read_payloads``)."""
         return await self._reader.read_payloads(first_entry_id, last_entry_id)

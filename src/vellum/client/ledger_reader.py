@@ -42,9 +42,15 @@ from vellum.client.distribution import (
     strided_ids,
 )
 from vellum.client.ledger_view import LedgerView
-from vellum.client.replica_read import NEGATIVE_ANSWERS, EntryRead, ReplicaReads, collect_answers
+from vellum.client.replica_read import (
+    NEGATIVE_ANSWERS,
+    EntryRead,
+    ReplicaReads,
+    answer_spans,
+    collect_answers,
+)
 from vellum.errors import DigestMismatchError, IncorrectParameterError, ReadError, VellumError
-from vellum.format.entry import ENTRY_HEADER_SIZE, BytesLike, Entry
+from vellum.format.entry import ENTRY_HEADER_SIZE, Entry, PayloadSpans
 from vellum.meta.model import LedgerMetadata
 
 if TYPE_CHECKING:
@@ -201,76 +207,74 @@ class LedgerReader:
             entries = await self._read_strided(first, last)
         return self._to_ledger_entries(entries)
 
-    async def read_payloads(self, first_entry_id: int, last_entry_id: int) -> list[BytesLike]:
+    async def read_payloads(self, first_entry_id: int, last_entry_id: int) -> PayloadSpans:
         """The payloads of entries ``first..last`` in order, for bulk readers (the Spark
         source): the same reads, replica choice, failover and checks as ``read_unconfirmed``
         (every entry's digest, ledger id and entry id verified), but no object per entry: the
-        payloads are views of the bookies' answers. Reads beyond the LAC like
-        ``read_unconfirmed``: callers read only entries they know were confirmed."""
+        payloads are spans of the bookies' answers, checked where they arrived. Reads beyond
+        the LAC like ``read_unconfirmed``: callers read only entries they know were confirmed."""
         self._check_range(first_entry_id, last_entry_id)
         first, last = first_entry_id, last_entry_id
         if last - first < 8:
-            return [e.payload for e in await self._read_range(first, last)]
+            return PayloadSpans.of([e.payload for e in await self._read_range(first, last)])
         ensembles = self._view.metadata.ensembles
         if self._E == self._WQ:
             chunks = plan_batched_chunks(first, last, ensembles, self._chunk_entries())
             parts = await _gather_window([functools.partial(self._batched_payloads, lo, hi, k)
                                           for k, (lo, hi) in enumerate(chunks)], BATCH_WINDOW)
-            return [p for part in parts for p in part]
+            return PayloadSpans.concat(parts)
         E = self._E
         strided = plan_strided_chunks(first, last, ensembles, E, self._chunk_entries())
         got = await _gather_window([functools.partial(self._strided_payloads, start, count)
                                     for start, count in strided], BATCH_WINDOW)
-        out: list[BytesLike] = [b""] * (last - first + 1)
-        for (start, count), part in zip(strided, got, strict=True):
-            lo = start - first
-            out[lo:lo + (count - 1) * E + 1:E] = part  # the chunk's entries, every E-th
-        return out
+        # each chunk's entries are every E-th of the range
+        return PayloadSpans.interleave(last - first + 1,
+                                       [(start - first, E, part) for (start, _), part in zip(strided, got, strict=True)])
 
     def _learn_lac(self, lac: int) -> None:
         """A reader of an open ledger learns the LAC its entries carry (``_to_ledger_entries``)."""
         if self._own_writer is None and not self._view.metadata.is_closed and lac > self._view.lac:
             self._view.set_lac(lac, None)
 
-    async def _batched_payloads(self, first: int, last: int, rotation: int) -> list[BytesLike]:
+    async def _batched_payloads(self, first: int, last: int, rotation: int) -> PayloadSpans:
         """``_read_chunk`` for ``read_payloads``."""
-        out: list[BytesLike] = []
+        out: list[PayloadSpans] = []
         nxt = first
         while nxt <= last:
             replicas = self._schedule.replicas(self._view.metadata.ensemble_for(nxt), nxt, rotation)
             got, lac = await self._replicas.read_batch_payloads(nxt, last, replicas, BATCH_CHUNK_BYTES)
             if not got:
-                out.extend(e.payload for e in self._to_ledger_entries(await self._read_entries(nxt, last)))
+                out.append(PayloadSpans.of([e.payload for e in self._to_ledger_entries(await self._read_entries(nxt, last))]))
                 break
             self._learn_lac(lac)
-            out.extend(got)
+            out.append(got)
             nxt += len(got)  # a short answer (size cap): ask again for the rest
-        return out
+        return PayloadSpans.concat(out)
 
-    async def _strided_payloads(self, start: int, count: int) -> list[BytesLike]:
+    async def _strided_payloads(self, start: int, count: int) -> PayloadSpans:
         """``_strided_chunk`` for ``read_payloads``: entries ``start, start + E, ...``."""
         E = self._E
         bookie = self._view.metadata.ensemble_for(start)[self._schedule.write_set(start)[0]]
-        out: list[BytesLike] = []
+        out: list[PayloadSpans] = []
         nxt, remaining = start, count
         while remaining > 0:
-            got: list[BytesLike] = []
+            got: PayloadSpans | None = None
             try:
                 raws = await self._bc.read_strided(bookie, self.ledger_id, nxt, E, remaining, BATCH_CHUNK_BYTES,
                                                    timeout_s=self._read_timeout_s)
-                got, lac = self._digest.verify_payloads(raws[:remaining], nxt, E)
+                got, lac = self._digest.verify_spans(answer_spans(raws[:remaining]), nxt, E)
                 self._learn_lac(lac)
             except VellumError as e:
                 log.debug("ledger %d: strided read of %d from %s failed: %s", self.ledger_id, nxt, bookie, e)
             if not got:
                 # As _strided_chunk: the rest of the chunk entry by entry, from the other replicas.
                 single = await asyncio.gather(*(self._read_entry(eid) for eid in strided_ids(nxt, remaining, E)))
-                out.extend(e.payload for e in self._to_ledger_entries(single))
+                out.append(PayloadSpans.of([e.payload for e in self._to_ledger_entries(single)]))
                 break
-            out.extend(got)
+            out.append(got)
             nxt += len(got) * E  # a short answer (size cap, or a gap): ask again for the rest
             remaining -= len(got)
-        return out
+        return PayloadSpans.concat(out)
 
     def _chunk_entries(self) -> int:
         """Entries per BATCH_READ / READ_STRIDED chunk: about ``BATCH_CHUNK_BYTES`` of them."""

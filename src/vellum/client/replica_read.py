@@ -34,7 +34,8 @@ from vellum.errors import (
     TooManyRequestsError,
     VellumError,
 )
-from vellum.format.entry import BytesLike, DigestManager, Entry
+from vellum.format.entry import BytesLike, DigestManager, Entry, PayloadSpans
+from vellum.proto.messages import FrameEntries
 
 if TYPE_CHECKING:
     from vellum.client.bookie_client import BookieClient
@@ -222,20 +223,20 @@ class ReplicaReads:
         return got or []
 
     async def read_batch_payloads(self, first: int, last: int, replicas: Sequence[str],
-                                  max_size: int) -> tuple[list[BytesLike], int]:
-        """:meth:`read_batch` for bulk readers: the verified payloads (views of the answer) and
-        the greatest LAC they carry; ``([], -1)`` where ``read_batch`` answers ``[]``."""
+                                  max_size: int) -> tuple[PayloadSpans, int]:
+        """:meth:`read_batch` for bulk readers: the verified payloads (spans of the answer's
+        buffer) and the greatest LAC they carry; empty and -1 where ``read_batch`` answers ``[]``."""
         got = await self._batch(first, last, replicas, max_size,
-                                lambda raws: self.digest.verify_payloads(raws, first))
-        return got or ([], -1)
+                                lambda raws: self.digest.verify_spans(answer_spans(raws), first))
+        return got or (PayloadSpans.of(()), -1)
 
     async def _batch(self, first: int, last: int, replicas: Sequence[str], max_size: int,
-                     verify: Callable[[list[bytes | memoryview]], _R]) -> _R | None:
+                     verify: Callable[[Sequence[BytesLike]], _R]) -> _R | None:
         """The BATCH_READ of ``read_batch``; ``verify`` checks an answer's entries (raising
         DigestMismatchError) and makes the result; None if no replica gave a verified batch."""
         count = last - first + 1
         errors: list[BaseException] = []
-        tasks: dict[asyncio.Task[list[bytes | memoryview]], str] = {}
+        tasks: dict[asyncio.Task[FrameEntries], str] = {}
         next_replica = 0
 
         def launch() -> None:
@@ -282,6 +283,14 @@ class ReplicaReads:
                     t.exception()
         log.debug("ledger %d: batch read %d..%d failed on every replica: %s", self.ledger_id, first, last, errors)
         return None
+
+
+def answer_spans(raws: Sequence[BytesLike]) -> PayloadSpans:
+    """A bulk read's answer as spans: the answer's own buffer and offsets when it arrived as
+    one frame (no object per entry), else each entry on its own."""
+    if isinstance(raws, FrameEntries):
+        return PayloadSpans.in_one(raws.body, raws.starts, raws.ends)
+    return PayloadSpans.of(raws)
 
 
 async def collect_answers(

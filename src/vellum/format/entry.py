@@ -41,10 +41,11 @@ import hashlib
 import hmac
 import struct
 import zlib
+from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import TypeAlias
+from typing import TypeAlias, overload
 
 import crc32c
 
@@ -225,6 +226,96 @@ def _hmac_digest_fn(password: bytes) -> _DigestFn:
     return digest
 
 
+class PayloadSpans(Sequence[BytesLike]):
+    """A run of byte strings (entries, or their payloads) as spans of a few buffers: item i is
+    ``buffers[buf[i]][starts[i]:ends[i]]``. A bulk read's entries stay where they arrived (one
+    buffer per bookie answer) and are checked and decoded from these offsets, with no object
+    per entry; everyone else uses it as the sequence it is (an item is a view)."""
+
+    __slots__ = ("buf", "buffers", "ends", "starts")
+
+    def __init__(self, buffers: list[memoryview], buf: array[int], starts: array[int], ends: array[int]) -> None:
+        if not len(buf) == len(starts) == len(ends):
+            raise ValueError(f"PayloadSpans: {len(buf)} buffer indexes, {len(starts)} starts, {len(ends)} ends")
+        self.buffers = buffers
+        self.buf = buf
+        self.starts = starts
+        self.ends = ends
+
+    @classmethod
+    def of(cls, items: Sequence[BytesLike]) -> PayloadSpans:
+        """Each item a buffer of its own."""
+        if isinstance(items, PayloadSpans):
+            return items
+        views = [x if type(x) is memoryview else memoryview(x) for x in items]
+        return cls(views, array("I", range(len(views))), array("q", bytes(8 * len(views))),
+                   array("q", map(len, views)))
+
+    @classmethod
+    def in_one(cls, body: memoryview, starts: array[int], ends: array[int]) -> PayloadSpans:
+        """Spans of one buffer."""
+        return cls([body], array("I", bytes(4 * len(starts))), starts, ends)
+
+    @classmethod
+    def concat(cls, parts: Sequence[PayloadSpans]) -> PayloadSpans:
+        """The items of ``parts`` one after another."""
+        if len(parts) == 1:
+            return parts[0]
+        buffers: list[memoryview] = []
+        buf, starts, ends = array("I"), array("q"), array("q")
+        for part in parts:
+            base = len(buffers)
+            buffers.extend(part.buffers)
+            buf.extend(part.buf if base == 0 else array("I", [b + base for b in part.buf]))
+            starts.extend(part.starts)
+            ends.extend(part.ends)
+        return cls(buffers, buf, starts, ends)
+
+    @classmethod
+    def interleave(cls, n: int, parts: Sequence[tuple[int, int, PayloadSpans]]) -> PayloadSpans:
+        """``n`` items, part ``(at, step, spans)`` giving items ``at, at + step, ...``; every
+        position must be given by exactly one part."""
+        buffers: list[memoryview] = []
+        buf, starts, ends = array("I", bytes(4 * n)), array("q", bytes(8 * n)), array("q", bytes(8 * n))
+        given = 0
+        for at, step, part in parts:
+            k = len(part)
+            if not k:
+                continue
+            base = len(buffers)
+            buffers.extend(part.buffers)
+            where = slice(at, at + (k - 1) * step + 1, step)
+            buf[where] = part.buf if base == 0 else array("I", [b + base for b in part.buf])
+            starts[where] = part.starts
+            ends[where] = part.ends
+            given += k
+        if given != n:
+            raise ValueError(f"PayloadSpans.interleave: {given} items given for {n} positions")
+        return cls(buffers, buf, starts, ends)
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    @overload
+    def __getitem__(self, i: int) -> BytesLike: ...
+    @overload
+    def __getitem__(self, i: slice) -> PayloadSpans: ...
+    def __getitem__(self, i: int | slice) -> BytesLike | PayloadSpans:
+        if isinstance(i, slice):
+            return PayloadSpans(self.buffers, self.buf[i], self.starts[i], self.ends[i])
+        return self.buffers[self.buf[i]][self.starts[i]:self.ends[i]]
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, (bytes, bytearray, memoryview, str)):
+            return NotImplemented
+        return len(self) == len(other) and all(bytes(a) == bytes(b) for a, b in zip(self, other))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"PayloadSpans({len(self)} items in {len(self.buffers)} buffers)"
+
+
 class DigestManager:
     """Computes and verifies the stored entries and LAC bodies of one ledger.
 
@@ -310,40 +401,54 @@ class DigestManager:
         return Entry(ledger_id, entry_id, lac, length, bytes(payload))
 
     def verify_payloads(self, entries: Sequence[BytesLike], first_entry_id: int,
-                        stride: int = 1) -> tuple[list[BytesLike], int]:
+                        stride: int = 1) -> tuple[PayloadSpans, int]:
+        """:meth:`verify_spans` of entries given one by one (each its own buffer)."""
+        return self.verify_spans(PayloadSpans.of(entries), first_entry_id, stride)
+
+    def verify_spans(self, entries: PayloadSpans, first_entry_id: int,
+                     stride: int = 1) -> tuple[PayloadSpans, int]:
         """Check stored entries ``first_entry_id, first_entry_id + stride, ...`` as
         :meth:`verify` does each (size, ledger id, entry id, digest) and return their payloads
-        (views of ``entries``, not copies) and the greatest LAC they carry (-1 if none).
+        (spans of the same buffers, not copies) and the greatest LAC they carry (-1 if none).
 
-        For bulk readers: no object per entry. CRC32C (the default digest) is checked inline;
-        every other type entry by entry through :meth:`verify`, whose errors this raises too
-        (the first entry that fails raises; nothing is returned).
+        For bulk readers: no object per entry; the entries are read where they lie in the
+        buffers they arrived in (a bulk read's answer). CRC32C (the default digest) is checked
+        inline; every other type entry by entry through :meth:`verify`, whose errors this
+        raises too (the first entry that fails raises; nothing is returned).
         """
-        out: list[BytesLike] = []
+        bufs, which, starts, ends = entries.buffers, entries.buf, entries.starts, entries.ends
+        payload_starts = array("q")
+        add = payload_starts.append
         lac_max = -1
+        eid = first_entry_id
         if self.digest_type is not DigestType.CRC32C:
-            for i, raw in enumerate(entries):
-                e = self.verify(raw, first_entry_id + i * stride)
-                out.append(e.payload)
-                lac_max = max(lac_max, e.lac)
-            return out, lac_max
+            skip = ENTRY_HEADER_SIZE + self.digest_length
+            for i, s in enumerate(starts):
+                got = self.verify(bufs[which[i]][s:ends[i]], eid)
+                add(s + skip)
+                if got.lac > lac_max:
+                    lac_max = got.lac
+                eid += stride
+            return PayloadSpans(bufs, which, payload_starts, ends), lac_max
         head = _CRC32C_HEAD.unpack_from
         crc = _crc32c_fn
         lid = self.ledger_id
-        eid = first_entry_id
-        for raw in entries:
-            view = raw if type(raw) is memoryview else memoryview(raw)
-            if len(view) < _CRC32C_END:
-                self.verify(raw, eid)  # raises, naming what is wrong
-            ledger_id, entry_id, lac, _length, stored = head(view)
+        hsize = ENTRY_HEADER_SIZE
+        skip = _CRC32C_END
+        for b, s, e in zip(which, starts, ends):
+            src = bufs[b]
+            p = s + skip
+            if p > e:
+                self.verify(src[s:e], eid)  # raises, naming what is wrong
+            ledger_id, entry_id, lac, _length, stored = head(src, s)
             if (ledger_id != lid or entry_id != eid
-                    or stored != crc(view[_CRC32C_END:], crc(view[:ENTRY_HEADER_SIZE]))):
-                self.verify(raw, eid)  # raises, naming what is wrong
-            out.append(view[_CRC32C_END:])
+                    or stored != crc(src[p:e], crc(src[s:s + hsize]))):
+                self.verify(src[s:e], eid)  # raises, naming what is wrong
+            add(p)
             if lac > lac_max:
                 lac_max = lac
             eid += stride
-        return out, lac_max
+        return PayloadSpans(bufs, which, payload_starts, ends), lac_max
 
     # -- explicit LAC ----------------------------------------------------------------------
 

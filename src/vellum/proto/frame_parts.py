@@ -6,7 +6,8 @@ facade. Package-private: only the ``proto`` modules import these names."""
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
+from array import array
+from collections.abc import Callable, Sequence
 from typing import Literal, TypeAlias
 
 from vellum.errors import EOK, IncorrectParameterError
@@ -14,6 +15,7 @@ from vellum.proto.messages import (
     MASTER_KEY_LENGTH,
     PROTOCOL_VERSION,
     BytesLike,
+    FrameEntries,
     Message,
 )
 
@@ -63,7 +65,7 @@ def _expect(body: memoryview, size: int, name: str) -> None:
         raise _Malformed(f"{name} frame body of {len(body)} bytes, expected {size}")
 
 
-def _entry_parts(status: int, entries: tuple[BytesLike, ...], what: str) -> tuple[list[BytesLike], int]:
+def _entry_parts(status: int, entries: Sequence[BytesLike], what: str) -> tuple[list[BytesLike], int]:
     """The ``[int len][entry]`` list of a multi-entry response as buffers after an empty slot
     for the fixed part (filled by the caller), and the frame size with a 32-byte fixed part;
     the encoding twin of ``_entries``."""
@@ -78,20 +80,29 @@ def _entry_parts(status: int, entries: tuple[BytesLike, ...], what: str) -> tupl
     return parts, size
 
 
-def _entries(body: memoryview, pos: int, what: str, owned: bool) -> tuple[BytesLike, ...]:
-    """The ``[int len][entry]`` list filling ``body`` from ``pos``."""
+def _entries(body: memoryview, pos: int, what: str, owned: bool) -> FrameEntries:
+    """The ``[int len][entry]`` list filling ``body`` from ``pos``, as offsets into one buffer:
+    ``body`` itself when the frame owns its buffer, else one copy of the list (the decoder's
+    buffer is reused for the next frames)."""
+    if not owned:
+        body = memoryview(bytes(body[pos:]))
+        pos = 0
     end = len(body)
-    entries: list[BytesLike] = []
+    starts: list[int] = []  # lists, made arrays once: list.append is the cheaper per entry
+    ends: list[int] = []
+    add_start, add_end = starts.append, ends.append
+    unpack = _INT.unpack_from
     while pos < end:
         if end - pos < 4:
-            raise _Malformed(f"{what} response: {end - pos} trailing bytes after entry {len(entries)}")
-        (size,) = _INT.unpack_from(body, pos)
+            raise _Malformed(f"{what} response: {end - pos} trailing bytes after entry {len(starts)}")
+        (size,) = unpack(body, pos)
         pos += 4
         if size < 0 or size > end - pos:
-            raise _Malformed(f"{what} response: entry {len(entries)} claims {size} bytes, {end - pos} left")
-        entries.append(body[pos : pos + size] if owned else bytes(body[pos : pos + size]))
+            raise _Malformed(f"{what} response: entry {len(starts)} claims {size} bytes, {end - pos} left")
+        add_start(pos)
         pos += size
-    return tuple(entries)
+        add_end(pos)
+    return FrameEntries(body, array("q", starts), array("q", ends))
 
 
 def _utf8(text: str, limit: int, what: str) -> bytes:

@@ -21,9 +21,10 @@ Invariants:
 from __future__ import annotations
 
 import struct
+from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeAlias, get_args
+from typing import Any, ClassVar, TypeAlias, get_args, overload
 
 from vellum.errors import EBADREQ
 
@@ -183,6 +184,44 @@ class ReadResponse:
     entry: BytesLike = b""
 
 
+class FrameEntries(Sequence[BytesLike]):
+    """The entries of a multi-entry answer (BATCH_READ, READ_STRIDED) as one buffer and where
+    each lies in it: entry i is ``body[starts[i]:ends[i]]``. Bulk readers check and decode the
+    entries from these offsets without an object per entry; everyone else uses it as the
+    sequence of entries it is (an item is a view of ``body``)."""
+
+    __slots__ = ("body", "ends", "starts")
+
+    def __init__(self, body: memoryview, starts: array[int], ends: array[int]) -> None:
+        if len(starts) != len(ends):
+            raise ValueError(f"FrameEntries: {len(starts)} starts but {len(ends)} ends")
+        self.body = body
+        self.starts = starts
+        self.ends = ends
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    @overload
+    def __getitem__(self, i: int) -> BytesLike: ...
+    @overload
+    def __getitem__(self, i: slice) -> FrameEntries: ...
+    def __getitem__(self, i: int | slice) -> BytesLike | FrameEntries:
+        if isinstance(i, slice):
+            return FrameEntries(self.body, self.starts[i], self.ends[i])
+        return self.body[self.starts[i]:self.ends[i]]
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, (bytes, bytearray, memoryview, str)):
+            return NotImplemented
+        return len(self) == len(other) and all(bytes(a) == bytes(b) for a, b in zip(self, other))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"FrameEntries({len(self)} entries, {len(self.body)} bytes)"
+
+
 @dataclass(frozen=True, slots=True)
 class BatchReadRequest:
     """BATCH_READ (v2, BookKeeper 4.17): up to ``max_count`` entries / ``max_size`` bytes from
@@ -213,7 +252,7 @@ class BatchReadResponse:
     ledger_id: int
     entry_id: int
     request_id: int
-    entries: tuple[BytesLike, ...] = ()
+    entries: Sequence[BytesLike] = ()
 
 
 # ===========================================================================================
@@ -466,7 +505,7 @@ class StridedReadResponse:
     status: int
     ledger_id: int
     first_entry_id: int
-    entries: tuple[BytesLike, ...] = ()
+    entries: Sequence[BytesLike] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,7 @@ from itertools import accumulate
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from vellum.format.entry import BytesLike
+from vellum.format.entry import BytesLike, PayloadSpans
 from vellum.format.records import (
     FLAG_KEYS,
     FLAG_TIMESTAMPS,
@@ -42,6 +42,8 @@ from vellum.format.records import (
 _LITTLE = sys.byteorder == "little"
 _ROWS_HEAD = struct.Struct("<4sI")
 _RECORDS_HEAD = struct.Struct("<4sIIq")
+_ROWS_HEAD_2 = struct.Struct(_ROWS_HEAD.format + "II")  # and the first two offsets
+_RECORDS_HEAD_2 = struct.Struct(_RECORDS_HEAD.format + "II")
 _last_offset = struct.Struct("<I").unpack_from
 _first_last = struct.Struct("<II").unpack_from
 
@@ -81,6 +83,11 @@ def decode_values(payloads: Sequence[BytesLike], records: bool) -> PackedColumns
     entry of the format or has a header section (then decode them one by one)."""
     if not _LITTLE or not payloads:
         return None
+    if isinstance(payloads, PayloadSpans):
+        fast = _decode_bare_spans(payloads, records)
+        if fast is not None:
+            return fast
+        # not all bare values (or a check failed): the general pass below, entry by entry views
     unpack_head = (_RECORDS_HEAD if records else _ROWS_HEAD).unpack_from
     hsize = RECORDS_HEADER_SIZE if records else HEADER_SIZE
     magic = RECORDS_MAGIC if records else MAGIC
@@ -182,6 +189,63 @@ def decode_values(payloads: Sequence[BytesLike], records: bool) -> PackedColumns
                     event.frombytes(bytes(8 * n))
     except struct.error:  # an entry shorter than its header
         return None
+    return _columns(records, offs, koffs, counts, sizes, ksizes, stamps, event, kvalid, tvalid, chunks, kchunks,
+                    any_keys, any_ts)
+
+
+def _decode_bare_spans(spans: PayloadSpans, records: bool) -> PackedColumns | None:
+    """:func:`decode_values` of a run whose entries all hold bare values (what producers and
+    the sink write), read where they lie in the bookies' answers: per entry one unpack of its
+    header and first offsets, no view of the entry. None if any entry is not such an entry or
+    fails a check (the general pass then decides)."""
+    bufs, which, starts, ends = spans.buffers, spans.buf, spans.starts, spans.ends
+    hsize = RECORDS_HEADER_SIZE if records else HEADER_SIZE
+    head = (_RECORDS_HEAD_2 if records else _ROWS_HEAD_2).unpack_from
+    magic = RECORDS_MAGIC if records else MAGIC
+    offs = array("I")
+    counts, sizes, stamps = array("q"), array("q"), array("q")
+    chunks: list[memoryview] = []
+    add_offsets, add_count, add_size, add_chunk, add_stamp = (offs.frombytes, counts.append, sizes.append,
+                                                              chunks.append, stamps.append)
+    one_offset = bytes(4)
+    fixed = hsize + 8  # the header and the first two offsets
+    for b, s, e in zip(which, starts, ends):
+        if s + fixed > e:
+            return None
+        src = bufs[b]
+        fields = head(src, s)
+        n = fields[1]
+        if fields[0] != magic or n < 1:
+            return None
+        if records:
+            if fields[2]:  # keys, timestamps, headers: the general pass
+                return None
+            add_stamp(fields[3])
+        data = s + hsize + 4 * (n + 1)
+        if n == 1:
+            if fields[-2] != 0:
+                return None
+            vsize = fields[-1]
+            add_offsets(one_offset)
+        else:
+            if fields[-2] != 0 or data > e:
+                return None
+            vsize = _last_offset(src, data - 4)[0]
+            add_offsets(src[s + hsize:data - 4])
+        if data + vsize != e:
+            return None
+        add_count(n)
+        add_size(vsize)
+        add_chunk(src[data:e])
+    zeros = array("q")
+    return _columns(records, offs, array("I"), counts, sizes, array("q", bytes(8 * len(counts))), stamps, zeros,
+                    array("b"), array("b"), chunks, [], False, False)
+
+
+def _columns(records: bool, offs: array[int], koffs: array[int], counts: array[int], sizes: array[int],
+             ksizes: array[int], stamps: array[int], event: array[int], kvalid: array[int], tvalid: array[int],
+             chunks: list[memoryview], kchunks: list[memoryview], any_keys: bool, any_ts: bool) -> PackedColumns | None:
+    """The Arrow columns of what a decoding pass collected (see :func:`decode_values`)."""
     m = len(counts)
     n_rows = len(offs)
     bases = array("q", accumulate(sizes, initial=0))

@@ -53,7 +53,7 @@ from pyspark.sql.types import StructType
 from vellum.client.blocking import BookKeeper, LedgerEntry
 from vellum.client.ledger import LedgerHandle as AsyncLedgerHandle
 from vellum.errors import NoSuchEntryError, NoSuchLedgerError, VellumError
-from vellum.format.entry import BytesLike
+from vellum.format.entry import PayloadSpans
 from vellum.format.records import RECORDS_V1, entry_format, is_packed
 from vellum.spark.catalog import Bounds, Catalog, DataLossError, Span, catalog_for, resolve_offset
 from vellum.spark.connection import client, drop_client, shared_client
@@ -269,14 +269,14 @@ def read_range(opts: ReadOptions, schema: StructType, part: EntryRange,
     # follow the rows per entry seen so far, so a batch stays near the rows wanted.
     step = rows_wanted if not packed else max(1, min(rows_wanted, 8))
 
-    def fetch(lo: int) -> tuple[int, int, concurrent.futures.Future[list[BytesLike]]]:
+    def fetch(lo: int) -> tuple[int, int, concurrent.futures.Future[PayloadSpans]]:
         hi = min(part.last, lo + step - 1)
         # Payloads only (verified, views of the bookies' answers): no object per entry.
         return lo, hi, bk.submit(handle.aio.read_payloads(lo - part.base, hi - part.base))
 
     # Reads stay in flight ahead (up to _READS_AHEAD ranges): the bookies and the client's loop
     # fetch the next ranges while this thread unpacks the current one and Spark consumes it.
-    pending: collections.deque[tuple[int, int, concurrent.futures.Future[list[BytesLike]]]] = collections.deque()
+    pending: collections.deque[tuple[int, int, concurrent.futures.Future[PayloadSpans]]] = collections.deque()
     next_lo = part.first
 
     def refill(depth: int) -> None:
@@ -310,7 +310,7 @@ def read_range(opts: ReadOptions, schema: StructType, part: EntryRange,
                     refill(_READS_AHEAD)
                     continue
                 entry_ids = [e.entry_id for e in entries]
-                payloads = [e.payload for e in entries]
+                payloads = PayloadSpans.of([e.payload for e in entries])
             if packed:
                 row_ids, index, cols = unpack(part.ledger_id, part.base, entry_ids, payloads, fmt == RECORDS_V1)
                 step = max(1, rows_wanted * len(payloads) // max(1, len(row_ids)))
