@@ -164,7 +164,7 @@ class SimAutoRecovery:
 
 
 class Holder(Protocol):
-    """A simulated bookie as ``replicas`` asks it (``runner.BookieNode``)."""
+    """A simulated bookie as ``replicas`` asks it (``node.BookieNode``)."""
 
     name: str
 
