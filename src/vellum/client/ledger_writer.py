@@ -72,7 +72,7 @@ import asyncio
 import functools
 import logging
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 from vellum import stats
@@ -467,16 +467,8 @@ class LedgerWriter:
                     )
                 old_ensemble = self._view.ensemble
                 new_ensemble = list(old_ensemble)
-                exclude = set(old_ensemble) | self._ever_failed
-                ctx = self._ctx
                 for idx in sorted(failed):
-                    replacement = ctx.placement.replace_bookie(
-                        new_ensemble, idx, self._WQ,
-                        writable=ctx.writable_bookies, read_only=ctx.read_only_bookies,
-                        exclude=frozenset(exclude), ack_quorum=self._AQ,
-                    )
-                    new_ensemble[idx] = replacement
-                    exclude.add(replacement)
+                    new_ensemble[idx] = self._replacement(new_ensemble, idx, old_ensemble)
                 first_entry_id = self._view.lac + 1
                 await self._metadata.add_segment(first_entry_id, new_ensemble)  # the view adopts it
                 log.info("ledger %d: ensemble change at entry %d: %s -> %s", self.ledger_id,
@@ -520,6 +512,31 @@ class LedgerWriter:
             self._changing_ensemble = False
             self._change_task = None
         self._complete_adds()
+
+    def _replacement(self, new_ensemble: list[str], idx: int, old_ensemble: Sequence[str]) -> str:
+        """A bookie for place ``idx`` (rule 11 of docs/correctness.md, "When no spare is left"):
+        one that never failed a write of this ledger if the placement finds one; else one
+        that failed earlier but is registered writable again (not one of the ensemble, which
+        holds every bookie failing now), rather than keep a bookie known to lack entries.
+        ``NotEnoughBookiesError`` when neither exists."""
+        ctx = self._ctx
+        taken = set(old_ensemble) | set(new_ensemble)
+
+        def pick(exclude: set[str]) -> str:
+            return ctx.placement.replace_bookie(
+                new_ensemble, idx, self._WQ, writable=ctx.writable_bookies, read_only=ctx.read_only_bookies,
+                exclude=frozenset(exclude), ack_quorum=self._AQ)
+
+        try:
+            return pick(taken | self._ever_failed)
+        except NotEnoughBookiesError:
+            if not self._ever_failed - taken:
+                raise  # nobody to take back
+        bookie = pick(taken)
+        log.info("ledger %d: no bookie that never failed is left; taking back %s (it failed a write of this "
+                 "ledger earlier and is registered writable again) for position %d", self.ledger_id, bookie, idx,
+                 extra={"ledger_id": self.ledger_id, "peer": str(bookie)})
+        return bookie
 
     def _retry_ensemble_change(self) -> None:
         self._retry_timer = None
