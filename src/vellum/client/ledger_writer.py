@@ -27,8 +27,10 @@ writer halves its send window (AIMD, floor 16, growing back ~1 per window of ack
 (then the ensemble changes).
 
 Ensemble change (write failure to bookie ``i``: dead, timeout, read-only...):
-- the placement policy picks a replacement (not in the ensemble, not read-only, not a bookie that
-  already failed for this writer); the new segment ``{LAC + 1 -> new ensemble}`` is written to
+- the placement policy picks a replacement (not in the ensemble, not read-only), preferring a
+  bookie that never failed for this writer; when none is left, one that failed earlier and is
+  registered writable again is taken back rather than keep the failing one (rule 11 of
+  docs/correctness.md, "When no spare is left"); the new segment ``{LAC + 1 -> new ensemble}`` is written to
   the metadata by compare-and-set (``metadata_update.py``), and only then are the entries not
   yet acknowledged re-sent to the new bookie;
 - ``on_ensemble_change(new metadata)``, when given, runs before every such compare-and-set and
