@@ -75,18 +75,30 @@ class BookieAdmin:
         info = self._bookie.info()
         return {"freeSpace": info.free_disk_bytes, "totalSpace": info.total_disk_bytes}
 
-    def state(self) -> dict[str, bool]:
+    def state(self) -> dict[str, bool | str]:
+        """BookKeeper's ``bookie/state``, plus ``readOnlyReason`` (why, when read-only: a failed
+        journal, full disks, the admin switch)."""
         shutting_down = self._is_shutting_down()
-        return {
+        out: dict[str, bool | str] = {
             "running": not shutting_down,
             "readOnly": self._bookie.is_read_only,
             "shuttingDown": shutting_down,
             "availableForHighPriorityWrites": not shutting_down,
         }
+        reason = self._bookie.read_only_reason
+        if reason is not None:
+            out["readOnlyReason"] = reason
+        return out
 
-    def set_read_only(self, read_only: bool) -> dict[str, bool]:
+    def set_read_only(self, read_only: bool) -> dict[str, bool | str]:
+        """The admin switch; the answer says why a bookie stays read-only when asked to be
+        writable (full disks, a failed journal: the switch cannot undo those)."""
         self._bookie.set_forced_read_only(read_only)
-        return {"readOnly": self._bookie.is_read_only}
+        out: dict[str, bool | str] = {"readOnly": self._bookie.is_read_only}
+        reason = self._bookie.read_only_reason
+        if not read_only and reason is not None:
+            out["readOnlyReason"] = reason
+        return out
 
     def list_bookies(self, kind: str = "rw", print_hostnames: bool = False) -> dict[str, str | None]:
         if kind not in ("rw", "ro", "all"):
@@ -145,7 +157,8 @@ class BookieAdmin:
         kept running for ``SANITY_WAIT_S``."""
         if self._bookie.is_read_only:
             return {"passed": False, "readOnly": True,
-                    "error": f"bookie {self.bookie_id} is read-only: it takes no writes, so the sanity check "
+                    "error": f"bookie {self.bookie_id} is read-only ({self._bookie.read_only_reason}): it takes "
+                             "no writes, so the sanity check "
                              "(write a ledger on it, read it back) cannot run; make it writable first "
                              "(PUT /api/v1/bookie/state/readonly {\"readOnly\": false}, or free disk space)"}
         try:

@@ -20,6 +20,8 @@ Invariants (rules 1, 3, 4, 7 of docs/correctness.md):
 - a fence is acknowledged only after the fence record is durable in the journal; once fenced,
   normal adds are refused (recovery adds are still accepted);
 - a read-only bookie refuses normal adds but serves reads, fences and recovery adds;
+- a failed journal (fail-stop) turns the bookie read-only until it is restarted; its adds,
+  recovery adds and fences keep failing in the journal (EIO), reads are still served;
 - "no such entry" is answered only by the storage, which knows what it holds, and never for a
   *limbo* ledger (one whose data this bookie may have lost, ``bookie/integrity.py``): there a
   missing entry, the last entry and the LAC are "unknown" (rule 12 of docs/correctness.md).
@@ -51,6 +53,7 @@ from vellum.errors import (
     LedgerFencedError,
     NoSuchEntryError,
     NoSuchLedgerError,
+    StorageError,
     UnknownLedgerStateError,
     VellumError,
     WriteOnReadOnlyBookieError,
@@ -161,6 +164,8 @@ class Bookie:
         self._read_only_mode_enabled = read_only_mode_enabled
         self._forced_read_only = force_read_only
         self._disk_read_only = False
+        #: why a failed journal made this bookie read-only for good (None: no journal failed)
+        self._journal_failure: str | None = None
         #: the master key and fence flag of every ledger known here (one role: ``LedgerKeys``)
         self._keys = LedgerKeys(self._router, self._journal, master_key_check)
         self._lacs = _LacWaiters()
@@ -174,6 +179,8 @@ class Bookie:
         self._gc_threads = list(gc_threads)  # one per ledger storage (docs/gc.md)
         for gc in self._gc_threads:
             gc.on_ledger_deleted = self.forget_ledger
+        for journal in self._journals:
+            journal.add_failure_listener(self._on_journal_failed)
         self._metrics = metrics
         metrics.track(self)  # last: the collector may read this bookie from now on
 
@@ -187,7 +194,29 @@ class Bookie:
     # ------------------------------------------------------------------------------------- state
     @property
     def is_read_only(self) -> bool:
-        return self._forced_read_only or self._disk_read_only
+        return self._forced_read_only or self._disk_read_only or self._journal_failure is not None
+
+    @property
+    def read_only_reason(self) -> str | None:
+        """Why this bookie is read-only (None when writable); a failed journal first, since
+        only a restart ends it."""
+        if self._journal_failure is not None:
+            return self._journal_failure
+        if self._disk_read_only:
+            return "every ledger dir is full (diskUsageThreshold); free disk space"
+        if self._forced_read_only:
+            return "forced read-only (forceReadOnlyBookie or the admin switch)"
+        return None
+
+    def _on_journal_failed(self, error: StorageError) -> None:
+        """A journal failed (fail-stop, rule 1 of docs/correctness.md): leave the writable set
+        at once and for good (a journal never un-fails). Reads are still served; adds, recovery
+        adds and fences keep failing in the journal (EIO). See docs/operations.md."""
+        if self._journal_failure is not None:
+            return
+        self._journal_failure = f"journal failed: {error}; restart the bookie after checking the journal disk"
+        log.error("bookie turned read-only until restarted: %s", self._journal_failure)
+        self._state_changed()
 
     def set_forced_read_only(self, value: bool) -> None:
         """Admin switch (``/api/v1/bookie/state/readonly``)."""

@@ -35,6 +35,8 @@ class JournalCounts(Protocol):
     def fsyncs_total(self) -> int: ...
     @property
     def records_synced_total(self) -> int: ...
+    @property
+    def failed(self) -> object | None: ...
 
 
 class MeteredBookie(Protocol):
@@ -68,6 +70,11 @@ _METRICS: tuple[stats.SourceMetric[MeteredBookie], ...] = (
     stats.SourceMetric("bookie_journal_JOURNAL_SYNCED_RECORDS", "journal records covered by an fsync",
                        lambda b: {(str(j.index),): float(j.records_synced_total) for j in b.journals},
                        labels=("journal",)),
+    stats.SourceMetric("bookie_journal_JOURNAL_FAILED",
+                       "1 = this journal failed a write or fsync (fail-stop): the bookie is read-only until "
+                       "restarted (its state's readOnlyReason and the log say why)",
+                       lambda b: {(str(j.index),): 0.0 if j.failed is None else 1.0 for j in b.journals},
+                       kind="gauge", labels=("journal",)),
     stats.SourceMetric("bookie_BOOKIE_ADD_ENTRY_REJECTED", "adds refused",
                        lambda b: {(k,): float(v) for k, v in b.adds_rejected.items()}, labels=("reason",)),
     stats.SourceMetric("bookie_DATA_INTEGRITY_LIMBO_LEDGERS",

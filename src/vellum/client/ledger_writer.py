@@ -28,8 +28,10 @@ writer halves its send window (AIMD, floor 16, growing back ~1 per window of ack
 (then the ensemble changes).
 
 Ensemble change (write failure to bookie ``i``: dead, timeout, read-only...):
-- the placement policy picks a replacement (not in the ensemble, not read-only, not a bookie that
-  already failed for this writer); the new segment ``{LAC + 1 -> new ensemble}`` is written to
+- the placement policy picks a replacement (not in the ensemble, not read-only), preferring a
+  bookie that never failed for this writer; when none is left, one that failed earlier and is
+  registered writable again is taken back rather than keep the failing one (rule 11 of
+  docs/correctness.md, "When no spare is left"); the new segment ``{LAC + 1 -> new ensemble}`` is written to
   the metadata by compare-and-set (``metadata_update.py``), and only then are the entries not
   yet acknowledged re-sent to the new bookie;
 - ``on_ensemble_change(new metadata)``, when given, runs before every such compare-and-set and
@@ -73,7 +75,7 @@ import asyncio
 import functools
 import logging
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 from vellum import stats
@@ -466,16 +468,8 @@ class LedgerWriter:
                     )
                 old_ensemble = self._view.ensemble
                 new_ensemble = list(old_ensemble)
-                exclude = set(old_ensemble) | self._ever_failed
-                ctx = self._ctx
                 for idx in sorted(failed):
-                    replacement = ctx.placement.replace_bookie(
-                        new_ensemble, idx, self._WQ,
-                        writable=ctx.writable_bookies, read_only=ctx.read_only_bookies,
-                        exclude=frozenset(exclude), ack_quorum=self._AQ,
-                    )
-                    new_ensemble[idx] = replacement
-                    exclude.add(replacement)
+                    new_ensemble[idx] = self._replacement(new_ensemble, idx, old_ensemble)
                 first_entry_id = self._view.lac + 1
                 await self._metadata.add_segment(first_entry_id, new_ensemble)  # the view adopts it
                 log.info("ledger %d: ensemble change at entry %d: %s -> %s", self.ledger_id,
@@ -519,6 +513,31 @@ class LedgerWriter:
             self._changing_ensemble = False
             self._change_task = None
         self._complete_adds()
+
+    def _replacement(self, new_ensemble: list[str], idx: int, old_ensemble: Sequence[str]) -> str:
+        """A bookie for place ``idx`` (rule 11 of docs/correctness.md, "When no spare is left"):
+        one that never failed a write of this ledger if the placement finds one; else one
+        that failed earlier but is registered writable again (not one of the ensemble, which
+        holds every bookie failing now), rather than keep a bookie known to lack entries.
+        ``NotEnoughBookiesError`` when neither exists."""
+        ctx = self._ctx
+        taken = set(old_ensemble) | set(new_ensemble)
+
+        def pick(exclude: set[str]) -> str:
+            return ctx.placement.replace_bookie(
+                new_ensemble, idx, self._WQ, writable=ctx.writable_bookies, read_only=ctx.read_only_bookies,
+                exclude=frozenset(exclude), ack_quorum=self._AQ)
+
+        try:
+            return pick(taken | self._ever_failed)
+        except NotEnoughBookiesError:
+            if not self._ever_failed - taken:
+                raise  # nobody to take back
+        bookie = pick(taken)
+        log.info("ledger %d: no bookie that never failed is left; taking back %s (it failed a write of this "
+                 "ledger earlier and is registered writable again) for position %d", self.ledger_id, bookie, idx,
+                 extra={"ledger_id": self.ledger_id, "peer": str(bookie)})
+        return bookie
 
     def _retry_ensemble_change(self) -> None:
         self._retry_timer = None

@@ -499,7 +499,7 @@ class World:
     async def _eio(self, node: BookieNode, rng: random.Random) -> None:
         """An I/O error on ``node``'s disk for a while. Half the time its journal: fail-stop, as
         ``storage/journal.py`` (every pending and later add and fence answered EIO, reads still
-        served) until the process is restarted, as an operator would; else its ledger storage's
+        served, registered read-only) until the process is restarted, as an operator would; else its ledger storage's
         flushes: adds refused with back-pressure while they fail, nothing lost."""
         bookie = node.bookie
         if not isinstance(bookie, SimBookie) or not node.up:  # a model-only fault (MODEL_ONLY_FAULTS)
@@ -508,6 +508,8 @@ class World:
         if rng.random() < 0.5:
             failed = bookie.fail_journal("write failed")
             self.history.add("nemesis", "eio", value=f"journal of {node.name} ({failed} pending records failed)")
+            # as ``bookie/bookie.py``: a failed journal turns the bookie read-only until restarted
+            self.store.registration.register_bookie(BookieId(node.name), read_only=True)
             await asyncio.sleep(rng.uniform(0.05, 1.0))
             if node.bookie is bookie and node.up:
                 self._crash(node)

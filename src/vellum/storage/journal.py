@@ -292,6 +292,7 @@ class Journal:
         self._queue = _Queue(queue_size)
         self._force_queue = _Queue(1 << 62)
         self._error: StorageError | None = None
+        self._failure_listeners: list[Callable[[StorageError], None]] = []
         self._mark = ZERO_MARK
         self._started = False
         self._stopped = False
@@ -320,6 +321,11 @@ class Journal:
     def failed(self) -> StorageError | None:
         """The error that stopped this journal (fail-stop), or None."""
         return self._error
+
+    def add_failure_listener(self, fn: Callable[[StorageError], None]) -> None:
+        """``fn(error)`` is called once, on the thread that hit it, when this journal fails
+        (fail-stop: it never un-fails). The bookie turns read-only from it."""
+        self._failure_listeners.append(fn)
 
     def journal_path(self, journal_id: int) -> Path:
         return self._file.journal_path(journal_id)
@@ -686,6 +692,11 @@ class Journal:
         if self._error is None:
             self._error = StorageError(f"{what}: {exc}")
             log.error("journal %d failed (fail-stop): %s", self.index, self._error)
+            for fn in list(self._failure_listeners):
+                try:
+                    fn(self._error)
+                except Exception:  # a listener must not break the journal's own failure path
+                    log.exception("journal %d: failure listener failed", self.index)
         return self._error
 
     # ------------------------------------------------------------------ force-write thread

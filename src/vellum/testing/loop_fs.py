@@ -4,7 +4,8 @@ Responsibility: make an ext4 image with ``mkfs.ext4`` (Debian's ``e2fsprogs``), 
 of blocks reserved for root that the test asks for (``-m``, ext4's default is 5 %), mount it
 through a loop device (``mount -o loop``) on a private directory, and take it away again.
 ``frozen(mount)`` freezes the filesystem (``fsfreeze``): every write and fsync to it blocks
-until it is thawed, as on a disk that stopped answering.
+until it is thawed, as on a disk that stopped answering; ``shut_down(mount)`` makes every
+later write and fsync to it fail with EIO, as on a disk that died.
 
 Invariants:
 - mounting needs root; ``missing_reason()`` says why a machine cannot do it (tests skip then);
@@ -17,8 +18,10 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
+import struct
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -91,3 +94,19 @@ def frozen(mount: Path) -> Iterator[None]:
         yield
     finally:
         _must("fsfreeze", "-u", str(mount))
+
+
+#: ``EXT4_IOC_SHUTDOWN`` (``_IOR('X', 125, __u32)``) and its ``EXT4_GOING_FLAGS_NOLOGFLUSH``
+_EXT4_IOC_SHUTDOWN = 0x8004587D
+_EXT4_GOING_FLAGS_NOLOGFLUSH = 2
+
+
+def shut_down(mount: Path) -> None:
+    """The disk under ``mount`` fails for good: ext4's shutdown ioctl (what ``xfs_io -c
+    shutdown`` does), after which every write, fsync and open on it answers EIO, as a dead disk
+    does. Unmounting still works."""
+    fd = os.open(mount, os.O_RDONLY)
+    try:
+        fcntl.ioctl(fd, _EXT4_IOC_SHUTDOWN, struct.pack("I", _EXT4_GOING_FLAGS_NOLOGFLUSH))
+    finally:
+        os.close(fd)
