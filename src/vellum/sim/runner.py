@@ -26,6 +26,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from vellum.autorecovery import copier as ar_copier
 from vellum.autorecovery import worker as ar_worker
@@ -156,6 +157,22 @@ REGRESSIONS = {
 }
 
 
+#: each flag of ``REGRESSIONS``: the module-level switch that holds its fix, and the value that
+#: reverts it (the switch's shipped value keeps the fix)
+_FLAG_SWITCHES: dict[str, tuple[Any, str, bool]] = {
+    "no-fencing-recovery-reads": (client_recovery, "_fence_recovery_reads", False),
+    "persist-recovery-segments": (client_metadata_update, "_defer_recovery_segments", False),
+    "ignore-late-write-failures": (client_ledger_writer, "_replace_after_ack", False),
+    "avoid-bad-fragment-bookies": (ar_worker, "_avoid_registered_bad_bookies", True),
+    "stop-at-unhealable-fragment": (ar_worker, "_stop_at_unhealable_fragment", True),
+    "copy-only-from-other-replicas": (ar_copier, "_read_from_replaced_bookie", False),
+    "start-wiped-bookie": (storage_cookies, "_refuse_wiped_bookie", False),
+    "no-delete-tombstone": (storage_upkeep, "_leave_tombstone", False),
+    "serve-unchecked-reads": (storage_reads, "_check_reads", False),
+}
+assert _FLAG_SWITCHES.keys() == REGRESSIONS.keys()
+
+
 @dataclass
 class RunResult:
     seed: int
@@ -179,35 +196,12 @@ class RunResult:
 def _seeded_globals(seed: int, flags: frozenset[str]) -> Iterator[None]:
     state = random.getstate()
     random.seed(seed ^ 0x5EED)
-    fence_reads = client_recovery._fence_recovery_reads
     # A regression flag turns its fix off; without it the code runs as shipped (so a fix removed
     # from the code is caught by the seeds too).
-    if "no-fencing-recovery-reads" in flags:
-        client_recovery._fence_recovery_reads = False
-    defer_segments = client_metadata_update._defer_recovery_segments
-    if "persist-recovery-segments" in flags:
-        client_metadata_update._defer_recovery_segments = False
-    replace_after_ack = client_ledger_writer._replace_after_ack
-    if "ignore-late-write-failures" in flags:
-        client_ledger_writer._replace_after_ack = False
-    avoid_bad = ar_worker._avoid_registered_bad_bookies
-    if "avoid-bad-fragment-bookies" in flags:
-        ar_worker._avoid_registered_bad_bookies = True
-    read_from_replaced = ar_copier._read_from_replaced_bookie
-    if "copy-only-from-other-replicas" in flags:
-        ar_copier._read_from_replaced_bookie = False
-    stop_at_unhealable = ar_worker._stop_at_unhealable_fragment
-    if "stop-at-unhealable-fragment" in flags:
-        ar_worker._stop_at_unhealable_fragment = True
-    refuse_wiped = storage_cookies._refuse_wiped_bookie
-    if "start-wiped-bookie" in flags:
-        storage_cookies._refuse_wiped_bookie = False
-    tombstone = storage_upkeep._leave_tombstone
-    if "no-delete-tombstone" in flags:
-        storage_upkeep._leave_tombstone = False
-    check_reads = storage_reads._check_reads
-    if "serve-unchecked-reads" in flags:
-        storage_reads._check_reads = False
+    saved = [(module, name, getattr(module, name)) for module, name, _reverted in _FLAG_SWITCHES.values()]
+    for flag in flags:
+        module, name, reverted = _FLAG_SWITCHES[flag]
+        setattr(module, name, reverted)
     vellum_log = logging.getLogger("vellum")
     level = vellum_log.level
     vellum_log.setLevel(logging.CRITICAL + 1)
@@ -218,15 +212,8 @@ def _seeded_globals(seed: int, flags: frozenset[str]) -> Iterator[None]:
         yield
     finally:
         random.setstate(state)
-        client_recovery._fence_recovery_reads = fence_reads
-        client_metadata_update._defer_recovery_segments = defer_segments
-        client_ledger_writer._replace_after_ack = replace_after_ack
-        ar_worker._avoid_registered_bad_bookies = avoid_bad
-        ar_worker._stop_at_unhealable_fragment = stop_at_unhealable
-        ar_copier._read_from_replaced_bookie = read_from_replaced
-        storage_cookies._refuse_wiped_bookie = refuse_wiped
-        storage_upkeep._leave_tombstone = tombstone
-        storage_reads._check_reads = check_reads
+        for module, name, value in saved:
+            setattr(module, name, value)
         vellum_log.setLevel(level)
         asyncio_log.setLevel(asyncio_level)
 
