@@ -96,6 +96,13 @@ class BookieNode:
         self.session = self._store.session(self.name)
         self.session.registration.register_bookie(BookieId(self.name))
 
+    def register_as(self, *, read_only: bool) -> None:
+        """Register again, read-only or writable, through this process's own session (as the
+        real bookie's state listener does); a process without a session (dead, or its session
+        expired and not yet replaced) registers nothing: its registration must not outlive it."""
+        if self.session is not None and self.up:
+            self.session.registration.register_bookie(BookieId(self.name), read_only=read_only)
+
     def _session_timed_out(self, session: SimMetadataStore) -> None:
         """A crashed process's session ends after its timeout; a process that started again
         meanwhile registers through a new one (as the drivers' bookie start waits for the old

@@ -38,7 +38,6 @@ from vellum.client.bookkeeper import BookKeeper
 from vellum.client.placement import DefaultPlacementPolicy
 from vellum.config import ClientConfig
 from vellum.errors import MetadataStoreUnavailableError
-from vellum.ids import BookieId
 from vellum.meta.model import LedgerMetadata
 from vellum.sim.autorecovery import SimAutoRecovery, replicas, virtual_clock
 from vellum.sim.bookie import SimBookie
@@ -496,7 +495,7 @@ class World:
             failed = bookie.fail_journal("write failed")
             self.history.add("nemesis", "eio", value=f"journal of {node.name} ({failed} pending records failed)")
             # as ``bookie/bookie.py``: a failed journal turns the bookie read-only until restarted
-            self.store.registration.register_bookie(BookieId(node.name), read_only=True)
+            node.register_as(read_only=True)
             await asyncio.sleep(rng.uniform(0.05, 1.0))
             if node.bookie is bookie and node.up:
                 self._crash(node)
@@ -512,7 +511,7 @@ class World:
     async def _full(self, node: BookieNode, rng: random.Random) -> None:
         """``node``'s disk fills up: read-only (re-registered as such, as ``bookie/bookie.py``
         with ``readOnlyModeEnabled``) for a while, then space is freed and it is writable."""
-        if node.disk.full:
+        if node.disk.full or not node.up:  # a dead process neither fills its disk nor registers
             return
         self.injected["full"] += 1
         self._set_full(node, True)
@@ -521,7 +520,7 @@ class World:
 
     def _set_full(self, node: BookieNode, full: bool) -> None:
         node.disk.full = full
-        self.store.registration.register_bookie(BookieId(node.name), read_only=full)
+        node.register_as(read_only=full)
         self.history.add("nemesis", "full" if full else "writable", value=node.name)
 
     def _clock_jump(self, rng: random.Random) -> None:
