@@ -72,6 +72,21 @@ from vellum.proto.messages import FLAG_RECOVERY_ADD, AddBatch
 _IDS = struct.Struct(">qqq")
 
 
+def completion(loop: asyncio.AbstractEventLoop) -> tuple[asyncio.Future[Any], Callable[[BaseException | None], None]]:
+    """A future and the ``done(exc)`` callback that settles it once (the callback form the
+    bookie's face answers fences and explicit LACs with), for the simulated bookies' awaitables."""
+    fut: asyncio.Future[Any] = loop.create_future()
+
+    def done(exc: BaseException | None) -> None:
+        if not fut.done():
+            if exc is None:
+                fut.set_result(None)
+            else:
+                fut.set_exception(exc)
+
+    return fut, done
+
+
 @dataclass
 class LedgerRecord:
     """One ledger on one bookie (in memory or on the simulated disk)."""
@@ -326,16 +341,7 @@ class SimBookie:
         self._journal(apply, done)
 
     def _future(self) -> tuple[asyncio.Future[Any], Callable[[BaseException | None], None]]:
-        fut: asyncio.Future[Any] = self._loop.create_future()
-
-        def done(exc: BaseException | None) -> None:
-            if not fut.done():
-                if exc is None:
-                    fut.set_result(None)
-                else:
-                    fut.set_exception(exc)
-
-        return fut, done
+        return completion(self._loop)
 
     async def fence(self, ledger_id: int, key: bytes) -> None:
         fut, done = self._future()

@@ -58,7 +58,7 @@ from vellum.format.cookie import Cookie
 from vellum.ids import BookieId, LedgerId
 from vellum.meta.api import LedgerManager, RegistrationManager
 from vellum.proto.messages import FLAG_RECOVERY_ADD, AddBatch
-from vellum.sim.bookie import KeyCheck
+from vellum.sim.bookie import KeyCheck, completion
 from vellum.stats import CollectorRegistry
 from vellum.storage.durable import FileOps
 
@@ -400,16 +400,7 @@ class RealSimBookie:
         self._kick()
 
     def _future(self) -> tuple[asyncio.Future[Any], Callable[[BaseException | None], None]]:
-        fut: asyncio.Future[Any] = self._loop.create_future()
-
-        def done(exc: BaseException | None) -> None:
-            if not fut.done():
-                if exc is None:
-                    fut.set_result(None)
-                else:
-                    fut.set_exception(exc)
-
-        return fut, done
+        return completion(self._loop)
 
     async def fence(self, ledger_id: int, key: bytes) -> None:
         fut, done = self._future()
