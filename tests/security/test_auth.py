@@ -27,7 +27,7 @@ from vellum.format.entry import DigestManager, DigestType, master_key
 from vellum.proto import FrameDecoder, encode
 from vellum.proto import messages as m
 from vellum.security import tokens
-from vellum.security.auth import BookieAuthenticator, ClientAuth, Identity, provider_names
+from vellum.security.auth import Admission, BookieAuthenticator, ClientAuth, Identity, provider_names
 from vellum.security.tls import ReloadingContext
 from vellum.security.tokens import TokenSigner, TokenVerifier
 from vellum.testing.memory_bookie import MemoryBookieServer as Bookie
@@ -89,6 +89,13 @@ def test_the_authenticator_decides_from_certificates_tokens_and_roles(secret: Pa
         auth.from_auth("token", other.encode(), None)
     with pytest.raises(SecurityError, match="over the 8192-byte limit"):
         auth.from_auth("token", b"x" * 9000, None)
+    # admit: the same decisions as a value, for a connection's session (never raises)
+    assert auth.admit(cert) == Admission(cert)
+    assert auth.admit(None, "token", token.encode()) == Admission(Identity("svc", ("bookie",), "token"))
+    refused = auth.admit(Identity("root", ("admin",), "tls"))
+    assert refused.identity is None and "has none of the authorized roles" in refused.refusal
+    assert auth.admit(None).refusal.startswith("not authenticated: this bookie requires")
+    assert auth.admit(cert, "kerberos", b"x").refusal.startswith("unknown authentication provider 'kerberos'")
     assert BookieAuthenticator(["tls"]).from_certificate("alice", ()) is not None  # no roles needed
     BookieAuthenticator(["tls"]).authorize(Identity("alice", (), "tls"))
 

@@ -211,6 +211,22 @@ def test_with_authentication_on_a_request_before_auth_is_refused_with_the_notice
     assert s.closed and requests["LIST_ENTRIES"] == 1
 
 
+def test_a_batch_or_a_bad_frame_before_auth_is_refused_as_one_request_and_counted_under_its_name(
+        tokens: tuple[TokenSigner, TokenVerifier]) -> None:
+    requests: collections.Counter[str] = collections.Counter()
+    s = Session(peer=PEER, tls=False, auth=_auth(tokens), requests=requests)
+    (notice, answer, close) = s.receive([_batch(3)])  # its first add: the connection closes after it
+    assert answer == Reply(m.AddResponse(EUA, 7, 0))
+    assert type(notice) is Reply and notice.message.request_id == m.AUTH_NOTICE_ID
+    assert type(close) is Close and close.message.startswith(f"AddRequest from {PEER} refused")
+    bad = m.BadFrame("unknown opcode 99", opcode=99, version=m.PROTOCOL_VERSION)
+    s = Session(peer=PEER, tls=False, auth=_auth(tokens), requests=requests)
+    (_notice, answer, close) = s.receive([bad])
+    assert answer == Reply(bad.error_response()) and type(close) is Close
+    # A bad frame counts as BAD_FRAME in every phase (it once counted as "BadFrame" here).
+    assert requests == collections.Counter({"ADD": 1, "BAD_FRAME": 1})
+
+
 def test_a_valid_token_authenticates_and_the_requests_after_it_are_served(
         tokens: tuple[TokenSigner, TokenVerifier]) -> None:
     s = Session(peer=PEER, tls=False, auth=_auth(tokens, roles=("client",)))

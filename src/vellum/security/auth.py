@@ -17,6 +17,10 @@ idea; Vellum's are named, a comma list on the bookie, one on a client):
 Authorization (BookKeeper's ``authorizedRoles``): an identity is served iff it has one of the
 authorized roles; an empty list authorizes every authenticated identity.
 
+A connection asks once per request (``BookieAuthenticator.admit``) and gets an ``Admission``:
+the identity it may be served as, or the reason it may not, as a value the connection's
+session decides on (``from_auth`` and ``authorize`` are the two steps of it, and raise).
+
 Invariants: ``BookieAuthenticator`` never returns an identity it has not verified; every
 refusal is a :class:`vellum.errors.SecurityError` whose message names the principal (when one
 is known) and the reason, fit for the bookie's log and for the client; nothing here logs a
@@ -81,6 +85,15 @@ class Identity:
         return f"principal {self.principal!r} ({self.method}, roles {list(self.roles)})"
 
 
+@dataclass(frozen=True)
+class Admission:
+    """What the authenticator made of a peer: ``identity``, proved and authorized (served), or
+    None and ``refusal``, the reason (``SecurityError``'s message)."""
+
+    identity: Identity | None
+    refusal: str = ""
+
+
 class BookieAuthenticator:
     """A bookie's providers and ``authorizedRoles``: identities from certificates or tokens,
     and the decision to serve them."""
@@ -128,6 +141,17 @@ class BookieAuthenticator:
             return certificate
         raise SecurityError(f"unknown authentication provider {plugin[:40]!r} (this bookie has "
                             f"{', '.join(self.providers)})")
+
+    def admit(self, certificate: Identity | None, plugin: str | None = None, payload: bytes = b"") -> Admission:
+        """Whether the peer may be served, as a value (never raises ``SecurityError``): as
+        its AUTH message (``plugin``, ``payload``) proves it, or without one (``plugin`` None)
+        as its mutual-TLS ``certificate`` does."""
+        try:
+            identity = certificate if plugin is None else self.from_auth(plugin, payload, certificate)
+            self.authorize(identity)
+        except SecurityError as e:
+            return Admission(None, str(e))
+        return Admission(identity)
 
     def authorize(self, identity: Identity | None) -> None:
         """Raise ``SecurityError`` unless ``identity`` may be served."""

@@ -14,6 +14,13 @@ Phases::
          +-- (no TLS required) -----+-- (no authentication) ---------------------------------+
     any phase --refusal, framing error, failed handshake, close()--> CLOSED
 
+Each request the session answers itself is decided in three moves, each once: its ``Facts``
+are asked (of the messages: its name and its own refusal; of the authenticator, at most one
+``admit``); the decision function of the phase the connection is in (``_PHASES``, the one
+table of phases) turns them into a ``Step`` without asking anything more (pure); the step is
+taken (the phase after it, the identity proved, the count). Operations of a trusted connection
+are dispatched without a question.
+
 Invariants:
 - with TLS required, nothing but START_TLS is served before the upgrade: any other request is
   answered with the notice ``ErrorResponse(EUA, opcode=START_TLS)`` and its own EUA answer, and
@@ -41,9 +48,9 @@ import enum
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
-from vellum.errors import EBADREQ, EOK, EUA, SecurityError
+from vellum.errors import EBADREQ, EOK, EUA
 from vellum.proto import messages as m
-from vellum.security.auth import BookieAuthenticator, Identity
+from vellum.security.auth import Admission, BookieAuthenticator, Identity
 from vellum.server import guard as g
 
 
@@ -114,6 +121,32 @@ _SESSION_REQUESTS = (m.StartTlsRequest, m.AuthRequest, m.BadFrame)
 _TRUSTED = Trusted()
 
 
+@dataclass(frozen=True, slots=True)
+class Facts:
+    """What the session needs to know of one request it decides, asked once of the messages
+    and of the authenticator: ``request`` (a batch's first add: a batch is refused as its first
+    request), its ``name`` (the count it goes under), ``answer`` (its own answer refusing it
+    EUA; None for a note) and ``admission`` (for AUTH, what it proves; for another request
+    before the connection is trusted, why it is not served; None where there is nothing to
+    ask: authentication off, TLS not yet up, START_TLS, a bad frame of a trusted connection)."""
+
+    request: Any
+    name: str
+    answer: Any
+    admission: Admission | None
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """What one request decides: the ``decisions`` out, the ``phase`` after it, the
+    ``identity`` it proved (None: unchanged), and whether it is ``counted`` under its name."""
+
+    decisions: list[Decision]
+    phase: Phase
+    identity: Identity | None = None
+    counted: bool = True
+
+
 class Session:
     """The decisions for one connection (see the module docstring)."""
 
@@ -174,23 +207,17 @@ class Session:
     def receive(self, messages: list[Any], *, buffered: bool = False) -> list[Decision]:
         """Decoded requests arrived (``buffered``: bytes of a further, incomplete frame
         follow them). Returns what to do, in order."""
-        phase = self._phase
-        if phase is Phase.SERVING:
+        if self._serving:
             for msg in messages:
                 if type(msg) in _SESSION_REQUESTS:
-                    return self._serve(messages)
+                    return self._decide(messages, buffered)
             return [Dispatch(messages)]
-        if phase is Phase.CLOSED:
-            return []
-        messages = unbatched(messages)  # the slow paths see single requests
-        if phase is Phase.UPGRADING:
+        if self._phase is Phase.UPGRADING:
             # Decrypted requests that arrived as the handshake completed, before the transport
             # reported it: decided once it has. (Reading in clear stopped at START_TLS.)
             self._early += messages
             return []
-        if phase is Phase.AWAITING_TLS:
-            return self._before_tls(messages, buffered)
-        return self._before_auth(messages)
+        return self._decide(messages, buffered)
 
     def tls_established(self, principal: str | None, roles: tuple[str, ...]) -> list[Decision]:
         """The TLS handshake completed; ``principal`` and ``roles`` from the peer's certificate
@@ -199,19 +226,15 @@ class Session:
             return []
         self.principal, self.roles = principal, roles
         out: list[Decision] = []
-        self._enter(Phase.AWAITING_AUTH)
         if self._auth is None:
             self._enter(Phase.SERVING)
             out.append(_TRUSTED)
         else:
             self.cert_identity = self._auth.from_certificate(principal, roles)
-            if self.cert_identity is not None:
-                try:
-                    self._auth.authorize(self.cert_identity)
-                except SecurityError:
-                    pass  # not yet: a token may follow (AUTH); refused at the first other request
-                else:
-                    out += self._authenticated(self.cert_identity)
+            # Not admitted: a token may follow (AUTH); refused at the first other request.
+            step = _trust(self._auth.admit(self.cert_identity), Phase.AWAITING_AUTH, [])
+            self._apply(step)
+            out += step.decisions
         early, self._early = self._early, []
         if early:
             out += self.receive(early)
@@ -241,138 +264,147 @@ class Session:
         self._enter(Phase.CLOSED)
         self._early = []
 
-    # ----------------------------------------------------------------------------- phases
-    def _before_tls(self, messages: list[Any], buffered: bool) -> list[Decision]:
-        """START_TLS starts the upgrade; anything else is refused and closes the connection."""
-        msg = messages[0]
-        if type(msg) is m.StartTlsRequest:
-            self._requests["START_TLS"] += 1
-            if len(messages) > 1 or buffered:
-                # Bytes sent in clear after START_TLS must never be taken as TLS traffic.
-                self._enter(Phase.CLOSED)
-                return [Close(g.PLAINTEXT, f"closing connection {self.peer}: data after START_TLS before its answer")]
-            self._enter(Phase.UPGRADING)
-            return [UpgradeTls(msg)]
-        self._enter(Phase.CLOSED)
-        out: list[Decision] = [Reply(m.ErrorResponse(EUA, opcode=m.OP_START_TLS))]
-        answer = m.refusal_for(msg, EUA)
-        if answer is not None:
-            out.append(Reply(answer))
-        out.append(Close(g.PLAINTEXT, (
-            f"plaintext request refused: this bookie requires TLS (peer {self.peer} sent "
-            f"{type(msg).__name__} without START_TLS), closing the connection")))
-        return out
-
-    def _before_auth(self, messages: list[Any]) -> list[Decision]:
-        """START_TLS and AUTH are answered; anything else is refused and closes the connection."""
-        assert self._auth is not None
-        out: list[Decision] = []
-        for i, msg in enumerate(messages):
-            kind = type(msg)
-            if kind is m.StartTlsRequest:
-                out += self._start_tls(msg)
-            elif kind is m.AuthRequest:
-                out += self._on_auth(msg)
-                if self._phase is Phase.SERVING:
-                    rest = messages[i + 1:]
-                    if rest:
-                        out += self.receive(rest)
-                return out
-            else:
-                try:
-                    self._auth.authorize(self.identity or self.cert_identity)
-                    reason = "not authenticated"
-                except SecurityError as e:
-                    reason = str(e)
-                self._requests[m.OPCODE_NAMES.get(getattr(kind, "OPCODE", -1), kind.__name__)] += 1
-                answer = m.refusal_for(msg, EUA)
-                return out + self._refuse_auth(m.AUTH_NOTICE_ID, f"request refused: {reason}", kind.__name__,
-                                               answer)
-        return out
-
-    def _serve(self, messages: list[Any]) -> list[Decision]:
-        """SERVING, with requests the session answers among the operations."""
+    # ------------------------------------------------------------------------ one request
+    def _decide(self, messages: list[Any], buffered: bool) -> list[Decision]:
+        """Each request the session answers: its facts asked once, the phase's decision
+        (``_PHASES``), the step taken; operations of a trusted connection go out in ``Dispatch``
+        decisions between them, in arrival order."""
         out: list[Decision] = []
         ops: list[Any] = []
-        for msg in messages:
-            kind = type(msg)
-            if kind not in _SESSION_REQUESTS:
+        last = len(messages) - 1
+        for i, msg in enumerate(messages):
+            if self._serving and type(msg) not in _SESSION_REQUESTS:
                 ops.append(msg)
                 continue
             if ops:
                 out.append(Dispatch(ops))
                 ops = []
-            if kind is m.StartTlsRequest:
-                out += self._start_tls(msg)
-            elif kind is m.AuthRequest:
-                out += self._on_auth(msg)
-                if self._phase is Phase.CLOSED:
-                    return out
-            else:
-                out += self._bad_frame(msg)
+            decide = _PHASES.get(self._phase)
+            if decide is None:  # closed (or upgrading: nothing follows START_TLS): nothing more is decided
+                return out
+            facts = self._ask(msg)
+            step = decide(self, facts, i < last or buffered)
+            if step.counted:
+                self._requests[facts.name] += 1
+            self._apply(step)
+            out += step.decisions
         if ops:
             out.append(Dispatch(ops))
         return out
 
-    # --------------------------------------------------------------------------- requests
-    def _start_tls(self, req: m.StartTlsRequest) -> list[Decision]:
-        self._requests["START_TLS"] += 1
-        if self._tls:
-            # Inside TLS already: the client's confirmation that we accepted its handshake.
-            return [Reply(m.StartTlsResponse(req.request_id, EOK))]
-        return [Refuse(g.START_TLS_UNAVAILABLE,
-                       f"START_TLS from {self.peer} refused: TLS is not configured on this bookie"),
-                Reply(m.StartTlsResponse(req.request_id, EBADREQ))]
+    def _ask(self, msg: Any) -> Facts:
+        """The one question to the messages and the one to the authenticator (see ``Facts``)."""
+        kind = type(msg)
+        if kind is m.AddBatch:
+            msg = msg.requests()[0]
+            kind = m.AddRequest
+        auth = self._auth
+        admission = None
+        if auth is not None and self._phase is not Phase.AWAITING_TLS:
+            if kind is m.AuthRequest:
+                admission = auth.admit(self.cert_identity, msg.auth_plugin_name, bytes(msg.payload))
+            elif kind is not m.StartTlsRequest and not self._serving:
+                admission = auth.admit(self.cert_identity)
+        name = "BAD_FRAME" if kind is m.BadFrame else m.OPCODE_NAMES[kind.OPCODE]
+        return Facts(msg, name, m.refusal_for(msg, EUA), admission)
 
-    def _on_auth(self, req: m.AuthRequest) -> list[Decision]:
-        self._requests["AUTH"] += 1
-        if self._auth is None:
-            return [Reply(m.AuthResponse(req.request_id, EOK, "authentication is off on this bookie"))]
-        try:
-            identity = self._auth.from_auth(req.auth_plugin_name, bytes(req.payload), self.cert_identity)
-            self._auth.authorize(identity)
-        except SecurityError as e:
-            return self._refuse_auth(req.request_id, f"authentication refused: {e}", "AUTH")
-        return [*self._authenticated(identity),
-                Reply(m.AuthResponse(req.request_id, EOK, clip(f"authenticated as {identity.principal!r}")))]
-
-    def _authenticated(self, identity: Identity) -> list[Decision]:
-        self.identity = identity
-        if self._phase is Phase.SERVING:  # authenticated again (a new token): no change of phase
-            return [Authenticated(identity)]
-        self._enter(Phase.SERVING)
-        return [Authenticated(identity), _TRUSTED]
-
-    def _refuse_auth(self, request_id: int, reason: str, what: str, answer: Any = None) -> list[Decision]:
-        """Answer EUA with ``reason`` (and ``answer``, the refused request's own EUA), then close."""
-        self._enter(Phase.CLOSED)
-        out: list[Decision] = [Reply(m.AuthResponse(request_id, EUA, clip(reason)))]
-        if answer is not None:
-            out.append(Reply(answer))
-        out.append(Close(g.AUTH_REFUSED if what == "AUTH" else g.REQUEST_BEFORE_AUTH,
-                         f"{what} from {self.peer} refused, closing the connection: {reason}", reason))
-        return out
-
-    def _bad_frame(self, bad: m.BadFrame) -> list[Decision]:
-        self._requests["BAD_FRAME"] += 1
-        out: list[Decision] = [Refuse(g.BAD_FRAME, f"bad frame from {self.peer}: {bad.reason}", bad.reason)]
-        answer = bad.error_response()
-        if answer is not None:
-            out.append(Reply(answer))
-        return out
+    def _apply(self, step: Step) -> None:
+        if step.identity is not None:
+            self.identity = step.identity
+        self._enter(step.phase)
 
 
-def unbatched(messages: list[Any]) -> list[Any]:
-    """``messages`` with every ``AddBatch`` replaced by its single ``AddRequest``s."""
-    if not any(type(msg) is m.AddBatch for msg in messages):
-        return messages
-    out: list[Any] = []
-    for msg in messages:
-        if type(msg) is m.AddBatch:
-            out += msg.requests()
-        else:
-            out.append(msg)
-    return out
+# ------------------------------------------------------------------- decisions, per phase
+# Pure: each takes the session (for its peer, and whether TLS and authentication are on), the
+# request's facts and whether more follows it (``more``), and returns the step; nothing asked.
+def _awaiting_tls(s: Session, f: Facts, more: bool) -> Step:
+    """START_TLS starts the upgrade; anything else is refused and closes the connection."""
+    if type(f.request) is m.StartTlsRequest:
+        if more:
+            # Bytes sent in clear after START_TLS must never be taken as TLS traffic.
+            return Step([Close(g.PLAINTEXT, f"closing connection {s.peer}: data after START_TLS before its answer")],
+                        Phase.CLOSED)
+        return Step([UpgradeTls(f.request)], Phase.UPGRADING)
+    return Step([Reply(m.ErrorResponse(EUA, opcode=m.OP_START_TLS)), *_answer(f), Close(g.PLAINTEXT, (
+        f"plaintext request refused: this bookie requires TLS (peer {s.peer} sent "
+        f"{type(f.request).__name__} without START_TLS), closing the connection"))], Phase.CLOSED, counted=False)
+
+
+def _awaiting_auth(s: Session, f: Facts, more: bool) -> Step:
+    """START_TLS and AUTH are answered; anything else is refused and closes the connection."""
+    kind = type(f.request)
+    if kind is m.StartTlsRequest:
+        return _start_tls(s, f, Phase.AWAITING_AUTH)
+    if kind is m.AuthRequest:
+        return _auth(s, f, Phase.AWAITING_AUTH)
+    assert f.admission is not None
+    return _refuse_auth(s, m.AUTH_NOTICE_ID, f"request refused: {f.admission.refusal or 'not authenticated'}",
+                        kind.__name__, f.answer)
+
+
+def _serving(s: Session, f: Facts, more: bool) -> Step:
+    """START_TLS, AUTH and bad frames among the operations of a trusted connection."""
+    kind = type(f.request)
+    if kind is m.StartTlsRequest:
+        return _start_tls(s, f, Phase.SERVING)
+    if kind is m.AuthRequest:
+        return _auth(s, f, Phase.SERVING)
+    return Step([Refuse(g.BAD_FRAME, f"bad frame from {s.peer}: {f.request.reason}", f.request.reason), *_answer(f)],
+                Phase.SERVING)
+
+
+#: the phases in which requests are decided, and how (upgrading holds them; closed decides nothing)
+_PHASES = {
+    Phase.AWAITING_TLS: _awaiting_tls,
+    Phase.AWAITING_AUTH: _awaiting_auth,
+    Phase.SERVING: _serving,
+}
+
+
+def _start_tls(s: Session, f: Facts, phase: Phase) -> Step:
+    """START_TLS after the upgrade: inside TLS already, the client's confirmation that we
+    accepted its handshake; without TLS configured, BookKeeper's answer (EBADREQ)."""
+    if s._tls:
+        return Step([Reply(m.StartTlsResponse(f.request.request_id, EOK))], phase)
+    return Step([Refuse(g.START_TLS_UNAVAILABLE, f"START_TLS from {s.peer} refused: TLS is not configured on this bookie"),
+                 Reply(m.StartTlsResponse(f.request.request_id, EBADREQ))], phase)
+
+
+def _auth(s: Session, f: Facts, phase: Phase) -> Step:
+    request_id = f.request.request_id
+    if f.admission is None:
+        return Step([Reply(m.AuthResponse(request_id, EOK, "authentication is off on this bookie"))], phase)
+    identity = f.admission.identity
+    if identity is None:
+        return _refuse_auth(s, request_id, f"authentication refused: {f.admission.refusal}", "AUTH")
+    return _trust(f.admission, phase, [Reply(m.AuthResponse(request_id, EOK,
+                                                            clip(f"authenticated as {identity.principal!r}")))])
+
+
+def _trust(admission: Admission, phase: Phase, then: list[Decision]) -> Step:
+    """An ``admission`` in ``phase``: authenticated (``Trusted`` once, when the connection
+    was not serving), then ``then``; not admitted, no change."""
+    identity = admission.identity
+    if identity is None:
+        return Step(then, phase)
+    if phase is Phase.SERVING:  # authenticated again (a new token): no change of phase
+        return Step([Authenticated(identity), *then], phase, identity)
+    return Step([Authenticated(identity), _TRUSTED, *then], Phase.SERVING, identity)
+
+
+def _refuse_auth(s: Session, request_id: int, reason: str, what: str, answer: Any = None) -> Step:
+    """Answer EUA with ``reason`` (and ``answer``, the refused request's own EUA), then close."""
+    out: list[Decision] = [Reply(m.AuthResponse(request_id, EUA, clip(reason)))]
+    if answer is not None:
+        out.append(Reply(answer))
+    out.append(Close(g.AUTH_REFUSED if what == "AUTH" else g.REQUEST_BEFORE_AUTH,
+                     f"{what} from {s.peer} refused, closing the connection: {reason}", reason))
+    return Step(out, Phase.CLOSED)
+
+
+def _answer(f: Facts) -> list[Decision]:
+    """The request's own refusal, as a reply (none for a note)."""
+    return [] if f.answer is None else [Reply(f.answer)]
 
 
 def clip(text: str) -> str:
