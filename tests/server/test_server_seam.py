@@ -253,6 +253,52 @@ def test_an_unexpected_exception_is_answered_einternal_logged_once_with_its_ids_
     assert 'bookkeeper_server_REQUEST_ERRORS_total{op="ADD",status="EINTERNAL"} 3.0' in text
 
 
+class RaisingAsyncBookie(FakeAsyncBookie):
+    """Hands a READ of ledger 8 and every LEDGER_CLOSED note back with an exception raised at
+    once, in the processor's own call (the bug guard of ``Processors.dispatch``)."""
+
+    def read_cb(self, ledger_id: int, entry_id: int, fence_key: bytes | None,
+                done: Callable[[bytes | None, BaseException | None], None]) -> None:
+        if ledger_id == 8:
+            raise KeyError("a bug in read_cb")
+        super().read_cb(ledger_id, entry_id, fence_key, done)
+
+    def note_ledger_closed(self, ledger_id: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+
+def test_a_processor_that_raises_is_answered_with_its_own_refusal_and_the_connection_serves_on(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    for name, level in (("_UNEXPECTED", logging.ERROR), ("_IO_ERRORS", logging.WARNING)):
+        monkeypatch.setattr(processors, name, processors._RateLimitedLog(level, 0.0))
+    registry = CollectorRegistry(auto_describe=True)
+    metrics = ServerMetrics(registry)
+
+    async def main() -> tuple[list[Any], str]:
+        server = _server(RaisingAsyncBookie(), metrics)
+        await server.start()
+        try:
+            got = await _exchange(server.port, [m.ReadRequest(8, 2), m.LedgerClosedNote(3, 9), m.ReadRequest(7, 1)],
+                                  answers=2)
+            return got, generate_latest(registry).decode()
+        finally:
+            await server.stop()
+
+    with caplog.at_level(logging.DEBUG, logger="vellum.server.bookie_server"):
+        answers, text = asyncio.run(main())
+    # The READ's own response type, EINTERNAL (a bug, not a disk error); the note gets no answer;
+    # the next request on the connection is served.
+    assert answers == [m.ReadResponse(EINTERNAL, 8, 2), m.ReadResponse(EOK, 7, 1, ENTRY)]
+    errors = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(errors) == 2, [r.getMessage() for r in errors]
+    bug, disk = errors
+    assert (bug.ledger_id, bug.entry_id) == (8, 2) and bug.exc_info is not None  # type: ignore[attr-defined]
+    assert "READ of entry 2 of ledger 8 from" in bug.getMessage() and "answering EINTERNAL" in bug.getMessage()
+    assert (disk.ledger_id, disk.levelno) == (9, logging.WARNING)  # type: ignore[attr-defined]
+    assert 'bookkeeper_server_REQUEST_ERRORS_total{op="READ",status="EINTERNAL"} 1.0' in text
+    assert 'bookkeeper_server_REQUEST_ERRORS_total{op="LEDGER_CLOSED",status="EIO"} 1.0' in text
+
+
 class HoldingAsyncBookie(FakeAsyncBookie):
     """Adds and reads are held until the test answers them; entry 1 of every add batch is
     refused as fenced."""

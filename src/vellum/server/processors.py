@@ -591,6 +591,25 @@ class CollectProcessor(Processor):
 
 
 # ------------------------------------------------------------------------------- dispatch
+#: the processor of each operation (ADD, single or batched, has its own path: ``AddProcessor``)
+_PROCESSORS: dict[type, type[Processor]] = {
+    m.ReadRequest: ReadProcessor,
+    m.BatchReadRequest: BatchReadProcessor,
+    m.StridedReadRequest: StridedReadProcessor,
+    m.LongPollReadLacRequest: LongPollProcessor,
+    m.ReadLacRequest: ReadLacProcessor,
+    m.WriteLacRequest: WriteLacProcessor,
+    m.ForceLedgerRequest: ForceProcessor,
+    m.ListEntriesRequest: ListEntriesProcessor,
+    m.GetBookieInfoRequest: BookieInfoProcessor,
+    m.LedgerClosedNote: LedgerClosedProcessor,
+    m.TrimRequest: TrimProcessor,
+    m.CollectRequest: CollectProcessor,
+}
+#: each operation's name, as its failures are counted and logged (``Channel.status_for``)
+_OP_NAMES: dict[type, str] = {kind: m.OPCODE_NAMES[kind.OPCODE] for kind in _PROCESSORS}
+
+
 class Processors:
     """A connection's processors, by request type; ``dispatch`` takes what the session
     dispatched, in arrival order."""
@@ -600,20 +619,7 @@ class Processors:
     def __init__(self, ch: Channel) -> None:
         self._ch = ch
         self._add = AddProcessor(ch)
-        self._by_type: dict[type, Processor] = {
-            m.ReadRequest: ReadProcessor(ch),
-            m.BatchReadRequest: BatchReadProcessor(ch),
-            m.StridedReadRequest: StridedReadProcessor(ch),
-            m.LongPollReadLacRequest: LongPollProcessor(ch),
-            m.ReadLacRequest: ReadLacProcessor(ch),
-            m.WriteLacRequest: WriteLacProcessor(ch),
-            m.ForceLedgerRequest: ForceProcessor(ch),
-            m.ListEntriesRequest: ListEntriesProcessor(ch),
-            m.GetBookieInfoRequest: BookieInfoProcessor(ch),
-            m.LedgerClosedNote: LedgerClosedProcessor(ch),
-            m.TrimRequest: TrimProcessor(ch),
-            m.CollectRequest: CollectProcessor(ch),
-        }
+        self._by_type: dict[type, Processor] = {kind: processor(ch) for kind, processor in _PROCESSORS.items()}
 
     def dispatch(self, requests: list[Any]) -> None:
         add = self._add
@@ -641,10 +647,17 @@ class Processors:
             try:
                 processor(req)
             except Exception as e:  # a bug in one request must not take the connection down
-                status = self._ch.status_for(e, m.OPCODE_NAMES.get(getattr(kind, "OPCODE", -1), kind.__name__),
-                                             getattr(req, "ledger_id", None), getattr(req, "entry_id", None))
-                answer = m.refusal_for(req, status)
-                if answer is not None:
-                    self._ch.replies.send(answer)
+                self._refuse(req, e)
         if adds:
             add.add_batch(m.AddBatch.of_requests(adds))
+
+    def _refuse(self, req: Any, exc: Exception) -> None:
+        """The bug guard: what a processor raised for ``req`` is counted and logged once with
+        the request's ids (``Channel.status_for``: a bug is EINTERNAL, never EIO), and answered
+        with that status as the request's own refusal, the one question to the messages."""
+        ch = self._ch
+        status = ch.status_for(exc, _OP_NAMES[type(req)], getattr(req, "ledger_id", None),
+                               getattr(req, "entry_id", None))
+        answer = m.refusal_for(req, status)
+        if answer is not None:
+            ch.replies.send(answer)
