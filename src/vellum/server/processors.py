@@ -592,7 +592,7 @@ class CollectProcessor(Processor):
 
 # ------------------------------------------------------------------------------- dispatch
 #: the processor of each operation (ADD, single or batched, has its own path: ``AddProcessor``)
-_PROCESSORS: dict[type, type[Processor]] = {
+_PROCESSORS: dict[type[Any], type[Processor]] = {
     m.ReadRequest: ReadProcessor,
     m.BatchReadRequest: BatchReadProcessor,
     m.StridedReadRequest: StridedReadProcessor,

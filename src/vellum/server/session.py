@@ -16,10 +16,10 @@ Phases::
 
 Each request the session answers itself is decided in three moves, each once: its ``Facts``
 are asked (of the messages: its name and its own refusal; of the authenticator, at most one
-``admit``); the decision function of the phase the connection is in (``_PHASES``, the one
-table of phases) turns them into a ``Step`` without asking anything more (pure); the step is
-taken (the phase after it, the identity proved, the count). Operations of a trusted connection
-are dispatched without a question.
+``admit``); the decision function for its type in the phase the connection is in
+(``_PHASES``, the one table of phases and request types) turns them into a ``Step`` without
+asking anything more (pure); the step is taken (the phase after it, the identity proved, the
+count). Operations of a trusted connection are dispatched without a question.
 
 Invariants:
 - with TLS required, nothing but START_TLS is served before the upgrade: any other request is
@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import collections
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
@@ -279,11 +280,13 @@ class Session:
             if ops:
                 out.append(Dispatch(ops))
                 ops = []
-            decide = _PHASES.get(self._phase)
-            if decide is None:  # closed (or upgrading: nothing follows START_TLS): nothing more is decided
+            phase = self._phase
+            rules = _PHASES.get(phase)
+            if rules is None:  # closed (or upgrading: nothing follows START_TLS): nothing more is decided
                 return out
             facts = self._ask(msg)
-            step = decide(self, facts, i < last or buffered)
+            decide = rules.get(type(facts.request)) or rules[None]
+            step = decide(self, facts, phase, i < last or buffered)
             if step.counted:
                 self._requests[facts.name] += 1
             self._apply(step)
@@ -315,54 +318,27 @@ class Session:
 
 
 # ------------------------------------------------------------------- decisions, per phase
-# Pure: each takes the session (for its peer, and whether TLS and authentication are on), the
-# request's facts and whether more follows it (``more``), and returns the step; nothing asked.
-def _awaiting_tls(s: Session, f: Facts, more: bool) -> Step:
-    """START_TLS starts the upgrade; anything else is refused and closes the connection."""
-    if type(f.request) is m.StartTlsRequest:
-        if more:
-            # Bytes sent in clear after START_TLS must never be taken as TLS traffic.
-            return Step([Close(g.PLAINTEXT, f"closing connection {s.peer}: data after START_TLS before its answer")],
-                        Phase.CLOSED)
-        return Step([UpgradeTls(f.request)], Phase.UPGRADING)
+# Pure: each takes the session (for its peer, and whether TLS is on), the request's facts, the
+# phase it arrived in and whether more follows it in clear (``more``), and returns the step;
+# nothing is asked here (the facts hold the answers).
+def _upgrade(s: Session, f: Facts, phase: Phase, more: bool) -> Step:
+    """START_TLS before TLS: the upgrade starts, unless bytes follow it in clear (they must
+    never be taken as TLS traffic)."""
+    if more:
+        return Step([Close(g.PLAINTEXT, f"closing connection {s.peer}: data after START_TLS before its answer")],
+                    Phase.CLOSED)
+    return Step([UpgradeTls(f.request)], Phase.UPGRADING)
+
+
+def _plaintext(s: Session, f: Facts, phase: Phase, more: bool) -> Step:
+    """Anything else before TLS: the notice, the request's own refusal, and the close."""
     return Step([Reply(m.ErrorResponse(EUA, opcode=m.OP_START_TLS)), *_answer(f), Close(g.PLAINTEXT, (
         f"plaintext request refused: this bookie requires TLS (peer {s.peer} sent "
         f"{type(f.request).__name__} without START_TLS), closing the connection"))], Phase.CLOSED, counted=False)
 
 
-def _awaiting_auth(s: Session, f: Facts, more: bool) -> Step:
-    """START_TLS and AUTH are answered; anything else is refused and closes the connection."""
-    kind = type(f.request)
-    if kind is m.StartTlsRequest:
-        return _start_tls(s, f, Phase.AWAITING_AUTH)
-    if kind is m.AuthRequest:
-        return _auth(s, f, Phase.AWAITING_AUTH)
-    assert f.admission is not None
-    return _refuse_auth(s, m.AUTH_NOTICE_ID, f"request refused: {f.admission.refusal or 'not authenticated'}",
-                        kind.__name__, f.answer)
-
-
-def _serving(s: Session, f: Facts, more: bool) -> Step:
-    """START_TLS, AUTH and bad frames among the operations of a trusted connection."""
-    kind = type(f.request)
-    if kind is m.StartTlsRequest:
-        return _start_tls(s, f, Phase.SERVING)
-    if kind is m.AuthRequest:
-        return _auth(s, f, Phase.SERVING)
-    return Step([Refuse(g.BAD_FRAME, f"bad frame from {s.peer}: {f.request.reason}", f.request.reason), *_answer(f)],
-                Phase.SERVING)
-
-
-#: the phases in which requests are decided, and how (upgrading holds them; closed decides nothing)
-_PHASES = {
-    Phase.AWAITING_TLS: _awaiting_tls,
-    Phase.AWAITING_AUTH: _awaiting_auth,
-    Phase.SERVING: _serving,
-}
-
-
-def _start_tls(s: Session, f: Facts, phase: Phase) -> Step:
-    """START_TLS after the upgrade: inside TLS already, the client's confirmation that we
+def _start_tls(s: Session, f: Facts, phase: Phase, more: bool) -> Step:
+    """START_TLS once TLS is up, or not required: inside TLS, the client's confirmation that we
     accepted its handshake; without TLS configured, BookKeeper's answer (EBADREQ)."""
     if s._tls:
         return Step([Reply(m.StartTlsResponse(f.request.request_id, EOK))], phase)
@@ -370,7 +346,9 @@ def _start_tls(s: Session, f: Facts, phase: Phase) -> Step:
                  Reply(m.StartTlsResponse(f.request.request_id, EBADREQ))], phase)
 
 
-def _auth(s: Session, f: Facts, phase: Phase) -> Step:
+def _auth(s: Session, f: Facts, phase: Phase, more: bool) -> Step:
+    """AUTH once TLS is up, or not required: authenticated (and trusted, if not yet), refused
+    (and closed), or answered EOK with authentication off."""
     request_id = f.request.request_id
     if f.admission is None:
         return Step([Reply(m.AuthResponse(request_id, EOK, "authentication is off on this bookie"))], phase)
@@ -379,6 +357,31 @@ def _auth(s: Session, f: Facts, phase: Phase) -> Step:
         return _refuse_auth(s, request_id, f"authentication refused: {f.admission.refusal}", "AUTH")
     return _trust(f.admission, phase, [Reply(m.AuthResponse(request_id, EOK,
                                                             clip(f"authenticated as {identity.principal!r}")))])
+
+
+def _unauthenticated(s: Session, f: Facts, phase: Phase, more: bool) -> Step:
+    """Any other request before authentication: the notice with the reason, the request's own
+    refusal, and the close."""
+    assert f.admission is not None
+    return _refuse_auth(s, m.AUTH_NOTICE_ID, f"request refused: {f.admission.refusal or 'not authenticated'}",
+                        type(f.request).__name__, f.answer)
+
+
+def _bad_frame(s: Session, f: Facts, phase: Phase, more: bool) -> Step:
+    """A bad frame of a trusted connection: its error answer; the connection serves on."""
+    reason = f.request.reason
+    return Step([Refuse(g.BAD_FRAME, f"bad frame from {s.peer}: {reason}", reason), *_answer(f)], phase)
+
+
+Decide: TypeAlias = Callable[[Session, Facts, Phase, bool], Step]
+#: How each request the session answers is decided, by phase and request type (None: any other
+#: type; in SERVING only bad frames reach it, operations being dispatched). UPGRADING holds
+#: requests until the handshake is over and CLOSED decides none, so neither is here.
+_PHASES: dict[Phase, dict[type | None, Decide]] = {
+    Phase.AWAITING_TLS: {m.StartTlsRequest: _upgrade, None: _plaintext},
+    Phase.AWAITING_AUTH: {m.StartTlsRequest: _start_tls, m.AuthRequest: _auth, None: _unauthenticated},
+    Phase.SERVING: {m.StartTlsRequest: _start_tls, m.AuthRequest: _auth, None: _bad_frame},
+}
 
 
 def _trust(admission: Admission, phase: Phase, then: list[Decision]) -> Step:
