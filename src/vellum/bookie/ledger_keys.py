@@ -16,6 +16,19 @@ metadata (outside the lock: other ledgers' first requests do not wait for it), a
 once: the key set in its home storage and journaled, queued before anything else of the ledger
 so that replay always meets the key first. The state is cached only once the storage and the
 journal have it.
+
+Why storage, then metadata, then storage again and create (and not one question each): the
+storage's answer comes first because it is the ledger's own record: a key stored before a
+restart is the key (no metadata read, none at all without a ``master_key_check``), and a
+tombstone must refuse as deleted (``LedgerFencedError``), not as a key the metadata no longer
+gives. The metadata read comes only for a ledger with no stored key, and outside ``lock``: it is
+a network round trip, and the lock is the bookie's, so holding it there would make every other
+ledger's first request wait on one ledger's metadata. Letting go of the lock is what forces the
+second look: meanwhile another first request of the same ledger may have made it known (the
+cached state and the storage are read again under the lock, and the first key stored wins), and
+nothing may be stored before the check has passed (a refused key is never stored). Asking the
+metadata first would cost a read per ledger already stored here; holding the lock across it
+would serialize new ledgers; so the order stays.
 """
 
 from __future__ import annotations

@@ -18,6 +18,13 @@ delete). The last home is its *write home*, where new entries go; every home is 
 - After a restart the homes are found again from the indexes; the write home is the writable
   home holding the highest entry.
 
+A write of a ledger not cached here is routed in three moves: ask (one ``presence`` question
+per storage, ``_facts``), decide (``_homes_in``, ``_decide``, ``_choose``: no storage touched),
+act (at most one ``continue_ledger``). The decision comes back from the storages' answers into
+this module once, and cannot come earlier: which dir is the write home, or the least loaded,
+is what the storages hold now (a dir filled or freed, a log rotated), and a copy kept here of
+their state would be a second truth to keep in step with theirs.
+
 Invariants: a ledger known to a storage is always read from it, whatever the number of dirs and
 whichever is full; no read of a ledger answers "no such entry" while another home of the ledger
 holds the entry; with one dir there is nothing to choose. Thread-safe. What a ledger held in
