@@ -231,9 +231,11 @@ class Session:
             self._enter(Phase.SERVING)
             out.append(_TRUSTED)
         else:
-            self.cert_identity = self._auth.from_certificate(principal, roles)
+            certificate = self._auth.from_certificate(principal, roles)
+            admission = self._auth.admit(certificate)
+            self.cert_identity = certificate
             # Not admitted: a token may follow (AUTH); refused at the first other request.
-            step = _trust(self._auth.admit(self.cert_identity), Phase.AWAITING_AUTH, [])
+            step = _trust(admission, Phase.AWAITING_AUTH, [])
             self._apply(step)
             out += step.decisions
         early, self._early = self._early, []
