@@ -298,7 +298,8 @@ class Session:
         return out
 
     def _ask(self, msg: Any) -> Facts:
-        """The one question to the messages and the one to the authenticator (see ``Facts``)."""
+        """The request's facts: one question to the messages (its refusal; a batch stands for
+        its first add) and at most one to the authenticator (see ``Facts``)."""
         kind = type(msg)
         if kind is m.AddBatch:
             msg = msg.requests()[0]
@@ -314,6 +315,7 @@ class Session:
         return Facts(msg, name, m.refusal_for(msg, EUA), admission)
 
     def _apply(self, step: Step) -> None:
+        """Take ``step``: the identity it proved, the phase after it."""
         if step.identity is not None:
             self.identity = step.identity
         self._enter(step.phase)
@@ -321,7 +323,7 @@ class Session:
 
 # ------------------------------------------------------------------- decisions, per phase
 # Pure: each takes the session (for its peer, and whether TLS is on), the request's facts, the
-# phase it arrived in and whether more follows it in clear (``more``), and returns the step;
+# phase it arrived in and whether more follows it in this read (``more``), and returns the step;
 # nothing is asked here (the facts hold the answers).
 def _upgrade(s: Session, f: Facts, phase: Phase, more: bool) -> Step:
     """START_TLS before TLS: the upgrade starts, unless bytes follow it in clear (they must
