@@ -188,6 +188,17 @@ class Bookie:
     def _storage(self, ledger_id: int) -> LedgerView:
         return self._router.view(ledger_id)
 
+    def _held(self, ledger_id: int, what: str) -> LedgerView:
+        """The storage of a ledger a request about ``what`` of it needs this bookie to hold: a
+        ledger in limbo is of unknown state (rule 12 of docs/correctness.md), one no storage
+        knows is ``NoSuchLedgerError``."""
+        if ledger_id in self.limbo:
+            raise unknown_state(ledger_id, what)
+        storage = self._storage(ledger_id)
+        if not storage.ledger_exists(ledger_id):
+            raise NoSuchLedgerError(f"ledger {ledger_id} not on this bookie")
+        return storage
+
     def _journal(self, ledger_id: int) -> Journal:
         return self._journals[ledger_id % len(self._journals)]
 
@@ -570,12 +581,7 @@ class Bookie:
         return self._lacs.watch(ledger_id, previous_lac, fn)
 
     def entry_ids(self, ledger_id: int) -> list[int]:
-        if ledger_id in self.limbo:
-            raise unknown_state(ledger_id, "the list of its entries")
-        storage = self._storage(ledger_id)
-        if not storage.ledger_exists(ledger_id):
-            raise NoSuchLedgerError(f"ledger {ledger_id} not on this bookie")
-        return list(storage.entry_ids(ledger_id))
+        return list(self._held(ledger_id, "the list of its entries").entry_ids(ledger_id))
 
     # ------------------------------------------------------------------------------ explicit LAC
     def write_explicit_lac(
@@ -588,12 +594,7 @@ class Bookie:
         self._journal(ledger_id).log_explicit_lac(ledger_id, lac_body, callback)
 
     def read_explicit_lac(self, ledger_id: int) -> bytes | None:
-        if ledger_id in self.limbo:
-            raise unknown_state(ledger_id, "its LAC")
-        storage = self._storage(ledger_id)
-        if not storage.ledger_exists(ledger_id):
-            raise NoSuchLedgerError(f"ledger {ledger_id} not on this bookie")
-        return storage.get_explicit_lac(ledger_id)
+        return self._held(ledger_id, "its LAC").get_explicit_lac(ledger_id)
 
     # ------------------------------------------------------------------------------ other ops
     def trim(self, ledger_id: int, master_key: bytes, end_entry_id: int) -> None:
