@@ -37,8 +37,9 @@ Invariants:
   bad frames are answered here, between them, so replies keep the order of requests;
 - after CLOSED, nothing more is decided.
 
-Requests are counted (``requests``, by opcode name) for the operations the session answers
-itself; operations it dispatches are counted by their processors.
+Requests are counted (``requests``, by opcode name; a bad frame as ``BAD_FRAME`` in every
+phase) for the operations the session answers itself, but for a request refused before TLS
+(counted as a refusal only); operations it dispatches are counted by their processors.
 """
 
 from __future__ import annotations
