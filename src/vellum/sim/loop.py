@@ -200,6 +200,25 @@ class SimLoop(asyncio.BaseEventLoop):
                     when = sched[0][0]
                     if when > self._now:
                         self._now = when
+                    # the heap's next after its top is one of the top's two children
+                    end = self._now + self._clock_resolution
+                    n = len(sched)
+                    if n == 1 or sched[1][0] >= end and (n == 2 or sched[2][0] >= end):
+                        # one timer due now (the usual case): run it as the batch of one it
+                        # would be, without passing it through the ready queue
+                        h = heappop(sched)
+                        h[6] = False
+                        try:
+                            h[4].run(h[2], *h[3])
+                        except (SystemExit, KeyboardInterrupt):
+                            raise
+                        except BaseException as exc:
+                            self.call_exception_handler({"message": f"Exception in callback {h[2]!r}",
+                                                         "exception": exc, "handle": h})
+                        h = None  # type: ignore[assignment]
+                        if self._stopping:  # type: ignore[attr-defined]
+                            return
+                        continue
             end = self._now + self._clock_resolution
             while sched and sched[0][0] < end:
                 h = heappop(sched)
