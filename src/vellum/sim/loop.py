@@ -203,7 +203,7 @@ class SimLoop(asyncio.BaseEventLoop):
                     # the heap's next after its top is one of the top's two children
                     end = self._now + self._clock_resolution
                     n = len(sched)
-                    if n == 1 or sched[1][0] >= end and (n == 2 or sched[2][0] >= end):
+                    if n == 1 or (sched[1][0] >= end and (n == 2 or sched[2][0] >= end)):
                         # one timer due now (the usual case): run it as the batch of one it
                         # would be, without passing it through the ready queue
                         h = heappop(sched)
