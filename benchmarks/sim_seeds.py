@@ -7,7 +7,8 @@ Run: ``.venv/bin/python benchmarks/sim_seeds.py [--seeds N] [--start S] [--only 
 [--bookie model|real] [--autorecovery on,off]`` (``target``: about 500 client operations per seed, the
 size the speed goal is stated for; ``--bookie real``: the real bookie and its storage below the request
 path; ``--autorecovery``: with AutoRecovery's two daemons, as a default run has them, and without
-them, the three clients and five bookies alone: each workload is run once per value given).
+them, the three clients and five bookies alone: each workload is run once per value given). Under each
+rate: the share of seeds that hit each fault kind at least once.
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ def main() -> None:
             print(f"{label:<56} {r.operations / r.seeds:>6.0f} ops/seed   "
                   f"{r.seeds_per_s * 60:>6.0f} seeds per min wall   {r.seeds_per_cpu_s * 60:>6.0f} seeds per min CPU   "
                   f"violations {len(r.violations)}")
+            shares = ", ".join(f"{kind} {r.fault_share(kind):.0%}" for kind in sorted(r.fault_seeds))
+            print(f"    seeds hitting each fault kind: {shares or 'none'}")
 
 
 if __name__ == "__main__":

@@ -119,3 +119,28 @@ def test_a_seed_gives_the_same_history_alone_in_a_campaign_and_with_the_collecto
         gc.enable()
     assert alone == in_campaign == collector_off
     assert len(set(alone.values())) == len(seeds)
+
+
+def test_handles_cancel_once_and_many_cancelled_timers_leave_the_rest_in_order() -> None:
+    """What callers use of a handle (``cancel``, ``cancelled``, ``when``): a timer cancelled twice
+    counts once, and when most of the heap is cancelled it is cleaned without losing a live timer
+    or its place in the order."""
+    loop = SimLoop()
+    log: list[int] = []
+    now = loop.time()
+    timers = [loop.call_at(now + 1.0 + (i % 7) * 0.1, log.append, i) for i in range(300)]
+    assert timers[3].when() == pytest.approx(now + 1.3) and not timers[3].cancelled()
+    for i, t in enumerate(timers):
+        if i % 10:
+            t.cancel()
+            t.cancel()
+    assert timers[1].cancelled() and loop._timer_cancelled_count == 270
+    soon = loop.call_soon(log.append, -1)
+    soon.cancel()
+    assert soon.cancelled()
+    loop.call_later(2.0, loop.stop)
+    loop.run_forever()
+    loop.close()
+    kept = [i for i in range(300) if i % 10 == 0]
+    assert log == sorted(kept, key=lambda i: ((i % 7), i))
+    assert loop._timer_cancelled_count == 0

@@ -10,14 +10,15 @@ leaves the loop are seams here, so that production code needs no change:
   the client) runs the callable on the loop after a latency chosen by ``executor_hook``.
 
 Invariants: callbacks run in the order asyncio schedules them (FIFO for ready callbacks, timers
-by deadline then by scheduling order: the loop keeps its own heap of ``(deadline, sequence,
-handle)``, which also compares in C), so a run is a function of its seed; a loop with nothing
+by deadline then by scheduling order: the loop keeps its own heap of timers, each a list that
+starts ``[deadline, sequence, ...]`` and so compares in C), so a run is a function of its seed; a loop with nothing
 ready and no timer raises ``SimQuiescent`` (nothing can ever happen again).
 
 Speed (docs/verification.md, "Speed"): a simulated run schedules about as many callbacks as it
 does anything else, so ``call_soon``, ``call_later`` and ``call_at`` are lean versions of
 ``BaseEventLoop``'s (and ``create_task``; no debug-mode checks: a ``SimLoop`` never runs in asyncio debug mode), their
-handles skip ``Handle.__init__``'s debug probe, and ``_run_once`` runs a handle's callback
+handles are ``_Call`` lists built in C instead of ``asyncio.Handle`` objects built in Python
+(what callers use of a handle, ``cancel`` above all, behaves the same), and ``_run_once`` runs a callback
 inline and keeps iterating until the loop is stopped (what ``run_forever`` would do, one Python
 call less per iteration). The order of callbacks is exactly asyncio's.
 """
@@ -28,6 +29,7 @@ import asyncio
 import contextvars
 import heapq
 from collections.abc import Callable
+from contextvars import copy_context
 from typing import Any
 
 
@@ -35,40 +37,37 @@ class SimQuiescent(RuntimeError):
     """Nothing is ready and no timer is pending: the simulated world is stuck for good."""
 
 
-class _SimHandle(asyncio.Handle):
-    """A ``Handle`` without the debug-mode probe of ``Handle.__init__`` (same slots, same
-    behaviour otherwise)."""
+class _Call(list):  # type: ignore[type-arg]
+    """A scheduled callback: what ``call_soon`` returns and what ``call_at`` keeps in the heap.
+
+    A list built in C (half the cost of an ``asyncio.Handle`` built in Python; a run schedules
+    tens of thousands), laid out ``[deadline, sequence, callback, args, context, cancelled,
+    scheduled, loop]``: a timer is its own heap item (lists compare by deadline, then by the
+    unique sequence number, never further), a ready callback has deadline and sequence 0. It
+    offers what callers use of a handle: ``cancel``, ``cancelled``, ``when``, ``get_context``.
+    """
 
     __slots__ = ()
 
-    def __init__(self, callback: Callable[..., object], args: tuple[Any, ...], loop: SimLoop,
-                 context: contextvars.Context | None) -> None:
-        self._context = context if context is not None else contextvars.copy_context()
-        self._loop = loop
-        self._callback = callback
-        self._args = args
-        self._cancelled = False
-        self._repr = None
-        self._source_traceback = None
+    def cancel(self) -> None:
+        if not self[5]:
+            self[5] = True
+            if self[6]:  # a timer still in the heap: counted, the heap is cleaned when many are
+                self[7]._timer_cancelled_count += 1
+            self[2] = self[3] = None  # what asyncio's handles drop too
 
+    def cancelled(self) -> bool:
+        return bool(self[5])
 
-class _SimTimerHandle(asyncio.TimerHandle):
-    """A ``TimerHandle`` built as ``_SimHandle`` is, already marked scheduled (it goes straight
-    into the heap)."""
+    def when(self) -> float:
+        return float(self[0])
 
-    __slots__ = ()
+    def get_context(self) -> contextvars.Context:
+        return self[4]  # type: ignore[no-any-return]
 
-    def __init__(self, when: float, callback: Callable[..., object], args: tuple[Any, ...], loop: SimLoop,
-                 context: contextvars.Context | None) -> None:
-        self._context = context if context is not None else contextvars.copy_context()
-        self._loop = loop
-        self._callback = callback
-        self._args = args
-        self._cancelled = False
-        self._repr = None
-        self._source_traceback = None
-        self._when = when
-        self._scheduled = True
+    def __repr__(self) -> str:
+        state = " cancelled" if self[5] else ""
+        return f"<sim call {self[2]!r} at {self[0]}{state}>"
 
 
 class _VirtualSelector:
@@ -102,7 +101,7 @@ class SimLoop(asyncio.BaseEventLoop):
         self._now = start_time
         self._selector = _VirtualSelector(self)
         self._clock_resolution = 1e-9
-        self._heap: list[tuple[float, int, Any]] = []  # the handles: asyncio.TimerHandle
+        self._heap: list[_Call] = []  # the timers, each its own heap item
         self._seq = 0
         self.connect_hook: ConnectHook | None = None
         self.executor_hook: ExecutorHook | None = None
@@ -123,14 +122,15 @@ class SimLoop(asyncio.BaseEventLoop):
 
     def call_at(self, when: float, callback: Callable[..., object], *args: Any,  # type: ignore[override]
                 context: contextvars.Context | None = None) -> asyncio.TimerHandle:
-        """A timer in the loop's own heap of ``(deadline, sequence, handle)``: compared in C, and
-        timers due at the same instant run in the order they were scheduled."""
+        """A timer in the loop's own heap (the ``_Call`` is its own heap item): compared in C,
+        and timers due at the same instant run in the order they were scheduled."""
         if self._closed:  # type: ignore[attr-defined]
             raise RuntimeError("Event loop is closed")
-        timer = _SimTimerHandle(when, callback, args, self, context)
         self._seq += 1
-        heapq.heappush(self._heap, (when, self._seq, timer))
-        return timer
+        timer = _Call((when, self._seq, callback, args, context if context is not None else copy_context(),
+                       False, True, self))
+        heapq.heappush(self._heap, timer)
+        return timer  # type: ignore[return-value]
 
     def call_later(self, delay: float, callback: Callable[..., object], *args: Any,  # type: ignore[override]
                    context: contextvars.Context | None = None) -> asyncio.TimerHandle:
@@ -138,19 +138,25 @@ class SimLoop(asyncio.BaseEventLoop):
             raise TypeError("delay must not be None")
         if self._closed:  # type: ignore[attr-defined]
             raise RuntimeError("Event loop is closed")
-        when = self._now + delay  # call_at's body inline: one Python call less per timer
-        timer = _SimTimerHandle(when, callback, args, self, context)
-        self._seq += 1
-        heapq.heappush(self._heap, (when, self._seq, timer))
-        return timer
+        self._seq += 1  # call_at's body inline: one Python call less per timer
+        timer = _Call((self._now + delay, self._seq, callback, args,
+                       context if context is not None else copy_context(), False, True, self))
+        heapq.heappush(self._heap, timer)
+        return timer  # type: ignore[return-value]
 
     def call_soon(self, callback: Callable[..., object], *args: Any,  # type: ignore[override]
                   context: contextvars.Context | None = None) -> asyncio.Handle:
         if self._closed:  # type: ignore[attr-defined]
             raise RuntimeError("Event loop is closed")
-        handle = _SimHandle(callback, args, self, context)
+        handle = _Call((0.0, 0, callback, args, context if context is not None else copy_context(), False, False,
+                        self))
         self._ready.append(handle)  # type: ignore[attr-defined]
-        return handle
+        return handle  # type: ignore[return-value]
+
+    def call_soon_threadsafe(self, callback: Callable[..., object], *args: Any,  # type: ignore[override]
+                             context: contextvars.Context | None = None) -> asyncio.Handle:
+        """One thread: the same as ``call_soon`` (asyncio's would build an ``asyncio.Handle``)."""
+        return self.call_soon(callback, *args, context=context)
 
     def create_task(self, coro: Any, *, name: str | None = None,  # type: ignore[override]
                     context: contextvars.Context | None = None) -> asyncio.Task[Any]:
@@ -175,16 +181,16 @@ class SimLoop(asyncio.BaseEventLoop):
             if cancelled > 100 and cancelled * 2 > len(sched):
                 live = []
                 for item in sched:
-                    if item[2]._cancelled:
-                        item[2]._scheduled = False
+                    if item[5]:
+                        item[6] = False
                     else:
                         live.append(item)
                 heapq.heapify(live)
                 sched[:] = live
                 self._timer_cancelled_count = 0
-            while sched and sched[0][2]._cancelled:
+            while sched and sched[0][5]:
                 self._timer_cancelled_count -= 1
-                heappop(sched)[2]._scheduled = False
+                heappop(sched)[6] = False
             if not ready:
                 if not sched:
                     if self._stopping:  # type: ignore[attr-defined]
@@ -194,26 +200,45 @@ class SimLoop(asyncio.BaseEventLoop):
                     when = sched[0][0]
                     if when > self._now:
                         self._now = when
+                    # the heap's next after its top is one of the top's two children
+                    end = self._now + self._clock_resolution
+                    n = len(sched)
+                    if n == 1 or (sched[1][0] >= end and (n == 2 or sched[2][0] >= end)):
+                        # one timer due now (the usual case): run it as the batch of one it
+                        # would be, without passing it through the ready queue
+                        h = heappop(sched)
+                        h[6] = False
+                        try:
+                            h[4].run(h[2], *h[3])
+                        except (SystemExit, KeyboardInterrupt):
+                            raise
+                        except BaseException as exc:
+                            self.call_exception_handler({"message": f"Exception in callback {h[2]!r}",
+                                                         "exception": exc, "handle": h})
+                        h = None  # type: ignore[assignment]
+                        if self._stopping:  # type: ignore[attr-defined]
+                            return
+                        continue
             end = self._now + self._clock_resolution
             while sched and sched[0][0] < end:
-                h = heappop(sched)[2]
-                h._scheduled = False
-                if h._cancelled:
+                h = heappop(sched)
+                h[6] = False
+                if h[5]:
                     self._timer_cancelled_count -= 1
                 else:
                     ready.append(h)
             for _ in range(len(ready)):
                 h = popleft()
-                if h._cancelled:
+                if h[5]:
                     continue
                 try:
-                    h._context.run(h._callback, *h._args)
+                    h[4].run(h[2], *h[3])
                 except (SystemExit, KeyboardInterrupt):
                     raise
                 except BaseException as exc:
-                    self.call_exception_handler({"message": f"Exception in callback {h._callback!r}",
+                    self.call_exception_handler({"message": f"Exception in callback {h[2]!r}",
                                                  "exception": exc, "handle": h})
-            h = None  # break the cycle an exception would leave through the handle
+            h = None  # type: ignore[assignment]  # break the cycle an exception would leave through the handle
             if self._stopping:  # type: ignore[attr-defined]
                 return
 
