@@ -39,6 +39,7 @@ from vellum.client.placement import DefaultPlacementPolicy
 from vellum.config import ClientConfig
 from vellum.errors import MetadataStoreUnavailableError
 from vellum.meta.model import LedgerMetadata
+from vellum.server import processors as server_processors
 from vellum.sim.autorecovery import SimAutoRecovery, replicas, virtual_clock
 from vellum.sim.bookie import SimBookie
 from vellum.sim.checker import Placement, Violation, check
@@ -658,15 +659,18 @@ SCENARIOS["tailing"] = SimOptions(
 
 @contextlib.contextmanager
 def wall_clock_of(world: World) -> Iterator[None]:
-    """The client reads ``world``'s wall clock (``World.wall_time``, which the ``clock`` fault
-    jumps) instead of the host's, for the length of the block: a seed never reads the host's
-    clock."""
-    host = client_bookkeeper._wall_clock
+    """The code under test reads ``world``'s clocks instead of the host's, for the length of the
+    block: the client's wall clock (``World.wall_time``, which the ``clock`` fault jumps) and the
+    request path's rate-limited log lines (the loop's monotonic clock), so a seed never reads the
+    host's clock (AutoRecovery's are ``sim/autorecovery.py``'s ``virtual_clock``; the real
+    bookie's come through its ``BookieRuntime``)."""
+    host = client_bookkeeper._wall_clock, server_processors._monotonic
     client_bookkeeper._wall_clock = world.wall_time
+    server_processors._monotonic = world.loop.time
     try:
         yield
     finally:
-        client_bookkeeper._wall_clock = host
+        client_bookkeeper._wall_clock, server_processors._monotonic = host
 
 
 def run_seed(seed: int, options: SimOptions | None = None) -> RunResult:
