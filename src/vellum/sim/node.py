@@ -21,7 +21,7 @@ from vellum.sim.history import History
 from vellum.sim.loop import SimLoop
 from vellum.sim.metadata import SimMetadataStore
 from vellum.sim.network import Link
-from vellum.sim.real_bookie import PageCache, RealSimBookie
+from vellum.sim.real_bookie import PageCache, RealSimBookie, full_disk_usage
 
 #: seconds a crashed bookie's registration outlives it (its metadata session's timeout)
 SESSION_TIMEOUT_S = 0.5
@@ -76,12 +76,17 @@ class BookieNode:
                 bookie = RealSimBookie(self.name, self._loop, self._rng, self.home, self._store.ledgers,
                                        key_check_for(self._password), group_wait_s=0.001, fsync_s=(0.0002, 0.003),
                                        read_s=(0.00005, 0.0005), page_cache=self.page_cache,
-                                       registration=self._store.registration, check_keys=self.check_keys)
+                                       registration=self._store.registration, check_keys=self.check_keys,
+                                       disk_usage=full_disk_usage(lambda: self.disk.full))
             except CookieError as e:  # the dead incarnation stays (not alive): the node is down
                 self.refused = str(e)
                 self.lost = True
                 return
             self.bookie = bookie
+            # the real bookie's state listener registers it read-only or writable, as the service's
+            bookie.bookie.add_state_listener(lambda read_only: self.register_as(read_only=read_only))
+            if bookie.bookie.is_read_only and self.session is not None:  # started on a full disk
+                self.session.registration.register_bookie(BookieId(self.name), read_only=True)
         else:
             self.bookie = SimBookie(self.name, self._loop, self._rng, self.disk, key_check_for(self._password),
                                     group_wait_s=0.001, fsync_s=(0.0002, 0.003), read_s=(0.00005, 0.0005))
@@ -94,7 +99,16 @@ class BookieNode:
 
     def _register(self) -> None:
         self.session = self._store.session(self.name)
-        self.session.registration.register_bookie(BookieId(self.name))
+        if isinstance(self.bookie, RealSimBookie) and self.bookie.bookie.is_read_only:
+            self.session.registration.register_bookie(BookieId(self.name), read_only=True)
+        else:
+            self.session.registration.register_bookie(BookieId(self.name))
+
+    def check_disks(self) -> None:
+        """The real bookie's disk checker runs a pass (``Bookie.check_disks``): it sees the disk
+        full or free (``disk.full``, the ``full`` fault) and turns read-only or writable."""
+        if isinstance(self.bookie, RealSimBookie) and self.up:
+            self.bookie.bookie.check_disks()
 
     def register_as(self, *, read_only: bool) -> None:
         """Register again, read-only or writable, through this process's own session (as the

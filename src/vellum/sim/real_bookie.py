@@ -29,8 +29,10 @@ latency (``Journal.force``), so a crash can fall between them. RocksDB writes it
 its writes that were not synced survive a power loss here (the loss is a subset of what a real
 one may take).
 
-Not run here: the disk checks (the disk usage is fixed: no disk fills), entry-log
-preallocation (off), read-only mode, limbo (a wiped bookie is refused, or with the
+The disk checks run when the run fills or frees a bookie's disk (the ``full`` fault:
+``disk_usage`` says every byte is taken, ``Bookie.check_disks`` is the checker thread's pass, and
+the bookie turns read-only through its own state path); otherwise the disk is large and empty.
+Not run here: entry-log preallocation (off), limbo (a wiped bookie is refused, or with the
 ``start-wiped-bookie`` regression starts empty; ``dataIntegrityChecking`` is off), COLLECT waits for a pass it
 runs itself. Invariants: every choice comes from the run's generator and the loop's clock (file
 and journal names included); nothing blocks (the journal queue and the write cache are sized so
@@ -60,6 +62,7 @@ from vellum.meta.api import LedgerManager, RegistrationManager
 from vellum.proto.messages import FLAG_RECOVERY_ADD, AddBatch
 from vellum.sim.bookie import KeyCheck, completion
 from vellum.stats import CollectorRegistry
+from vellum.storage.dirs import DiskUsageFn
 from vellum.storage.durable import FileOps
 
 #: the virtual wall clock's epoch (GC's compaction times and the first journal's name)
@@ -70,6 +73,14 @@ _DISK = (1 << 40, 0)
 
 def _fixed_usage(_path: Path) -> tuple[int, int]:
     return _DISK
+
+
+def full_disk_usage(full: Callable[[], bool]) -> DiskUsageFn:
+    """What the disk checks see when the run decides whether the disk is full (the ``full``
+    fault): the large disk, empty, or with every byte taken."""
+    def usage(_path: Path) -> tuple[int, int]:
+        return (_DISK[0], _DISK[0]) if full() else _DISK
+    return usage
 
 
 def _no_sleep(_seconds: float) -> None:
@@ -241,7 +252,8 @@ class RealSimBookie:
                  ledgers: LedgerManager, key_check: KeyCheck, *, group_wait_s: float,
                  fsync_s: tuple[float, float], read_s: tuple[float, float],
                  checkpoint_s: tuple[float, float] = (0.2, 1.5), page_cache: PageCache | None = None,
-                 registration: RegistrationManager | None = None, check_keys: bool = True) -> None:
+                 registration: RegistrationManager | None = None, check_keys: bool = True,
+                 disk_usage: DiskUsageFn = _fixed_usage) -> None:
         self.name = name
         self._loop = loop
         self._rng = rng
@@ -250,7 +262,7 @@ class RealSimBookie:
         self._read_s = read_s
         self._checkpoint_s = checkpoint_s
         runtime = BookieRuntime(threads=False, monotonic=loop.time, wall=lambda: _EPOCH_S + loop.time(),
-                                sleep=_no_sleep, disk_usage=_fixed_usage, file_ops=page_cache)
+                                sleep=_no_sleep, disk_usage=disk_usage, file_ops=page_cache)
         # With ``registration``: the metadata store's copy of the cookie, as the service's start
         # (a bookie whose every disk was wiped is refused: ``CookieError``), stamped at first start.
         stored = registration.get_cookie(BookieId(name)) if registration is not None else None

@@ -124,9 +124,10 @@ class SimOptions:
 #: the bookie kinds ``--bookie`` takes
 BOOKIE_KINDS = ("model", "real")
 #: fault kinds the real bookie does not take: they act on the model's disk (a torn group, a
-#: failing or full disk, a lying fsync); the real bookie's torn and lost writes come from
-#: ``power_loss`` (``corrupt`` flips a byte of a stored entry in its entry logs)
-MODEL_ONLY_FAULTS = frozenset({"torn", "eio", "full", "lying-fsync"})
+#: failing disk, a lying fsync); the real bookie's torn and lost writes come from ``power_loss``
+#: (``corrupt`` flips a byte of a stored entry in its entry logs, ``full`` makes its disk checker
+#: see a full disk)
+MODEL_ONLY_FAULTS = frozenset({"torn", "eio", "lying-fsync"})
 
 #: named workloads (``--scenario``): the default mix, and a race of the old writer against
 #: fencing (small ensembles, recovery in the middle of the writes, lossy network, no crashes)
@@ -521,7 +522,11 @@ class World:
 
     def _set_full(self, node: BookieNode, full: bool) -> None:
         node.disk.full = full
-        node.register_as(read_only=full)
+        if node.home is not None:
+            # the real bookie: its disk checker sees it, and its state listener registers it
+            node.check_disks()
+        else:
+            node.register_as(read_only=full)
         self.history.add("nemesis", "full" if full else "writable", value=node.name)
 
     def _clock_jump(self, rng: random.Random) -> None:
