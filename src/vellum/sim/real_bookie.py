@@ -32,9 +32,13 @@ one may take).
 The disk checks run when the run fills or frees a bookie's disk (the ``full`` fault:
 ``disk_usage`` says every byte is taken, ``Bookie.check_disks`` is the checker thread's pass, and
 the bookie turns read-only through its own state path); otherwise the disk is large and empty.
-Not run here: entry-log preallocation (off), limbo (a wiped bookie is refused, or with the
-``start-wiped-bookie`` regression starts empty; ``dataIntegrityChecking`` is off), COLLECT waits for a pass it
-runs itself. Invariants: every choice comes from the run's generator and the loop's clock (file
+With ``integrity`` (the ``limbo`` mode) the bookie runs with ``dataIntegrityChecking``: a start
+that may have lost data (every dir wiped: the cookies are stamped over) marks the ledgers the
+store places on it limbo before it serves (``admin/integrity_check.mark_ledgers_limbo``); the node
+then runs the integrity check that copies them back. Without it a wiped bookie is refused (or,
+with the ``start-wiped-bookie`` regression, starts empty).
+Not run here: entry-log preallocation (off); COLLECT waits for a pass it runs itself.
+Invariants: every choice comes from the run's generator and the loop's clock (file
 and journal names included); nothing blocks (the journal queue and the write cache are sized so
 that an add never waits, and a full write cache refuses at once).
 """
@@ -50,6 +54,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from vellum.admin.integrity_check import mark_ledgers_limbo
 from vellum.bookie.assembly import BookieRuntime, OpenedBookie, open_bookie
 from vellum.bookie.bookie import BookieInfo
 from vellum.bookie.executor import CollectOutcome
@@ -84,6 +89,10 @@ def full_disk_usage(full: Callable[[], bool]) -> DiskUsageFn:
 
 
 def _no_sleep(_seconds: float) -> None:
+    pass
+
+
+def _quiet(_line: str) -> None:
     pass
 
 
@@ -204,10 +213,14 @@ def remove_scratch(root: Path) -> None:
     shutil.rmtree(root, ignore_errors=True)
 
 
-def sim_config(home: Path) -> ServerConfig:
+def sim_config(home: Path, *, integrity: bool = False) -> ServerConfig:
     """The bookie's configuration in a run: small files (entry logs roll, compaction has work),
-    GC and compaction intervals of seconds, caches that never make an add wait."""
+    GC and compaction intervals of seconds, caches that never make an add wait; ``integrity``:
+    ``dataIntegrityChecking`` with ``dataIntegrityStampMissingCookies`` (a wiped bookie starts
+    with its ledgers limbo instead of being refused)."""
     return ServerConfig(
+        data_integrity_checking=integrity,
+        data_integrity_stamp_missing_cookies=integrity,
         journal_directories=(str(home / "journal"),),
         ledger_directories=(str(home / "ledgers"),),
         http_server_enabled=False,
@@ -253,7 +266,7 @@ class RealSimBookie:
                  fsync_s: tuple[float, float], read_s: tuple[float, float],
                  checkpoint_s: tuple[float, float] = (0.2, 1.5), page_cache: PageCache | None = None,
                  registration: RegistrationManager | None = None, check_keys: bool = True,
-                 disk_usage: DiskUsageFn = _fixed_usage) -> None:
+                 disk_usage: DiskUsageFn = _fixed_usage, integrity: bool = False) -> None:
         self.name = name
         self._loop = loop
         self._rng = rng
@@ -267,7 +280,7 @@ class RealSimBookie:
         # (a bookie whose every disk was wiped is refused: ``CookieError``), stamped at first start.
         stored = registration.get_cookie(BookieId(name)) if registration is not None else None
         self.opened: OpenedBookie = open_bookie(
-            sim_config(home), bookie_id=name, ledger_lister=_StoreLister(ledgers), master_key_check=key_check if check_keys else None,
+            sim_config(home, integrity=integrity), bookie_id=name, ledger_lister=_StoreLister(ledgers), master_key_check=key_check if check_keys else None,
             metrics=BookieMetrics(CollectorRegistry()), runtime=runtime,
             store_cookie=None if stored is None else Cookie.decode(stored.value, where=f"metadata cookie of {name}"))
         if registration is not None and stored is None:
@@ -275,6 +288,11 @@ class RealSimBookie:
         self.bookie = self.opened.bookie
         #: journal records the start replayed into storage
         self.replayed = self.opened.replayed_records
+        #: ledgers this start marked limbo (``dataIntegrityChecking``: a bookie that may have
+        #: lost data marks every ledger the store places on it before it serves, as the service)
+        self.limbo_marked = 0
+        if self.opened.integrity_check_needed is not None:
+            self.limbo_marked = mark_ledgers_limbo(self.opened, ledgers, name, say=_quiet)
         self.alive = True
         self.adds_accepted = 0
         #: failures of the storage's own steps (checkpoint, GC): the run reports them as errors
@@ -365,6 +383,11 @@ class RealSimBookie:
             if self.alive:
                 fn(*args)
         self._loop.call_soon(run)
+
+    def add_entries_cb(self, adds: list[tuple[bytes | memoryview, bytes, bool]], on_result: OnAddResult) -> None:
+        """As ``AsyncBookie.add_entries_cb`` (the integrity check's copies): ``add_batch_cb`` of
+        ``(entry, master key, recovery)`` rows."""
+        self.add_batch_cb(AddBatch.of_entries(adds), on_result)
 
     def add_batch_cb(self, batch: AddBatch, on_result: OnAddResult) -> None:
         """As ``AsyncBookie.add_batch_cb``: ``on_result(refused per add, durability error)``

@@ -30,6 +30,7 @@ from typing import Any
 
 from vellum.autorecovery import copier as ar_copier
 from vellum.autorecovery import worker as ar_worker
+from vellum.bookie import integrity as bookie_integrity
 from vellum.client import bookkeeper as client_bookkeeper
 from vellum.client import ledger_writer as client_ledger_writer
 from vellum.client import metadata_update as client_metadata_update
@@ -62,7 +63,10 @@ FAULT_KINDS = ("delay", "drop", "dup", "reorder", "partition", "crash", "slow", 
 #: acknowledges fsync without persisting) breaks durability on purpose, so the checker must fail
 #: ``wipe`` (real bookie only): a crashed bookie's journal and ledger dirs are emptied before
 #: its restart (once a run, on a run with no bookie lost for good)
-FAULT_MODES = ("lying-fsync", "wipe")
+#: ``limbo`` (real bookie only): the bookies run with ``dataIntegrityChecking``, and the ``wipe``
+#: fault is on: a wiped bookie starts with the ledgers it may have held limbo ("unknown", never
+#: "no such entry") and copies them back from the other replicas
+FAULT_MODES = ("lying-fsync", "wipe", "limbo")
 #: what a run injects unless told otherwise (``meta``: metadata writes that fail, ``corrupt``: a
 #: crash that leaves a bad stored entry behind, ``expiry``: metadata sessions that expire,
 #: ``torn``, ``eio``, ``full`` and ``clock``: the disk and clock faults, are opt-in)
@@ -155,6 +159,8 @@ REGRESSIONS = {
                              "check rejects the bad copy)",
     "copy-only-from-other-replicas": "a replication worker reads an entry only from the other bookies of its write "
                                      "set, never from the bookie it replaces, which may hold its only copy",
+    "limbo-answers-no-entry": "a limbo ledger's read of an entry the bookie lacks answers 'no such entry' instead "
+                              "of 'unknown' (rule 12 of docs/correctness.md; with the mode limbo)",
 }
 
 
@@ -170,6 +176,7 @@ _FLAG_SWITCHES: dict[str, tuple[Any, str, bool]] = {
     "start-wiped-bookie": (storage_cookies, "_refuse_wiped_bookie", False),
     "no-delete-tombstone": (storage_upkeep, "_leave_tombstone", False),
     "serve-unchecked-reads": (storage_reads, "_check_reads", False),
+    "limbo-answers-no-entry": (bookie_integrity, "_answer_unknown", False),
 }
 assert _FLAG_SWITCHES.keys() == REGRESSIONS.keys()
 
@@ -237,8 +244,10 @@ class World:
         if options.power_loss and options.bookie != "real":
             raise ValueError("a power loss is simulated with the real bookie only (--bookie real): the model loses "
                              "everything not synced at every crash already")
-        if "wipe" in options.faults and options.bookie != "real":
-            raise ValueError("the fault wipe needs the real bookie (--bookie real): the model has no cookies")
+        for mode in sorted(options.faults & {"wipe", "limbo"}):
+            if options.bookie != "real":
+                raise ValueError(f"the fault {mode} needs the real bookie (--bookie real): the model has no cookies "
+                                 "and no limbo")
         if options.bookie == "real" and options.faults & MODEL_ONLY_FAULTS:
             raise ValueError(f"the real bookie does not take the fault(s) "
                              f"{', '.join(sorted(options.faults & MODEL_ONLY_FAULTS))} (they act on the model's "
@@ -272,7 +281,9 @@ class World:
         for i in range(options.bookies):
             home = self.scratch / f"bookie-{i}" if self.scratch is not None else None
             node = BookieNode(f"bookie-{i}:3181", self.loop, node_rng, self.store,
-                              self.history if options.trace else None, home, check_keys=options.master_key_check)
+                              self.history if options.trace else None, home, check_keys=options.master_key_check,
+                              integrity="limbo" in faults)
+            node.report = functools.partial(self._bookie_event, node.name)
             self.nodes.append(node)
             self.net.add_server(node)
         self.clients: list[BookKeeper] = []
@@ -306,6 +317,17 @@ class World:
         #: what the wall clock (``time.time`` as the client sees it) is ahead of virtual time: the
         #: ``clock`` fault jumps it forward and back
         self.wall_offset = 0.0
+
+    def _restart(self, node: BookieNode) -> None:
+        """Start ``node``'s process again (a restart event in the history; with ``limbo``, a
+        start that marked ledgers limbo counts as an injection of it)."""
+        node.start()
+        self.history.add("nemesis", "restart", value=node.restarted)
+        if isinstance(node.bookie, RealSimBookie) and node.bookie.alive and node.bookie.limbo_marked:
+            self.injected["limbo"] += 1
+
+    def _bookie_event(self, name: str, kind: str, value: str) -> None:
+        self.history.add(name, kind, value=value)
 
     def wall_time(self) -> float:
         """The wall clock of the code under test: a fixed epoch plus virtual time, plus the jumps."""
@@ -405,11 +427,10 @@ class World:
                 self._crash(node, rng if kind == "torn" else None, rng)
                 if "corrupt" in faults and rng.random() < 0.5:
                     self._corrupt_one(node, rng)
-                if "wipe" in faults:
+                if "wipe" in faults or "limbo" in faults:
                     self._wipe(node)
                 await asyncio.sleep(rng.uniform(0.01, 1.0))
-                node.start()
-                self.history.add("nemesis", "restart", value=node.restarted)
+                self._restart(node)
             elif kind == "eio":
                 await self._eio(node, rng)
             elif kind == "full":
@@ -501,8 +522,7 @@ class World:
             await asyncio.sleep(rng.uniform(0.05, 1.0))
             if node.bookie is bookie and node.up:
                 self._crash(node)
-                node.start()
-                self.history.add("nemesis", "restart", value=node.restarted)
+                self._restart(node)
         else:
             bookie.storage_failing = True
             self.history.add("nemesis", "eio", value=f"ledger storage of {node.name}")
@@ -623,8 +643,7 @@ class World:
             if isinstance(node.bookie, SimBookie) and node.up and node.bookie.journal_error is not None:
                 self._crash(node)  # the operator restarts the failed bookie (below)
             if not node.up and not node.lost:
-                node.start()
-                self.history.add("nemesis", "restart", value=node.restarted)
+                self._restart(node)
 
 
 SCENARIOS["default"] = SimOptions()
