@@ -54,9 +54,9 @@ def _faults(value: str, scenario: frozenset[str] = frozenset()) -> frozenset[str
         raise click.BadParameter(f"unknown fault kind(s) {', '.join(unknown)}: choose from {', '.join(FAULT_KINDS)}, "
                                  f"the mode(s) {', '.join(FAULT_MODES)}, 'all', 'default' or 'none'",
                                  param_hint="--faults")
-    if "lying-fsync" in kinds and not kinds & {"crash", "torn", "eio"}:
-        raise click.BadParameter("lying-fsync loses acknowledged entries only when a bookie dies: add crash, torn or "
-                                 "eio (e.g. 'default,lying-fsync')", param_hint="--faults")
+    if "lying-fsync" in kinds and not kinds & {"crash", "torn", "eio", "rack"}:
+        raise click.BadParameter("lying-fsync loses acknowledged entries only when a bookie dies: add crash, torn, "
+                                 "eio or rack (e.g. 'default,lying-fsync')", param_hint="--faults")
     return frozenset(kinds)
 
 

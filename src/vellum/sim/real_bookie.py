@@ -112,10 +112,15 @@ class PageCache(FileOps):
     restored); what was fsynced stays. One per bookie, across its restarts (a process crash
     leaves the page cache as it was)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, lies: bool = False) -> None:
         self._paths: dict[int, str] = {}
         #: path -> (its size at the last fsync, [(offset, the bytes there before a write)])
         self._undo: dict[str, tuple[int, list[tuple[int, bytes]]]] = {}
+        #: a disk that lies about fsync (the ``lying-fsync`` mode): an fsync forgets nothing, so a
+        #: power loss takes back what was acknowledged as synced too
+        self.lies = lies
+        #: paths an fsync was acknowledged for without persisting them (``lies``)
+        self._lied: set[str] = set()
 
     def _before(self, fd: int, offset: int, n: int) -> None:
         path = self._paths.get(fd)
@@ -157,10 +162,19 @@ class PageCache(FileOps):
         os.ftruncate(fd, length)
 
     def fsync(self, fd: int) -> None:
-        os.fsync(fd)
         path = self._paths.get(fd)
+        if self.lies:
+            if path is not None and path in self._undo:
+                self._lied.add(path)
+            return
+        os.fsync(fd)
         if path is not None:
             self._undo.pop(path, None)
+
+    @property
+    def lied_files(self) -> int:
+        """Files holding bytes an fsync acknowledged that a power loss would take back now."""
+        return sum(1 for path in self._lied if path in self._undo)
 
     def close(self, fd: int) -> None:
         self._paths.pop(fd, None)
@@ -179,11 +193,15 @@ class PageCache(FileOps):
     def unlink(self, path: Path) -> None:
         os.unlink(path)
         self._undo.pop(str(path), None)
+        self._lied.discard(str(path))
 
     def _moved(self, src: str, dst: str) -> None:
         entry = self._undo.pop(src, None)
         if entry is not None:
             self._undo[dst] = entry
+        if src in self._lied:
+            self._lied.discard(src)
+            self._lied.add(dst)
         for fd, path in self._paths.items():
             if path == src:
                 self._paths[fd] = dst
@@ -206,6 +224,7 @@ class PageCache(FileOps):
             lost += 1
         self._undo.clear()
         self._paths.clear()
+        self._lied.clear()
         return lost
 
 

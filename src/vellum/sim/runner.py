@@ -58,7 +58,7 @@ log = logging.getLogger(__name__)
 
 #: the fault kinds ``--faults`` takes (``all``: every one of them)
 FAULT_KINDS = ("delay", "drop", "dup", "reorder", "partition", "crash", "slow", "meta", "corrupt", "expiry",
-               "torn", "eio", "full", "clock")
+               "torn", "eio", "full", "clock", "rack")
 #: modes ``--faults`` also takes but ``all`` never includes: ``lying-fsync`` (every disk
 #: acknowledges fsync without persisting) breaks durability on purpose, so the checker must fail
 #: ``wipe`` (real bookie only): a crashed bookie's journal and ledger dirs are emptied before
@@ -69,11 +69,12 @@ FAULT_KINDS = ("delay", "drop", "dup", "reorder", "partition", "crash", "slow", 
 FAULT_MODES = ("lying-fsync", "wipe", "limbo")
 #: what a run injects unless told otherwise (``meta``: metadata writes that fail, ``corrupt``: a
 #: crash that leaves a bad stored entry behind, ``expiry``: metadata sessions that expire,
-#: ``torn``, ``eio``, ``full`` and ``clock``: the disk and clock faults, are opt-in)
-DEFAULT_FAULTS = frozenset(FAULT_KINDS) - {"meta", "corrupt", "expiry", "torn", "eio", "full", "clock"}
+#: ``torn``, ``eio``, ``full`` and ``clock``: the disk and clock faults, ``rack``: a power loss of
+#: 2 or 3 bookies at once, are opt-in)
+DEFAULT_FAULTS = frozenset(FAULT_KINDS) - {"meta", "corrupt", "expiry", "torn", "eio", "full", "clock", "rack"}
 #: the nemesis's kinds, in the order its generator picks among them (a kind not asked for is
 #: left out, so the default mix draws as it did before the disk and clock faults existed)
-_NEMESIS_KINDS = ("crash", "partition", "slow", "torn", "eio", "full", "clock")
+_NEMESIS_KINDS = ("crash", "partition", "slow", "torn", "eio", "full", "clock", "rack")
 #: what the wall clock reads at virtual time 0 (2026-01-01T00:00:00Z): a run never reads the host's
 _WALL_EPOCH = 1_767_225_600.0
 #: the network's counters (``SimNetwork.counts``) that say a seed hit a fault kind
@@ -128,10 +129,10 @@ class SimOptions:
 #: the bookie kinds ``--bookie`` takes
 BOOKIE_KINDS = ("model", "real")
 #: fault kinds the real bookie does not take: they act on the model's disk (a torn group, a
-#: failing disk, a lying fsync); the real bookie's torn and lost writes come from ``power_loss``
+#: failing disk); the real bookie's torn and lost writes come from ``power_loss`` and ``rack``
 #: (``corrupt`` flips a byte of a stored entry in its entry logs, ``full`` makes its disk checker
-#: see a full disk)
-MODEL_ONLY_FAULTS = frozenset({"torn", "eio", "lying-fsync"})
+#: see a full disk, ``lying-fsync`` makes its page cache forget nothing at an fsync)
+MODEL_ONLY_FAULTS = frozenset({"torn", "eio"})
 
 #: named workloads (``--scenario``): the default mix, and a race of the old writer against
 #: fencing (small ensembles, recovery in the middle of the writes, lossy network, no crashes)
@@ -159,6 +160,9 @@ REGRESSIONS = {
                              "check rejects the bad copy)",
     "copy-only-from-other-replicas": "a replication worker reads an entry only from the other bookies of its write "
                                      "set, never from the bookie it replaces, which may hold its only copy",
+    "take-back-at-once": "a writer with no never-failed spare takes back a bookie that failed a write of the ledger "
+                         "however recently: among bookies that are down but still registered, it changes its "
+                         "ensemble in a loop that never waits (a livelock; with the fault rack)",
     "limbo-answers-no-entry": "a limbo ledger's read of an entry the bookie lacks answers 'no such entry' instead "
                               "of 'unknown' (rule 12 of docs/correctness.md; with the mode limbo)",
 }
@@ -176,6 +180,7 @@ _FLAG_SWITCHES: dict[str, tuple[Any, str, bool]] = {
     "start-wiped-bookie": (storage_cookies, "_refuse_wiped_bookie", False),
     "no-delete-tombstone": (storage_upkeep, "_leave_tombstone", False),
     "serve-unchecked-reads": (storage_reads, "_check_reads", False),
+    "take-back-at-once": (client_ledger_writer, "_wait_before_take_back", False),
     "limbo-answers-no-entry": (bookie_integrity, "_answer_unknown", False),
 }
 assert _FLAG_SWITCHES.keys() == REGRESSIONS.keys()
@@ -248,6 +253,10 @@ class World:
             if options.bookie != "real":
                 raise ValueError(f"the fault {mode} needs the real bookie (--bookie real): the model has no cookies "
                                  "and no limbo")
+        if options.bookie == "real" and "lying-fsync" in options.faults and not (
+                "rack" in options.faults or (options.power_loss and "crash" in options.faults)):
+            raise ValueError("a lying fsync loses what it acknowledged only at a power loss, and the real bookie "
+                             "loses power only with the fault rack or --power-loss with crash: add one")
         if options.bookie == "real" and options.faults & MODEL_ONLY_FAULTS:
             raise ValueError(f"the real bookie does not take the fault(s) "
                              f"{', '.join(sorted(options.faults & MODEL_ONLY_FAULTS))} (they act on the model's "
@@ -314,6 +323,8 @@ class World:
         if "lying-fsync" in faults:
             for node in self.nodes:
                 node.disk.lies = True
+                if node.page_cache is not None:  # the real bookie: a power loss takes back synced bytes too
+                    node.page_cache.lies = True
         #: what the wall clock (``time.time`` as the client sees it) is ahead of virtual time: the
         #: ``clock`` fault jumps it forward and back
         self.wall_offset = 0.0
@@ -437,6 +448,8 @@ class World:
                 await self._full(node, rng)
             elif kind == "clock":
                 self._clock_jump(rng)
+            elif kind == "rack":
+                await self._rack(rng)
             else:
                 who = rng.choice(["writer", "reader", "recoverer"])
                 one_way = rng.random() < 0.5
@@ -462,7 +475,25 @@ class World:
             await asyncio.sleep(rng.uniform(0.0005, 0.003))
         return None
 
-    def _crash(self, node: BookieNode, torn: random.Random | None = None, rng: random.Random | None = None) -> None:
+    async def _rack(self, rng: random.Random) -> None:
+        """The ``rack`` fault: the power of 2 or 3 bookies (of those up) goes at once; each loses
+        what it had not synced (the real bookie: a power loss, whatever ``power_loss`` says), and
+        they come back together after a while (a bookie lost for good meanwhile stays down)."""
+        up = [n for n in self.nodes if n.up]
+        if len(up) < 2:
+            return
+        rack = rng.sample(up, rng.randint(2, min(3, len(up))))
+        self.injected["rack"] += 1
+        self.history.add("nemesis", "rack", value=" ".join(n.name for n in rack))
+        for node in rack:
+            self._crash(node, power=True)
+        await asyncio.sleep(rng.uniform(0.01, 1.0))
+        for node in rack:
+            if not node.up and not node.lost:
+                self._restart(node)
+
+    def _crash(self, node: BookieNode, torn: random.Random | None = None, rng: random.Random | None = None,
+               *, power: bool = False) -> None:
         """Kill ``node``'s process. Model (a power cut: what was not synced is lost): ``torn``, a
         seeded prefix (drawn from its generator) of the unsynced journal records survives (the
         group was partly on the disk; replay stops at the first bad record, so the next one is
@@ -470,10 +501,17 @@ class World:
         ``rng``) a power loss too."""
         assert node.bookie is not None
         if isinstance(node.bookie, RealSimBookie):
-            power = self.options.power_loss > 0 and rng is not None and rng.random() < self.options.power_loss
+            if not power:
+                power = self.options.power_loss > 0 and rng is not None and rng.random() < self.options.power_loss
+            assert node.page_cache is not None
+            lied = node.page_cache.lied_files if power else 0
             node.crash(power_loss=power)
             self.injected["crash"] += 1
             self.history.add("nemesis", "crash", value=f"{node.name} (power loss)" if power else node.name)
+            if lied:
+                self.injected["lying-fsync"] += 1
+                self.history.add("nemesis", "fsync-lied",
+                                 value=f"{node.name}: {lied} files lost bytes their fsync had acknowledged")
             return
         unwritten = node.bookie.unwritten_records
         keep = torn.randint(0, node.bookie.pending_records) if torn is not None else 0
@@ -501,7 +539,8 @@ class World:
         self.wiped = node
         for sub in ("journal", "ledgers"):
             shutil.rmtree(node.home / sub, ignore_errors=True)
-        node.page_cache = PageCache()  # what the old disks held in the page cache went with them
+        # what the old disks held in the page cache went with them
+        node.page_cache = PageCache(lies=node.page_cache is not None and node.page_cache.lies)
         self.injected["wipe"] += 1
         self.history.add("nemesis", "wipe", value=node.name)
 
