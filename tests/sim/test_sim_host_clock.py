@@ -26,6 +26,7 @@ RUNS = {
     "model": SimOptions(shape=SHAPE, faults=frozenset(FAULT_KINDS)),
     "real": SimOptions(shape=SHAPE, bookie="real", power_loss=0.5,
                        faults=frozenset(FAULT_KINDS) - MODEL_ONLY_FAULTS),
+    "named": SimOptions(shape=SHAPE, named=True),  # the named-ledger client stamps records with a ctime
 }
 
 

@@ -47,6 +47,7 @@ from vellum.sim.checker import Placement, Violation, check
 from vellum.sim.history import History
 from vellum.sim.loop import SimLoop, SimQuiescent
 from vellum.sim.metadata import SimMetadataStore
+from vellum.sim.named_workload import NamedWorkload, named_clock
 from vellum.sim.network import NetFaults, SimNetwork, current_node
 from vellum.sim.node import BookieNode
 from vellum.sim.real_bookie import PageCache, RealSimBookie, remove_scratch, scratch_root
@@ -124,6 +125,9 @@ class SimOptions:
     #: metadata (``ledgerMasterKeyCheck``); off, as a bookie port without authentication runs
     #: (``auto``), a deleted ledger's tombstone alone refuses a stale writer's adds
     master_key_check: bool = True
+    #: run the named-ledger actor too (``sim/named_workload.py``: appends, rollovers and shrinks of
+    #: a few names through ``client/named.py``, judged by ``named-lost`` and ``named-order``)
+    named: bool = False
 
 
 #: the bookie kinds ``--bookie`` takes
@@ -716,6 +720,9 @@ SCENARIOS["wiped-bookie"] = SimOptions(
     faults=DEFAULT_FAULTS | {"wipe"}, autorecovery=False,
     shape=WorkloadShape(ledgers=4, entries=(20, 40), shapes=((3, 3, 2), (3, 2, 2), (4, 3, 2)),
                         recover_delay_s=(0.3, 1.5), close_probability=0.3, delete_probability=0.0))
+# Named ledgers under the default faults: the named-ledger actor (``sim/named_workload.py``) beside
+# a smaller plain workload (``--named`` adds the actor to any scenario).
+SCENARIOS["named"] = SimOptions(named=True, shape=WorkloadShape(ledgers=2, entries=(10, 30), reader_polls=15))
 SCENARIOS["tailing"] = SimOptions(
     shape=WorkloadShape(ledgers=2, entries=(20, 50), long_poll=True, explicit_lac_ms=50, reader_polls=40))
 
@@ -742,13 +749,15 @@ def run_seed(seed: int, options: SimOptions | None = None) -> RunResult:
     with _seeded_globals(seed, options.flags), contextlib.ExitStack() as clocks:
         world = World(seed, options)
         clocks.enter_context(virtual_clock(world.loop))
+        clocks.enter_context(named_clock(world.wall_time))
         loop = world.loop
         loop.set_exception_handler(lambda _loop, _ctx: None)  # unretrieved failures of abandoned work
         workload = Workload(world, options.shape)
+        named = NamedWorkload(world.client, world.history, random.Random(f"named/{seed}")) if options.named else None
         error = None
         with wall_clock_of(world):
             try:
-                loop.run_until_complete(_main(world, workload))
+                loop.run_until_complete(_main(world, workload, named))
             except SimQuiescent as e:
                 error = f"the simulation stopped: {e}"
             except Exception as e:  # a bug of the simulator or of the code under test
@@ -774,6 +783,8 @@ def run_seed(seed: int, options: SimOptions | None = None) -> RunResult:
                            placements=workload.placements, replicas=world.replicas,
                            up_at_end=frozenset(n.name for n in world.nodes if not n.lost),
                            settled=world.settled)
+        if named is not None:
+            violations += named.check()
         fp = hashlib.blake2b(digest_size=8)
         for ev in world.history.events:
             if ev.kind not in TRACE_KINDS:
@@ -784,18 +795,21 @@ def run_seed(seed: int, options: SimOptions | None = None) -> RunResult:
                 injected[kind] = world.net.counts[counter]
         if "delay" in options.faults:
             injected["delay"] = 1
-        return RunResult(seed, violations, workload.operations, virtual, len(world.history.events), fp.hexdigest(),
+        operations = workload.operations + (named.operations if named is not None else 0)
+        return RunResult(seed, violations, operations, virtual, len(world.history.events), fp.hexdigest(),
                          dict(world.net.counts), error,
                          sum(1 for ev in world.history.events if ev.kind == "ack"),
                          world.history if options.trace else None, injected)
 
 
-async def _main(world: World, workload: Workload) -> None:
+async def _main(world: World, workload: Workload, named: NamedWorkload | None = None) -> None:
     autorecovery = world.autorecovery
     if autorecovery is not None:
         autorecovery.start()
         world.sessions.update(autorecovery.sessions)
     faults = [asyncio.ensure_future(world.nemesis())]
+    started = world.loop.time()
+    named_run = asyncio.ensure_future(named.run()) if named is not None else None
     judge = world.options.judge_replicas
     if autorecovery is not None or judge:
         faults.append(asyncio.ensure_future(world.lose_bookie()))
@@ -803,11 +817,17 @@ async def _main(world: World, workload: Workload) -> None:
         faults.append(asyncio.ensure_future(world.expiries()))
     try:
         await workload.run(world.options.run_s)
+        if named_run is not None:  # the named actor's sessions, within the run's time
+            await asyncio.wait([named_run], timeout=max(0.0, started + world.options.run_s - world.loop.time()))
     finally:
+        if named_run is not None:
+            named_run.cancel()
         for f in faults:
             f.cancel()
     world.heal_everything()
     await workload.final_phase()
+    if named is not None:
+        await named.final_phase()
     if autorecovery is not None:
         world.settled = await autorecovery.settle(world.loop.time(), set(workload.final_ends))
         await autorecovery.stop()
