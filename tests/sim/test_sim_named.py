@@ -5,9 +5,14 @@ record, a gap and different bytes."""
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 from dataclasses import replace
+from pathlib import Path
 
+import vellum
 from vellum.sim.campaign import run_campaign
 from vellum.sim.history import History, digest
 from vellum.sim.named_workload import NamedWorkload
@@ -47,3 +52,20 @@ def test_the_named_promises_catch_a_lost_record_a_gap_and_other_bytes() -> None:
     named.orders["orders"] = [("named-final", [1, 2]), ("named-reader", [1, 3])]
     kinds = sorted((v.kind, v.entry) for v in named.check())
     assert kinds == [("named-lost", 3), ("named-order", 1), ("named-order", 2)], kinds
+
+
+def test_the_new_options_replay_exactly_in_another_process_with_another_hash_seed() -> None:
+    """Named ledgers, rack power losses on lying disks and a limbo start on real bookies: the
+    same fingerprint in processes with different ``PYTHONHASHSEED``s."""
+    code = ("from dataclasses import replace; from vellum.sim.runner import SCENARIOS, run_seed; "
+            "w = SCENARIOS['wiped-bookie']; "
+            "print(run_seed(0, replace(w, bookie='real', named=True, "
+            "faults=w.faults | {'limbo', 'rack', 'lying-fsync'})).fingerprint)")
+    src = str(Path(vellum.__file__).parents[1])
+    prints = set()
+    for hash_seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed, "PYTHONPATH": src}
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                             check=True)
+        prints.add(out.stdout.strip())
+    assert len(prints) == 1, prints
