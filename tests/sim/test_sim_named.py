@@ -5,6 +5,7 @@ record, a gap and different bytes."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import subprocess
@@ -69,3 +70,21 @@ def test_the_new_options_replay_exactly_in_another_process_with_another_hash_see
                              check=True)
         prints.add(out.stdout.strip())
     assert len(prints) == 1, prints
+
+
+def test_the_cli_takes_the_new_flags_and_refuses_what_needs_the_real_bookie() -> None:
+    from click.testing import CliRunner
+
+    from vellum.cli.main import cli
+
+    result = CliRunner().invoke(cli, ["verify", "sim", "--seeds", "2", "--json", "--named", "--ledgers", "1",
+                                      "--entries", "10", "--faults", "default,rack"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert "rack" in data["faults"] and not data["violations"]
+    for mode in ("limbo", "wipe"):
+        refused = CliRunner().invoke(cli, ["verify", "sim", "--seeds", "1", "--faults", f"default,{mode}"])
+        assert refused.exit_code == 2 and "--bookie real" in refused.output
+    lying = CliRunner().invoke(cli, ["verify", "sim", "--seeds", "1", "--bookie", "real",
+                                     "--faults", "crash,lying-fsync"])
+    assert lying.exit_code == 2 and "power loss" in " ".join(lying.output.split())
