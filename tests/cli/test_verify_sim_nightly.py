@@ -44,4 +44,4 @@ def test_lying_fsync_is_a_mode_added_to_the_scenarios_faults_never_part_of_all()
     assert refused.exit_code == 2
     assert "lying-fsnc" in refused.output and "lying-fsync" in refused.output
     pointless = CliRunner().invoke(cli, ["verify", "sim", "--faults", "delay,lying-fsync"])
-    assert pointless.exit_code == 2 and "add crash, torn or eio" in " ".join(pointless.output.split())
+    assert pointless.exit_code == 2 and "add crash, torn, eio or rack" in " ".join(pointless.output.split())

@@ -234,6 +234,13 @@ class Bookie:
         self._forced_read_only = value
         self._state_changed()
 
+    def check_disks(self) -> None:
+        """One pass of the disk checker (what its thread runs every ``diskCheckInterval``): every
+        ledger dir measured again; a dir past the thresholds turns full or writable, and the
+        bookie read-only or writable with it (``on_all_dirs_full``, ``on_dir_writable``). The
+        simulator runs it when its disk fills or frees up (docs/verification.md)."""
+        self._dirs.check()
+
     def on_all_dirs_full(self) -> None:
         if not self._read_only_mode_enabled:
             # BookKeeper shuts the bookie down here; we fail stop on the next write instead.

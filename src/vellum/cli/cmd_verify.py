@@ -54,9 +54,9 @@ def _faults(value: str, scenario: frozenset[str] = frozenset()) -> frozenset[str
         raise click.BadParameter(f"unknown fault kind(s) {', '.join(unknown)}: choose from {', '.join(FAULT_KINDS)}, "
                                  f"the mode(s) {', '.join(FAULT_MODES)}, 'all', 'default' or 'none'",
                                  param_hint="--faults")
-    if "lying-fsync" in kinds and not kinds & {"crash", "torn", "eio"}:
-        raise click.BadParameter("lying-fsync loses acknowledged entries only when a bookie dies: add crash, torn or "
-                                 "eio (e.g. 'default,lying-fsync')", param_hint="--faults")
+    if "lying-fsync" in kinds and not kinds & {"crash", "torn", "eio", "rack"}:
+        raise click.BadParameter("lying-fsync loses acknowledged entries only when a bookie dies: add crash, torn, "
+                                 "eio or rack (e.g. 'default,lying-fsync')", param_hint="--faults")
     return frozenset(kinds)
 
 
@@ -110,6 +110,9 @@ def register(cli: click.Group) -> None:
                        "(slower; docs/verification.md)")
     @click.option("--power-loss", type=float, default=0.0, show_default=True,
                   help="with --bookie real: the share of crashes that are power losses (0 to 1)")
+    @click.option("--named", is_flag=True,
+                  help="also run the named-ledger actor: appends, rollovers and shrinks of a few names under the "
+                       "faults, judged by named-lost and named-order (docs/verification.md)")
     @click.option("--stop-at-first", is_flag=True, help="stop at the first seed with a violation")
     @click.option("--nightly", is_flag=True,
                   help=f"the nightly campaign: {NIGHTLY_SEEDS:,} seeds (unless --seeds), every fault kind (unless "
@@ -119,7 +122,7 @@ def register(cli: click.Group) -> None:
     def sim(count: int | None, start: int, one: int | None, scenario: str, faults: str | None, ledgers: int | None,
             entries: int | None,
             regressions: tuple[str, ...], autorecovery: bool | None, bookie_kind: str, power_loss: float,
-            stop_at_first: bool, nightly: bool,
+            named: bool, stop_at_first: bool, nightly: bool,
             as_json: bool) -> None:
         """Run the deterministic simulation over many seeds (or replay one)."""
         if count is None:
@@ -143,14 +146,20 @@ def register(cli: click.Group) -> None:
             chosen -= MODEL_ONLY_FAULTS  # 'all' of what the real bookie takes
         options = dataclasses.replace(base, faults=chosen, shape=shape, flags=frozenset(regressions),
                                       autorecovery=base.autorecovery if autorecovery is None else autorecovery,
-                                      bookie=bookie_kind, power_loss=power_loss)
+                                      bookie=bookie_kind, power_loss=power_loss, named=base.named or named)
         if not 0.0 <= power_loss <= 1.0:
             raise click.BadParameter(f"{power_loss} is not a share between 0 and 1", param_hint="--power-loss")
         if power_loss and bookie_kind != "real":
             raise click.BadParameter("a power loss is simulated with the real bookie only: add --bookie real",
                                      param_hint="--power-loss")
-        if "wipe" in options.faults and bookie_kind != "real":
-            raise click.BadParameter("the fault wipe empties a real bookie's disks: add --bookie real", param_hint="--faults")
+        for mode in sorted(options.faults & {"wipe", "limbo"}):
+            if bookie_kind != "real":
+                raise click.BadParameter(f"the fault {mode} empties a real bookie's disks: add --bookie real",
+                                         param_hint="--faults")
+        if bookie_kind == "real" and "lying-fsync" in options.faults and not (
+                "rack" in options.faults or (power_loss and "crash" in options.faults)):
+            raise click.BadParameter("a lying fsync loses what it acknowledged only at a power loss: add rack to "
+                                     "--faults, or --power-loss with crash", param_hint="--faults")
         if bookie_kind == "real" and options.faults & MODEL_ONLY_FAULTS:
             raise click.BadParameter(f"the real bookie does not take {', '.join(sorted(options.faults & MODEL_ONLY_FAULTS))} "
                                      "(they act on the model's disk; the real bookie's torn and lost writes come from "
@@ -163,7 +172,8 @@ def register(cli: click.Group) -> None:
             + "".join(f" --regression {r}" for r in regressions) \
             + ("" if autorecovery is None else " --autorecovery" if autorecovery else " --no-autorecovery") \
             + (f" --bookie {bookie_kind}" if bookie_kind != "model" else "") \
-            + (f" --power-loss {power_loss:g}" if power_loss else "")
+            + (f" --power-loss {power_loss:g}" if power_loss else "") \
+            + (" --named" if named else "")
         err = Console(stderr=True)
         if one is not None:
             _replay(one, options, as_json, f"{replay_base} --seed={one}")

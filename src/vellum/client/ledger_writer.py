@@ -107,6 +107,14 @@ log = logging.getLogger(__name__)
 
 #: delay before retrying an ensemble change that found no replacement bookie
 _ENSEMBLE_RETRY_S = 1.0
+#: a bookie that failed a write of this ledger is taken back (no never-failed spare left) at most
+#: once in this long: a bookie that is down (but still registered until its session times out)
+#: fails a write at once, and taking such bookies back again and again made the writer change its
+#: ensemble in a loop that never waited (docs/verification.md, "rack")
+_TAKE_BACK_AFTER_S = _ENSEMBLE_RETRY_S
+#: a test flag (docs/verification.md, "Regression seeds"): True as shipped; False takes a failed
+#: bookie back however recently it was taken back (the defect above)
+_wait_before_take_back = True
 _ADDS_UNDER_REPLICATED = stats.counter(
     "bookkeeper_client_ADD_ENTRY_UR",
     "acknowledged entries that then missed a copy (a write to a bookie of their write set failed "
@@ -191,6 +199,7 @@ class LedgerWriter:
         # ensemble change state
         self._failed: dict[int, str] = {}  # ensemble index -> bookie that failed there
         self._ever_failed: set[str] = set()
+        self._taken_back_at: dict[str, float] = {}  # bookie -> loop time it was last taken back
         self._changing_ensemble = False
         self._change_task: asyncio.Task[None] | None = None
         self._num_ensemble_changes = 0
@@ -518,8 +527,9 @@ class LedgerWriter:
         """A bookie for place ``idx`` (rule 11 of docs/correctness.md, "When no spare is left"):
         one that never failed a write of this ledger if the placement finds one; else one
         that failed earlier but is registered writable again (not one of the ensemble, which
-        holds every bookie failing now), rather than keep a bookie known to lack entries.
-        ``NotEnoughBookiesError`` when neither exists."""
+        holds every bookie failing now, nor one taken back in the last ``_TAKE_BACK_AFTER_S``),
+        rather than keep a bookie known to lack entries. ``NotEnoughBookiesError`` when neither
+        exists (the change is retried after ``_ENSEMBLE_RETRY_S``)."""
         ctx = self._ctx
         taken = set(old_ensemble) | set(new_ensemble)
 
@@ -533,7 +543,11 @@ class LedgerWriter:
         except NotEnoughBookiesError:
             if not self._ever_failed - taken:
                 raise  # nobody to take back
-        bookie = pick(taken)
+        now = self._loop.time()
+        recent = {b for b, at in self._taken_back_at.items() if now - at < _TAKE_BACK_AFTER_S} \
+            if _wait_before_take_back else set()
+        bookie = pick(taken | recent)
+        self._taken_back_at[bookie] = now
         log.info("ledger %d: no bookie that never failed is left; taking back %s (it failed a write of this "
                  "ledger earlier and is registered writable again) for position %d", self.ledger_id, bookie, idx,
                  extra={"ledger_id": self.ledger_id, "peer": str(bookie)})

@@ -104,6 +104,11 @@ class OpenMode(enum.Enum):
     CREATE_OR_APPEND = "create_or_append"
 
 
+#: the wall clock of a record's and a segment's ``ctime`` (``time.time`` in production; the
+#: simulator sets its own: docs/verification.md)
+_wall_clock = time.time
+
+
 def _writer_identity() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
@@ -256,7 +261,7 @@ class NamedLedgers:
         dt = parse_digest_type(digest_type if digest_type is not None else cfg.digest_type)
         rec = NamedLedgerRecord(
             name=name, digest_type=dt, password=password, ensemble_size=e, write_quorum_size=wq,
-            ack_quorum_size=aq, writer_epoch=1, writer=_writer_identity(), ctime_ms=int(time.time() * 1000),
+            ack_quorum_size=aq, writer_epoch=1, writer=_writer_identity(), ctime_ms=int(_wall_clock() * 1000),
             custom_metadata=dict(custom_metadata or {}),
         )
         seg, md, md_version = await self._new_segment(rec, 0, 1, segment_metadata=segment_metadata)
@@ -287,7 +292,7 @@ class NamedLedgers:
             ctx.writable_bookies = frozenset(str(b) for b in await self._meta(reg.list_bookies))
             ensemble = ctx.placement.new_ensemble(e, wq, aq, writable=ctx.writable_bookies,
                                                   read_only=ctx.read_only_bookies)
-        md = rec.segment_ledger_metadata((e, wq, aq), ensemble, epoch, ctime_ms=int(time.time() * 1000),
+        md = rec.segment_ledger_metadata((e, wq, aq), ensemble, epoch, ctime_ms=int(_wall_clock() * 1000),
                                          creator_token=int.from_bytes(os.urandom(7), "big"),
                                          extra=segment_metadata)
         store = ctx.store
@@ -619,7 +624,7 @@ class NamedLedgers:
                 raise IncorrectParameterError(f"ledger {lid} is {md.state.name}: only CLOSED ledgers can be published")
             mds.append(md)
         if expected_version is None:
-            rec = first_published(name, ledger_ids, mds, cursor_updates or {}, ctime_ms=int(time.time() * 1000),
+            rec = first_published(name, ledger_ids, mds, cursor_updates or {}, ctime_ms=int(_wall_clock() * 1000),
                                   time_ranges=time_ranges)
             try:
                 return await self._create_record(rec)

@@ -62,6 +62,11 @@ FAILURE_LOG_INTERVAL_S = 5.0
 KEY_REFUSAL_LOG_INTERVAL_S = FAILURE_LOG_INTERVAL_S
 
 
+#: the clock the rate-limited log lines read (``time.monotonic`` in production); the simulator
+#: gives it the loop's virtual clock, so a replayed seed logs the same lines (docs/verification.md)
+_monotonic = time.monotonic
+
+
 class _RateLimitedLog:
     """At most one line per ``interval_s`` (loop thread only); the next line counts those left out."""
 
@@ -72,7 +77,7 @@ class _RateLimitedLog:
         self._left_out = 0
 
     def note(self, message: str, extra: dict[str, Any], exc: BaseException | None = None) -> None:
-        now = time.monotonic()
+        now = _monotonic()
         if now - self._last < self._interval_s:
             self._left_out += 1
             return

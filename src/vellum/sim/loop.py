@@ -37,6 +37,15 @@ class SimQuiescent(RuntimeError):
     """Nothing is ready and no timer is pending: the simulated world is stuck for good."""
 
 
+#: loop iterations at one virtual instant after which a run is a livelock (``SimLivelock``)
+LIVELOCK_ITERATIONS = 20_000
+
+
+class SimLivelock(SimQuiescent):
+    """Virtual time stood still for ``LIVELOCK_ITERATIONS`` loop iterations: something keeps
+    rescheduling itself without ever waiting (a zero-time loop would spin forever)."""
+
+
 class _Call(list):  # type: ignore[type-arg]
     """A scheduled callback: what ``call_soon`` returns and what ``call_at`` keeps in the heap.
 
@@ -176,7 +185,15 @@ class SimLoop(asyncio.BaseEventLoop):
         ready = self._ready  # type: ignore[attr-defined]
         popleft = ready.popleft
         heappop = heapq.heappop
+        seen, spins = self._now, 0
         while True:
+            if self._now != seen:
+                seen, spins = self._now, 0
+            else:
+                spins += 1
+                if spins > LIVELOCK_ITERATIONS:
+                    raise SimLivelock(f"virtual time stood still at {self._now:.6f} for {spins} loop iterations: "
+                                      "a livelock (something reschedules itself without waiting)")
             cancelled: int = self._timer_cancelled_count  # type: ignore[has-type]
             if cancelled > 100 and cancelled * 2 > len(sched):
                 live = []

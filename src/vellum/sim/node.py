@@ -7,10 +7,15 @@ its own metadata session, and what it holds at the end of a run (docs/verificati
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections.abc import Callable
 from pathlib import Path
 
+from vellum.admin.integrity_check import IntegrityCheck
+from vellum.client.bookkeeper import BookKeeper
+from vellum.client.placement import DefaultPlacementPolicy
+from vellum.config import ClientConfig
 from vellum.errors import CookieError, CorruptionError
 from vellum.format.entrylog import EntryLogScanner
 from vellum.ids import BookieId, LedgerId
@@ -20,8 +25,8 @@ from vellum.sim.bookie import SimBookie, SimDisk, key_check_for
 from vellum.sim.history import History
 from vellum.sim.loop import SimLoop
 from vellum.sim.metadata import SimMetadataStore
-from vellum.sim.network import Link
-from vellum.sim.real_bookie import PageCache, RealSimBookie
+from vellum.sim.network import Link, current_node
+from vellum.sim.real_bookie import PageCache, RealSimBookie, full_disk_usage
 
 #: seconds a crashed bookie's registration outlives it (its metadata session's timeout)
 SESSION_TIMEOUT_S = 0.5
@@ -32,7 +37,8 @@ class BookieNode:
     or over the real bookie (``RealSimBookie``) when given a ``home`` directory for its files."""
 
     def __init__(self, name: str, loop: SimLoop, rng: random.Random, store: SimMetadataStore,
-                 history: History | None, home: Path | None = None, *, check_keys: bool = True) -> None:
+                 history: History | None, home: Path | None = None, *, check_keys: bool = True,
+                 integrity: bool = False) -> None:
         self.name = name
         self.home = home
         self._real_errors: list[str] = []
@@ -61,6 +67,12 @@ class BookieNode:
         self.rotted: set[tuple[int, int]] = set()
         #: the entries a real bookie held when it was lost for good (its process is gone)
         self.lost_copies: frozenset[tuple[int, int]] = frozenset()
+        #: the real bookie runs with ``dataIntegrityChecking`` (the ``limbo`` mode): a wiped one
+        #: starts with its ledgers limbo and copies them back (``_integrity_check``)
+        self.integrity = integrity
+        self._integrity_task: asyncio.Task[None] | None = None
+        #: ``report(kind, value)``: an event of this bookie for the run's history (the runner's)
+        self.report: Callable[[str, str], None] | None = None
         self.start()
 
     def _password(self, ledger_id: int) -> bytes | None:
@@ -76,12 +88,20 @@ class BookieNode:
                 bookie = RealSimBookie(self.name, self._loop, self._rng, self.home, self._store.ledgers,
                                        key_check_for(self._password), group_wait_s=0.001, fsync_s=(0.0002, 0.003),
                                        read_s=(0.00005, 0.0005), page_cache=self.page_cache,
-                                       registration=self._store.registration, check_keys=self.check_keys)
+                                       registration=self._store.registration, check_keys=self.check_keys,
+                                       disk_usage=full_disk_usage(lambda: self.disk.full),
+                                       integrity=self.integrity)
             except CookieError as e:  # the dead incarnation stays (not alive): the node is down
                 self.refused = str(e)
                 self.lost = True
                 return
             self.bookie = bookie
+            # the real bookie's state listener registers it read-only or writable, as the service's
+            bookie.bookie.add_state_listener(lambda read_only: self.register_as(read_only=read_only))
+            if bookie.bookie.is_read_only and self.session is not None:  # started on a full disk
+                self.session.registration.register_bookie(BookieId(self.name), read_only=True)
+            if bookie.bookie.limbo:
+                self._integrity_task = self._loop.create_task(self._integrity_check(bookie))
         else:
             self.bookie = SimBookie(self.name, self._loop, self._rng, self.disk, key_check_for(self._password),
                                     group_wait_s=0.001, fsync_s=(0.0002, 0.003), read_s=(0.00005, 0.0005))
@@ -94,7 +114,37 @@ class BookieNode:
 
     def _register(self) -> None:
         self.session = self._store.session(self.name)
-        self.session.registration.register_bookie(BookieId(self.name))
+        if isinstance(self.bookie, RealSimBookie) and self.bookie.bookie.is_read_only:
+            self.session.registration.register_bookie(BookieId(self.name), read_only=True)
+        else:
+            self.session.registration.register_bookie(BookieId(self.name))
+
+    async def _integrity_check(self, bookie: RealSimBookie) -> None:
+        """The service's background integrity check (``admin/integrity_check.IntegrityCheck``)
+        of a bookie that started with limbo ledgers: its own client (on this bookie's network
+        node, its own metadata session) copies back what the metadata places here from the other
+        replicas, and clears each ledger's limbo; it ends with the process."""
+        current_node.set(self.name)
+        session = self._store.session(f"{self.name}/integrity")
+        client = BookKeeper(config=ClientConfig(add_entry_timeout_s=1.0, read_entry_timeout_s=1.0), store=session,
+                            placement=DefaultPlacementPolicy(random.Random(self._rng.random())))
+        try:
+            await client.start()
+            check = IntegrityCheck(bookie=bookie.bookie, async_bookie=bookie,  # type: ignore[arg-type]
+                                   client=client, bookie_id=self.name, retry_interval_s=1.0)
+            await check.run()
+            if self.report is not None:
+                self.report("integrity-done", f"{self.name}: no ledger limbo after {check.passes} pass(es)")
+        finally:
+            with contextlib.suppress(Exception):
+                await client.close()
+            session.close()
+
+    def check_disks(self) -> None:
+        """The real bookie's disk checker runs a pass (``Bookie.check_disks``): it sees the disk
+        full or free (``disk.full``, the ``full`` fault) and turns read-only or writable."""
+        if isinstance(self.bookie, RealSimBookie) and self.up:
+            self.bookie.bookie.check_disks()
 
     def register_as(self, *, read_only: bool) -> None:
         """Register again, read-only or writable, through this process's own session (as the
@@ -175,6 +225,9 @@ class BookieNode:
         returns (records kept, records that were unsynced). Real bookie: ``power_loss``, the
         machine too, so what its files held only in the page cache is gone."""
         torn = (0, 0)
+        if self._integrity_task is not None:  # the integrity check dies with its process
+            self._integrity_task.cancel()
+            self._integrity_task = None
         if isinstance(self.bookie, RealSimBookie):
             self.bookie.crash()
         elif self.bookie is not None:
@@ -242,11 +295,14 @@ class BookieNode:
         if self.refused is not None:
             return f"{self.name} refused to start (its cookie check): it stays down"
         if isinstance(self.bookie, RealSimBookie):
-            return f"{self.name} (replayed {self.bookie.replayed} journal records)"
+            limbo = f", {self.bookie.limbo_marked} ledgers marked limbo" if self.bookie.limbo_marked else ""
+            return f"{self.name} (replayed {self.bookie.replayed} journal records{limbo})"
         return self.name
 
     def dispose(self) -> None:
         """The run is over: a real bookie releases its files (as a crash would)."""
+        if self._integrity_task is not None:
+            self._integrity_task.cancel()
         if isinstance(self.bookie, RealSimBookie):
             self.bookie.crash()
 

@@ -29,10 +29,16 @@ latency (``Journal.force``), so a crash can fall between them. RocksDB writes it
 its writes that were not synced survive a power loss here (the loss is a subset of what a real
 one may take).
 
-Not run here: the disk checks (the disk usage is fixed: no disk fills), entry-log
-preallocation (off), read-only mode, limbo (a wiped bookie is refused, or with the
-``start-wiped-bookie`` regression starts empty; ``dataIntegrityChecking`` is off), COLLECT waits for a pass it
-runs itself. Invariants: every choice comes from the run's generator and the loop's clock (file
+The disk checks run when the run fills or frees a bookie's disk (the ``full`` fault:
+``disk_usage`` says every byte is taken, ``Bookie.check_disks`` is the checker thread's pass, and
+the bookie turns read-only through its own state path); otherwise the disk is large and empty.
+With ``integrity`` (the ``limbo`` mode) the bookie runs with ``dataIntegrityChecking``: a start
+that may have lost data (every dir wiped: the cookies are stamped over) marks the ledgers the
+store places on it limbo before it serves (``admin/integrity_check.mark_ledgers_limbo``); the node
+then runs the integrity check that copies them back. Without it a wiped bookie is refused (or,
+with the ``start-wiped-bookie`` regression, starts empty).
+Not run here: entry-log preallocation (off); COLLECT waits for a pass it runs itself.
+Invariants: every choice comes from the run's generator and the loop's clock (file
 and journal names included); nothing blocks (the journal queue and the write cache are sized so
 that an add never waits, and a full write cache refuses at once).
 """
@@ -48,6 +54,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from vellum.admin.integrity_check import mark_ledgers_limbo
 from vellum.bookie.assembly import BookieRuntime, OpenedBookie, open_bookie
 from vellum.bookie.bookie import BookieInfo
 from vellum.bookie.executor import CollectOutcome
@@ -60,6 +67,7 @@ from vellum.meta.api import LedgerManager, RegistrationManager
 from vellum.proto.messages import FLAG_RECOVERY_ADD, AddBatch
 from vellum.sim.bookie import KeyCheck, completion
 from vellum.stats import CollectorRegistry
+from vellum.storage.dirs import DiskUsageFn
 from vellum.storage.durable import FileOps
 
 #: the virtual wall clock's epoch (GC's compaction times and the first journal's name)
@@ -72,7 +80,19 @@ def _fixed_usage(_path: Path) -> tuple[int, int]:
     return _DISK
 
 
+def full_disk_usage(full: Callable[[], bool]) -> DiskUsageFn:
+    """What the disk checks see when the run decides whether the disk is full (the ``full``
+    fault): the large disk, empty, or with every byte taken."""
+    def usage(_path: Path) -> tuple[int, int]:
+        return (_DISK[0], _DISK[0]) if full() else _DISK
+    return usage
+
+
 def _no_sleep(_seconds: float) -> None:
+    pass
+
+
+def _quiet(_line: str) -> None:
     pass
 
 
@@ -92,10 +112,15 @@ class PageCache(FileOps):
     restored); what was fsynced stays. One per bookie, across its restarts (a process crash
     leaves the page cache as it was)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, lies: bool = False) -> None:
         self._paths: dict[int, str] = {}
         #: path -> (its size at the last fsync, [(offset, the bytes there before a write)])
         self._undo: dict[str, tuple[int, list[tuple[int, bytes]]]] = {}
+        #: a disk that lies about fsync (the ``lying-fsync`` mode): an fsync forgets nothing, so a
+        #: power loss takes back what was acknowledged as synced too
+        self.lies = lies
+        #: paths an fsync was acknowledged for without persisting them (``lies``)
+        self._lied: set[str] = set()
 
     def _before(self, fd: int, offset: int, n: int) -> None:
         path = self._paths.get(fd)
@@ -137,10 +162,19 @@ class PageCache(FileOps):
         os.ftruncate(fd, length)
 
     def fsync(self, fd: int) -> None:
-        os.fsync(fd)
         path = self._paths.get(fd)
+        if self.lies:
+            if path is not None and path in self._undo:
+                self._lied.add(path)
+            return
+        os.fsync(fd)
         if path is not None:
             self._undo.pop(path, None)
+
+    @property
+    def lied_files(self) -> int:
+        """Files holding bytes an fsync acknowledged that a power loss would take back now."""
+        return sum(1 for path in self._lied if path in self._undo)
 
     def close(self, fd: int) -> None:
         self._paths.pop(fd, None)
@@ -159,11 +193,15 @@ class PageCache(FileOps):
     def unlink(self, path: Path) -> None:
         os.unlink(path)
         self._undo.pop(str(path), None)
+        self._lied.discard(str(path))
 
     def _moved(self, src: str, dst: str) -> None:
         entry = self._undo.pop(src, None)
         if entry is not None:
             self._undo[dst] = entry
+        if src in self._lied:
+            self._lied.discard(src)
+            self._lied.add(dst)
         for fd, path in self._paths.items():
             if path == src:
                 self._paths[fd] = dst
@@ -186,6 +224,7 @@ class PageCache(FileOps):
             lost += 1
         self._undo.clear()
         self._paths.clear()
+        self._lied.clear()
         return lost
 
 
@@ -193,10 +232,14 @@ def remove_scratch(root: Path) -> None:
     shutil.rmtree(root, ignore_errors=True)
 
 
-def sim_config(home: Path) -> ServerConfig:
+def sim_config(home: Path, *, integrity: bool = False) -> ServerConfig:
     """The bookie's configuration in a run: small files (entry logs roll, compaction has work),
-    GC and compaction intervals of seconds, caches that never make an add wait."""
+    GC and compaction intervals of seconds, caches that never make an add wait; ``integrity``:
+    ``dataIntegrityChecking`` with ``dataIntegrityStampMissingCookies`` (a wiped bookie starts
+    with its ledgers limbo instead of being refused)."""
     return ServerConfig(
+        data_integrity_checking=integrity,
+        data_integrity_stamp_missing_cookies=integrity,
         journal_directories=(str(home / "journal"),),
         ledger_directories=(str(home / "ledgers"),),
         http_server_enabled=False,
@@ -241,7 +284,8 @@ class RealSimBookie:
                  ledgers: LedgerManager, key_check: KeyCheck, *, group_wait_s: float,
                  fsync_s: tuple[float, float], read_s: tuple[float, float],
                  checkpoint_s: tuple[float, float] = (0.2, 1.5), page_cache: PageCache | None = None,
-                 registration: RegistrationManager | None = None, check_keys: bool = True) -> None:
+                 registration: RegistrationManager | None = None, check_keys: bool = True,
+                 disk_usage: DiskUsageFn = _fixed_usage, integrity: bool = False) -> None:
         self.name = name
         self._loop = loop
         self._rng = rng
@@ -250,12 +294,12 @@ class RealSimBookie:
         self._read_s = read_s
         self._checkpoint_s = checkpoint_s
         runtime = BookieRuntime(threads=False, monotonic=loop.time, wall=lambda: _EPOCH_S + loop.time(),
-                                sleep=_no_sleep, disk_usage=_fixed_usage, file_ops=page_cache)
+                                sleep=_no_sleep, disk_usage=disk_usage, file_ops=page_cache)
         # With ``registration``: the metadata store's copy of the cookie, as the service's start
         # (a bookie whose every disk was wiped is refused: ``CookieError``), stamped at first start.
         stored = registration.get_cookie(BookieId(name)) if registration is not None else None
         self.opened: OpenedBookie = open_bookie(
-            sim_config(home), bookie_id=name, ledger_lister=_StoreLister(ledgers), master_key_check=key_check if check_keys else None,
+            sim_config(home, integrity=integrity), bookie_id=name, ledger_lister=_StoreLister(ledgers), master_key_check=key_check if check_keys else None,
             metrics=BookieMetrics(CollectorRegistry()), runtime=runtime,
             store_cookie=None if stored is None else Cookie.decode(stored.value, where=f"metadata cookie of {name}"))
         if registration is not None and stored is None:
@@ -263,6 +307,11 @@ class RealSimBookie:
         self.bookie = self.opened.bookie
         #: journal records the start replayed into storage
         self.replayed = self.opened.replayed_records
+        #: ledgers this start marked limbo (``dataIntegrityChecking``: a bookie that may have
+        #: lost data marks every ledger the store places on it before it serves, as the service)
+        self.limbo_marked = 0
+        if self.opened.integrity_check_needed is not None:
+            self.limbo_marked = mark_ledgers_limbo(self.opened, ledgers, name, say=_quiet)
         self.alive = True
         self.adds_accepted = 0
         #: failures of the storage's own steps (checkpoint, GC): the run reports them as errors
@@ -353,6 +402,11 @@ class RealSimBookie:
             if self.alive:
                 fn(*args)
         self._loop.call_soon(run)
+
+    def add_entries_cb(self, adds: list[tuple[bytes | memoryview, bytes, bool]], on_result: OnAddResult) -> None:
+        """As ``AsyncBookie.add_entries_cb`` (the integrity check's copies): ``add_batch_cb`` of
+        ``(entry, master key, recovery)`` rows."""
+        self.add_batch_cb(AddBatch.of_entries(adds), on_result)
 
     def add_batch_cb(self, batch: AddBatch, on_result: OnAddResult) -> None:
         """As ``AsyncBookie.add_batch_cb``: ``on_result(refused per add, durability error)``

@@ -30,6 +30,7 @@ from typing import Any
 
 from vellum.autorecovery import copier as ar_copier
 from vellum.autorecovery import worker as ar_worker
+from vellum.bookie import integrity as bookie_integrity
 from vellum.client import bookkeeper as client_bookkeeper
 from vellum.client import ledger_writer as client_ledger_writer
 from vellum.client import metadata_update as client_metadata_update
@@ -39,12 +40,14 @@ from vellum.client.placement import DefaultPlacementPolicy
 from vellum.config import ClientConfig
 from vellum.errors import MetadataStoreUnavailableError
 from vellum.meta.model import LedgerMetadata
+from vellum.server import processors as server_processors
 from vellum.sim.autorecovery import SimAutoRecovery, replicas, virtual_clock
 from vellum.sim.bookie import SimBookie
 from vellum.sim.checker import Placement, Violation, check
 from vellum.sim.history import History
 from vellum.sim.loop import SimLoop, SimQuiescent
 from vellum.sim.metadata import SimMetadataStore
+from vellum.sim.named_workload import NamedWorkload, named_clock
 from vellum.sim.network import NetFaults, SimNetwork, current_node
 from vellum.sim.node import BookieNode
 from vellum.sim.real_bookie import PageCache, RealSimBookie, remove_scratch, scratch_root
@@ -56,19 +59,23 @@ log = logging.getLogger(__name__)
 
 #: the fault kinds ``--faults`` takes (``all``: every one of them)
 FAULT_KINDS = ("delay", "drop", "dup", "reorder", "partition", "crash", "slow", "meta", "corrupt", "expiry",
-               "torn", "eio", "full", "clock")
+               "torn", "eio", "full", "clock", "rack")
 #: modes ``--faults`` also takes but ``all`` never includes: ``lying-fsync`` (every disk
 #: acknowledges fsync without persisting) breaks durability on purpose, so the checker must fail
 #: ``wipe`` (real bookie only): a crashed bookie's journal and ledger dirs are emptied before
 #: its restart (once a run, on a run with no bookie lost for good)
-FAULT_MODES = ("lying-fsync", "wipe")
+#: ``limbo`` (real bookie only): the bookies run with ``dataIntegrityChecking``, and the ``wipe``
+#: fault is on: a wiped bookie starts with the ledgers it may have held limbo ("unknown", never
+#: "no such entry") and copies them back from the other replicas
+FAULT_MODES = ("lying-fsync", "wipe", "limbo")
 #: what a run injects unless told otherwise (``meta``: metadata writes that fail, ``corrupt``: a
 #: crash that leaves a bad stored entry behind, ``expiry``: metadata sessions that expire,
-#: ``torn``, ``eio``, ``full`` and ``clock``: the disk and clock faults, are opt-in)
-DEFAULT_FAULTS = frozenset(FAULT_KINDS) - {"meta", "corrupt", "expiry", "torn", "eio", "full", "clock"}
+#: ``torn``, ``eio``, ``full`` and ``clock``: the disk and clock faults, ``rack``: a power loss of
+#: 2 or 3 bookies at once, are opt-in)
+DEFAULT_FAULTS = frozenset(FAULT_KINDS) - {"meta", "corrupt", "expiry", "torn", "eio", "full", "clock", "rack"}
 #: the nemesis's kinds, in the order its generator picks among them (a kind not asked for is
 #: left out, so the default mix draws as it did before the disk and clock faults existed)
-_NEMESIS_KINDS = ("crash", "partition", "slow", "torn", "eio", "full", "clock")
+_NEMESIS_KINDS = ("crash", "partition", "slow", "torn", "eio", "full", "clock", "rack")
 #: what the wall clock reads at virtual time 0 (2026-01-01T00:00:00Z): a run never reads the host's
 _WALL_EPOCH = 1_767_225_600.0
 #: the network's counters (``SimNetwork.counts``) that say a seed hit a fault kind
@@ -118,14 +125,18 @@ class SimOptions:
     #: metadata (``ledgerMasterKeyCheck``); off, as a bookie port without authentication runs
     #: (``auto``), a deleted ledger's tombstone alone refuses a stale writer's adds
     master_key_check: bool = True
+    #: run the named-ledger actor too (``sim/named_workload.py``: appends, rollovers and shrinks of
+    #: a few names through ``client/named.py``, judged by ``named-lost`` and ``named-order``)
+    named: bool = False
 
 
 #: the bookie kinds ``--bookie`` takes
 BOOKIE_KINDS = ("model", "real")
 #: fault kinds the real bookie does not take: they act on the model's disk (a torn group, a
-#: failing or full disk, a lying fsync); the real bookie's torn and lost writes come from
-#: ``power_loss`` (``corrupt`` flips a byte of a stored entry in its entry logs)
-MODEL_ONLY_FAULTS = frozenset({"torn", "eio", "full", "lying-fsync"})
+#: failing disk); the real bookie's torn and lost writes come from ``power_loss`` and ``rack``
+#: (``corrupt`` flips a byte of a stored entry in its entry logs, ``full`` makes its disk checker
+#: see a full disk, ``lying-fsync`` makes its page cache forget nothing at an fsync)
+MODEL_ONLY_FAULTS = frozenset({"torn", "eio"})
 
 #: named workloads (``--scenario``): the default mix, and a race of the old writer against
 #: fencing (small ensembles, recovery in the middle of the writes, lossy network, no crashes)
@@ -153,6 +164,11 @@ REGRESSIONS = {
                              "check rejects the bad copy)",
     "copy-only-from-other-replicas": "a replication worker reads an entry only from the other bookies of its write "
                                      "set, never from the bookie it replaces, which may hold its only copy",
+    "take-back-at-once": "a writer with no never-failed spare takes back a bookie that failed a write of the ledger "
+                         "however recently: among bookies that are down but still registered, it changes its "
+                         "ensemble in a loop that never waits (a livelock; with the fault rack)",
+    "limbo-answers-no-entry": "a limbo ledger's read of an entry the bookie lacks answers 'no such entry' instead "
+                              "of 'unknown' (rule 12 of docs/correctness.md; with the mode limbo)",
 }
 
 
@@ -168,6 +184,8 @@ _FLAG_SWITCHES: dict[str, tuple[Any, str, bool]] = {
     "start-wiped-bookie": (storage_cookies, "_refuse_wiped_bookie", False),
     "no-delete-tombstone": (storage_upkeep, "_leave_tombstone", False),
     "serve-unchecked-reads": (storage_reads, "_check_reads", False),
+    "take-back-at-once": (client_ledger_writer, "_wait_before_take_back", False),
+    "limbo-answers-no-entry": (bookie_integrity, "_answer_unknown", False),
 }
 assert _FLAG_SWITCHES.keys() == REGRESSIONS.keys()
 
@@ -235,8 +253,14 @@ class World:
         if options.power_loss and options.bookie != "real":
             raise ValueError("a power loss is simulated with the real bookie only (--bookie real): the model loses "
                              "everything not synced at every crash already")
-        if "wipe" in options.faults and options.bookie != "real":
-            raise ValueError("the fault wipe needs the real bookie (--bookie real): the model has no cookies")
+        for mode in sorted(options.faults & {"wipe", "limbo"}):
+            if options.bookie != "real":
+                raise ValueError(f"the fault {mode} needs the real bookie (--bookie real): the model has no cookies "
+                                 "and no limbo")
+        if options.bookie == "real" and "lying-fsync" in options.faults and not (
+                "rack" in options.faults or (options.power_loss and "crash" in options.faults)):
+            raise ValueError("a lying fsync loses what it acknowledged only at a power loss, and the real bookie "
+                             "loses power only with the fault rack or --power-loss with crash: add one")
         if options.bookie == "real" and options.faults & MODEL_ONLY_FAULTS:
             raise ValueError(f"the real bookie does not take the fault(s) "
                              f"{', '.join(sorted(options.faults & MODEL_ONLY_FAULTS))} (they act on the model's "
@@ -270,7 +294,9 @@ class World:
         for i in range(options.bookies):
             home = self.scratch / f"bookie-{i}" if self.scratch is not None else None
             node = BookieNode(f"bookie-{i}:3181", self.loop, node_rng, self.store,
-                              self.history if options.trace else None, home, check_keys=options.master_key_check)
+                              self.history if options.trace else None, home, check_keys=options.master_key_check,
+                              integrity="limbo" in faults)
+            node.report = functools.partial(self._bookie_event, node.name)
             self.nodes.append(node)
             self.net.add_server(node)
         self.clients: list[BookKeeper] = []
@@ -301,9 +327,22 @@ class World:
         if "lying-fsync" in faults:
             for node in self.nodes:
                 node.disk.lies = True
+                if node.page_cache is not None:  # the real bookie: a power loss takes back synced bytes too
+                    node.page_cache.lies = True
         #: what the wall clock (``time.time`` as the client sees it) is ahead of virtual time: the
         #: ``clock`` fault jumps it forward and back
         self.wall_offset = 0.0
+
+    def _restart(self, node: BookieNode) -> None:
+        """Start ``node``'s process again (a restart event in the history; with ``limbo``, a
+        start that marked ledgers limbo counts as an injection of it)."""
+        node.start()
+        self.history.add("nemesis", "restart", value=node.restarted)
+        if isinstance(node.bookie, RealSimBookie) and node.bookie.alive and node.bookie.limbo_marked:
+            self.injected["limbo"] += 1
+
+    def _bookie_event(self, name: str, kind: str, value: str) -> None:
+        self.history.add(name, kind, value=value)
 
     def wall_time(self) -> float:
         """The wall clock of the code under test: a fixed epoch plus virtual time, plus the jumps."""
@@ -403,17 +442,18 @@ class World:
                 self._crash(node, rng if kind == "torn" else None, rng)
                 if "corrupt" in faults and rng.random() < 0.5:
                     self._corrupt_one(node, rng)
-                if "wipe" in faults:
+                if "wipe" in faults or "limbo" in faults:
                     self._wipe(node)
                 await asyncio.sleep(rng.uniform(0.01, 1.0))
-                node.start()
-                self.history.add("nemesis", "restart", value=node.restarted)
+                self._restart(node)
             elif kind == "eio":
                 await self._eio(node, rng)
             elif kind == "full":
                 await self._full(node, rng)
             elif kind == "clock":
                 self._clock_jump(rng)
+            elif kind == "rack":
+                await self._rack(rng)
             else:
                 who = rng.choice(["writer", "reader", "recoverer"])
                 one_way = rng.random() < 0.5
@@ -439,7 +479,25 @@ class World:
             await asyncio.sleep(rng.uniform(0.0005, 0.003))
         return None
 
-    def _crash(self, node: BookieNode, torn: random.Random | None = None, rng: random.Random | None = None) -> None:
+    async def _rack(self, rng: random.Random) -> None:
+        """The ``rack`` fault: the power of 2 or 3 bookies (of those up) goes at once; each loses
+        what it had not synced (the real bookie: a power loss, whatever ``power_loss`` says), and
+        they come back together after a while (a bookie lost for good meanwhile stays down)."""
+        up = [n for n in self.nodes if n.up]
+        if len(up) < 2:
+            return
+        rack = rng.sample(up, rng.randint(2, min(3, len(up))))
+        self.injected["rack"] += 1
+        self.history.add("nemesis", "rack", value=" ".join(n.name for n in rack))
+        for node in rack:
+            self._crash(node, power=True)
+        await asyncio.sleep(rng.uniform(0.01, 1.0))
+        for node in rack:
+            if not node.up and not node.lost:
+                self._restart(node)
+
+    def _crash(self, node: BookieNode, torn: random.Random | None = None, rng: random.Random | None = None,
+               *, power: bool = False) -> None:
         """Kill ``node``'s process. Model (a power cut: what was not synced is lost): ``torn``, a
         seeded prefix (drawn from its generator) of the unsynced journal records survives (the
         group was partly on the disk; replay stops at the first bad record, so the next one is
@@ -447,10 +505,17 @@ class World:
         ``rng``) a power loss too."""
         assert node.bookie is not None
         if isinstance(node.bookie, RealSimBookie):
-            power = self.options.power_loss > 0 and rng is not None and rng.random() < self.options.power_loss
+            if not power:
+                power = self.options.power_loss > 0 and rng is not None and rng.random() < self.options.power_loss
+            assert node.page_cache is not None
+            lied = node.page_cache.lied_files if power else 0
             node.crash(power_loss=power)
             self.injected["crash"] += 1
             self.history.add("nemesis", "crash", value=f"{node.name} (power loss)" if power else node.name)
+            if lied:
+                self.injected["lying-fsync"] += 1
+                self.history.add("nemesis", "fsync-lied",
+                                 value=f"{node.name}: {lied} files lost bytes their fsync had acknowledged")
             return
         unwritten = node.bookie.unwritten_records
         keep = torn.randint(0, node.bookie.pending_records) if torn is not None else 0
@@ -478,7 +543,8 @@ class World:
         self.wiped = node
         for sub in ("journal", "ledgers"):
             shutil.rmtree(node.home / sub, ignore_errors=True)
-        node.page_cache = PageCache()  # what the old disks held in the page cache went with them
+        # what the old disks held in the page cache went with them
+        node.page_cache = PageCache(lies=node.page_cache is not None and node.page_cache.lies)
         self.injected["wipe"] += 1
         self.history.add("nemesis", "wipe", value=node.name)
 
@@ -499,8 +565,7 @@ class World:
             await asyncio.sleep(rng.uniform(0.05, 1.0))
             if node.bookie is bookie and node.up:
                 self._crash(node)
-                node.start()
-                self.history.add("nemesis", "restart", value=node.restarted)
+                self._restart(node)
         else:
             bookie.storage_failing = True
             self.history.add("nemesis", "eio", value=f"ledger storage of {node.name}")
@@ -520,7 +585,11 @@ class World:
 
     def _set_full(self, node: BookieNode, full: bool) -> None:
         node.disk.full = full
-        node.register_as(read_only=full)
+        if node.home is not None:
+            # the real bookie: its disk checker sees it, and its state listener registers it
+            node.check_disks()
+        else:
+            node.register_as(read_only=full)
         self.history.add("nemesis", "full" if full else "writable", value=node.name)
 
     def _clock_jump(self, rng: random.Random) -> None:
@@ -617,8 +686,7 @@ class World:
             if isinstance(node.bookie, SimBookie) and node.up and node.bookie.journal_error is not None:
                 self._crash(node)  # the operator restarts the failed bookie (below)
             if not node.up and not node.lost:
-                node.start()
-                self.history.add("nemesis", "restart", value=node.restarted)
+                self._restart(node)
 
 
 SCENARIOS["default"] = SimOptions()
@@ -652,21 +720,27 @@ SCENARIOS["wiped-bookie"] = SimOptions(
     faults=DEFAULT_FAULTS | {"wipe"}, autorecovery=False,
     shape=WorkloadShape(ledgers=4, entries=(20, 40), shapes=((3, 3, 2), (3, 2, 2), (4, 3, 2)),
                         recover_delay_s=(0.3, 1.5), close_probability=0.3, delete_probability=0.0))
+# Named ledgers under the default faults: the named-ledger actor (``sim/named_workload.py``) beside
+# a smaller plain workload (``--named`` adds the actor to any scenario).
+SCENARIOS["named"] = SimOptions(named=True, shape=WorkloadShape(ledgers=2, entries=(10, 30), reader_polls=15))
 SCENARIOS["tailing"] = SimOptions(
     shape=WorkloadShape(ledgers=2, entries=(20, 50), long_poll=True, explicit_lac_ms=50, reader_polls=40))
 
 
 @contextlib.contextmanager
 def wall_clock_of(world: World) -> Iterator[None]:
-    """The client reads ``world``'s wall clock (``World.wall_time``, which the ``clock`` fault
-    jumps) instead of the host's, for the length of the block: a seed never reads the host's
-    clock."""
-    host = client_bookkeeper._wall_clock
+    """The code under test reads ``world``'s clocks instead of the host's, for the length of the
+    block: the client's wall clock (``World.wall_time``, which the ``clock`` fault jumps) and the
+    request path's rate-limited log lines (the loop's monotonic clock), so a seed never reads the
+    host's clock (AutoRecovery's are ``sim/autorecovery.py``'s ``virtual_clock``; the real
+    bookie's come through its ``BookieRuntime``)."""
+    host = client_bookkeeper._wall_clock, server_processors._monotonic
     client_bookkeeper._wall_clock = world.wall_time
+    server_processors._monotonic = world.loop.time
     try:
         yield
     finally:
-        client_bookkeeper._wall_clock = host
+        client_bookkeeper._wall_clock, server_processors._monotonic = host
 
 
 def run_seed(seed: int, options: SimOptions | None = None) -> RunResult:
@@ -675,13 +749,15 @@ def run_seed(seed: int, options: SimOptions | None = None) -> RunResult:
     with _seeded_globals(seed, options.flags), contextlib.ExitStack() as clocks:
         world = World(seed, options)
         clocks.enter_context(virtual_clock(world.loop))
+        clocks.enter_context(named_clock(world.wall_time))
         loop = world.loop
         loop.set_exception_handler(lambda _loop, _ctx: None)  # unretrieved failures of abandoned work
         workload = Workload(world, options.shape)
+        named = NamedWorkload(world.client, world.history, random.Random(f"named/{seed}")) if options.named else None
         error = None
         with wall_clock_of(world):
             try:
-                loop.run_until_complete(_main(world, workload))
+                loop.run_until_complete(_main(world, workload, named))
             except SimQuiescent as e:
                 error = f"the simulation stopped: {e}"
             except Exception as e:  # a bug of the simulator or of the code under test
@@ -707,6 +783,8 @@ def run_seed(seed: int, options: SimOptions | None = None) -> RunResult:
                            placements=workload.placements, replicas=world.replicas,
                            up_at_end=frozenset(n.name for n in world.nodes if not n.lost),
                            settled=world.settled)
+        if named is not None:
+            violations += named.check()
         fp = hashlib.blake2b(digest_size=8)
         for ev in world.history.events:
             if ev.kind not in TRACE_KINDS:
@@ -717,18 +795,21 @@ def run_seed(seed: int, options: SimOptions | None = None) -> RunResult:
                 injected[kind] = world.net.counts[counter]
         if "delay" in options.faults:
             injected["delay"] = 1
-        return RunResult(seed, violations, workload.operations, virtual, len(world.history.events), fp.hexdigest(),
+        operations = workload.operations + (named.operations if named is not None else 0)
+        return RunResult(seed, violations, operations, virtual, len(world.history.events), fp.hexdigest(),
                          dict(world.net.counts), error,
                          sum(1 for ev in world.history.events if ev.kind == "ack"),
                          world.history if options.trace else None, injected)
 
 
-async def _main(world: World, workload: Workload) -> None:
+async def _main(world: World, workload: Workload, named: NamedWorkload | None = None) -> None:
     autorecovery = world.autorecovery
     if autorecovery is not None:
         autorecovery.start()
         world.sessions.update(autorecovery.sessions)
     faults = [asyncio.ensure_future(world.nemesis())]
+    started = world.loop.time()
+    named_run = asyncio.ensure_future(named.run()) if named is not None else None
     judge = world.options.judge_replicas
     if autorecovery is not None or judge:
         faults.append(asyncio.ensure_future(world.lose_bookie()))
@@ -736,11 +817,17 @@ async def _main(world: World, workload: Workload) -> None:
         faults.append(asyncio.ensure_future(world.expiries()))
     try:
         await workload.run(world.options.run_s)
+        if named_run is not None:  # the named actor's sessions, within the run's time
+            await asyncio.wait([named_run], timeout=max(0.0, started + world.options.run_s - world.loop.time()))
     finally:
+        if named_run is not None:
+            named_run.cancel()
         for f in faults:
             f.cancel()
     world.heal_everything()
     await workload.final_phase()
+    if named is not None:
+        await named.final_phase()
     if autorecovery is not None:
         world.settled = await autorecovery.settle(world.loop.time(), set(workload.final_ends))
         await autorecovery.stop()

@@ -451,7 +451,7 @@ class GarbageCollectorThread:
 
     def _run_pass(self, number: int, *, force: bool, force_major: bool, force_minor: bool) -> GcReport:
         with self._run_lock:
-            start = time.monotonic()
+            start = self._monotonic()
             report = GcReport()
             with self._cond:
                 self._status.gcRunning = True
@@ -462,7 +462,7 @@ class GarbageCollectorThread:
                 report.error = f"{type(e).__name__}: {e}"
                 raise
             finally:
-                elapsed = time.monotonic() - start
+                elapsed = self._monotonic() - start
                 _RUNTIME.labels(self._label).observe(elapsed)
                 with self._cond:
                     self._status.gcRunning = False
