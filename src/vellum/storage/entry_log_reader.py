@@ -19,7 +19,9 @@ Invariants:
 from __future__ import annotations
 
 import os
+import struct
 import threading
+from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +33,8 @@ from vellum.storage.entry_log_allocator import list_log_ids, log_file_name
 
 #: largest single pread of ``read_run`` (longer runs take several)
 _RUN_CHUNK_MAX = 16 << 20
+#: first pread of a strided run, before the bytes per wanted entry are known
+_STRIDED_FIRST_READ = 1 << 20
 
 #: hands an active log's buffered bytes below ``end`` to the file: ``(log_id, end)``
 MakeReadableFn = Callable[[int, int], None]
@@ -43,6 +47,31 @@ class _Descriptor:
     fd: int
     users: int = 0
     closing: bool = False
+
+
+#: a record's size field and the ledger id and entry id its entry starts with
+_RECORD_HEAD = struct.Struct(">iqq")
+
+
+class RecordRun:
+    """Records of one ledger read by ``read_records``: the wanted entries, in order, as offsets
+    into the read buffers (``chunks``: ``(buffer, starts, ends)``, entry i of a chunk is
+    ``buffer[starts[i]:ends[i]]``, its size field the 4 bytes before it)."""
+
+    __slots__ = ("chunks", "count", "entry_bytes", "full")
+
+    def __init__(self) -> None:
+        self.chunks: list[tuple[memoryview, array[int], array[int]]] = []
+        self.count = 0
+        #: bytes of the wanted entries
+        self.entry_bytes = 0
+        #: the byte bound stopped the run (the next wanted entry did not fit)
+        self.full = False
+
+    def add_chunk(self, buf: memoryview, starts: array[int], ends: array[int]) -> None:
+        self.chunks.append((buf, starts, ends))
+        self.count += len(starts)
+        self.entry_bytes += sum(ends) - sum(starts)
 
 
 class EntryLogReader:
@@ -252,6 +281,111 @@ class EntryLogReader:
             return out
         finally:
             self._release(desc)
+
+    def read_records(
+        self, ledger_id: int, location: int, *, first_entry_id: int, stride: int, max_entries: int,
+        max_bytes: int, first_counts: bool,
+    ) -> RecordRun:
+        """The records of entries ``first_entry_id, first_entry_id + stride, ...`` of
+        ``ledger_id`` stored one after the other from ``location`` (the first one's), with, for
+        a stride above 1, only records of this ledger whose entry ids lie between two wanted
+        ones in between (skipped): READ_STRIDED and BATCH_READ runs.
+
+        Reads in as few preads as the sizes allow (the first sized from the run's first record,
+        later ones from what the run used so far) and returns offsets into the read buffers:
+        no object per entry. The ledger id and entry id stored in each record are checked (the
+        run is valid whatever moved since its first location was looked up: compaction copies
+        records as they are). Stops at ``max_entries``, before the record that would take the
+        entry bytes past ``max_bytes`` (``<= 0``: no bound; with ``first_counts`` the first is
+        returned whatever its size; ``RecordRun.full`` says the bound stopped it), at the end of
+        what is readable, or quietly at anything unexpected (the caller reads on entry by
+        entry, with full checks). Digests are the caller's to verify.
+        """
+        log_id, offset = location_log_id(location), location_offset(location)
+        run = RecordRun()
+        if max_entries <= 0 or offset < fmt.HEADER_SIZE + fmt.SIZE_FIELD:
+            return run
+        desc = self._acquire(log_id)
+        try:
+            self._records(desc, log_id, offset - fmt.SIZE_FIELD, ledger_id, first_entry_id, max(1, stride),
+                          max_entries, max_bytes, first_counts, run)
+        finally:
+            self._release(desc)
+        return run
+
+    def _records(self, desc: _Descriptor, log_id: int, pos: int, ledger_id: int, expected: int, stride: int,
+                 max_entries: int, max_bytes: int, first_counts: bool, run: RecordRun) -> None:
+        """``read_records``'s walk from the record whose size field is at ``pos``: one pread
+        per chunk, then a walk over the chunk's records without leaving it."""
+        limit = self._readable_end(log_id)
+        end_of_data = limit if limit is not None else 1 << 62
+        unpack = _RECORD_HEAD.unpack_from
+        head_len = _RECORD_HEAD.size
+        min_size = fmt.MIN_SANE_ENTRY_SIZE
+        start = pos
+        count = total = 0
+        need = head_len  # bytes the next read must hold: a record head, or a whole record
+        while True:
+            if pos + head_len > end_of_data:
+                return
+            # Sized for the entries still wanted, at the bytes per wanted entry seen so far (the
+            # first record's size, times the stride, before any), within the bounds.
+            want = max_entries - count
+            if count:
+                per_entry = (pos - start) // count + 1
+            else:
+                head = self._pread(desc, fmt.SIZE_FIELD, pos, log_id)
+                if len(head) < fmt.SIZE_FIELD:
+                    return
+                per_entry = (fmt.SIZE_FIELD + fmt.decode_size(head)) * stride
+            n = want * per_entry
+            if max_bytes > 0:
+                n = min(n, (max(max_bytes - total, 0) + fmt.SIZE_FIELD * want) * stride + per_entry)
+            if stride > 1 and not count:
+                n = min(n, _STRIDED_FIRST_READ)  # how many records lie between is not known yet
+            n = min(max(need, min(n, _RUN_CHUNK_MAX)), end_of_data - pos)
+            if n < need:
+                return
+            buf = memoryview(self._pread(desc, n, pos, log_id))
+            end = len(buf)
+            if end < need:
+                return
+            starts: array[int] = array("q")
+            ends: array[int] = array("q")
+            add_start, add_end = starts.append, ends.append
+            rel = 0
+            need = head_len
+            stop = False
+            while count < max_entries and rel + head_len <= end:
+                size, lid, eid = unpack(buf, rel)
+                nxt = rel + fmt.SIZE_FIELD + size
+                if size < min_size or lid != ledger_id:
+                    stop = True
+                    break
+                if eid != expected:
+                    if expected - stride < eid < expected:
+                        rel = nxt  # an entry another replica serves, between two wanted ones
+                        continue
+                    stop = True
+                    break
+                if (count or not first_counts) and 0 < max_bytes < total + size:
+                    run.full = True
+                    stop = True
+                    break
+                if nxt > end:
+                    need = fmt.SIZE_FIELD + size  # straddles the end of the buffer: read on from it
+                    break
+                add_start(rel + fmt.SIZE_FIELD)
+                add_end(nxt)
+                rel = nxt
+                count += 1
+                total += size
+                expected += stride
+            if starts:
+                run.add_chunk(buf, starts, ends)
+            if stop or count >= max_entries:
+                return
+            pos += rel
 
     # ------------------------------------------------------------------ whole logs
 

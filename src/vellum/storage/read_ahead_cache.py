@@ -56,6 +56,23 @@ class ReadAheadCache:
                 self._entries.move_to_end(key)
             return found
 
+    def get_run(self, ledger_id: int, first: int, stride: int, most: int) -> list[bytes]:
+        """Entries ``first, first + stride, ...`` while cached (now the most recently used), at
+        most ``most``: a multi-entry read's run, under one lock hold."""
+        out: list[bytes] = []
+        with self._lock:
+            entries = self._entries
+            entry_id = first
+            while len(out) < most:
+                key = (ledger_id, entry_id)
+                found = entries.get(key)
+                if found is None:
+                    break
+                entries.move_to_end(key)
+                out.append(found)
+                entry_id += stride
+        return out
+
     def contains(self, key: tuple[int, int]) -> bool:
         with self._lock:
             return key in self._entries
