@@ -338,7 +338,7 @@ class EntryLogReader:
                 if len(head) < fmt.SIZE_FIELD:
                     return
                 per_entry = (fmt.SIZE_FIELD + fmt.decode_size(head)) * stride
-            n = want * per_entry
+            n = want * per_entry * 5 // 4 + 4096  # entries vary in size: a second read costs more than slack
             if max_bytes > 0:
                 n = min(n, (max(max_bytes - total, 0) + fmt.SIZE_FIELD * want) * stride + per_entry)
             if stride > 1 and not count:
