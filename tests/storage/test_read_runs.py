@@ -255,3 +255,17 @@ def test_a_location_that_points_at_another_record_is_never_served_as_the_entry_a
         assert len(calls) >= 2
     finally:
         st.close()
+
+
+def test_a_run_ends_where_the_next_ledgers_records_start(tmp_path: Path) -> None:
+    """The sorted flush puts the next ledger's records right after this one's: even where their
+    entry ids would continue this ledger's run, they are not this ledger's entries."""
+    st = open_storage(tmp_path)
+    try:
+        fill(st, range(10))
+        fill(st, range(10, 20), ledger_id=LEDGER + 1)
+        st.flush()
+        assert as_bytes(st.get_entries(LEDGER, 0, 20, 0)) == [entry(e) for e in range(10)]
+        assert as_bytes(st.get_strided(LEDGER, 1, 3, 20, 0)) == [entry(e) for e in range(1, 10, 3)]
+    finally:
+        st.close()

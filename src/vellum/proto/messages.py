@@ -236,14 +236,13 @@ class PackedEntries(Sequence[BytesLike]):
     records once (one pass over the length fields); an item is a view of its part.
     """
 
-    __slots__ = ("_count", "_index", "_tail", "entry_bytes", "parts")
+    __slots__ = ("_count", "_index", "entry_bytes", "parts")
 
     def __init__(self) -> None:
         self.parts: list[BytesLike] = []
         self._count = 0
         #: bytes of the entries (length fields not counted)
         self.entry_bytes = 0
-        self._tail: bytearray | None = None  # the part ``add`` copies into
         self._index: tuple[list[BytesLike], array[int], array[int]] | None = None
 
     @property
@@ -252,16 +251,8 @@ class PackedEntries(Sequence[BytesLike]):
         return self.entry_bytes + 4 * self._count
 
     def add(self, entry: BytesLike) -> None:
-        """Append one entry (copied, with its length field, into the part being filled)."""
-        tail = self._tail
-        if tail is None:
-            tail = self._tail = bytearray()
-            self.parts.append(tail)
-        tail += _RECORD_LEN.pack(len(entry))
-        tail += entry
-        self._count += 1
-        self.entry_bytes += len(entry)
-        self._index = None
+        """Append one entry (copied, with its length field, into a new part)."""
+        self.add_all((entry,))
 
     def add_all(self, entries: Sequence[BytesLike]) -> None:
         """Append ``entries`` (copied, with their length fields, into one new part)."""
@@ -276,7 +267,6 @@ class PackedEntries(Sequence[BytesLike]):
             pieces.append(entry)
             size += n
         self.parts.append(b"".join(pieces))
-        self._tail = None
         self._count += len(entries)
         self.entry_bytes += size
         self._index = None
@@ -288,7 +278,6 @@ class PackedEntries(Sequence[BytesLike]):
             raise ValueError(f"PackedEntries: {len(records)} bytes cannot be {count} records of "
                              f"{entry_bytes} entry bytes")
         self.parts.append(records)
-        self._tail = None
         self._count += count
         self.entry_bytes += entry_bytes
         self._index = None
@@ -296,7 +285,6 @@ class PackedEntries(Sequence[BytesLike]):
     def extend(self, other: PackedEntries) -> None:
         """Append the entries of ``other`` (its parts, not copied)."""
         self.parts.extend(other.parts)
-        self._tail = None
         self._count += other._count
         self.entry_bytes += other.entry_bytes
         self._index = None
@@ -304,7 +292,6 @@ class PackedEntries(Sequence[BytesLike]):
     def _indexed(self) -> tuple[list[BytesLike], array[int], array[int]]:
         """(part of each entry, start, end): one pass over the length fields."""
         if self._index is None:
-            self._tail = None  # a view of it may be handed out: never resized again
             owners: list[BytesLike] = []
             starts: array[int] = array("q")
             ends: array[int] = array("q")
