@@ -5,8 +5,9 @@ from __future__ import annotations
 from vellum.storage.read_ahead_cache import ReadAheadCache
 
 
-def run(ledger_id: int, first: int, n: int, size: int = 10) -> list[tuple[int, int, memoryview]]:
-    return [(e, 1000 + e, memoryview(bytes([e % 256]) * size)) for e in range(first, first + n)]
+def run(ledger_id: int, first: int, n: int, size: int = 10) -> list[memoryview]:
+    """Entries ``first .. first + n - 1`` as a read-ahead hands them over (views)."""
+    return [memoryview(bytes([e % 256]) * size) for e in range(first, first + n)]
 
 
 def test_a_forward_reader_claims_each_window_once_and_a_random_one_never() -> None:

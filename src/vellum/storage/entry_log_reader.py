@@ -7,8 +7,8 @@ reader releases it.
 
 Invariants:
 - A record is returned only if its size field is sane and the ids stored in it are the ones
-  asked for (``read_entry``); a run of records (``read_run``) stops quietly at anything
-  unexpected and the caller reads on entry by entry, with full checks.
+  asked for (``read_entry``, and each record of a run, ``read_records``); a run stops quietly
+  at anything unexpected and the caller reads on entry by entry, with full checks.
 - Nothing past what the writer handed to the file is read: an active log's buffered bytes are
   first handed to the file (``make_readable``, the entry logger's), and a run stops at the
   active log's written end (``readable_end``; None for a sealed log).
@@ -28,10 +28,10 @@ from pathlib import Path
 
 from vellum.errors import CorruptionError, StorageError
 from vellum.format import entrylog as fmt
-from vellum.ids import location_log_id, location_offset, make_location
+from vellum.ids import location_log_id, location_offset
 from vellum.storage.entry_log_allocator import list_log_ids, log_file_name
 
-#: largest single pread of ``read_run`` (longer runs take several)
+#: largest single pread of ``read_records`` (longer runs take several)
 _RUN_CHUNK_MAX = 16 << 20
 #: first pread of a strided run, before the bytes per wanted entry are known
 _STRIDED_FIRST_READ = 1 << 20
@@ -72,6 +72,10 @@ class RecordRun:
         self.chunks.append((buf, starts, ends))
         self.count += len(starts)
         self.entry_bytes += sum(ends) - sum(starts)
+
+    def views(self) -> list[memoryview]:
+        """The entries as views of the read buffers (a view per entry: for tests and tools)."""
+        return [buf[s:e] for buf, starts, ends in self.chunks for s, e in zip(starts, ends)]
 
 
 class EntryLogReader:
@@ -203,84 +207,6 @@ class EntryLogReader:
         return fmt.SIZE_FIELD + fmt.decode_size(head) if len(head) == fmt.SIZE_FIELD else None
 
     # ------------------------------------------------------------------ runs
-
-    def read_run(
-        self, ledger_id: int, location: int, *, max_entries: int, max_bytes: int,
-        include_first: bool = True, first_counts: bool = True,
-    ) -> list[tuple[int, int, memoryview]]:
-        """The records of ``ledger_id`` stored one after the other from ``location`` (that
-        record itself with ``include_first``), as ``(entry_id, location, entry)``.
-
-        Reads the run in one pread, sized from its first record (more only if later records are
-        bigger), and returns views into it: no copy per entry. Stops at ``max_entries``, before
-        the record that would take the bytes past ``max_bytes`` (``<= 0``: no bound; with
-        ``first_counts`` the first record is returned whatever its size), at a record of another
-        ledger, at the end of what is readable, or quietly at anything unexpected (the caller
-        reads entries one by one from there, with full checks). Entry ids are as stored: the
-        caller decides whether they are the ones it wants.
-        """
-        log_id, offset = location_log_id(location), location_offset(location)
-        out: list[tuple[int, int, memoryview]] = []
-        if max_entries <= 0 or offset < fmt.HEADER_SIZE + fmt.SIZE_FIELD:
-            return out
-        desc = self._acquire(log_id)
-        try:
-            if include_first:
-                pos = offset - fmt.SIZE_FIELD  # start of the record's size field
-            else:
-                head = self._pread(desc, fmt.SIZE_FIELD, offset - fmt.SIZE_FIELD, log_id)
-                if len(head) < fmt.SIZE_FIELD:
-                    return out
-                pos = offset + fmt.decode_size(head)  # start of the next record's size field
-            limit = self._readable_end(log_id)
-            if limit is not None and pos + fmt.SIZE_FIELD + fmt.MIN_SANE_ENTRY_SIZE > limit:
-                return out
-            head = self._pread(desc, fmt.SIZE_FIELD, pos, log_id)
-            if len(head) < fmt.SIZE_FIELD:
-                return out
-            first_size = fmt.decode_size(head)
-            if first_size < fmt.MIN_SANE_ENTRY_SIZE or (0 < max_bytes < first_size and not first_counts):
-                return out
-            # The whole run in one pread if its records are about the size of the first; a
-            # record that straddles the end of a chunk is read again from its start.
-            chunk_len = max_entries * (fmt.SIZE_FIELD + first_size)
-            if max_bytes > 0:
-                chunk_len = min(chunk_len, max(first_size, max_bytes) + fmt.SIZE_FIELD * max_entries)
-            chunk_len = max(fmt.SIZE_FIELD + first_size, min(chunk_len, _RUN_CHUNK_MAX))
-            chunk = memoryview(b"")
-            base = pos
-            total = 0
-            while len(out) < max_entries:
-                if limit is not None and pos + fmt.SIZE_FIELD + fmt.MIN_SANE_ENTRY_SIZE > limit:
-                    return out
-                rel = pos - base
-                if rel + fmt.SIZE_FIELD > len(chunk):
-                    base, rel = pos, 0
-                    chunk = memoryview(self._pread(desc, chunk_len, pos, log_id))
-                    if len(chunk) < fmt.SIZE_FIELD:
-                        return out
-                size = fmt.decode_size(chunk, rel)
-                if size < fmt.MIN_SANE_ENTRY_SIZE or (
-                    limit is not None and pos + fmt.SIZE_FIELD + size > limit
-                ):
-                    return out
-                if (out or not first_counts) and 0 < max_bytes < total + size:
-                    return out
-                if rel + fmt.SIZE_FIELD + size > len(chunk):
-                    base, rel = pos, 0
-                    chunk = memoryview(self._pread(desc, max(chunk_len, fmt.SIZE_FIELD + size), pos, log_id))
-                    if len(chunk) < fmt.SIZE_FIELD + size:
-                        return out
-                body = chunk[rel + fmt.SIZE_FIELD : rel + fmt.SIZE_FIELD + size]
-                lid, eid = fmt.entry_ids(body)
-                if lid != ledger_id:
-                    return out
-                out.append((eid, make_location(log_id, pos + fmt.SIZE_FIELD), body))
-                total += size
-                pos += fmt.SIZE_FIELD + size
-            return out
-        finally:
-            self._release(desc)
 
     def read_records(
         self, ledger_id: int, location: int, *, first_entry_id: int, stride: int, max_entries: int,

@@ -25,6 +25,9 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
+
+from vellum.format.entry import BytesLike
 
 #: ledgers whose read pattern is remembered before the memory starts over
 _MAX_TRACKED_LEDGERS = 10_000
@@ -96,18 +99,17 @@ class ReadAheadCache:
                 self._ahead_upto.clear()
             return sequential and not covered
 
-    def fill(self, ledger_id: int, entry_id: int, following: list[tuple[int, int, memoryview]],
-             epoch: int) -> None:
-        """Cache what the read-ahead claimed after ``entry_id`` found (``(entry_id, location,
-        entry)``, verified by the caller), unless an ``evict`` happened since ``epoch``."""
+    def fill(self, ledger_id: int, entry_id: int, following: Sequence[BytesLike], epoch: int) -> None:
+        """Cache what the read-ahead claimed after ``entry_id`` found (entries ``entry_id + 1,
+        entry_id + 2, ...``, verified by the caller), unless an ``evict`` happened since ``epoch``."""
         with self._lock:
             # What the window really covered (the byte bound or the end of the run may cut it).
-            last = following[-1][0] if following else entry_id
+            last = entry_id + len(following)
             if self._ahead_upto.get(ledger_id, -1) == entry_id + self.batch_size:
                 self._ahead_upto[ledger_id] = last
             if epoch != self.epoch:
                 return
-            for eid, _loc, view in following:
+            for eid, view in enumerate(following, entry_id + 1):
                 key = (ledger_id, eid)
                 if key in self._entries:
                     continue

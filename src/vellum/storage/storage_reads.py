@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from vellum import stats
 from vellum.errors import (
@@ -41,8 +41,9 @@ from vellum.errors import (
 )
 from vellum.format.entry import BytesLike, DigestType, checksum_matches, checksums_match
 from vellum.format.entrylog import SIZE_FIELD
-from vellum.ids import INVALID_ENTRY_ID, LAST_ADD_CONFIRMED, location_log_id, location_offset
+from vellum.ids import INVALID_ENTRY_ID, LAST_ADD_CONFIRMED, location_log_id, location_offset, make_location
 from vellum.proto.messages import PackedEntries
+from vellum.storage.entry_log_reader import RecordRun
 from vellum.storage.entry_logger import EntryLogger
 from vellum.storage.index import EntryLocationIndex
 from vellum.storage.ledger_data import LedgerDataTable
@@ -127,7 +128,7 @@ class StorageReader:
         else:
             raise StorageError(f"ledger {ledger_id} entry {entry_id}: location kept changing")
         if read_ahead and self._read_cache.enabled and self._read_cache.claim(ledger_id, entry_id):
-            self._read_ahead_after(ledger_id, entry_id, location, epoch)
+            self._read_ahead_after(ledger_id, entry_id, location, len(entry), epoch)
         return entry
 
     def get_entries(self, ledger_id: int, first: int, max_count: int, max_bytes: int) -> PackedEntries:
@@ -233,15 +234,12 @@ class StorageReader:
                 max_bytes=max_bytes - out.entry_bytes if max_bytes > 0 else 0, first_counts=not len(out))
         except (StorageError, CorruptionError):
             return 0, False
-        digest = self._data.checked_digest(ledger_id) if _check_reads else None
         took = 0
-        for buf, starts, ends in run.chunks:
-            n = len(starts)
-            good = n if digest is None else checksums_match(buf, starts, ends, digest)
+        for buf, starts, ends, good in self._verified(ledger_id, run):
             if good:
                 out.add_records(*_records_of(buf, starts, ends, good))
                 took += good
-            if good < n:
+            if good < len(starts):
                 return took, False  # the run ends before a corrupt copy
         return took, run.full
 
@@ -269,23 +267,34 @@ class StorageReader:
             return found
         return self._read_cache.get(key)
 
-    def _read_ahead_after(self, ledger_id: int, entry_id: int, location: int, epoch: int) -> None:
+    def _read_ahead_after(self, ledger_id: int, entry_id: int, location: int, size: int, epoch: int) -> None:
+        """Read the entries after ``entry_id`` (stored at ``location``, ``size`` bytes) into the
+        read-ahead cache: the run of records that follows it, verified."""
+        following: list[memoryview] = []
         try:
-            following = self.entry_logger.read_following(
-                ledger_id, location, max_entries=self._read_cache.batch_size,
-                max_bytes=self._read_cache.batch_max_bytes,
-            )
+            run = self.entry_logger.read_records(
+                ledger_id, make_location(location_log_id(location), location_offset(location) + SIZE_FIELD + size),
+                first_entry_id=entry_id + 1, stride=1, max_entries=self._read_cache.batch_size,
+                max_bytes=self._read_cache.batch_max_bytes, first_counts=False)
         except (StorageError, CorruptionError):
-            following = []  # read-ahead is an optimisation: the entries are read one by one later
-        digest = self._data.checked_digest(ledger_id)
-        if digest is not None:
+            run = None  # read-ahead is an optimisation: the entries are read one by one later
+        if run is not None:
             # Only verified copies enter the cache (it is served without checks, even on the
             # loop); a corrupt one is left to ``get_entry``, which reports it when asked for.
-            for i, (_eid, _loc, view) in enumerate(following):
-                if not checksum_matches(view, digest):
-                    following = following[:i]
-                    break
+            for buf, starts, ends, good in self._verified(ledger_id, run):
+                following.extend(buf[s:e] for s, e in zip(starts[:good], ends[:good]))
         self._read_cache.fill(ledger_id, entry_id, following, epoch)
+
+    def _verified(self, ledger_id: int, run: RecordRun) -> Iterator[tuple[memoryview, array[int], array[int], int]]:
+        """The chunks of ``run`` with how many of their entries, from the first, pass the
+        ledger's keyless digest check (all when it has none): ``(buffer, starts, ends, good)``,
+        ending with the chunk of the first entry that fails."""
+        digest = self._data.checked_digest(ledger_id) if _check_reads else None
+        for buf, starts, ends in run.chunks:
+            good = len(starts) if digest is None else checksums_match(buf, starts, ends, digest)
+            yield buf, starts, ends, good
+            if good < len(starts):
+                return
 
     def read_cache_contains(self, ledger_id: int, entry_id: int) -> bool:
         """Whether the read-ahead cache holds the entry (observability and tests)."""
