@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from vellum.format.entry import BytesLike
 
@@ -79,6 +79,15 @@ class ReadAheadCache:
     def contains(self, key: tuple[int, int]) -> bool:
         with self._lock:
             return key in self._entries
+
+    def read_ahead(self, ledger_id: int, entry_id: int, epoch: int,
+                   read_following: Callable[[int, int], Sequence[BytesLike]]) -> None:
+        """A miss on ``entry_id`` read it from disk: if the reader moves forward and no
+        read-ahead covered it (``claim``), cache what ``read_following(batch_size,
+        batch_max_bytes)`` returns (the entries after it, verified by the caller) unless an
+        ``evict`` happened since ``epoch``."""
+        if self.enabled and self.claim(ledger_id, entry_id):
+            self.fill(ledger_id, entry_id, read_following(self.batch_size, self.batch_max_bytes), epoch)
 
     def claim(self, ledger_id: int, entry_id: int) -> bool:
         """A miss on ``entry_id`` read it from disk: whether to read ahead after it (and if so

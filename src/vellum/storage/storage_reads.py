@@ -7,13 +7,27 @@ instant (the flush indexes it before the cache is dropped), so a reader never mi
 entry. ``NoSuchEntryError`` is raised only for a known ledger whose entry is neither cached nor
 indexed; an unknown ledger raises ``NoSuchLedgerError``; anything doubtful is a storage error.
 
-Read-ahead: a miss that reads the entry log also reads up to ``read_ahead_batch_size``
-following entries (at most ``read_ahead_max_bytes``) of the same ledger (adjacent thanks to the
-sorted flush) into the read-ahead cache, unless a read-ahead of that ledger already covered the
-entry (pipelined readers miss on entries whose read-ahead is still running: they must not each
-read the same range again). ``get_entries`` (BATCH_READ) reads a run of stored entries in one
-pread and caches nothing: the request names what is wanted, and a client spreading its chunks
-over the replicas would make a read-ahead past the run wasted work.
+One entry (``get_entry``): decide where it is (write cache, read-ahead cache, index), read it
+once, verify it once, then fill the read-ahead cache. Read-ahead: a miss that reads the entry
+log also reads up to ``read_ahead_batch_size`` following entries (at most
+``read_ahead_max_bytes``) of the same ledger (adjacent thanks to the sorted flush) into the
+read-ahead cache, unless a read-ahead of that ledger already covered the entry (pipelined
+readers miss on entries whose read-ahead is still running: they must not each read the same
+range again).
+
+Runs (``get_entries``, BATCH_READ; ``get_strided``, READ_STRIDED) are served at a cost per byte,
+not per entry: cached runs are looked up under one lock hold and copied into one buffer; a run
+stored one after the other in an entry log is read in few preads (``EntryLogReader.read_records``,
+which checks the stored ledger and entry ids of every record), verified in one pass over the
+read buffer (``format.entry.checksums_match``) and answered as slices of it. Nothing is cached:
+the request names what is wanted, and a client spreading its chunks over the replicas would
+make a read-ahead past the run wasted work.
+
+Layout assumption of runs: an entry log record is ``[int32 size][entry]`` (big-endian,
+``format/entrylog.py``) and a multi-entry reply carries each entry as ``[int32 len][entry]``
+(``docs/protocol.md``): the same bytes. So records stored one after the other are answered as
+the very bytes read (``proto.messages.PackedEntries``), and records with other entries between
+them (a strided run) as those records joined.
 
 Verification (defect D5 of docs/correctness.md): every entry of a ledger whose keyless digest
 was learnt (``storage/ledger_data.py``) read from an entry log is verified before it is returned
@@ -21,7 +35,10 @@ or enters the read-ahead cache (the write cache holds what was received). A copy
 raises ``CorruptEntryError`` (EIO, never "no such entry"), logged with its ledger, entry, log and
 offset and counted in ``bookie_READ_ENTRY_CORRUPT``; a multi-entry read returns the entries
 before it and stops, and the read that starts at it gets the error (the client then reads that
-entry from another replica).
+entry from another replica). Compaction may move entries at any time: a single read whose copy
+fails is looked up again and is corrupt only if the index still points there; a run is valid
+wherever it was read (the stored ids of each record are checked, and compaction copies records
+as they are), and a run that cannot be read falls back to ``get_entry`` for its first entry.
 """
 
 from __future__ import annotations
@@ -85,10 +102,13 @@ class StorageReader:
         """The stored entry; ``entry_id == -1`` means the last entry this storage holds.
         ``read_ahead=False``: a miss reads this entry only.
 
-        An entry read from an entry log that fails its checks (the ledger's learnt CRC digest,
-        the stored ids, the size) raises ``CorruptEntryError`` (EIO, never "no such entry"),
-        logged and counted in ``bookie_READ_ENTRY_CORRUPT`` unless ``report_corrupt=False``
-        (a multi-entry read that stops short before it: the entry is reported when asked for).
+        In three steps: where the entry is (a write cache, the read-ahead cache, else the entry
+        log the index names); read it once and verify it once (``_read_verified``); then, for a
+        forward reader, fill the read-ahead cache with the run that follows it. An entry read
+        from an entry log that fails its checks (the ledger's learnt CRC digest, the stored ids,
+        the size) raises ``CorruptEntryError`` (EIO, never "no such entry"), logged and counted
+        in ``bookie_READ_ENTRY_CORRUPT`` unless ``report_corrupt=False`` (a multi-entry read
+        that stops short before it: the entry is reported when asked for).
         """
         if entry_id == LAST_ADD_CONFIRMED:
             entry_id = self.get_last_entry_id(ledger_id)
@@ -105,8 +125,23 @@ class StorageReader:
             found = self._read_cache.get(key)
         if found is not None:
             return found
+        digest = self._data.checked_digest(ledger_id) if _check_reads else None
+        location, entry = self._read_verified(ledger_id, entry_id, digest, report_corrupt)
+        if read_ahead:
+            self._read_cache.read_ahead(
+                ledger_id, entry_id, epoch,
+                lambda most, max_bytes: self._following(ledger_id, entry_id, location, len(entry), digest,
+                                                        most, max_bytes))
+        return entry
+
+    def _read_verified(self, ledger_id: int, entry_id: int, digest: int | None,
+                       report_corrupt: bool) -> tuple[int, bytes]:
+        """``(location, entry)``: the entry read from the entry log where the index puts it, its
+        stored ids and size checked (``EntryLogger.read_entry``) and its keyless ``digest``
+        (None: not checkable). A copy that fails is looked up again: compaction may have moved
+        the entry and deleted its old log since the lookup, and only a copy the index still
+        points at is corrupt."""
         location = self.locations.get_location(ledger_id, entry_id)
-        digest = self._data.checked_digest(ledger_id)
         for _attempt in range(2):
             if location is None:
                 if not self._data.ledger_exists(ledger_id):
@@ -117,19 +152,14 @@ class StorageReader:
             except CorruptionError as e:
                 why = str(e)
             else:
-                if digest is None or not _check_reads or checksum_matches(entry, digest):
-                    break
+                if digest is None or checksum_matches(entry, digest):
+                    return location, entry
                 why = f"{DigestType(digest).name} digest mismatch over {len(entry)} bytes"
-            # Compaction may have moved the entry and deleted its old log since the lookup.
             again = self.locations.get_location(ledger_id, entry_id)
             if again == location:
                 raise self._corrupt_entry(ledger_id, entry_id, location, why, report_corrupt)
             location = again
-        else:
-            raise StorageError(f"ledger {ledger_id} entry {entry_id}: location kept changing")
-        if read_ahead and self._read_cache.enabled and self._read_cache.claim(ledger_id, entry_id):
-            self._read_ahead_after(ledger_id, entry_id, location, len(entry), epoch)
-        return entry
+        raise StorageError(f"ledger {ledger_id} entry {entry_id}: location kept changing")
 
     def get_entries(self, ledger_id: int, first: int, max_count: int, max_bytes: int) -> PackedEntries:
         """Consecutive entries from ``first`` until a gap, ``max_count`` entries (``<= 0``: no
@@ -235,7 +265,7 @@ class StorageReader:
         except (StorageError, CorruptionError):
             return 0, False
         took = 0
-        for buf, starts, ends, good in self._verified(ledger_id, run):
+        for buf, starts, ends, good in _verified(run, self._data.checked_digest(ledger_id) if _check_reads else None):
             if good:
                 out.add_records(*_records_of(buf, starts, ends, good))
                 took += good
@@ -267,34 +297,22 @@ class StorageReader:
             return found
         return self._read_cache.get(key)
 
-    def _read_ahead_after(self, ledger_id: int, entry_id: int, location: int, size: int, epoch: int) -> None:
-        """Read the entries after ``entry_id`` (stored at ``location``, ``size`` bytes) into the
-        read-ahead cache: the run of records that follows it, verified."""
-        following: list[memoryview] = []
+    def _following(self, ledger_id: int, entry_id: int, location: int, size: int, digest: int | None,
+                   most: int, max_bytes: int) -> list[memoryview]:
+        """Read-ahead: up to ``most`` entries (``max_bytes`` bytes, ``<= 0``: no bound) stored
+        right after ``entry_id`` (at ``location``, ``size`` bytes), verified: only verified
+        copies enter the cache (it is served without checks, even on the loop); the run ends
+        before a corrupt one, which ``get_entry`` reports when asked for."""
         try:
             run = self.entry_logger.read_records(
                 ledger_id, make_location(location_log_id(location), location_offset(location) + SIZE_FIELD + size),
-                first_entry_id=entry_id + 1, stride=1, max_entries=self._read_cache.batch_size,
-                max_bytes=self._read_cache.batch_max_bytes, first_counts=False)
+                first_entry_id=entry_id + 1, stride=1, max_entries=most, max_bytes=max_bytes, first_counts=False)
         except (StorageError, CorruptionError):
-            run = None  # read-ahead is an optimisation: the entries are read one by one later
-        if run is not None:
-            # Only verified copies enter the cache (it is served without checks, even on the
-            # loop); a corrupt one is left to ``get_entry``, which reports it when asked for.
-            for buf, starts, ends, good in self._verified(ledger_id, run):
-                following.extend(buf[s:e] for s, e in zip(starts[:good], ends[:good]))
-        self._read_cache.fill(ledger_id, entry_id, following, epoch)
-
-    def _verified(self, ledger_id: int, run: RecordRun) -> Iterator[tuple[memoryview, array[int], array[int], int]]:
-        """The chunks of ``run`` with how many of their entries, from the first, pass the
-        ledger's keyless digest check (all when it has none): ``(buffer, starts, ends, good)``,
-        ending with the chunk of the first entry that fails."""
-        digest = self._data.checked_digest(ledger_id) if _check_reads else None
-        for buf, starts, ends in run.chunks:
-            good = len(starts) if digest is None else checksums_match(buf, starts, ends, digest)
-            yield buf, starts, ends, good
-            if good < len(starts):
-                return
+            return []  # read-ahead is an optimisation: the entries are read one by one later
+        following: list[memoryview] = []
+        for buf, starts, ends, good in _verified(run, digest):
+            following.extend(buf[s:e] for s, e in zip(starts[:good], ends[:good]))
+        return following
 
     def read_cache_contains(self, ledger_id: int, entry_id: int) -> bool:
         """Whether the read-ahead cache holds the entry (observability and tests)."""
@@ -343,3 +361,14 @@ def _records_of(buf: memoryview, starts: array[int], ends: array[int], n: int) -
     if last - first == entry_bytes + SIZE_FIELD * n:
         return buf[first:last], n, entry_bytes
     return b"".join([buf[s - SIZE_FIELD:e] for s, e in zip(starts, ends)]), n, entry_bytes
+
+
+def _verified(run: RecordRun, digest: int | None) -> Iterator[tuple[memoryview, array[int], array[int], int]]:
+    """The chunks of ``run`` with how many of their entries, from the first, pass the keyless
+    ``digest`` check (all when it is None: not checkable): ``(buffer, starts, ends, good)``,
+    ending with the chunk of the first entry that fails."""
+    for buf, starts, ends in run.chunks:
+        good = len(starts) if digest is None else checksums_match(buf, starts, ends, digest)
+        yield buf, starts, ends, good
+        if good < len(starts):
+            return
