@@ -351,7 +351,9 @@ class ReadProcessor(Processor):
 
 
 class BatchReadProcessor(Processor):
-    """BATCH_READ: consecutive entries on a reader thread (fencing first with the fence flag)."""
+    """BATCH_READ: consecutive entries on a reader thread (fencing first with the fence flag),
+    answered with the bookie's ``PackedEntries`` as they are (the run's buffers, no object per
+    entry)."""
 
     __slots__ = ()
 
@@ -383,7 +385,8 @@ class BatchReadProcessor(Processor):
 
 
 class StridedReadProcessor(Processor):
-    """READ_STRIDED: entries ``first, first + stride, ...`` on a reader thread."""
+    """READ_STRIDED: entries ``first, first + stride, ...`` on a reader thread, answered like
+    BATCH_READ."""
 
     __slots__ = ()
 
