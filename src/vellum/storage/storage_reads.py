@@ -125,7 +125,7 @@ class StorageReader:
             found = self._read_cache.get(key)
         if found is not None:
             return found
-        digest = self._data.checked_digest(ledger_id) if _check_reads else None
+        digest = self._read_digest(ledger_id)
         location, entry = self._read_verified(ledger_id, entry_id, digest, report_corrupt)
         if read_ahead:
             self._read_cache.read_ahead(
@@ -265,13 +265,18 @@ class StorageReader:
         except (StorageError, CorruptionError):
             return 0, False
         took = 0
-        for buf, starts, ends, good in _verified(run, self._data.checked_digest(ledger_id) if _check_reads else None):
+        for buf, starts, ends, good in _verified(run, self._read_digest(ledger_id)):
             if good:
                 out.add_records(*_records_of(buf, starts, ends, good))
                 took += good
             if good < len(starts):
                 return took, False  # the run ends before a corrupt copy
         return took, run.full
+
+    def _read_digest(self, ledger_id: int) -> int | None:
+        """The keyless digest what is read of the ledger from an entry log is checked with
+        (None: not checkable, or the check reverted by the ``_check_reads`` test flag)."""
+        return self._data.checked_digest(ledger_id) if _check_reads else None
 
     def _corrupt_entry(self, ledger_id: int, entry_id: int, location: int, why: str,
                        report: bool) -> CorruptEntryError:
