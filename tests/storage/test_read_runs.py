@@ -96,6 +96,19 @@ def test_a_strided_run_skips_the_entries_between_and_matches_entry_by_entry_read
         st.close()
 
 
+def test_a_strided_run_with_nothing_between_is_one_slice_too(tmp_path: Path) -> None:
+    """One bookie of a 3,1,1 ledger holds every third entry only: its stored run is the answer."""
+    st = open_storage(tmp_path)
+    try:
+        fill(st, range(2, 60, 3))
+        st.flush()
+        got = st.get_strided(LEDGER, 2, 3, 100, 0)
+        assert as_bytes(got) == [entry(e) for e in range(2, 60, 3)]
+        assert len(got.parts) == 1 and isinstance(got.parts[0], memoryview)
+    finally:
+        st.close()
+
+
 @pytest.mark.parametrize("stride", [1, 3])
 def test_runs_span_read_buffers_entry_logs_and_the_write_cache(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stride: int) -> None:
