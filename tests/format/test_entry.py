@@ -13,6 +13,7 @@ from vellum.format.entry import (
     DigestType,
     Entry,
     checksum_matches,
+    checksums_match,
     digest_length,
     mac_key,
     master_key,
@@ -249,6 +250,28 @@ def test_every_single_bit_flip_fails_the_keyless_check(digest_type: DigestType) 
     entry = DigestManager(3, digest_type).compute(4, 3, 40, b"payload of the entry")
     for bit in range(len(entry) * 8):
         assert not checksum_matches(_flip(entry, bit), digest_type), bit
+
+
+@given(st.sampled_from(list(DigestType)), st.lists(st.tuples(st.binary(max_size=200), st.booleans()), max_size=12),
+       st.binary(max_size=7))
+def test_a_run_is_checked_in_one_pass_up_to_its_first_bad_entry(
+    digest_type: DigestType, spec: list[tuple[bytes, bool]], gap: bytes
+) -> None:
+    """``checksums_match`` over entries laid out in one buffer (with bytes between them) counts
+    the entries, from the first, that ``checksum_matches`` accepts."""
+    buf = bytearray()
+    starts, ends, singles = [], [], []
+    for i, (payload, damaged) in enumerate(spec):
+        entry = DigestManager(7, digest_type, b"pw").compute(i, i - 1, 0, payload)
+        if damaged:
+            entry = _flip(entry, 8 * (len(entry) - 1))
+        buf += gap
+        starts.append(len(buf))
+        buf += entry
+        ends.append(len(buf))
+        singles.append(checksum_matches(entry, digest_type))
+    want = next((i for i, ok in enumerate(singles) if not ok), len(singles))
+    assert checksums_match(memoryview(bytes(buf)), starts, ends, digest_type) == want
 
 
 def test_keyless_check_of_short_entries_and_other_types() -> None:

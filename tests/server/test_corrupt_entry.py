@@ -92,9 +92,17 @@ def test_corrupt_entry_is_an_io_error_and_the_client_reads_another_replica(tmp_p
             conn.send(m.BatchReadRequest(ledger_id, BAD, 2, ENTRIES, 0))
             batch = conn.recv()
             assert batch.status == E.EIO, E.WIRE_STATUS_NAMES.get(batch.status)
-        assert corrupt_reads(cluster, victim) == 2
+            # READ_STRIDED likewise (stride 3 from 0: 0, 3, 6, 9, then BAD).
+            conn.send(m.StridedReadRequest(3, ledger_id, 0, 3, ENTRIES, 0))
+            strided = conn.recv()
+            assert isinstance(strided, m.StridedReadResponse) and strided.status == E.EOK
+            assert [dm.verify(e).payload for e in strided.entries] == [payload(i) for i in range(0, BAD, 3)]
+            conn.send(m.StridedReadRequest(4, ledger_id, BAD, 3, ENTRIES, 0))
+            strided = conn.recv()
+            assert strided.status == E.EIO, E.WIRE_STATUS_NAMES.get(strided.status)
+        assert corrupt_reads(cluster, victim) == 3
         logged = [line for line in cluster.log_text(victim).splitlines() if "corrupt entry:" in line]
-        assert len(logged) == 2
+        assert len(logged) == 3
         assert f"ledger {ledger_id} entry {BAD} in entry log {log_file} at offset " in logged[0]
         assert "CRC32C digest mismatch" in logged[0]
 
@@ -104,7 +112,7 @@ def test_corrupt_entry_is_an_io_error_and_the_client_reads_another_replica(tmp_p
             rh = bk.open_ledger(ledger_id, password=PASSWORD, recovery=False)
             assert [e.payload for e in rh.read(0, ENTRIES - 1)] == [payload(i) for i in range(ENTRIES)]
             assert [e.payload for e in rh.read(BAD, BAD)] == [payload(BAD)]
-            assert corrupt_reads(cluster, victim) >= 3  # the client did ask the victim
+            assert corrupt_reads(cluster, victim) >= 4  # the client did ask the victim
             # The replica check (``vellum spark replica-check --digests``) names the bad copy.
             rows = check_ledger(bk, ledger_id, digests=True)
         bad_rows = {r["bookie"]: r["digestMismatches"] for r in rows if r["digestMismatches"]}

@@ -11,7 +11,7 @@ import pytest
 from vellum.errors import CorruptionError
 from vellum.format import entrylog as fmt
 from vellum.ids import make_location
-from vellum.storage.entry_log_reader import EntryLogReader
+from vellum.storage.entry_log_reader import EntryLogReader, RecordRun
 
 
 def entry(ledger_id: int, entry_id: int, size: int = 40) -> bytes:
@@ -79,18 +79,31 @@ def test_a_run_stops_at_another_ledger_the_bounds_and_the_readable_end(tmp_path:
     entries = [entry(1, e) for e in range(6)] + [entry(2, 0)]
     locs = write_log(tmp_path, 0, entries, with_map=False)
     r = reader(tmp_path, Tail())
-    run = r.read_run(1, locs[0], max_entries=100, max_bytes=0)
-    assert [(eid, loc, bytes(view)) for eid, loc, view in run] == [
-        (e, locs[e], entries[e]) for e in range(6)
-    ]
-    assert [eid for eid, _, _ in r.read_run(1, locs[0], max_entries=3, max_bytes=0)] == [0, 1, 2]
-    assert [eid for eid, _, _ in r.read_run(1, locs[1], max_entries=9, max_bytes=80)] == [1, 2]
-    following = r.read_run(1, locs[1], max_entries=9, max_bytes=0, include_first=False, first_counts=False)
-    assert [eid for eid, _, _ in following] == [2, 3, 4, 5]
+
+    def ids(run: RecordRun, first: int, stride: int = 1) -> list[int]:
+        got = [bytes(v) for v in run.views()]
+        assert got == entries[first::stride][:len(got)] and run.count == len(got)
+        assert run.entry_bytes == sum(map(len, got))
+        return list(range(first, first + stride * len(got), stride))
+
+    def records(first: int, **kw: int) -> RecordRun:
+        args = {"stride": 1, "max_entries": 100, "max_bytes": 0, "first_counts": True, **kw}
+        return r.read_records(1, locs[first], first_entry_id=first, **args)  # type: ignore[arg-type]
+
+    assert ids(records(0), 0) == [0, 1, 2, 3, 4, 5]  # not ledger 2's record
+    assert ids(records(0, max_entries=3), 0) == [0, 1, 2]
+    bounded = records(1, max_entries=9, max_bytes=80)
+    assert ids(bounded, 1) == [1, 2] and bounded.full
+    assert ids(records(1, max_bytes=1), 1) == [1] and ids(records(1, max_bytes=1, first_counts=False), 1) == []
+    assert ids(records(0, stride=2), 0, 2) == [0, 2, 4]  # the ones between are skipped
+    # The stored entry ids are checked: a location that holds another entry is no run of it.
+    assert r.read_records(1, locs[2], first_entry_id=1, stride=1, max_entries=9, max_bytes=0,
+                          first_counts=True).count == 0
     # An active log: nothing past what the writer handed to the file.
     end_of_entry_3 = locs[3] + 40 - make_location(0, 0)
     active = reader(tmp_path, Tail(end=end_of_entry_3))
-    assert [eid for eid, _, _ in active.read_run(1, locs[0], max_entries=100, max_bytes=0)] == [0, 1, 2, 3]
+    assert ids(active.read_records(1, locs[0], first_entry_id=0, stride=1, max_entries=100, max_bytes=0,
+                                   first_counts=True), 0) == [0, 1, 2, 3]
     r.close()
     active.close()
 

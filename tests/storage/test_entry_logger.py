@@ -15,6 +15,7 @@ from file_ops_recorder import RecordingOps
 from vellum.errors import CorruptionError, DiskFullError, StorageError
 from vellum.format import entrylog as fmt
 from vellum.ids import location_log_id, location_offset, make_location
+from vellum.storage.entry_log_reader import RecordRun
 from vellum.storage.entry_logger import EntryLogger, FileOps, log_file_name
 
 
@@ -130,14 +131,14 @@ def test_read_entry_validates(tmp_path: Path) -> None:
             el.read_entry(1, 0, loc)
 
 
-def test_read_following_same_ledger(tmp_path: Path) -> None:
+def test_read_records_of_the_same_ledger(tmp_path: Path) -> None:
     with EntryLogger(tmp_path, log_size_limit=1 << 20, preallocate=False) as el:
         locs = [el.add_entry(1, make_entry(1, e)) for e in range(5)] + [el.add_entry(2, make_entry(2, 0))]
         el.flush()
-        got = el.read_following(1, locs[1], max_entries=10)
-        assert [e for e, _, _ in got] == [2, 3, 4]
-        assert [loc for _, loc, _ in got] == locs[2:5]
-        assert len(el.read_following(1, locs[0], max_entries=2)) == 2
+        got = el.read_records(1, locs[2], first_entry_id=2, stride=1, max_entries=10, max_bytes=0, first_counts=True)
+        assert [bytes(v) for v in got.views()] == [make_entry(1, e) for e in range(2, 5)]
+        assert el.read_records(1, locs[0], first_entry_id=0, stride=1, max_entries=2, max_bytes=0,
+                               first_counts=True).count == 2
 
 
 def test_delete_log(tmp_path: Path) -> None:
@@ -309,21 +310,24 @@ def test_add_entries_matches_add_entry_across_rotations(tmp_path: Path, per_ledg
         el.add_entries(1, [make_entry(1, 0), b"short"])
 
 
-def test_read_run_returns_views_of_one_read_within_its_bounds(tmp_path: Path) -> None:
+def test_read_records_returns_offsets_into_one_read_within_its_bounds(tmp_path: Path) -> None:
     with EntryLogger(tmp_path, log_size_limit=1 << 20, preallocate=False) as el:
         body = b"p" * 1000
         locs = [el.add_entry(1, make_entry(1, e, body)) for e in range(6)] + [el.add_entry(2, make_entry(2, 0))]
         el.flush()
-        got = el.read_run(1, locs[1], max_entries=100, max_bytes=0)
-        assert [e for e, _, _ in got] == [1, 2, 3, 4, 5]  # stops at another ledger's record
-        assert [loc for _, loc, _ in got] == locs[1:6]
-        assert [bytes(v) for _, _, v in got] == [make_entry(1, e, body) for e in range(1, 6)]
-        assert all(isinstance(v, memoryview) for _, _, v in got)
+
+        def records(ledger_id: int, first: int, max_entries: int = 100, max_bytes: int = 0) -> RecordRun:
+            return el.read_records(ledger_id, locs[first], first_entry_id=first, stride=1, max_entries=max_entries,
+                                   max_bytes=max_bytes, first_counts=True)
+
+        got = records(1, 1)
+        assert [bytes(v) for v in got.views()] == [make_entry(1, e, body) for e in range(1, 6)]  # not ledger 2's
+        assert len(got.chunks) == 1  # one pread
         size = len(make_entry(1, 0, body))
-        assert len(el.read_run(1, locs[0], max_entries=100, max_bytes=2 * size)) == 2
-        assert len(el.read_run(1, locs[0], max_entries=100, max_bytes=1)) == 1  # the first counts
-        assert len(el.read_run(1, locs[0], max_entries=3, max_bytes=0)) == 3
-        assert el.read_run(2, locs[0], max_entries=3, max_bytes=0) == []  # not that ledger's record
+        assert records(1, 0, max_bytes=2 * size).count == 2
+        assert records(1, 0, max_bytes=1).count == 1  # the first counts
+        assert records(1, 0, max_entries=3).count == 3
+        assert records(2, 0, max_entries=3).count == 0  # not that ledger's record
 
 
 # ---------------------------------------------------------------------------------------------

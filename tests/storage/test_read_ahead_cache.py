@@ -5,8 +5,9 @@ from __future__ import annotations
 from vellum.storage.read_ahead_cache import ReadAheadCache
 
 
-def run(ledger_id: int, first: int, n: int, size: int = 10) -> list[tuple[int, int, memoryview]]:
-    return [(e, 1000 + e, memoryview(bytes([e % 256]) * size)) for e in range(first, first + n)]
+def run(ledger_id: int, first: int, n: int, size: int = 10) -> list[memoryview]:
+    """Entries ``first .. first + n - 1`` as a read-ahead hands them over (views)."""
+    return [memoryview(bytes([e % 256]) * size) for e in range(first, first + n)]
 
 
 def test_a_forward_reader_claims_each_window_once_and_a_random_one_never() -> None:
@@ -54,3 +55,21 @@ def test_least_recently_used_entries_go_first_when_full() -> None:
     assert cache.get((1, 1)) is not None  # 1 is now the most recently used
     cache.fill(2, 0, run(2, 1, 1), cache.epoch)
     assert cache.contains((1, 1)) and not cache.contains((1, 2)) and cache.contains((2, 1))
+
+
+def test_read_ahead_reads_only_what_a_claimed_window_asks_for() -> None:
+    cache = ReadAheadCache(max_bytes=1 << 20, batch_size=4, batch_max_bytes=100)
+    asked: list[tuple[int, int]] = []
+
+    def following(most: int, max_bytes: int) -> list[memoryview]:
+        asked.append((most, max_bytes))
+        return run(1, 1, 2)
+
+    cache.read_ahead(1, 0, cache.epoch, following)
+    assert asked == [(4, 100)] and cache.contains((1, 2)) and not cache.contains((1, 3))
+    cache.read_ahead(1, 1, cache.epoch, following)  # inside the window read at 0: nothing read
+    cache.read_ahead(1, 900, cache.epoch, following)  # a jump: random, nothing read
+    assert asked == [(4, 100)]
+    off = ReadAheadCache(max_bytes=1 << 20, batch_size=0, batch_max_bytes=0)
+    off.read_ahead(1, 0, off.epoch, following)
+    assert asked == [(4, 100)]

@@ -61,7 +61,7 @@ from vellum.errors import (
 from vellum.format.entry import ENTRY_HEADER_SIZE, BytesLike
 from vellum.format.lastmark import LogMark
 from vellum.ids import INVALID_ENTRY_ID, LAST_ADD_CONFIRMED
-from vellum.proto.messages import FLAG_RECOVERY_ADD, AddBatch
+from vellum.proto.messages import FLAG_RECOVERY_ADD, AddBatch, PackedEntries
 from vellum.storage.checkpoint import Checkpointer
 from vellum.storage.dirs import LedgerDirsManager
 from vellum.storage.gc import GarbageCollectorThread
@@ -526,21 +526,21 @@ class Bookie:
             return storage.get_entry(ledger_id, LAST_ADD_CONFIRMED)
         return storage.get_entry(ledger_id, entry_id)
 
-    def read_entries(self, ledger_id: int, first: int, max_count: int, max_bytes: int) -> list[bytes | memoryview]:
+    def read_entries(self, ledger_id: int, first: int, max_count: int, max_bytes: int) -> PackedEntries:
         """Consecutive entries from ``first`` until a gap or a bound (BATCH_READ; see
         ``LedgerStorage.get_entries``)."""
         return self._read_run(ledger_id, first,
                               lambda storage: storage.get_entries(ledger_id, first, max_count, max_bytes))
 
     def read_strided(self, ledger_id: int, first: int, stride: int, max_count: int,
-                     max_bytes: int) -> list[bytes | memoryview]:
+                     max_bytes: int) -> PackedEntries:
         """Entries ``first, first + stride, ...`` until one is missing or a bound (READ_STRIDED;
         see ``LedgerStorage.get_strided``)."""
         return self._read_run(ledger_id, first,
                               lambda storage: storage.get_strided(ledger_id, first, stride, max_count, max_bytes))
 
     def _read_run(self, ledger_id: int, first: int,
-                  read: Callable[[LedgerView], list[bytes | memoryview]]) -> list[bytes | memoryview]:
+                  read: Callable[[LedgerView], PackedEntries]) -> PackedEntries:
         """A multi-entry read from the ledger's storage: a miss on its first entry of a limbo
         ledger is "unknown", never "no such entry" (this bookie may have lost it)."""
         try:

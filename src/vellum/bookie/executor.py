@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 from vellum.bookie.bookie import Bookie, BookieInfo
 from vellum.errors import TimeoutError_, VellumError
 from vellum.format.entry import BytesLike
-from vellum.proto.messages import AddBatch
+from vellum.proto.messages import AddBatch, PackedEntries
 from vellum.storage.gc import GcReport
 
 log = logging.getLogger(__name__)
@@ -320,13 +320,13 @@ class AsyncBookie:
         return self._loop.run_in_executor(self._reads, self._bookie.read_entry, ledger_id, entry_id)
 
     def read_entries(self, ledger_id: int, first: int, max_count: int,
-                     max_bytes: int) -> asyncio.Future[list[bytes | memoryview]]:
+                     max_bytes: int) -> asyncio.Future[PackedEntries]:
         """Consecutive entries from ``first`` (BATCH_READ); see ``Bookie.read_entries``."""
         return self._loop.run_in_executor(self._reads, self._bookie.read_entries, ledger_id, first, max_count,
                                           max_bytes)
 
     def read_strided(self, ledger_id: int, first: int, stride: int, max_count: int,
-                     max_bytes: int) -> asyncio.Future[list[bytes | memoryview]]:
+                     max_bytes: int) -> asyncio.Future[PackedEntries]:
         """Entries ``first, first + stride, ...`` (READ_STRIDED); see ``Bookie.read_strided``."""
         return self._loop.run_in_executor(self._reads, self._bookie.read_strided, ledger_id, first, stride,
                                           max_count, max_bytes)

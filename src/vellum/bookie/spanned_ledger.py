@@ -14,6 +14,7 @@ from typing import Protocol
 
 from vellum.errors import NoSuchEntryError
 from vellum.ids import INVALID_ENTRY_ID, LAST_ADD_CONFIRMED
+from vellum.proto.messages import PackedEntries
 from vellum.storage.ledger_storage import LedgerStorage, Stored
 
 
@@ -22,9 +23,9 @@ class LedgerView(Protocol):
 
     def get_entry(self, ledger_id: int, entry_id: int, *, read_ahead: bool = True,
                   report_corrupt: bool = True) -> Stored: ...
-    def get_entries(self, ledger_id: int, first: int, max_count: int, max_bytes: int) -> list[Stored]: ...
+    def get_entries(self, ledger_id: int, first: int, max_count: int, max_bytes: int) -> PackedEntries: ...
     def get_strided(self, ledger_id: int, first: int, stride: int, max_count: int,
-                    max_bytes: int) -> list[Stored]: ...
+                    max_bytes: int) -> PackedEntries: ...
     def get_cached_entry(self, ledger_id: int, entry_id: int) -> Stored | None: ...
     def get_last_entry_id(self, ledger_id: int) -> int: ...
     def entry_ids(self, ledger_id: int) -> list[int]: ...
@@ -65,21 +66,20 @@ class SpannedLedger:
         assert missing is not None
         raise missing
 
-    def get_entries(self, ledger_id: int, first: int, max_count: int, max_bytes: int) -> list[Stored]:
+    def get_entries(self, ledger_id: int, first: int, max_count: int, max_bytes: int) -> PackedEntries:
         return self.get_strided(ledger_id, first, 1, max_count, max_bytes)
 
     def get_strided(self, ledger_id: int, first: int, stride: int, max_count: int,
-                    max_bytes: int) -> list[Stored]:
+                    max_bytes: int) -> PackedEntries:
         """Runs from each home in turn, each continuing where the previous one stopped."""
-        out: list[Stored] = []
-        size = 0
+        out = PackedEntries()
         nxt = first
         while max_count <= 0 or len(out) < max_count:
             left = max_count - len(out) if max_count > 0 else 0
-            budget = max_bytes - size if max_bytes > 0 else 0
+            budget = max_bytes - out.entry_bytes if max_bytes > 0 else 0
             if max_bytes > 0 and out and budget <= 0:
                 break
-            best: list[Stored] = []
+            best = PackedEntries()
             for home in self._newest_first:
                 try:
                     got = home.get_strided(ledger_id, nxt, stride, left, budget)
@@ -91,10 +91,9 @@ class SpannedLedger:
                 if not out:
                     self.get_entry(ledger_id, first)  # raises what no home holds
                 break
-            if out and max_bytes > 0 and size + len(best[0]) > max_bytes:
+            if out and max_bytes > 0 and out.entry_bytes + len(best[0]) > max_bytes:
                 break
             out.extend(best)
-            size += sum(len(e) for e in best)
             nxt += stride * len(best)
         return out
 

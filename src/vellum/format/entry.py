@@ -156,6 +156,11 @@ _crc32_fn = zlib.crc32
 _unpack_crc32c = _CRC32C_DIGEST.unpack_from
 _unpack_crc32 = _CRC32_DIGEST.unpack_from
 _CRC32C_HEAD = struct.Struct(">qqqqI")  # header and CRC32C digest of a stored entry
+#: digest type -> (CRC function, digest unpacker, end of the digest) of the keyless digests
+_KEYLESS: dict[int, tuple[Callable[..., int], Callable[..., tuple[int]], int]] = {
+    _CRC32C_CODE: (_crc32c_fn, _unpack_crc32c, _CRC32C_END),
+    _CRC32_CODE: (_crc32_fn, _unpack_crc32, _CRC32_END),
+}
 
 
 def checksum_matches(entry: BytesLike, digest_type: int) -> bool:
@@ -164,19 +169,38 @@ def checksum_matches(entry: BytesLike, digest_type: int) -> bool:
 
     Cheap on the read path: one hardware CRC32C (or zlib CRC32) pass over views, no copy.
     """
+    keyless = _KEYLESS.get(digest_type)
+    if keyless is None:
+        return False
     view = entry if type(entry) is memoryview else memoryview(entry)
-    if digest_type == _CRC32C_CODE:
-        if len(view) < _CRC32C_END:
-            return False
-        return bool(_unpack_crc32c(view, ENTRY_HEADER_SIZE)[0]
-                    == _crc32c_fn(view[_CRC32C_END:], _crc32c_fn(view[:ENTRY_HEADER_SIZE])))
-    if digest_type == _CRC32_CODE:
-        if len(view) < _CRC32_END:
-            return False
-        # The 8-byte BE long must have its high half zero: comparing all 8 bytes checks that too.
-        return bool(_unpack_crc32(view, ENTRY_HEADER_SIZE)[0]
-                    == _crc32_fn(view[_CRC32_END:], _crc32_fn(view[:ENTRY_HEADER_SIZE])))
-    return False
+    return _matches(view, 0, len(view), *keyless)
+
+
+def checksums_match(buf: memoryview, starts: Sequence[int], ends: Sequence[int], digest_type: int) -> int:
+    """How many of the stored entries ``buf[starts[i]:ends[i]]``, from the first, match their
+    CRC32C or CRC32 digest: ``checksum_matches`` of each, in one pass over one buffer (a run
+    read from an entry log is checked without an object per entry). 0 for other digest types.
+    """
+    keyless = _KEYLESS.get(digest_type)
+    if keyless is None:
+        return 0
+    crc, unpack, digest_end = keyless
+    good = 0
+    for start, end in zip(starts, ends):
+        if not _matches(buf, start, end, crc, unpack, digest_end):
+            break
+        good += 1
+    return good
+
+
+def _matches(buf: memoryview, start: int, end: int, crc: Callable[..., int],
+             unpack: Callable[..., tuple[int]], digest_end: int) -> bool:
+    """The keyless check of the entry ``buf[start:end]``: the digest stored after the 32-byte
+    header equals the CRC of the header and the payload after the digest. (For CRC32 the stored
+    8-byte BE long must have its high half zero: comparing all 8 bytes checks that too.)"""
+    return (end - start >= digest_end
+            and unpack(buf, start + ENTRY_HEADER_SIZE)[0]
+            == crc(buf[start + digest_end:end], crc(buf[start:start + ENTRY_HEADER_SIZE])))
 
 
 def sniff_checksum(entry: BytesLike) -> DigestType | None:

@@ -41,7 +41,9 @@ Invariants:
   holds a view of the caller's buffer, so receive buffers may be reused after ``feed`` returns.
   The exception is a frame the decoder received into a buffer of its own (``BIG_FRAME``): its
   entry payloads are views of that buffer, which nothing else ever writes.
-* ``encode_parts`` never copies an entry payload; ``encode`` copies it once.
+* ``encode_parts`` never copies an entry payload; ``encode`` copies it once. A multi-entry
+  response whose entries are ``messages.PackedEntries`` (a bookie's run: buffers already laid
+  out as ``[int len][entry]`` records) is written as those buffers, with no part per entry.
 * There is an encoder and a decoder for exactly the message types of the registry
   (``messages.REQUEST_TYPES`` / ``RESPONSE_TYPES``), checked when the module loads; the opcode
   tables each side decodes with are built from the registry.

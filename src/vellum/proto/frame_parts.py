@@ -17,6 +17,7 @@ from vellum.proto.messages import (
     BytesLike,
     FrameEntries,
     Message,
+    PackedEntries,
 )
 
 Side: TypeAlias = Literal["server", "client"]
@@ -68,9 +69,13 @@ def _expect(body: memoryview, size: int, name: str) -> None:
 def _entry_parts(status: int, entries: Sequence[BytesLike], what: str) -> tuple[list[BytesLike], int]:
     """The ``[int len][entry]`` list of a multi-entry response as buffers after an empty slot
     for the fixed part (filled by the caller), and the frame size with a 32-byte fixed part;
-    the encoding twin of ``_entries``."""
+    the encoding twin of ``_entries``. ``PackedEntries`` are written as their parts (no
+    length field packed, no part per entry)."""
     if status != EOK and entries:
         raise IncorrectParameterError(f"{what} response: entries are only sent with EOK")
+    if type(entries) is PackedEntries:
+        # Already laid out as the frame carries them (a bookie's run): written as they are.
+        return [b"", *entries.parts], 32 + entries.wire_bytes
     parts: list[BytesLike] = [b""]
     size = 32
     for entry in entries:

@@ -356,7 +356,9 @@ class ReadProcessor(Processor):
 
 
 class BatchReadProcessor(Processor):
-    """BATCH_READ: consecutive entries on a reader thread (fencing first with the fence flag)."""
+    """BATCH_READ: consecutive entries on a reader thread (fencing first with the fence flag),
+    answered with the bookie's ``PackedEntries`` as they are (the run's buffers, no object per
+    entry)."""
 
     __slots__ = ()
 
@@ -377,7 +379,8 @@ class BatchReadProcessor(Processor):
             entries = await self.bookie.read_entries(
                 req.ledger_id, req.start_entry_id, req.max_count, self.ch.response_budget(req.max_size))
             status = EOK if entries else ENOENTRY
-            self.send(m.BatchReadResponse(status, req.ledger_id, req.start_entry_id, req.request_id, tuple(entries)))
+            # As the bookie laid them out (a run's buffers): no tuple of views per entry.
+            self.send(m.BatchReadResponse(status, req.ledger_id, req.start_entry_id, req.request_id, entries))
         except Exception as e:
             what = "fencing BATCH_READ" if req.is_fencing else None
             status = self.ch.status_for(e, "BATCH_READ", req.ledger_id, req.start_entry_id, what)
@@ -387,7 +390,8 @@ class BatchReadProcessor(Processor):
 
 
 class StridedReadProcessor(Processor):
-    """READ_STRIDED: entries ``first, first + stride, ...`` on a reader thread."""
+    """READ_STRIDED: entries ``first, first + stride, ...`` on a reader thread, answered like
+    BATCH_READ."""
 
     __slots__ = ()
 
@@ -405,8 +409,7 @@ class StridedReadProcessor(Processor):
             entries = await self.bookie.read_strided(
                 req.ledger_id, req.first_entry_id, req.stride, req.max_count, self.ch.response_budget(req.max_size))
             status = EOK if entries else ENOENTRY
-            self.send(m.StridedReadResponse(req.request_id, status, req.ledger_id, req.first_entry_id,
-                                            tuple(entries)))
+            self.send(m.StridedReadResponse(req.request_id, status, req.ledger_id, req.first_entry_id, entries))
         except Exception as e:
             status = self.ch.status_for(e, "READ_STRIDED", req.ledger_id, req.first_entry_id)
             self.send(m.StridedReadResponse(req.request_id, status, req.ledger_id, req.first_entry_id))

@@ -7,8 +7,8 @@ reader releases it.
 
 Invariants:
 - A record is returned only if its size field is sane and the ids stored in it are the ones
-  asked for (``read_entry``); a run of records (``read_run``) stops quietly at anything
-  unexpected and the caller reads on entry by entry, with full checks.
+  asked for (``read_entry``, and each record of a run, ``read_records``); a run stops quietly
+  at anything unexpected and the caller reads on entry by entry, with full checks.
 - Nothing past what the writer handed to the file is read: an active log's buffered bytes are
   first handed to the file (``make_readable``, the entry logger's), and a run stops at the
   active log's written end (``readable_end``; None for a sealed log).
@@ -19,18 +19,22 @@ Invariants:
 from __future__ import annotations
 
 import os
+import struct
 import threading
+from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from vellum.errors import CorruptionError, StorageError
 from vellum.format import entrylog as fmt
-from vellum.ids import location_log_id, location_offset, make_location
+from vellum.ids import location_log_id, location_offset
 from vellum.storage.entry_log_allocator import list_log_ids, log_file_name
 
-#: largest single pread of ``read_run`` (longer runs take several)
+#: largest single pread of ``read_records`` (longer runs take several)
 _RUN_CHUNK_MAX = 16 << 20
+#: first pread of a strided run, before the bytes per wanted entry are known
+_STRIDED_FIRST_READ = 1 << 20
 
 #: hands an active log's buffered bytes below ``end`` to the file: ``(log_id, end)``
 MakeReadableFn = Callable[[int, int], None]
@@ -43,6 +47,35 @@ class _Descriptor:
     fd: int
     users: int = 0
     closing: bool = False
+
+
+#: a record's size field and the ledger id and entry id its entry starts with
+_RECORD_HEAD = struct.Struct(">iqq")
+
+
+class RecordRun:
+    """Records of one ledger read by ``read_records``: the wanted entries, in order, as offsets
+    into the read buffers (``chunks``: ``(buffer, starts, ends)``, entry i of a chunk is
+    ``buffer[starts[i]:ends[i]]``, its size field the 4 bytes before it)."""
+
+    __slots__ = ("chunks", "count", "entry_bytes", "full")
+
+    def __init__(self) -> None:
+        self.chunks: list[tuple[memoryview, array[int], array[int]]] = []
+        self.count = 0
+        #: bytes of the wanted entries
+        self.entry_bytes = 0
+        #: the byte bound stopped the run (the next wanted entry did not fit)
+        self.full = False
+
+    def add_chunk(self, buf: memoryview, starts: array[int], ends: array[int]) -> None:
+        self.chunks.append((buf, starts, ends))
+        self.count += len(starts)
+        self.entry_bytes += sum(ends) - sum(starts)
+
+    def views(self) -> list[memoryview]:
+        """The entries as views of the read buffers (a view per entry: for tests and tools)."""
+        return [buf[s:e] for buf, starts, ends in self.chunks for s, e in zip(starts, ends)]
 
 
 class EntryLogReader:
@@ -175,83 +208,110 @@ class EntryLogReader:
 
     # ------------------------------------------------------------------ runs
 
-    def read_run(
-        self, ledger_id: int, location: int, *, max_entries: int, max_bytes: int,
-        include_first: bool = True, first_counts: bool = True,
-    ) -> list[tuple[int, int, memoryview]]:
-        """The records of ``ledger_id`` stored one after the other from ``location`` (that
-        record itself with ``include_first``), as ``(entry_id, location, entry)``.
+    def read_records(
+        self, ledger_id: int, location: int, *, first_entry_id: int, stride: int, max_entries: int,
+        max_bytes: int, first_counts: bool,
+    ) -> RecordRun:
+        """The records of entries ``first_entry_id, first_entry_id + stride, ...`` of
+        ``ledger_id`` stored one after the other from ``location`` (the first one's), with, for
+        a stride above 1, only records of this ledger whose entry ids lie between two wanted
+        ones in between (skipped): READ_STRIDED and BATCH_READ runs.
 
-        Reads the run in one pread, sized from its first record (more only if later records are
-        bigger), and returns views into it: no copy per entry. Stops at ``max_entries``, before
-        the record that would take the bytes past ``max_bytes`` (``<= 0``: no bound; with
-        ``first_counts`` the first record is returned whatever its size), at a record of another
-        ledger, at the end of what is readable, or quietly at anything unexpected (the caller
-        reads entries one by one from there, with full checks). Entry ids are as stored: the
-        caller decides whether they are the ones it wants.
+        Reads in as few preads as the sizes allow (the first sized from the run's first record,
+        later ones from what the run used so far) and returns offsets into the read buffers:
+        no object per entry. The ledger id and entry id stored in each record are checked (the
+        run is valid whatever moved since its first location was looked up: compaction copies
+        records as they are). Stops at ``max_entries``, before the record that would take the
+        entry bytes past ``max_bytes`` (``<= 0``: no bound; with ``first_counts`` the first is
+        returned whatever its size; ``RecordRun.full`` says the bound stopped it), at the end of
+        what is readable, or quietly at anything unexpected (the caller reads on entry by
+        entry, with full checks). Digests are the caller's to verify.
         """
         log_id, offset = location_log_id(location), location_offset(location)
-        out: list[tuple[int, int, memoryview]] = []
+        run = RecordRun()
         if max_entries <= 0 or offset < fmt.HEADER_SIZE + fmt.SIZE_FIELD:
-            return out
+            return run
         desc = self._acquire(log_id)
         try:
-            if include_first:
-                pos = offset - fmt.SIZE_FIELD  # start of the record's size field
-            else:
-                head = self._pread(desc, fmt.SIZE_FIELD, offset - fmt.SIZE_FIELD, log_id)
-                if len(head) < fmt.SIZE_FIELD:
-                    return out
-                pos = offset + fmt.decode_size(head)  # start of the next record's size field
-            limit = self._readable_end(log_id)
-            if limit is not None and pos + fmt.SIZE_FIELD + fmt.MIN_SANE_ENTRY_SIZE > limit:
-                return out
-            head = self._pread(desc, fmt.SIZE_FIELD, pos, log_id)
-            if len(head) < fmt.SIZE_FIELD:
-                return out
-            first_size = fmt.decode_size(head)
-            if first_size < fmt.MIN_SANE_ENTRY_SIZE or (0 < max_bytes < first_size and not first_counts):
-                return out
-            # The whole run in one pread if its records are about the size of the first; a
-            # record that straddles the end of a chunk is read again from its start.
-            chunk_len = max_entries * (fmt.SIZE_FIELD + first_size)
-            if max_bytes > 0:
-                chunk_len = min(chunk_len, max(first_size, max_bytes) + fmt.SIZE_FIELD * max_entries)
-            chunk_len = max(fmt.SIZE_FIELD + first_size, min(chunk_len, _RUN_CHUNK_MAX))
-            chunk = memoryview(b"")
-            base = pos
-            total = 0
-            while len(out) < max_entries:
-                if limit is not None and pos + fmt.SIZE_FIELD + fmt.MIN_SANE_ENTRY_SIZE > limit:
-                    return out
-                rel = pos - base
-                if rel + fmt.SIZE_FIELD > len(chunk):
-                    base, rel = pos, 0
-                    chunk = memoryview(self._pread(desc, chunk_len, pos, log_id))
-                    if len(chunk) < fmt.SIZE_FIELD:
-                        return out
-                size = fmt.decode_size(chunk, rel)
-                if size < fmt.MIN_SANE_ENTRY_SIZE or (
-                    limit is not None and pos + fmt.SIZE_FIELD + size > limit
-                ):
-                    return out
-                if (out or not first_counts) and 0 < max_bytes < total + size:
-                    return out
-                if rel + fmt.SIZE_FIELD + size > len(chunk):
-                    base, rel = pos, 0
-                    chunk = memoryview(self._pread(desc, max(chunk_len, fmt.SIZE_FIELD + size), pos, log_id))
-                    if len(chunk) < fmt.SIZE_FIELD + size:
-                        return out
-                body = chunk[rel + fmt.SIZE_FIELD : rel + fmt.SIZE_FIELD + size]
-                lid, eid = fmt.entry_ids(body)
-                if lid != ledger_id:
-                    return out
-                out.append((eid, make_location(log_id, pos + fmt.SIZE_FIELD), body))
-                total += size
-                pos += fmt.SIZE_FIELD + size
-            return out
+            self._records(desc, log_id, offset - fmt.SIZE_FIELD, ledger_id, first_entry_id, max(1, stride),
+                          max_entries, max_bytes, first_counts, run)
         finally:
             self._release(desc)
+        return run
+
+    def _records(self, desc: _Descriptor, log_id: int, pos: int, ledger_id: int, expected: int, stride: int,
+                 max_entries: int, max_bytes: int, first_counts: bool, run: RecordRun) -> None:
+        """``read_records``'s walk from the record whose size field is at ``pos``: one pread
+        per chunk, then a walk over the chunk's records without leaving it."""
+        limit = self._readable_end(log_id)
+        end_of_data = limit if limit is not None else 1 << 62
+        unpack = _RECORD_HEAD.unpack_from
+        head_len = _RECORD_HEAD.size
+        min_size = fmt.MIN_SANE_ENTRY_SIZE
+        start = pos
+        count = total = 0
+        need = head_len  # bytes the next read must hold: a record head, or a whole record
+        while True:
+            if pos + head_len > end_of_data:
+                return
+            # Sized for the entries still wanted, at the bytes per wanted entry seen so far (the
+            # first record's size, times the stride, before any), within the bounds.
+            want = max_entries - count
+            if count:
+                per_entry = (pos - start) // count + 1
+            else:
+                head = self._pread(desc, fmt.SIZE_FIELD, pos, log_id)
+                if len(head) < fmt.SIZE_FIELD:
+                    return
+                per_entry = (fmt.SIZE_FIELD + fmt.decode_size(head)) * stride
+            n = want * per_entry * 5 // 4 + 4096  # entries vary in size: a second read costs more than slack
+            if max_bytes > 0:
+                n = min(n, (max(max_bytes - total, 0) + fmt.SIZE_FIELD * want) * stride + per_entry)
+            if stride > 1 and not count:
+                n = min(n, _STRIDED_FIRST_READ)  # how many records lie between is not known yet
+            n = min(max(need, min(n, _RUN_CHUNK_MAX)), end_of_data - pos)
+            if n < need:
+                return
+            buf = memoryview(self._pread(desc, n, pos, log_id))
+            end = len(buf)
+            if end < need:
+                return
+            starts: array[int] = array("q")
+            ends: array[int] = array("q")
+            add_start, add_end = starts.append, ends.append
+            rel = 0
+            need = head_len
+            stop = False
+            while count < max_entries and rel + head_len <= end:
+                size, lid, eid = unpack(buf, rel)
+                nxt = rel + fmt.SIZE_FIELD + size
+                if size < min_size or lid != ledger_id:
+                    stop = True
+                    break
+                if eid != expected:
+                    if expected - stride < eid < expected:
+                        rel = nxt  # an entry another replica serves, between two wanted ones
+                        continue
+                    stop = True
+                    break
+                if (count or not first_counts) and 0 < max_bytes < total + size:
+                    run.full = True
+                    stop = True
+                    break
+                if nxt > end:
+                    need = fmt.SIZE_FIELD + size  # straddles the end of the buffer: read on from it
+                    break
+                add_start(rel + fmt.SIZE_FIELD)
+                add_end(nxt)
+                rel = nxt
+                count += 1
+                total += size
+                expected += stride
+            if starts:
+                run.add_chunk(buf, starts, ends)
+            if stop or count >= max_entries:
+                return
+            pos += rel
 
     # ------------------------------------------------------------------ whole logs
 

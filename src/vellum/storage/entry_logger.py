@@ -86,7 +86,7 @@ from vellum.storage.entry_log_allocator import (
     parse_log_file_name,
 )
 from vellum.storage.entry_log_policy import ActiveLogPolicy, PerLedgerActiveLogs, SharedActiveLog
-from vellum.storage.entry_log_reader import EntryLogReader
+from vellum.storage.entry_log_reader import EntryLogReader, RecordRun
 
 # Names other modules import from here (shell commands, Spark jobs, tests).
 __all__ = [
@@ -554,24 +554,14 @@ class EntryLogger:
         """The entry stored at ``location``; the size and ids there must match the request."""
         return self._reader.read_entry(ledger_id, entry_id, location)
 
-    def read_run(
-        self, ledger_id: int, location: int, *, max_entries: int, max_bytes: int,
-        include_first: bool = True, first_counts: bool = True,
-    ) -> list[tuple[int, int, memoryview]]:
-        """The records of ``ledger_id`` stored one after the other from ``location``, as
-        ``(entry_id, location, entry)`` views of one read buffer (``EntryLogReader.read_run``)."""
-        return self._reader.read_run(ledger_id, location, max_entries=max_entries, max_bytes=max_bytes,
-                                     include_first=include_first, first_counts=first_counts)
-
-    def read_following(
-        self, ledger_id: int, location: int, *, max_entries: int, max_bytes: int = 1 << 20
-    ) -> list[tuple[int, int, memoryview]]:
-        """Read-ahead: up to ``max_entries`` records after ``location`` while they belong to
-        ``ledger_id`` (a sorted flush keeps a ledger's entries adjacent) and their bytes stay
-        within ``max_bytes`` (``<= 0``: no byte bound). Returns ``(entry_id, location, entry)``
-        with each entry a view into one read buffer; stops quietly at anything unexpected."""
-        return self._reader.read_run(ledger_id, location, max_entries=max_entries, max_bytes=max_bytes,
-                                     include_first=False, first_counts=False)
+    def read_records(
+        self, ledger_id: int, location: int, *, first_entry_id: int, stride: int, max_entries: int,
+        max_bytes: int, first_counts: bool,
+    ) -> RecordRun:
+        """Entries ``first_entry_id, + stride, ...`` stored one after the other from
+        ``location``, as offsets into few read buffers (``EntryLogReader.read_records``)."""
+        return self._reader.read_records(ledger_id, location, first_entry_id=first_entry_id, stride=stride,
+                                         max_entries=max_entries, max_bytes=max_bytes, first_counts=first_counts)
 
     def record_size(self, location: int) -> int | None:
         """Bytes the record at ``location`` occupies (size field included), or None if unreadable."""

@@ -46,7 +46,7 @@ from typing import NamedTuple
 
 from vellum.format.entry import BytesLike
 from vellum.format.ledger_index import LedgerData
-from vellum.proto.messages import AddBatch
+from vellum.proto.messages import AddBatch, PackedEntries
 from vellum.storage.entry_logger import DIRECT_WRITE_BUFFER_SIZE, EntryLogger, FileOps
 from vellum.storage.index import EntryLocationIndex, LedgerMetadataIndex
 from vellum.storage.ledger_data import LedgerDataTable
@@ -184,10 +184,13 @@ class LedgerStorage:
         """The stored entry (``entry_id == -1``: the last one held); see ``StorageReader``."""
         return self._reader.get_entry(ledger_id, entry_id, read_ahead=read_ahead, report_corrupt=report_corrupt)
 
-    def get_entries(self, ledger_id: int, first: int, max_count: int, max_bytes: int) -> list[Stored]:
+    def get_entries(self, ledger_id: int, first: int, max_count: int, max_bytes: int) -> PackedEntries:
+        """BATCH_READ's entries, laid out as its reply carries them; see ``StorageReader``."""
         return self._reader.get_entries(ledger_id, first, max_count, max_bytes)
 
-    def get_strided(self, ledger_id: int, first: int, stride: int, max_count: int, max_bytes: int) -> list[Stored]:
+    def get_strided(self, ledger_id: int, first: int, stride: int, max_count: int,
+                    max_bytes: int) -> PackedEntries:
+        """READ_STRIDED's entries, laid out as its reply carries them; see ``StorageReader``."""
         return self._reader.get_strided(ledger_id, first, stride, max_count, max_bytes)
 
     def get_cached_entry(self, ledger_id: int, entry_id: int) -> Stored | None:

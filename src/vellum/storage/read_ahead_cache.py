@@ -25,6 +25,9 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Callable, Sequence
+
+from vellum.format.entry import BytesLike
 
 #: ledgers whose read pattern is remembered before the memory starts over
 _MAX_TRACKED_LEDGERS = 10_000
@@ -56,9 +59,35 @@ class ReadAheadCache:
                 self._entries.move_to_end(key)
             return found
 
+    def get_run(self, ledger_id: int, first: int, stride: int, most: int) -> list[bytes]:
+        """Entries ``first, first + stride, ...`` while cached (now the most recently used), at
+        most ``most``: a multi-entry read's run, under one lock hold."""
+        out: list[bytes] = []
+        with self._lock:
+            entries = self._entries
+            entry_id = first
+            while len(out) < most:
+                key = (ledger_id, entry_id)
+                found = entries.get(key)
+                if found is None:
+                    break
+                entries.move_to_end(key)
+                out.append(found)
+                entry_id += stride
+        return out
+
     def contains(self, key: tuple[int, int]) -> bool:
         with self._lock:
             return key in self._entries
+
+    def read_ahead(self, ledger_id: int, entry_id: int, epoch: int,
+                   read_following: Callable[[int, int], Sequence[BytesLike]]) -> None:
+        """A miss on ``entry_id`` read it from disk: if the reader moves forward and no
+        read-ahead covered it (``claim``), cache what ``read_following(batch_size,
+        batch_max_bytes)`` returns (the entries after it, verified by the caller) unless an
+        ``evict`` happened since ``epoch``."""
+        if self.enabled and self.claim(ledger_id, entry_id):
+            self.fill(ledger_id, entry_id, read_following(self.batch_size, self.batch_max_bytes), epoch)
 
     def claim(self, ledger_id: int, entry_id: int) -> bool:
         """A miss on ``entry_id`` read it from disk: whether to read ahead after it (and if so
@@ -79,18 +108,17 @@ class ReadAheadCache:
                 self._ahead_upto.clear()
             return sequential and not covered
 
-    def fill(self, ledger_id: int, entry_id: int, following: list[tuple[int, int, memoryview]],
-             epoch: int) -> None:
-        """Cache what the read-ahead claimed after ``entry_id`` found (``(entry_id, location,
-        entry)``, verified by the caller), unless an ``evict`` happened since ``epoch``."""
+    def fill(self, ledger_id: int, entry_id: int, following: Sequence[BytesLike], epoch: int) -> None:
+        """Cache what the read-ahead claimed after ``entry_id`` found (entries ``entry_id + 1,
+        entry_id + 2, ...``, verified by the caller), unless an ``evict`` happened since ``epoch``."""
         with self._lock:
             # What the window really covered (the byte bound or the end of the run may cut it).
-            last = following[-1][0] if following else entry_id
+            last = entry_id + len(following)
             if self._ahead_upto.get(ledger_id, -1) == entry_id + self.batch_size:
                 self._ahead_upto[ledger_id] = last
             if epoch != self.epoch:
                 return
-            for eid, _loc, view in following:
+            for eid, view in enumerate(following, entry_id + 1):
                 key = (ledger_id, eid)
                 if key in self._entries:
                     continue

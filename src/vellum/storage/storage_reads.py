@@ -7,13 +7,27 @@ instant (the flush indexes it before the cache is dropped), so a reader never mi
 entry. ``NoSuchEntryError`` is raised only for a known ledger whose entry is neither cached nor
 indexed; an unknown ledger raises ``NoSuchLedgerError``; anything doubtful is a storage error.
 
-Read-ahead: a miss that reads the entry log also reads up to ``read_ahead_batch_size``
-following entries (at most ``read_ahead_max_bytes``) of the same ledger (adjacent thanks to the
-sorted flush) into the read-ahead cache, unless a read-ahead of that ledger already covered the
-entry (pipelined readers miss on entries whose read-ahead is still running: they must not each
-read the same range again). ``get_entries`` (BATCH_READ) reads a run of stored entries in one
-pread and caches nothing: the request names what is wanted, and a client spreading its chunks
-over the replicas would make a read-ahead past the run wasted work.
+One entry (``get_entry``): decide where it is (write cache, read-ahead cache, index), read it
+once, verify it once, then fill the read-ahead cache. Read-ahead: a miss that reads the entry
+log also reads up to ``read_ahead_batch_size`` following entries (at most
+``read_ahead_max_bytes``) of the same ledger (adjacent thanks to the sorted flush) into the
+read-ahead cache, unless a read-ahead of that ledger already covered the entry (pipelined
+readers miss on entries whose read-ahead is still running: they must not each read the same
+range again).
+
+Runs (``get_entries``, BATCH_READ; ``get_strided``, READ_STRIDED) are served at a cost per byte,
+not per entry: cached runs are looked up under one lock hold and copied into one buffer; a run
+stored one after the other in an entry log is read in few preads (``EntryLogReader.read_records``,
+which checks the stored ledger and entry ids of every record), verified in one pass over the
+read buffer (``format.entry.checksums_match``) and answered as slices of it. Nothing is cached:
+the request names what is wanted, and a client spreading its chunks over the replicas would
+make a read-ahead past the run wasted work.
+
+Layout assumption of runs: an entry log record is ``[int32 size][entry]`` (big-endian,
+``format/entrylog.py``) and a multi-entry reply carries each entry as ``[int32 len][entry]``
+(``docs/protocol.md``): the same bytes. So records stored one after the other are answered as
+the very bytes read (``proto.messages.PackedEntries``), and records with other entries between
+them (a strided run) as those records joined.
 
 Verification (defect D5 of docs/correctness.md): every entry of a ledger whose keyless digest
 was learnt (``storage/ledger_data.py``) read from an entry log is verified before it is returned
@@ -21,13 +35,17 @@ or enters the read-ahead cache (the write cache holds what was received). A copy
 raises ``CorruptEntryError`` (EIO, never "no such entry"), logged with its ledger, entry, log and
 offset and counted in ``bookie_READ_ENTRY_CORRUPT``; a multi-entry read returns the entries
 before it and stops, and the read that starts at it gets the error (the client then reads that
-entry from another replica).
+entry from another replica). Compaction may move entries at any time: a single read whose copy
+fails is looked up again and is corrupt only if the index still points there; a run is valid
+wherever it was read (the stored ids of each record are checked, and compaction copies records
+as they are), and a run that cannot be read falls back to ``get_entry`` for its first entry.
 """
 
 from __future__ import annotations
 
-import collections
 import logging
+from array import array
+from collections.abc import Iterator, Sequence
 
 from vellum import stats
 from vellum.errors import (
@@ -38,8 +56,11 @@ from vellum.errors import (
     NoSuchLedgerError,
     StorageError,
 )
-from vellum.format.entry import BytesLike, DigestType, checksum_matches
-from vellum.ids import INVALID_ENTRY_ID, LAST_ADD_CONFIRMED, location_log_id, location_offset
+from vellum.format.entry import BytesLike, DigestType, checksum_matches, checksums_match
+from vellum.format.entrylog import SIZE_FIELD
+from vellum.ids import INVALID_ENTRY_ID, LAST_ADD_CONFIRMED, location_log_id, location_offset, make_location
+from vellum.proto.messages import PackedEntries
+from vellum.storage.entry_log_reader import RecordRun
 from vellum.storage.entry_logger import EntryLogger
 from vellum.storage.index import EntryLocationIndex
 from vellum.storage.ledger_data import LedgerDataTable
@@ -81,10 +102,13 @@ class StorageReader:
         """The stored entry; ``entry_id == -1`` means the last entry this storage holds.
         ``read_ahead=False``: a miss reads this entry only.
 
-        An entry read from an entry log that fails its checks (the ledger's learnt CRC digest,
-        the stored ids, the size) raises ``CorruptEntryError`` (EIO, never "no such entry"),
-        logged and counted in ``bookie_READ_ENTRY_CORRUPT`` unless ``report_corrupt=False``
-        (a multi-entry read that stops short before it: the entry is reported when asked for).
+        In three steps: where the entry is (a write cache, the read-ahead cache, else the entry
+        log the index names); read it once and verify it once (``_read_verified``); then, for a
+        forward reader, fill the read-ahead cache with the run that follows it. An entry read
+        from an entry log that fails its checks (the ledger's learnt CRC digest, the stored ids,
+        the size) raises ``CorruptEntryError`` (EIO, never "no such entry"), logged and counted
+        in ``bookie_READ_ENTRY_CORRUPT`` unless ``report_corrupt=False`` (a multi-entry read
+        that stops short before it: the entry is reported when asked for).
         """
         if entry_id == LAST_ADD_CONFIRMED:
             entry_id = self.get_last_entry_id(ledger_id)
@@ -101,8 +125,23 @@ class StorageReader:
             found = self._read_cache.get(key)
         if found is not None:
             return found
+        digest = self._read_digest(ledger_id)
+        location, entry = self._read_verified(ledger_id, entry_id, digest, report_corrupt)
+        if read_ahead:
+            self._read_cache.read_ahead(
+                ledger_id, entry_id, epoch,
+                lambda most, max_bytes: self._following(ledger_id, entry_id, location, len(entry), digest,
+                                                        most, max_bytes))
+        return entry
+
+    def _read_verified(self, ledger_id: int, entry_id: int, digest: int | None,
+                       report_corrupt: bool) -> tuple[int, bytes]:
+        """``(location, entry)``: the entry read from the entry log where the index puts it, its
+        stored ids and size checked (``EntryLogger.read_entry``) and its keyless ``digest``
+        (None: not checkable). A copy that fails is looked up again: compaction may have moved
+        the entry and deleted its old log since the lookup, and only a copy the index still
+        points at is corrupt."""
         location = self.locations.get_location(ledger_id, entry_id)
-        digest = self._data.checked_digest(ledger_id)
         for _attempt in range(2):
             if location is None:
                 if not self._data.ledger_exists(ledger_id):
@@ -113,135 +152,131 @@ class StorageReader:
             except CorruptionError as e:
                 why = str(e)
             else:
-                if digest is None or not _check_reads or checksum_matches(entry, digest):
-                    break
+                if digest is None or checksum_matches(entry, digest):
+                    return location, entry
                 why = f"{DigestType(digest).name} digest mismatch over {len(entry)} bytes"
-            # Compaction may have moved the entry and deleted its old log since the lookup.
             again = self.locations.get_location(ledger_id, entry_id)
             if again == location:
                 raise self._corrupt_entry(ledger_id, entry_id, location, why, report_corrupt)
             location = again
-        else:
-            raise StorageError(f"ledger {ledger_id} entry {entry_id}: location kept changing")
-        if read_ahead and self._read_cache.enabled and self._read_cache.claim(ledger_id, entry_id):
-            self._read_ahead_after(ledger_id, entry_id, location, epoch)
-        return entry
+        raise StorageError(f"ledger {ledger_id} entry {entry_id}: location kept changing")
 
-    def get_entries(self, ledger_id: int, first: int, max_count: int, max_bytes: int) -> list[Stored]:
+    def get_entries(self, ledger_id: int, first: int, max_count: int, max_bytes: int) -> PackedEntries:
         """Consecutive entries from ``first`` until a gap, ``max_count`` entries (``<= 0``: no
         bound) or ``max_bytes`` (``<= 0``: no bound; the first entry always counts): BATCH_READ.
+        See ``get_strided``."""
+        return self._multi_read(ledger_id, first, 1, max_count if max_count > 0 else 1 << 62, max_bytes)
 
-        Cached entries come from the caches; a run stored on disk is read in one pread and
-        returned as views of it. Nothing is read ahead or cached. Raises like ``get_entry`` for
-        ``first`` (``NoSuchLedgerError``, ``NoSuchEntryError``, ``CorruptEntryError``); later
-        misses and corrupt copies end the batch.
+    def get_strided(self, ledger_id: int, first: int, stride: int, max_count: int, max_bytes: int) -> PackedEntries:
+        """Entries ``first, first + stride, ...`` (READ_STRIDED): at most ``max_count`` (at
+        least one), within ``max_bytes`` (``<= 0``: no bound; the first always counts), until
+        one is missing. Raises like ``get_entry`` for ``first`` (``NoSuchLedgerError``,
+        ``NoSuchEntryError``, ``CorruptEntryError``); later misses and corrupt copies end the
+        answer short (the client asks again from there and gets the error then).
+
+        The answer is laid out as the reply frame carries it (``PackedEntries``, see the module
+        docstring): runs of cached entries are copied into one buffer, runs stored one after
+        the other in an entry log are served as slices of the read buffer. Nothing is read
+        ahead or cached: the request names every entry it wants, and for a stride above 1 the
+        ones in between are another bookie's to serve.
         """
-        out: list[Stored] = []
-        size = 0
-        eid = first
-        limit = max_count if max_count > 0 else 1 << 62
-        run: collections.deque[tuple[int, int, memoryview]] = collections.deque()
-        while len(out) < limit:
-            # A disk run holds entries eid, eid + 1, ... (``_disk_run``): served in order.
-            entry = run.popleft()[2] if run else self.get_cached_entry(ledger_id, eid)
-            if entry is None:
-                run.extend(self._disk_run(ledger_id, eid, limit - len(out),
-                                          max_bytes - size if max_bytes > 0 else 0, first_counts=not out))
-                if run:
-                    entry = run.popleft()[2]
-                elif out:
-                    break  # the byte bound, a gap or anything odd: the client asks again from here
-                else:
-                    entry = self.get_entry(ledger_id, eid)  # full checks and errors
-            if out and max_bytes > 0 and size + len(entry) > max_bytes:
-                break
-            out.append(entry)
-            size += len(entry)
-            eid += 1
-        return out
-
-    def get_strided(self, ledger_id: int, first: int, stride: int, max_count: int, max_bytes: int) -> list[Stored]:
-        """Entries ``first, first + stride, ...`` (READ_STRIDED): at most ``max_count``, within
-        ``max_bytes`` (``<= 0``: no bound; the first always counts), until one is missing.
-        Raises like ``get_entry`` for ``first``. Nothing is read ahead or cached: the request
-        names every entry it wants, and the ones in between are another bookie's to serve.
-
-        Like ``get_entries``: cached entries come from the caches; where the wanted entries are
-        stored in one run on disk (a sorted flush keeps a ledger's entries adjacent, with the
-        other replicas' entries between them) the run is read in one pread, the entries in
-        between skipped, and the wanted ones returned as views of it.
-        """
+        if stride < 1:
+            raise IncorrectParameterError(f"READ_STRIDED of ledger {ledger_id}: stride {stride} must be >= 1")
         if stride == 1:
             return self.get_entries(ledger_id, first, max_count, max_bytes)
-        out: list[Stored] = []
-        size = 0
+        return self._multi_read(ledger_id, first, stride, max(1, max_count), max_bytes)
+
+    def _multi_read(self, ledger_id: int, first: int, stride: int, limit: int, max_bytes: int) -> PackedEntries:
+        """``get_entries`` and ``get_strided``: runs from the caches, then from the entry logs;
+        where neither serves a run, one entry with ``get_entry``'s full checks and errors."""
+        out = PackedEntries()
         eid = first
-        limit = max(1, max_count)
-        run: collections.deque[tuple[int, int, memoryview]] = collections.deque()
         while len(out) < limit:
-            entry: Stored | None = None
-            if run and run[0][0] == eid:
-                entry = run.popleft()[2]
-            else:
-                run.clear()
-                entry = self.get_cached_entry(ledger_id, eid)
-                if entry is None:
-                    run.extend(self._disk_run(ledger_id, eid, limit - len(out),
-                                              max_bytes - size if max_bytes > 0 else 0, first_counts=not out,
-                                              stride=stride))
-                    if run:
-                        entry = run.popleft()[2]
-            if entry is None:
-                try:
-                    # A corrupt entry after others ends the answer short, unreported: the client
-                    # asks again from it and is answered EIO then (reported once).
-                    entry = self.get_entry(ledger_id, eid, read_ahead=False, report_corrupt=not out)
-                except (NoSuchEntryError, NoSuchLedgerError, CorruptEntryError):
-                    if not out:
-                        raise
-                    break
-            if out and max_bytes > 0 and size + len(entry) > max_bytes:
+            if len(out) and 0 < max_bytes <= out.entry_bytes:
                 break
-            out.append(entry)
-            size += len(entry)
+            took, full = self._cached_run(ledger_id, eid, stride, limit - len(out), max_bytes, out)
+            if not took and not full:
+                took, full = self._disk_run(ledger_id, eid, stride, limit - len(out), max_bytes, out)
+            if full:
+                break
+            if took:
+                eid += took * stride
+                continue
+            try:
+                # A corrupt entry after others ends the answer short, unreported: the client
+                # asks again from it and is answered EIO then (reported once).
+                entry = self.get_entry(ledger_id, eid, read_ahead=False, report_corrupt=not len(out))
+            except (NoSuchEntryError, NoSuchLedgerError, CorruptEntryError):
+                if not len(out):
+                    raise
+                break
+            if len(out) and 0 < max_bytes < out.entry_bytes + len(entry):
+                break
+            out.add(entry)
             eid += stride
         return out
 
-    def _disk_run(self, ledger_id: int, entry_id: int, max_entries: int, max_bytes: int,
-                  *, first_counts: bool, stride: int = 1) -> list[tuple[int, int, memoryview]]:
-        """Entries ``entry_id, entry_id + stride, ...`` stored one after the other (with, for a
-        stride above 1, only entries whose ids lie between them in between) from where the index
-        puts ``entry_id``; at most ``max_entries`` of them and about ``max_bytes`` (of what is
-        returned). [] if it is not indexed or anything is off: the caller then reads entry by
-        entry; the run ends before an entry that fails the ledger's CRC digest (``get_entry``
-        reports it when a read starts there)."""
+    def _cached_run(self, ledger_id: int, entry_id: int, stride: int, most: int, max_bytes: int,
+                    out: PackedEntries) -> tuple[int, bool]:
+        """Entries ``entry_id, entry_id + stride, ...`` held by the write caches (looked up
+        under one lock hold), else by the read-ahead cache, appended to ``out`` (copied after
+        the lock is released): ``(how many, whether the byte bound stopped them)``."""
+        found: Sequence[Stored]
+        with self._cond:
+            found = self._caches.get_run(ledger_id, entry_id, stride, most)
+        if not found:
+            found = self._read_cache.get_run(ledger_id, entry_id, stride, most)
+            if not found:
+                return 0, False
+        full = False
+        if max_bytes > 0:
+            size = out.entry_bytes
+            taken = 0
+            for entry in found:
+                if (len(out) or taken) and size + len(entry) > max_bytes:  # the first always counts
+                    full = True
+                    break
+                size += len(entry)
+                taken += 1
+            found = found[:taken]
+        out.add_all(found)
+        return len(found), full
+
+    def _disk_run(self, ledger_id: int, entry_id: int, stride: int, most: int, max_bytes: int,
+                  out: PackedEntries) -> tuple[int, bool]:
+        """Entries ``entry_id, entry_id + stride, ...`` stored one after the other in one entry
+        log (with, for a stride above 1, only entries whose ids lie between them in between)
+        from where the index puts ``entry_id``, verified and appended to ``out`` as slices of
+        the read buffers: ``(how many, whether the byte bound stopped them)``. ``(0, False)``
+        if it is not indexed or anything is off: the caller then reads that entry alone, with
+        full checks. The run ends before an entry that fails the ledger's CRC digest
+        (``get_entry`` reports it when a read starts there)."""
         with self._cond:
             self._lock.check_open()
         location = self.locations.get_location(ledger_id, entry_id)
         if location is None:
-            return []
+            return 0, False
         try:
-            # Stride > 1: the records in between are read too (at most stride - 1 per entry).
-            got = self.entry_logger.read_run(ledger_id, location, max_entries=(max_entries - 1) * stride + 1,
-                                             max_bytes=max_bytes * stride if max_bytes > 0 else 0,
-                                             first_counts=first_counts)
+            # The stored ids of every record are checked: a run read from a log compaction has
+            # copied the entries out of since the lookup is still the ledger's entries.
+            run = self.entry_logger.read_records(
+                ledger_id, location, first_entry_id=entry_id, stride=stride, max_entries=most,
+                max_bytes=max_bytes - out.entry_bytes if max_bytes > 0 else 0, first_counts=not len(out))
         except (StorageError, CorruptionError):
-            return []
-        digest = self._data.checked_digest(ledger_id)
-        run: list[tuple[int, int, memoryview]] = []
-        expected = entry_id
-        for item in got:
-            if item[0] != expected:
-                if expected - stride < item[0] < expected:
-                    continue  # an entry another replica serves, between two wanted ones
-                break
-            if digest is not None and not checksum_matches(item[2], digest):
-                break  # the run ends before it; ``get_entry`` reports it when a read starts there
-            run.append(item)
-            if len(run) >= max_entries:
-                break
-            expected += stride
-        return run
+            return 0, False
+        took = 0
+        for buf, starts, ends, good in _verified(run, self._read_digest(ledger_id)):
+            if good:
+                out.add_records(*_records_of(buf, starts, ends, good))
+                took += good
+            if good < len(starts):
+                return took, False  # the run ends before a corrupt copy
+        return took, run.full
+
+    def _read_digest(self, ledger_id: int) -> int | None:
+        """The keyless digest what is read of the ledger from an entry log is checked with
+        (None: not checkable, or the check reverted by the ``_check_reads`` test flag)."""
+        return self._data.checked_digest(ledger_id) if _check_reads else None
 
     def _corrupt_entry(self, ledger_id: int, entry_id: int, location: int, why: str,
                        report: bool) -> CorruptEntryError:
@@ -267,23 +302,22 @@ class StorageReader:
             return found
         return self._read_cache.get(key)
 
-    def _read_ahead_after(self, ledger_id: int, entry_id: int, location: int, epoch: int) -> None:
+    def _following(self, ledger_id: int, entry_id: int, location: int, size: int, digest: int | None,
+                   most: int, max_bytes: int) -> list[memoryview]:
+        """Read-ahead: up to ``most`` entries (``max_bytes`` bytes, ``<= 0``: no bound) stored
+        right after ``entry_id`` (at ``location``, ``size`` bytes), verified: only verified
+        copies enter the cache (it is served without checks, even on the loop); the run ends
+        before a corrupt one, which ``get_entry`` reports when asked for."""
         try:
-            following = self.entry_logger.read_following(
-                ledger_id, location, max_entries=self._read_cache.batch_size,
-                max_bytes=self._read_cache.batch_max_bytes,
-            )
+            run = self.entry_logger.read_records(
+                ledger_id, make_location(location_log_id(location), location_offset(location) + SIZE_FIELD + size),
+                first_entry_id=entry_id + 1, stride=1, max_entries=most, max_bytes=max_bytes, first_counts=False)
         except (StorageError, CorruptionError):
-            following = []  # read-ahead is an optimisation: the entries are read one by one later
-        digest = self._data.checked_digest(ledger_id)
-        if digest is not None:
-            # Only verified copies enter the cache (it is served without checks, even on the
-            # loop); a corrupt one is left to ``get_entry``, which reports it when asked for.
-            for i, (_eid, _loc, view) in enumerate(following):
-                if not checksum_matches(view, digest):
-                    following = following[:i]
-                    break
-        self._read_cache.fill(ledger_id, entry_id, following, epoch)
+            return []  # read-ahead is an optimisation: the entries are read one by one later
+        following: list[memoryview] = []
+        for buf, starts, ends, good in _verified(run, digest):
+            following.extend(buf[s:e] for s, e in zip(starts[:good], ends[:good]))
+        return following
 
     def read_cache_contains(self, ledger_id: int, entry_id: int) -> bool:
         """Whether the read-ahead cache holds the entry (observability and tests)."""
@@ -318,3 +352,28 @@ class StorageReader:
         True when the ledger's entries are not checkable)."""
         digest = self._data.checked_digest(ledger_id)
         return digest is None or checksum_matches(entry, digest)
+
+
+def _records_of(buf: memoryview, starts: array[int], ends: array[int], n: int) -> tuple[BytesLike, int, int]:
+    """The first ``n`` records (size field and entry) at ``starts``/``ends`` of ``buf`` as one
+    buffer, their count and their entries' bytes: a slice of ``buf`` where they lie one after
+    the other (a BATCH_READ run), else a copy of each, joined (a strided run, with other
+    entries between them)."""
+    if n < len(starts):
+        starts, ends = starts[:n], ends[:n]
+    entry_bytes = sum(ends) - sum(starts)
+    first, last = starts[0] - SIZE_FIELD, ends[-1]
+    if last - first == entry_bytes + SIZE_FIELD * n:
+        return buf[first:last], n, entry_bytes
+    return b"".join([buf[s - SIZE_FIELD:e] for s, e in zip(starts, ends)]), n, entry_bytes
+
+
+def _verified(run: RecordRun, digest: int | None) -> Iterator[tuple[memoryview, array[int], array[int], int]]:
+    """The chunks of ``run`` with how many of their entries, from the first, pass the keyless
+    ``digest`` check (all when it is None: not checkable): ``(buffer, starts, ends, good)``,
+    ending with the chunk of the first entry that fails."""
+    for buf, starts, ends in run.chunks:
+        good = len(starts) if digest is None else checksums_match(buf, starts, ends, digest)
+        yield buf, starts, ends, good
+        if good < len(starts):
+            return

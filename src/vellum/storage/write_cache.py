@@ -96,6 +96,25 @@ class WriteCaches:
             found = self.flushing.entries.get(key)
         return found
 
+    def get_run(self, ledger_id: int, first: int, stride: int, most: int) -> list[Stored]:
+        """Entries ``first, first + stride, ...`` while cached, at most ``most``: a multi-entry
+        read's run, looked up in one call (one lock hold for the caller)."""
+        active = self.active.entries
+        flushing = self.flushing.entries if self.flushing is not None else None
+        out: list[Stored] = []
+        entry_id = first
+        while len(out) < most:
+            found = active.get((ledger_id, entry_id))
+            if found is None:
+                if flushing is None:
+                    break
+                found = flushing.get((ledger_id, entry_id))
+                if found is None:
+                    break
+            out.append(found)
+            entry_id += stride
+        return out
+
     def contains(self, key: tuple[int, int]) -> bool:
         return key in self.active.entries or (self.flushing is not None and key in self.flushing.entries)
 
