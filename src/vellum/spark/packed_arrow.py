@@ -46,6 +46,18 @@ _ROWS_HEAD_2 = struct.Struct(_ROWS_HEAD.format + "II")  # and the first two offs
 _RECORDS_HEAD_2 = struct.Struct(_RECORDS_HEAD.format + "II")
 _last_offset = struct.Struct("<I").unpack_from
 _first_last = struct.Struct("<II").unpack_from
+# Scalars bound once: a Python int handed to a pyarrow.compute function is converted on every
+# call, and without pandas installed that conversion retries ``import pandas`` each time (~40 us,
+# more than the rest of a batch's Arrow calls together).
+ZERO32 = pa.scalar(0, pa.int32())
+ONE32 = pa.scalar(1, pa.int32())
+_INT64 = pa.int64()
+
+
+def arange(start: int, n: int, type_: pa.DataType = _INT64, step: int = 1) -> pa.Array:
+    """``start, start + step, ...`` (``n`` values) of ``type_``, built in C (``pa.array`` of a
+    range makes a Python int per value)."""
+    return pc.cumulative_sum(pa.repeat(pa.scalar(step, type_), n), start=pa.scalar(start - step, type_))
 
 
 @dataclass(frozen=True)
@@ -254,10 +266,10 @@ def _columns(records: bool, offs: array[int], koffs: array[int], counts: array[i
         return None  # beyond binary's int32 offsets: entry by entry
     try:
         if n_rows == m:  # one row per entry: the entries' data starts are the offsets
-            entry_index = pa.array(range(m), pa.int32())
+            entry_index = arange(0, m, pa.int32())
             offsets = pa.py_buffer(array("i", bases))
             key_offsets = pa.py_buffer(array("i", kbases)) if any_keys else None
-            batch_index = pa.repeat(pa.scalar(0, pa.int32()), m)
+            batch_index = pa.repeat(ZERO32, m)
         else:
             row_starts = array("i", accumulate(counts, initial=0))
             lists = pa.ListArray.from_arrays(pa.Array.from_buffers(pa.int32(), m + 1, [None, pa.py_buffer(row_starts)]),
@@ -266,8 +278,8 @@ def _columns(records: bool, offs: array[int], koffs: array[int], counts: array[i
             offsets = _shifted(offs, bases, entry_index, n_rows, m)
             key_offsets = _shifted(koffs, kbases, entry_index, n_rows, m) if any_keys else None
             starts = pa.Array.from_buffers(pa.int32(), m, [None, pa.py_buffer(row_starts)])
-            row = pc.cumulative_sum(pa.repeat(pa.scalar(1, pa.int32()), n_rows))  # 1..n_rows
-            batch_index = pc.subtract(pc.subtract(row, pc.take(starts, entry_index)), 1)
+            row = arange(0, n_rows, pa.int32())
+            batch_index = pc.subtract(row, pc.take(starts, entry_index))
         value = pa.Array.from_buffers(pa.binary(), n_rows, [None, offsets, pa.py_buffer(b"".join(chunks))])
         value.validate(full=True)  # every entry's offsets in order, inside its data
         key = None
