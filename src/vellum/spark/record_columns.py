@@ -129,11 +129,16 @@ def unpack(ledger_id: int, base: int, entry_ids: Sequence[int], payloads: Sequen
     """
     fast = decode_values(payloads, records)
     if fast is not None:
-        ids = pc.take(global_ids(entry_ids, base), fast.entry_index)
+        one_row_each = fast.rows == len(payloads)  # then row i is entry i: no take
+        ids = global_ids(entry_ids, base)
+        if not one_row_each:
+            ids = pc.take(ids, fast.entry_index)
         if fast.append_ms is None:
             return ids, fast.batch_index, RecordColumns(fast.value)
         try:
-            micros = pc.take(pc.multiply_checked(fast.append_ms, _MS_TO_US), fast.entry_index)
+            micros = pc.multiply_checked(fast.append_ms, _MS_TO_US)
+            if not one_row_each:
+                micros = pc.take(micros, fast.entry_index)
             ts_type = pa.repeat(ONE32, fast.rows)
             if fast.event_ms is not None and fast.given is not None:
                 micros = pc.if_else(fast.given, pc.multiply_checked(fast.event_ms, _MS_TO_US), micros)
