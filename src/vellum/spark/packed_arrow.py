@@ -25,7 +25,7 @@ from __future__ import annotations
 import struct
 import sys
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 
@@ -220,12 +220,14 @@ def _raw(arr: pa.Array, width: int) -> memoryview:
     return memoryview(arr.buffers()[1])[arr.offset * width:(arr.offset + len(arr)) * width]
 
 
-def cut_spans(spans: PayloadSpans, cut: int) -> tuple[memoryview, pa.Array] | None:
+def cut_spans(spans: PayloadSpans, cut: int,
+              heads_ok: Callable[[memoryview], bool] | None = None) -> tuple[memoryview, pa.Array] | None:
     """Every item of ``spans`` cut ``cut`` bytes in: the first ``cut`` bytes of each item, joined
     (``cut * len(spans)`` bytes, item order), and the rest of each as one binary array. Built by
     Arrow in C with no Python object per item: the items' spans become the offsets of one
     array over the answers' bytes, whose pieces ``take`` gathers in item order. None if an
-    item is shorter than ``cut``, if items overlap, or beyond binary's 2 GiB."""
+    item is shorter than ``cut``, if items overlap, beyond binary's 2 GiB, or if ``heads_ok``
+    (asked before the rests are gathered) refuses the heads."""
     m = len(spans)
     bufs = spans.buffers
     starts, ends = _i64(spans.starts), _i64(spans.ends)
@@ -254,11 +256,13 @@ def cut_spans(spans: PayloadSpans, cut: int) -> tuple[memoryview, pa.Array] | No
     try:
         pieces.validate(full=True)
         at = pc.multiply(pc.sort_indices(order), pa.scalar(3, _INT64))  # item i's first piece
-        heads = pc.take(pieces, at)
+        heads = memoryview(pc.take(pieces, at).buffers()[2])[:cut * m]
+        if heads_ok is not None and not heads_ok(heads):
+            return None
         rest = pc.take(pieces, pc.add(at, pa.scalar(1, _INT64))).cast(pa.binary())
     except pa.ArrowInvalid:
         return None
-    return memoryview(heads.buffers()[2])[:cut * m], rest
+    return heads, rest
 
 
 _RECORDS_WORDS = (RECORDS_HEADER_SIZE + 8) // 4  # magic count flags stamp(2) offsets[0] offsets[1]
@@ -273,21 +277,26 @@ def _decode_single_rows(spans: PayloadSpans, records: bool) -> PackedColumns | N
     row are cut apart by :func:`cut_spans`, and the headers checked as columns of words
     (magic, count 1, no flags, first offset 0, last offset the row's size). None if any entry
     is not such an entry (the per-entry passes decide then)."""
-    words_per = _RECORDS_WORDS if records else _ROWS_WORDS
-    got = cut_spans(spans, 4 * words_per)
+    m = len(spans)
+    w = _RECORDS_WORDS if records else _ROWS_WORDS
+    first = spans.starts[0]
+    if spans.ends[0] - first < 4 * w or spans.buffers[spans.buf[0]][first + 4:first + 8] != _ONE_ROW:
+        return None  # many rows an entry (what the sink writes): not worth gathering the heads
+    words = array("I")
+
+    def heads_ok(heads: memoryview) -> bool:
+        words.frombytes(heads)
+        return (words[0::w].tobytes() == (RECORDS_MAGIC if records else MAGIC) * m
+                and words[1::w].tobytes() == _ONE_ROW * m
+                and words[w - 2::w].tobytes() == _ZERO_WORD * m
+                and (not records or words[2::w].tobytes() == _ZERO_WORD * m))
+
+    got = cut_spans(spans, 4 * w, heads_ok)
     if got is None:
         return None
-    heads, value = got
-    m = len(spans)
-    words = array("I")
-    words.frombytes(heads)
-    w = words_per
-    sizes = bytes(_raw(pc.binary_length(value), 4))  # int32 sizes: the same bytes as uint32 ones
-    if (words[0::w].tobytes() != (RECORDS_MAGIC if records else MAGIC) * m
-            or words[1::w].tobytes() != _ONE_ROW * m
-            or words[w - 2::w].tobytes() != _ZERO_WORD * m
-            or words[w - 1::w].tobytes() != sizes
-            or (records and words[2::w].tobytes() != _ZERO_WORD * m)):
+    value = got[1]
+    # the last offset is the row's size (int32 sizes: the same bytes as uint32 ones)
+    if words[w - 1::w].tobytes() != bytes(_raw(pc.binary_length(value), 4)):
         return None
     append_ms = None
     if records:
