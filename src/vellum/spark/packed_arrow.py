@@ -256,7 +256,8 @@ def cut_spans(spans: PayloadSpans, cut: int,
     try:
         pieces.validate(full=True)
         at = pc.multiply(pc.sort_indices(order), pa.scalar(3, _INT64))  # item i's first piece
-        heads = memoryview(pc.take(pieces, at).buffers()[2])[:cut * m]
+        head_data = pc.take(pieces, at).buffers()[2]
+        heads = memoryview(head_data if head_data is not None else b"")[:cut * m]
         if heads_ok is not None and not heads_ok(heads):
             return None
         rest = pc.take(pieces, pc.add(at, pa.scalar(1, _INT64))).cast(pa.binary())
