@@ -13,7 +13,8 @@ Invariants:
 - back-pressure (TOOMANYREQUESTS from every replica) is retried in rounds after
   ``backoff_delay``, within the read timeout, never counted as a missing entry;
 - single-entry reads run on callbacks only (no task, no coroutine per entry), so a window of
-  hundreds of them costs no task switches.
+  hundreds of them costs no task switches; batch reads wait on the bookie client's futures
+  (no task per request either).
 """
 
 from __future__ import annotations
