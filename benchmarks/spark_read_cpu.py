@@ -5,9 +5,13 @@ Starts a LocalCluster (3 bookies, loopback), writes ``N`` one-record ``records-v
 them ``--repeat`` times as a read task does (``read_payloads`` in ranges of 4,096 entries,
 READ_STRIDED on a striped ledger, then ``record_columns.unpack``), and prints the wall time and
 the CPU seconds of this process (the reader) and of the bookies (from ``/proc``) per entry.
-Run the same script with ``PYTHONPATH`` at two trees, alternating, to compare them.
+``--rows-per-entry R`` packs R records of 1 KiB into each entry instead (the sink packs about
+127 by default: ``entryMaxBytes`` 128 KiB) and also prints the reader's CPU per row; ranges are
+then about 4,096 rows. Run the same script with ``PYTHONPATH`` at two trees, alternating, to
+compare them.
 
     .venv/bin/python benchmarks/spark_read_cpu.py --entries 50000 --repeat 3
+    .venv/bin/python benchmarks/spark_read_cpu.py --entries 2000 --rows-per-entry 127 --repeat 3
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--entries", type=int, default=50_000)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--rows-per-entry", type=int, default=1)
     args = ap.parse_args()
     from vellum.client.blocking import BookKeeper
     from vellum.format.records import ENTRY_FORMAT_KEY, RECORDS_V1, Record, encode_records
@@ -38,6 +43,8 @@ def main() -> None:
     from vellum.testing.local_cluster import LocalCluster
 
     n = args.entries
+    rows = max(1, args.rows_per_entry)
+    per_range = max(1, 4096 // rows)
     base = Path(tempfile.mkdtemp(prefix="vellum-read-cpu-"))
     try:
         with LocalCluster(base / "cluster", bookies=3) as cluster, BookKeeper(cluster.metadata_uri) as bk:
@@ -47,8 +54,9 @@ def main() -> None:
             async def fill() -> None:
                 futures = []
                 for _ in range(n):
-                    futures.append(lh.aio.append_async(encode_records([Record(os.urandom(1024))], 1_700_000_000_000)))
-                    if len(futures) >= 2000:
+                    records = [Record(os.urandom(1024)) for _ in range(rows)]
+                    futures.append(lh.aio.append_async(encode_records(records, 1_700_000_000_000)))
+                    if len(futures) >= max(1, 2000 // rows):
                         await asyncio.gather(*futures)
                         futures = []
                 await asyncio.gather(*futures)
@@ -63,14 +71,15 @@ def main() -> None:
                 cpu0, t0 = time.process_time(), time.perf_counter()
                 lo = 0
                 while lo < n:
-                    hi = min(n - 1, lo + 4095)
+                    hi = min(n - 1, lo + per_range - 1)
                     unpack(ledger_id, 0, range(lo, hi + 1), bk.run(handle.aio.read_payloads(lo, hi)), True)
                     lo = hi + 1
                 wall, reader = time.perf_counter() - t0, time.process_time() - cpu0
                 bookies = sum(_cpu(p) for p in pids) - bookies0
-                print(f"read {n} entries: wall {wall:.2f} s, reader CPU {reader:.2f} s ({reader / n * 1e6:.1f} us/entry), "
-                      f"bookies' CPU {bookies:.2f} s ({bookies / n * 1e6:.1f} us/entry), load {os.getloadavg()[0]:.1f}",
-                      flush=True)
+                per_row = f", {reader / (n * rows) * 1e9:.0f} ns/row" if rows > 1 else ""
+                print(f"read {n} entries: wall {wall:.2f} s, reader CPU {reader:.2f} s ({reader / n * 1e6:.1f} us/entry"
+                      f"{per_row}), bookies' CPU {bookies:.2f} s ({bookies / n * 1e6:.1f} us/entry), "
+                      f"load {os.getloadavg()[0]:.1f}", flush=True)
     finally:
         shutil.rmtree(base, ignore_errors=True)
 

@@ -4,7 +4,9 @@ skipped, an entry bad on every replica fails the read (in-process bookies)."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 from client_testkit import run
@@ -90,5 +92,46 @@ def test_read_payloads_across_an_ensemble_change_and_a_dead_bookie(tmp_path: Pat
             assert [bytes(p) for p in got] == [payload(i) for i in range(201)]
             got = await rh.read_payloads(40, 120)
             assert [bytes(p) for p in got] == [payload(i) for i in range(40, 121)]
+
+    run(main())
+
+
+@pytest.mark.parametrize(("e", "w"), [(3, 2), (2, 2)])
+def test_range_reads_with_a_dead_bookie_start_no_task_per_entry(tmp_path: Path, e: int, w: int) -> None:
+    """The failover of a range read (a chunk's bookie is gone, so its entries are read one by
+    one from the other replicas) runs on callbacks, and batch reads on the bookie client's
+    futures: a read of 300 entries starts a task per chunk at most, never one per entry."""
+
+    async def main() -> None:
+        async with client_cluster(tmp_path, 3) as cc:
+            lh = await cc.bk.create_ledger(ensemble_size=e, write_quorum_size=w, ack_quorum_size=w, password=b"k")
+            for i in range(299):
+                lh.append_async(payload(i))
+            await lh.append(payload(299))
+            await lh.close()
+            await cc.bookie(lh.metadata.ensembles[0][0]).stop()
+            rh = await (await cc.new_client()).open_ledger(lh.ledger_id, password=b"k", recovery=False)
+            loop = asyncio.get_running_loop()
+            started: list[object] = []
+            factory = loop.get_task_factory()
+
+            def counting(lp: asyncio.AbstractEventLoop, coro: Any, **kw: Any) -> asyncio.Future[Any]:
+                started.append(coro)
+                return factory(lp, coro, **kw) if factory is not None else asyncio.Task(coro, loop=lp, **kw)
+
+            loop.set_task_factory(counting)
+            try:
+                got = await rh.read_unconfirmed(0, 299)
+                spans = await rh.read_payloads(0, 299)
+            finally:
+                loop.set_task_factory(factory)
+            assert [x.payload for x in got] == [payload(i) for i in range(300)]
+            assert [bytes(p) for p in spans] == [payload(i) for i in range(300)]
+            # the client's tasks (the in-process bookies run theirs on this loop too), beyond
+            # one per chunk of the range and the connections it opens
+            client = [c for c in started if "vellum/client/" in c.cr_code.co_filename.replace("\\", "/")]
+            per_read = [c.__qualname__ for c in client if "_gather_window" not in c.__qualname__
+                        and "_connect" not in c.__qualname__]
+            assert per_read == []
 
     run(main())

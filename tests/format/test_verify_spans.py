@@ -69,3 +69,27 @@ def test_spans_interleave_and_concat_keep_order() -> None:
     assert list(map(bytes, mixed)) == [b"a0", b"b0", b"a1", b"b1", b"a2"]
     with pytest.raises(ValueError, match="4 items given for 5 positions"):
         PayloadSpans.interleave(5, [(0, 2, a[:2]), (1, 2, b)])
+
+
+@pytest.mark.parametrize("bad_at", [None, 1, 4])
+def test_spans_of_several_answers_verify_as_each(bad_at: int | None) -> None:
+    """Spans over several buffers (answers joined, or entries handed one by one) are checked
+    entry by entry in their own buffer: the same payloads, and a bad entry in any of them
+    raises what ``verify`` raises for it."""
+    dm = DigestManager(9, DigestType.CRC32C)
+    stored = [dm.compute(i, i - 1, 10 * i, bytes([i]) * (1 + 40 * (i % 3))) for i in range(6)]
+    if bad_at is not None:
+        flipped = bytearray(stored[bad_at])
+        flipped[-1] ^= 0x01
+        stored[bad_at] = bytes(flipped)
+    spans = PayloadSpans.concat([_frame(stored[:2]), PayloadSpans.of(stored[2:4]), _frame(stored[4:])])
+    assert len(spans.buffers) == 4
+    if bad_at is None:
+        got, lac = dm.verify_spans(spans, 0)
+        assert [bytes(p) for p in got] == [dm.verify(s).payload for s in stored] and lac == 4
+        return
+    with pytest.raises(DigestMismatchError) as alone:
+        dm.verify(stored[bad_at], bad_at)
+    with pytest.raises(DigestMismatchError) as spanned:
+        dm.verify_spans(spans, 0)
+    assert str(spanned.value) == str(alone.value)

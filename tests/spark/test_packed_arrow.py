@@ -119,6 +119,9 @@ BROKEN_ONE = {
     "no data": ONE[:28],
     "offsets cut": ONE[:26],
     "count 0": _patched(ONE, 4, "<I", 0),
+    "count 2": _patched(ONE, 4, "<I", 2),
+    "magic": b"VRX\x01" + ONE[4:],
+    "unknown flag": _patched(ONE, 8, "<I", 64),
 }
 
 

@@ -234,6 +234,24 @@ class BookieClient:
         conn.send(parts)
         return fut
 
+    def _future_by_id(
+        self,
+        bookie_id: str,
+        op: int,
+        ledger_id: int,
+        entry_id: int,
+        build: Callable[[int], m.Request],
+        timeout_s: float,
+    ) -> asyncio.Future[Any]:
+        """``_submit_by_id`` for the ``*_future`` reads: a failure known at once (closed client,
+        bookie in reconnect backoff) comes back as an already failed future, as in ``read_future``."""
+        try:
+            return self._submit_by_id(bookie_id, op, ledger_id, entry_id, build, timeout_s)
+        except VellumError as exc:
+            fut: asyncio.Future[Any] = self._get_loop().create_future()
+            fut.set_exception(exc)
+            return fut
+
     def _sweep(self) -> None:
         """The periodic timeout sweep over every connection (armed while requests are pending).
 
@@ -387,7 +405,22 @@ class BookieClient:
     ) -> m.FrameEntries:
         """BATCH_READ: consecutive stored entries from ``start_entry_id`` (at least one, or
         NoSuchEntryError), at most ``max_count`` entries / ``max_size`` bytes."""
-        fut = self._submit_by_id(
+        result: m.FrameEntries = await self.batch_read_future(bookie_id, ledger_id, start_entry_id, max_count,
+                                                              max_size, timeout_s=timeout_s)
+        return result
+
+    def batch_read_future(
+        self,
+        bookie_id: str,
+        ledger_id: int,
+        start_entry_id: int,
+        max_count: int,
+        max_size: int,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> asyncio.Future[m.FrameEntries]:
+        """:meth:`batch_read` as a future, without a coroutine or task (as :meth:`read_future`)."""
+        return self._future_by_id(
             bookie_id,
             m.OP_BATCH_READ,
             ledger_id,
@@ -395,8 +428,6 @@ class BookieClient:
             lambda rid: m.BatchReadRequest(ledger_id, start_entry_id, rid, max_count, max_size),
             timeout_s,
         )
-        result: m.FrameEntries = await fut
-        return result
 
     # -------------------------------------------------------------------- Vellum's own ops
     async def read_strided(
@@ -427,18 +458,30 @@ class BookieClient:
         self, bookie_id: str, ledger_id: int, *, timeout_s: float = DEFAULT_TIMEOUT_S
     ) -> tuple[bytes, bytes]:
         """``(explicit LAC body, last stored entry)`` of the ledger on the bookie; either may be b""."""
-        fut = self._submit_by_id(
+        result: tuple[bytes, bytes] = await self.read_lac_future(bookie_id, ledger_id, timeout_s=timeout_s)
+        return result
+
+    def read_lac_future(
+        self, bookie_id: str, ledger_id: int, *, timeout_s: float = DEFAULT_TIMEOUT_S
+    ) -> asyncio.Future[tuple[bytes, bytes]]:
+        """:meth:`read_lac` as a future, without a coroutine or task (as :meth:`read_future`)."""
+        return self._future_by_id(
             bookie_id, m.OP_READ_LAC, ledger_id, -1, lambda rid: m.ReadLacRequest(rid, ledger_id), timeout_s
         )
-        result: tuple[bytes, bytes] = await fut
-        return result
 
     async def long_poll_lac(
         self, bookie_id: str, ledger_id: int, previous_lac: int, timeout_ms: int
     ) -> tuple[bytes, bytes]:
         """Like :meth:`read_lac`, but the bookie holds the answer until its LAC for the ledger
         passes ``previous_lac`` or ``timeout_ms`` elapse (then it answers with what it has)."""
-        fut = self._submit_by_id(
+        result: tuple[bytes, bytes] = await self.long_poll_lac_future(bookie_id, ledger_id, previous_lac, timeout_ms)
+        return result
+
+    def long_poll_lac_future(
+        self, bookie_id: str, ledger_id: int, previous_lac: int, timeout_ms: int
+    ) -> asyncio.Future[tuple[bytes, bytes]]:
+        """:meth:`long_poll_lac` as a future, without a coroutine or task (as :meth:`read_future`)."""
+        return self._future_by_id(
             bookie_id,
             m.OP_LONG_POLL_READ_LAC,
             ledger_id,
@@ -446,8 +489,6 @@ class BookieClient:
             lambda rid: m.LongPollReadLacRequest(rid, ledger_id, previous_lac, timeout_ms),
             timeout_ms / 1000.0 + LONG_POLL_MARGIN_S,
         )
-        result: tuple[bytes, bytes] = await fut
-        return result
 
     async def write_lac(
         self,

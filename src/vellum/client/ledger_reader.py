@@ -268,7 +268,7 @@ class LedgerReader:
                 log.debug("ledger %d: strided read of %d from %s failed: %s", self.ledger_id, nxt, bookie, e)
             if not got:
                 # As _strided_chunk: the rest of the chunk entry by entry, from the other replicas.
-                single = await asyncio.gather(*(self._read_entry(eid) for eid in strided_ids(nxt, remaining, E)))
+                single = await self._read_ids(range(nxt, nxt + remaining * E, E))
                 out.append(PayloadSpans.of([e.payload for e in self._to_ledger_entries(single)]))
                 break
             out.append(got)
@@ -311,7 +311,7 @@ class LedgerReader:
             if not got:
                 # This bookie does not serve entry nxt: it goes the single-entry way (the other
                 # replicas), and so does the rest of the chunk, concurrently.
-                out.extend(await asyncio.gather(*(self._read_entry(eid) for eid in strided_ids(nxt, remaining, E))))
+                out.extend(await self._read_ids(range(nxt, nxt + remaining * E, E)))
                 break
             out.extend(got)
             nxt += len(got) * E  # a short answer (size cap, or a gap): ask again for the rest
@@ -319,26 +319,33 @@ class LedgerReader:
         return out
 
     async def _read_entries(self, first: int, last: int) -> list[Entry]:
-        """Verified entries ``first..last`` in order, at most ``READ_WINDOW`` reads outstanding;
-        each entry with its own speculative read and failover (``EntryRead``). The first entry
-        that cannot be read fails the whole range."""
+        """Verified entries ``first..last`` in order (``_read_ids``)."""
         if first == last:
             return [await self._read_entry(first)]
-        n = last - first + 1
+        return await self._read_ids(range(first, last + 1))
+
+    async def _read_ids(self, ids: range) -> list[Entry]:
+        """Verified entries ``ids`` in order, at most ``READ_WINDOW`` reads outstanding; each
+        entry with its own speculative read and failover (``EntryRead``: callbacks, no task per
+        entry). The first entry that cannot be read fails them all."""
+        n = len(ids)
+        if n == 0:
+            return []
         results: list[Entry | None] = [None] * n
         done: asyncio.Future[None] = self._loop.create_future()
         active: set[EntryRead] = set()
-        nxt = first
+        first, step = ids.start, ids.step
+        at = 0  # the next position of ids to start
         remaining = n
         md = self._view.metadata
         replicas_of = self._schedule.replicas
         source = self._replicas
 
         def start_more() -> None:
-            nonlocal nxt
-            while nxt <= last and len(active) < READ_WINDOW:
-                eid = nxt
-                nxt += 1
+            nonlocal at
+            while at < n and len(active) < READ_WINDOW:
+                eid = ids[at]
+                at += 1
                 r = EntryRead(source, eid, replicas_of(md.ensemble_for(eid), eid), on_done)
                 active.add(r)
                 r.start()
@@ -351,7 +358,7 @@ class LedgerReader:
             if r.error is not None:
                 done.set_exception(r.error)
                 return
-            results[r.entry_id - first] = r.result
+            results[(r.entry_id - first) // step] = r.result
             remaining -= 1
             if remaining == 0:
                 done.set_result(None)
@@ -440,7 +447,7 @@ class LedgerReader:
         best = max(view.lac, self._min_lac())
         errors: list[BaseException] = []
         requests = {
-            asyncio.ensure_future(self._bc.read_lac(b, self.ledger_id, timeout_s=self._read_timeout_s)): i
+            self._bc.read_lac_future(b, self.ledger_id, timeout_s=self._read_timeout_s): i
             for i, b in enumerate(ensemble)
         }
 
@@ -485,7 +492,7 @@ class LedgerReader:
         start = self._loop.time()
         timeout_ms = max(1, int(timeout_s * 1000))
         requests = {
-            asyncio.ensure_future(self._bc.long_poll_lac(b, self.ledger_id, previous_lac, timeout_ms)): i
+            self._bc.long_poll_lac_future(b, self.ledger_id, previous_lac, timeout_ms): i
             for i, b in enumerate(view.ensemble)
         }
         best = max(view.lac, self._min_lac())

@@ -13,7 +13,8 @@ Invariants:
 - back-pressure (TOOMANYREQUESTS from every replica) is retried in rounds after
   ``backoff_delay``, within the read timeout, never counted as a missing entry;
 - single-entry reads run on callbacks only (no task, no coroutine per entry), so a window of
-  hundreds of them costs no task switches.
+  hundreds of them costs no task switches; batch reads wait on the bookie client's futures
+  (no task per request either).
 """
 
 from __future__ import annotations
@@ -236,16 +237,16 @@ class ReplicaReads:
         DigestMismatchError) and makes the result; None if no replica gave a verified batch."""
         count = last - first + 1
         errors: list[BaseException] = []
-        tasks: dict[asyncio.Task[FrameEntries], str] = {}
+        # futures of the bookie client, not tasks: a batch read costs no task switch
+        tasks: dict[asyncio.Future[FrameEntries], str] = {}
         next_replica = 0
 
         def launch() -> None:
             nonlocal next_replica
             bookie = replicas[next_replica]
             next_replica += 1
-            task = asyncio.ensure_future(self.bc.batch_read(
-                bookie, self.ledger_id, first, count, max_size, timeout_s=self.timeout_s))
-            tasks[task] = bookie
+            tasks[self.bc.batch_read_future(bookie, self.ledger_id, first, count, max_size,
+                                            timeout_s=self.timeout_s)] = bookie
 
         launch()
         running = set(tasks)

@@ -45,6 +45,8 @@ from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
+from itertools import repeat
+from operator import add
 from typing import TypeAlias, overload
 
 import crc32c
@@ -155,12 +157,12 @@ _crc32c_fn = crc32c.crc32c
 _crc32_fn = zlib.crc32
 _unpack_crc32c = _CRC32C_DIGEST.unpack_from
 _unpack_crc32 = _CRC32_DIGEST.unpack_from
-_CRC32C_HEAD = struct.Struct(">qqqqI")  # header and CRC32C digest of a stored entry
 #: digest type -> (CRC function, digest unpacker, end of the digest) of the keyless digests
 _KEYLESS: dict[int, tuple[Callable[..., int], Callable[..., tuple[int]], int]] = {
     _CRC32C_CODE: (_crc32c_fn, _unpack_crc32c, _CRC32C_END),
     _CRC32_CODE: (_crc32_fn, _unpack_crc32, _CRC32_END),
 }
+_CRC32C_CHECKED = struct.Struct(">qqq8xI")  # ledger id, entry id, LAC and CRC32C digest of a stored entry
 
 
 def checksum_matches(entry: BytesLike, digest_type: int) -> bool:
@@ -290,7 +292,7 @@ class PayloadSpans(Sequence[BytesLike]):
         for part in parts:
             base = len(buffers)
             buffers.extend(part.buffers)
-            buf.extend(part.buf if base == 0 else array("I", [b + base for b in part.buf]))
+            buf.extend(part.buf if base == 0 else array("I", map(add, part.buf, repeat(base))))
             starts.extend(part.starts)
             ends.extend(part.ends)
         return cls(buffers, buf, starts, ends)
@@ -309,7 +311,7 @@ class PayloadSpans(Sequence[BytesLike]):
             base = len(buffers)
             buffers.extend(part.buffers)
             where = slice(at, at + (k - 1) * step + 1, step)
-            buf[where] = part.buf if base == 0 else array("I", [b + base for b in part.buf])
+            buf[where] = part.buf if base == 0 else array("I", map(add, part.buf, repeat(base)))
             starts[where] = part.starts
             ends[where] = part.ends
             given += k
@@ -454,17 +456,18 @@ class DigestManager:
                     lac_max = got.lac
                 eid += stride
             return PayloadSpans(bufs, which, payload_starts, ends), lac_max
-        head = _CRC32C_HEAD.unpack_from
+        head = _CRC32C_CHECKED.unpack_from
         crc = _crc32c_fn
         lid = self.ledger_id
         hsize = ENTRY_HEADER_SIZE
         skip = _CRC32C_END
-        for b, s, e in zip(which, starts, ends):
-            src = bufs[b]
+        # one answer (the usual case): no buffer lookup per entry
+        sources = repeat(bufs[0]) if len(bufs) == 1 else map(bufs.__getitem__, which)
+        for src, s, e in zip(sources, starts, ends):
             p = s + skip
             if p > e:
                 self.verify(src[s:e], eid)  # raises, naming what is wrong
-            ledger_id, entry_id, lac, _length, stored = head(src, s)
+            ledger_id, entry_id, lac, stored = head(src, s)
             if (ledger_id != lid or entry_id != eid
                     or stored != crc(src[p:e], crc(src[s:s + hsize]))):
                 self.verify(src[s:e], eid)  # raises, naming what is wrong

@@ -5,8 +5,11 @@ Responsibility: turn the payloads of consecutive entries of a packed ledger (``r
 records carry headers) into the value and key columns, the per-row entry ids and batch indexes,
 the append and event timestamps, with a constant number of Arrow calls per batch. Per entry only
 its fixed header (and validity bits) is unpacked and its offsets appended to one array; the
-rows' bytes are copied once, by ``bytes.join``. Byte layouts: ``vellum.format.records``. Plain
-entries' payloads become one binary column the same way (``binary_column``).
+rows' bytes are copied once, by ``bytes.join``. A run of one-row entries read where they lie in
+the bookies' answers (what a producer writes) costs no Python work per entry at all: Arrow cuts
+each entry's fixed header from its row (``cut_spans``) and the headers are checked as columns.
+Byte layouts: ``vellum.format.records``. Plain entries' payloads become one binary column the
+same way (``binary_column``).
 
 Invariants:
 - the same rows and the same checks as decoding each entry alone: every entry's magic, count,
@@ -22,7 +25,7 @@ from __future__ import annotations
 import struct
 import sys
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 
@@ -46,6 +49,18 @@ _ROWS_HEAD_2 = struct.Struct(_ROWS_HEAD.format + "II")  # and the first two offs
 _RECORDS_HEAD_2 = struct.Struct(_RECORDS_HEAD.format + "II")
 _last_offset = struct.Struct("<I").unpack_from
 _first_last = struct.Struct("<II").unpack_from
+# Scalars bound once: a Python int handed to a pyarrow.compute function is converted on every
+# call, and without pandas installed that conversion retries ``import pandas`` each time (~40 us,
+# more than the rest of a batch's Arrow calls together).
+ZERO32 = pa.scalar(0, pa.int32())
+ONE32 = pa.scalar(1, pa.int32())
+_INT64 = pa.int64()
+
+
+def arange(start: int, n: int, type_: pa.DataType = _INT64, step: int = 1) -> pa.Array:
+    """``start, start + step, ...`` (``n`` values) of ``type_``, built in C (``pa.array`` of a
+    range makes a Python int per value)."""
+    return pc.cumulative_sum(pa.repeat(pa.scalar(step, type_), n), start=pa.scalar(start - step, type_))
 
 
 @dataclass(frozen=True)
@@ -84,7 +99,9 @@ def decode_values(payloads: Sequence[BytesLike], records: bool) -> PackedColumns
     if not _LITTLE or not payloads:
         return None
     if isinstance(payloads, PayloadSpans):
-        fast = _decode_bare_spans(payloads, records)
+        fast = _decode_single_rows(payloads, records)
+        if fast is None:
+            fast = _decode_bare_spans(payloads, records)
         if fast is not None:
             return fast
         # not all bare values (or a check failed): the general pass below, entry by entry views
@@ -193,6 +210,104 @@ def decode_values(payloads: Sequence[BytesLike], records: bool) -> PackedColumns
                     any_keys, any_ts)
 
 
+def _i64(values: array[int]) -> pa.Array:
+    """An int64 Arrow array over a Python ``array('q')`` (no copy)."""
+    return pa.Array.from_buffers(_INT64, len(values), [None, pa.py_buffer(values)])
+
+
+def _raw(arr: pa.Array, width: int) -> memoryview:
+    """The ``width``-byte values of a fixed-width Arrow array without nulls, as bytes."""
+    return memoryview(arr.buffers()[1])[arr.offset * width:(arr.offset + len(arr)) * width]
+
+
+def cut_spans(spans: PayloadSpans, cut: int,
+              heads_ok: Callable[[memoryview], bool] | None = None) -> tuple[memoryview, pa.Array] | None:
+    """Every item of ``spans`` cut ``cut`` bytes in: the first ``cut`` bytes of each item, joined
+    (``cut * len(spans)`` bytes, item order), and the rest of each as one binary array. Built by
+    Arrow in C with no Python object per item: the items' spans become the offsets of one
+    array over the answers' bytes, whose pieces ``take`` gathers in item order. None if an
+    item is shorter than ``cut``, if items overlap, beyond binary's 2 GiB, or if ``heads_ok``
+    (asked before the rests are gathered) refuses the heads."""
+    m = len(spans)
+    bufs = spans.buffers
+    starts, ends = _i64(spans.starts), _i64(spans.ends)
+    data: BytesLike
+    if len(bufs) == 1:
+        data = bufs[0]
+    else:  # the answers one after another (one copy): items are spans of one buffer then
+        data = b"".join(bufs)
+        bases = _i64(array("q", accumulate(map(len, bufs), initial=0)))
+        shift = pc.take(bases, pa.Array.from_buffers(pa.uint32(), m, [None, pa.py_buffer(spans.buf)]))
+        starts, ends = pc.add(starts, shift), pc.add(ends, shift)
+    if m == 0 or pc.min(pc.subtract(ends, starts)).as_py() < cut:
+        return None
+    # Items in the order they lie in ``data``; each contributes three pieces to one array's
+    # offsets (its first ``cut`` bytes, its rest, the gap to the next item): never decreasing
+    # unless items overlap, which Arrow's full validation rejects.
+    order = pc.sort_indices(starts)
+    first = pc.take(starts, order)
+    offsets = array("q", bytes(8 * (3 * m + 1)))
+    for k, column in enumerate((first, pc.add(first, pa.scalar(cut, _INT64)), pc.take(ends, order))):
+        piece = array("q")
+        piece.frombytes(_raw(column, 8))
+        offsets[k:3 * m:3] = piece
+    offsets[3 * m] = offsets[3 * m - 1]
+    pieces = pa.Array.from_buffers(pa.large_binary(), 3 * m, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+    try:
+        pieces.validate(full=True)
+        at = pc.multiply(pc.sort_indices(order), pa.scalar(3, _INT64))  # item i's first piece
+        head_data = pc.take(pieces, at).buffers()[2]
+        heads = memoryview(head_data if head_data is not None else b"")[:cut * m]
+        if heads_ok is not None and not heads_ok(heads):
+            return None
+        rest = pc.take(pieces, pc.add(at, pa.scalar(1, _INT64))).cast(pa.binary())
+    except pa.ArrowInvalid:
+        return None
+    return heads, rest
+
+
+_RECORDS_WORDS = (RECORDS_HEADER_SIZE + 8) // 4  # magic count flags stamp(2) offsets[0] offsets[1]
+_ROWS_WORDS = (HEADER_SIZE + 8) // 4  # magic count offsets[0] offsets[1]
+_ONE_ROW = (1).to_bytes(4, "little")
+_ZERO_WORD = bytes(4)
+
+
+def _decode_single_rows(spans: PayloadSpans, records: bool) -> PackedColumns | None:
+    """:func:`decode_values` of a run of one-row entries of bare values (what a producer writes
+    one record at a time) with no Python work per entry: each entry's fixed header and its
+    row are cut apart by :func:`cut_spans`, and the headers checked as columns of words
+    (magic, count 1, no flags, first offset 0, last offset the row's size). None if any entry
+    is not such an entry (the per-entry passes decide then)."""
+    m = len(spans)
+    w = _RECORDS_WORDS if records else _ROWS_WORDS
+    first = spans.starts[0]
+    if spans.ends[0] - first < 4 * w or spans.buffers[spans.buf[0]][first + 4:first + 8] != _ONE_ROW:
+        return None  # many rows an entry (what the sink writes): not worth gathering the heads
+    words = array("I")
+
+    def heads_ok(heads: memoryview) -> bool:
+        words.frombytes(heads)
+        return (words[0::w].tobytes() == (RECORDS_MAGIC if records else MAGIC) * m
+                and words[1::w].tobytes() == _ONE_ROW * m
+                and words[w - 2::w].tobytes() == _ZERO_WORD * m
+                and (not records or words[2::w].tobytes() == _ZERO_WORD * m))
+
+    got = cut_spans(spans, 4 * w, heads_ok)
+    if got is None:
+        return None
+    value = got[1]
+    # the last offset is the row's size (int32 sizes: the same bytes as uint32 ones)
+    if words[w - 1::w].tobytes() != bytes(_raw(pc.binary_length(value), 4)):
+        return None
+    append_ms = None
+    if records:
+        stamps = array("I", bytes(8 * m))  # int64 little-endian: low word, high word
+        stamps[0::2] = words[3::w]
+        stamps[1::2] = words[4::w]
+        append_ms = pa.Array.from_buffers(_INT64, m, [None, pa.py_buffer(stamps)])
+    return PackedColumns(m, value, arange(0, m, pa.int32()), pa.repeat(ZERO32, m), append_ms)
+
+
 def _decode_bare_spans(spans: PayloadSpans, records: bool) -> PackedColumns | None:
     """:func:`decode_values` of a run whose entries all hold bare values (what producers and
     the sink write), read where they lie in the bookies' answers: per entry one unpack of its
@@ -254,10 +369,10 @@ def _columns(records: bool, offs: array[int], koffs: array[int], counts: array[i
         return None  # beyond binary's int32 offsets: entry by entry
     try:
         if n_rows == m:  # one row per entry: the entries' data starts are the offsets
-            entry_index = pa.array(range(m), pa.int32())
+            entry_index = arange(0, m, pa.int32())
             offsets = pa.py_buffer(array("i", bases))
             key_offsets = pa.py_buffer(array("i", kbases)) if any_keys else None
-            batch_index = pa.repeat(pa.scalar(0, pa.int32()), m)
+            batch_index = pa.repeat(ZERO32, m)
         else:
             row_starts = array("i", accumulate(counts, initial=0))
             lists = pa.ListArray.from_arrays(pa.Array.from_buffers(pa.int32(), m + 1, [None, pa.py_buffer(row_starts)]),
@@ -266,8 +381,8 @@ def _columns(records: bool, offs: array[int], koffs: array[int], counts: array[i
             offsets = _shifted(offs, bases, entry_index, n_rows, m)
             key_offsets = _shifted(koffs, kbases, entry_index, n_rows, m) if any_keys else None
             starts = pa.Array.from_buffers(pa.int32(), m, [None, pa.py_buffer(row_starts)])
-            row = pc.cumulative_sum(pa.repeat(pa.scalar(1, pa.int32()), n_rows))  # 1..n_rows
-            batch_index = pc.subtract(pc.subtract(row, pc.take(starts, entry_index)), 1)
+            row = arange(0, n_rows, pa.int32())
+            batch_index = pc.subtract(row, pc.take(starts, entry_index))
         value = pa.Array.from_buffers(pa.binary(), n_rows, [None, offsets, pa.py_buffer(b"".join(chunks))])
         value.validate(full=True)  # every entry's offsets in order, inside its data
         key = None
@@ -295,7 +410,12 @@ def _shifted(raw: array[int], bases: array[int], entry_index: pa.Array, n_rows: 
 
 def binary_column(payloads: Sequence[BytesLike]) -> pa.Array:
     """Plain entries' payloads as one binary column: their bytes joined once and their offsets
-    from their lengths (``pa.array`` of the list costs ~2 us a row in Python objects)."""
+    from their lengths (``pa.array`` of the list costs ~2 us a row in Python objects); the
+    payloads of a bulk read's answers (``PayloadSpans``) gathered by Arrow (``cut_spans``)."""
+    if isinstance(payloads, PayloadSpans) and len(payloads):
+        got = cut_spans(payloads, 0)
+        if got is not None:
+            return got[1]
     data = b"".join(payloads)
     if len(data) > 0x7FFFFFFF:
         return pa.array(payloads, pa.large_binary()).cast(pa.binary())  # raises: beyond binary's offsets

@@ -83,7 +83,7 @@ from vellum.spark.options import (
     COL_VALUE,
     ReadOptions,
 )
-from vellum.spark.packed_arrow import binary_column
+from vellum.spark.packed_arrow import ZERO32, binary_column
 from vellum.spark.record_columns import RecordColumns, global_ids, unpack
 from vellum.spark.timeseek import TimeSeek
 
@@ -323,7 +323,7 @@ def read_range(opts: ReadOptions, schema: StructType, part: EntryRange,
             else:
                 n = len(payloads)
                 yield _batch(arrow_schema, name_value, part.ledger_id, global_ids(entry_ids, part.base),
-                             pa.repeat(pa.scalar(0, pa.int32()), n),
+                             pa.repeat(ZERO32, n),
                              RecordColumns(binary_column(payloads) if opts.include_payload else None),
                              custom if with_md else None)
     finally:

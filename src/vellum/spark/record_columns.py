@@ -21,10 +21,12 @@ import pyarrow.compute as pc
 from vellum.errors import CorruptionError
 from vellum.format.entry import BytesLike
 from vellum.format.records import RecordsView, decode, decode_records
-from vellum.spark.packed_arrow import decode_values
+from vellum.spark.packed_arrow import ONE32, ZERO32, arange, decode_values
 
 #: packed entries store little-endian offsets; Arrow takes them as they are only on such hosts
 _BIG_ENDIAN = sys.byteorder == "big"
+#: milliseconds to Spark's microseconds (a bound scalar: see packed_arrow.ZERO32)
+_MS_TO_US = pa.scalar(1000, pa.int64())
 
 
 @dataclass
@@ -77,14 +79,14 @@ def _record_columns(view: RecordsView, where: str) -> RecordColumns:
                               for i in range(n)], pa.int64())
         given = pa.Array.from_buffers(pa.bool_(), n, [None, pa.py_buffer(bytes(view.ts_validity))])
         try:
-            micros = pc.if_else(given, pc.multiply_checked(event, 1000), append_us)
+            micros = pc.if_else(given, pc.multiply_checked(event, _MS_TO_US), append_us)
         except pa.ArrowInvalid:
             raise CorruptionError(f"{where}: a record timestamp is beyond what Spark can represent "
                                   "(year 9999)") from None
-        ts_type = pc.if_else(given, pa.scalar(0, pa.int32()), pa.scalar(1, pa.int32()))
+        ts_type = pc.if_else(given, ZERO32, ONE32)
     else:
         micros = pa.repeat(append_us, n)
-        ts_type = pa.repeat(pa.scalar(1, pa.int32()), n)
+        ts_type = pa.repeat(ONE32, n)
     headers = None
     if view.header_offsets is not None:
         assert view.header_name_offsets is not None and view.header_names is not None
@@ -95,7 +97,7 @@ def _record_columns(view: RecordsView, where: str) -> RecordColumns:
                          "header values")
         offs = pa.array([int.from_bytes(view.header_offsets[4 * i:4 * i + 4], "little") for i in range(n + 1)],
                         pa.int32())
-        empty = pc.equal(pc.subtract(offs.slice(1), offs.slice(0, n)), 0)  # Kafka: no headers -> null
+        empty = pc.equal(pc.subtract(offs.slice(1), offs.slice(0, n)), ZERO32)  # Kafka: no headers -> null
         try:
             headers = pa.ListArray.from_arrays(offs, pa.StructArray.from_arrays([names, values], ["key", "value"]),
                                                type=HEADER_TYPE, mask=empty)
@@ -108,8 +110,8 @@ def _record_columns(view: RecordsView, where: str) -> RecordColumns:
 def global_ids(ids: Sequence[int], base: int) -> pa.Array:
     """The global entry ids (int64) of ledger entries ``ids`` of a segment starting at ``base``."""
     if isinstance(ids, range):
-        return pa.array(range(ids.start + base, ids.stop + base, ids.step), pa.int64())
-    return pc.add(pa.array(ids, pa.int64()), base)
+        return arange(ids.start + base, len(ids), step=ids.step)
+    return pc.add(pa.array(ids, pa.int64()), pa.scalar(base, pa.int64()))
 
 
 def unpack(ledger_id: int, base: int, entry_ids: Sequence[int], payloads: Sequence[BytesLike],
@@ -127,15 +129,20 @@ def unpack(ledger_id: int, base: int, entry_ids: Sequence[int], payloads: Sequen
     """
     fast = decode_values(payloads, records)
     if fast is not None:
-        ids = pc.take(global_ids(entry_ids, base), fast.entry_index)
+        one_row_each = fast.rows == len(payloads)  # then row i is entry i: no take
+        ids = global_ids(entry_ids, base)
+        if not one_row_each:
+            ids = pc.take(ids, fast.entry_index)
         if fast.append_ms is None:
             return ids, fast.batch_index, RecordColumns(fast.value)
         try:
-            micros = pc.take(pc.multiply_checked(fast.append_ms, 1000), fast.entry_index)
-            ts_type = pa.repeat(pa.scalar(1, pa.int32()), fast.rows)
+            micros = pc.multiply_checked(fast.append_ms, _MS_TO_US)
+            if not one_row_each:
+                micros = pc.take(micros, fast.entry_index)
+            ts_type = pa.repeat(ONE32, fast.rows)
             if fast.event_ms is not None and fast.given is not None:
-                micros = pc.if_else(fast.given, pc.multiply_checked(fast.event_ms, 1000), micros)
-                ts_type = pc.if_else(fast.given, pa.scalar(0, pa.int32()), pa.scalar(1, pa.int32()))
+                micros = pc.if_else(fast.given, pc.multiply_checked(fast.event_ms, _MS_TO_US), micros)
+                ts_type = pc.if_else(fast.given, ZERO32, ONE32)
         except pa.ArrowInvalid:
             pass  # a timestamp beyond int64 microseconds: the entry-by-entry path names the entry
         else:
