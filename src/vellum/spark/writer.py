@@ -35,7 +35,11 @@ Speed: while a task writes, what its Python worker held before the task (pyspark
 package: some 60,000 objects) is frozen out of the cyclic garbage collector (``gc.freeze``,
 unfrozen when the task ends, whatever the outcome), so the collector's full passes, which the
 add path's per-entry objects trigger, walk only what the task allocates (docs/spark.md
-"## Speed"). Nothing is lost: frozen objects are collected again after the task.
+"## Speed"). Nothing is lost: frozen objects are collected again after the task. For the same
+block the collector's young generation is collected every ``_YOUNG_COLLECTION_OBJECTS`` net
+allocations instead of Python's 700: the adds in flight hold a few tracked objects each, so
+at 700 the collector ran every few dozen adds and walked them all (about a seventh of the
+client's CPU per entry, ``benchmarks/append_cpu.py``); the thresholds are restored after.
 """
 
 from __future__ import annotations
@@ -252,12 +256,28 @@ def heap_frozen() -> Iterator[None]:
         gc.unfreeze()
 
 
+#: net allocations of tracked objects between young-generation collections while a task writes
+_YOUNG_COLLECTION_OBJECTS = 20_000
+
+
+@contextlib.contextmanager
+def young_collections_spaced() -> Iterator[None]:
+    """Collect the young generation every ``_YOUNG_COLLECTION_OBJECTS`` net allocations (at
+    least) for the block, then restore the thresholds as they were (however the block ends)."""
+    old = gc.get_threshold()
+    gc.set_threshold(max(old[0], _YOUNG_COLLECTION_OBJECTS), *old[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)
+
+
 def write_task(opts: WriteOptions, job: str, batches: Iterator[pa.RecordBatch],
                query_id: str | None = None, batch_id: int | None = None) -> VellumCommit:
     """Write one task attempt's rows into new staging ledgers, one per name its rows go to
-    (executor side), with the worker's heap frozen out of the garbage collector meanwhile
-    (see the module docstring)."""
-    with heap_frozen():
+    (executor side), with the worker's heap frozen out of the garbage collector and its young
+    collections spaced out meanwhile (see the module docstring)."""
+    with heap_frozen(), young_collections_spaced():
         return _write_task(opts, job, batches, query_id, batch_id)
 
 
