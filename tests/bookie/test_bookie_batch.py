@@ -83,3 +83,46 @@ def test_add_without_waiting_takes_only_what_needs_no_wait(tmp_path: Path) -> No
         assert bookie.read_cached_entry(1, 3) == small[2][0]
     finally:
         opened.close()
+
+
+def test_one_ledger_batches_are_judged_as_each_add_would_be(tmp_path: Path) -> None:
+    """The batch of one ledger known here is admitted at once (``_admit``'s fast path) only when
+    each of its adds would be: a wrong key in it, a fenced ledger, a mix of recovery and
+    normal adds on a fenced ledger, an entry re-sent, all are judged add by add."""
+    config = ServerConfig(journal_directories=(str(tmp_path / "j"),), ledger_directories=(str(tmp_path / "l"),),
+                          http_server_enabled=False)
+    key, other = master_key(b"k"), master_key(b"other")
+    opened = open_bookie(config, bookie_id="b:1")
+    bookie = opened.bookie
+    durable: list[BaseException | None] = []
+    done = threading.Semaphore(0)
+
+    def cb(exc: BaseException | None) -> None:
+        durable.append(exc)
+        done.release()
+
+    def entry(eid: int, body: bytes = b"") -> bytes:
+        return DigestManager(7, DigestType.CRC32C, b"k").compute(eid, eid - 1, 0, body or b"7:%d" % eid)
+
+    try:
+        assert bookie.add_entries([(entry(0), key, False)], cb) == [None]  # ledger 7 known from here
+        refused = bookie.add_entries([(entry(e), other if e == 3 else key, False) for e in range(1, 6)], cb)
+        assert [type(r).__name__ if r else None for r in refused] == [None, None, "UnauthorizedAccessError", None, None]
+        # an entry sent again (a writer's re-send after an ensemble change) with a new one
+        assert bookie.add_entries([(entry(2), key, False), (entry(6), key, False)], cb) == [None, None]
+        fenced = threading.Event()
+        bookie.fence_ledger(7, key, lambda exc: fenced.set())
+        assert fenced.wait(10)
+        refused = bookie.add_entries([(entry(e), key, False) for e in range(7, 10)], cb)
+        assert all(isinstance(r, LedgerFencedError) for r in refused)
+        refused = bookie.add_entries([(entry(e), key, e != 8) for e in range(7, 10)], cb)
+        assert [r is None for r in refused] == [True, False, True]
+        assert isinstance(refused[1], LedgerFencedError)
+        assert bookie.add_entries([(entry(e), key, True) for e in (8, 10)], cb) == [None, None]
+        for _ in range(5):
+            assert done.acquire(timeout=10)
+        assert durable == [None] * 5
+        for e in (0, 1, 2, 4, 5, 6, 7, 8, 9, 10):
+            assert bookie.read_entry(7, e) == entry(e)
+    finally:
+        opened.close()

@@ -56,3 +56,46 @@ def test_a_task_failing_after_earlier_batches_were_sent_leaves_nothing(
     assert not bk.aio.store.kv.list(f"names/{name}")
     assert _staging(bk) == []
     assert set(bk.list_ledgers()) == before
+
+
+class _CountingHandle:
+    """A real ledger handle that also records, at each call, the sink's adds outstanding
+    (issued and not yet acknowledged) and the size of each call."""
+
+    def __init__(self, handle: Any) -> None:
+        self._handle = handle
+        self._issued: list[tuple[Any, int]] = []
+        self.most_outstanding = 0
+        self.slices: list[int] = []
+
+    @property
+    def outstanding(self) -> int:
+        return sum(n for fut, n in self._issued if not fut.done())
+
+    def append_batch_async(self, entries: list[bytes]) -> Any:
+        self.slices.append(len(entries))
+        fut = self._handle.append_batch_async(entries)
+        self._issued.append((fut, len(entries)))
+        self.most_outstanding = max(self.most_outstanding, self.outstanding)
+        return fut
+
+
+def test_the_appender_sends_slices_and_keeps_its_window(cluster: LocalCluster, bk: Any) -> None:
+    """Each Arrow batch's entries go out as ``append_batch_async`` slices of a quarter window,
+    never more than the window outstanding, in row order across batches."""
+    from vellum.spark.writer import _Appender
+
+    handle = bk.create_ledger(ensemble_size=3, write_quorum_size=2, ack_quorum_size=2)
+    counting = _CountingHandle(handle.aio)
+    appender = _Appender(bk, counting, 40)  # type: ignore[arg-type]
+    batches = [[b"%05d" % i for i in range(start, start + 95)] for start in range(0, 950, 95)]
+    for entries in batches:
+        appender.add(entries)
+    appender.finish()
+    assert counting.outstanding == 0
+    assert 10 < counting.most_outstanding <= 40
+    assert set(counting.slices) == {10, 5}  # 95 rows: nine slices of 10 and one of 5 per batch
+    assert handle.last_add_confirmed == 949
+    got = handle.read(0, 949)
+    assert [e.payload for e in got] == [b"%05d" % i for i in range(950)]
+    handle.close()

@@ -30,6 +30,20 @@ def test_swap_fills_a_free_flushing_slot_only() -> None:
     assert caches.flushing is flushing and (1, 1) in caches.active.entries
 
 
+def test_put_new_puts_a_ledgers_entries_at_once_only_when_none_is_held() -> None:
+    cache = WriteCaches(10_000).active
+    cache.put(1, 3, entry(1, 3))
+    batch = [entry(2, e, 30 + e) for e in range(4)]
+    assert cache.put_new(2, [0, 1, 2, 3], batch, sum(map(len, batch)))
+    assert cache.size == 40 + sum(map(len, batch)) and cache.last == {1: 3, 2: 3}
+    assert [cache.entries[(2, e)] for e in range(4)] == batch
+    # one of them held already: nothing put (``put`` each replaces and re-counts)
+    again = [entry(1, e, 50) for e in (4, 3)]
+    assert not cache.put_new(1, [4, 3], again, 100)
+    assert (1, 4) not in cache.entries and cache.entries[(1, 3)] == entry(1, 3)
+    assert cache.size == 40 + sum(map(len, batch)) and cache.last[1] == 3
+
+
 def test_lookups_see_both_caches() -> None:
     caches = WriteCaches(1000)
     caches.active.put(1, 0, entry(1, 0))

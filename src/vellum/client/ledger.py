@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 
 from vellum.client.backpressure import backoff_delay
 from vellum.client.context import DEFAULT_MAX_ADDS_IN_FLIGHT, ClientContext
@@ -217,6 +217,14 @@ class LedgerHandle:
             else IllegalOpError(f"ledger {self.ledger_id} was opened read-only: appends are not allowed")
         )
         return fut
+
+    def append_batch_async(self, entries: Sequence[bytes | bytearray | memoryview]) -> asyncio.Future[int]:
+        """Append ``entries`` in order with one future, completed with the last entry's id once
+        every one of them is acknowledged (``LedgerWriter.append_batch_async``)."""
+        writer = self._writer
+        if writer is not None:
+            return writer.append_batch_async(entries)
+        return self.append_async(b"")  # refused: the same error as a single append
 
     async def append(self, data: bytes | bytearray | memoryview) -> int:
         """Append one entry and wait for its acknowledgement; returns its entry id."""

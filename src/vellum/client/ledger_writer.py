@@ -17,6 +17,12 @@ write set, no task):
   *and* every earlier entry was acknowledged: futures complete strictly in entry-id order, and
   the LAC is the last acknowledged entry.
 
+``append_batch_async`` appends many entries in one call, in order: each is still its own
+entry (digest, ADD frame to its write set: frames of one loop iteration leave each connection
+in one write) but the batch has one future, completed with its last entry id once every entry
+of it is acknowledged, and the checks and bookkeeping of a call are done once per batch (the
+Spark sink appends a task's rows this way).
+
 Adds in flight are bounded (``max_adds_in_flight``, default 4096): ``append_async`` beyond it
 still returns its future at once (entry id and length are fixed in call order) but the entry is
 queued, built and sent once earlier adds are acknowledged, so one burst cannot flood a bookie.
@@ -138,10 +144,11 @@ def copy_error(exc: BaseException) -> BaseException:
 class _PendingAdd:
     """An entry appended but not yet acknowledged to the caller (queued or sent)."""
 
-    __slots__ = ("acked", "backoff_deadline", "backoffs", "data", "entry", "entry_id", "future", "length")
+    __slots__ = ("acked", "backoff_deadline", "backoffs", "data", "done", "entry", "entry_id", "future", "length")
 
     def __init__(
-        self, entry_id: int, entry: bytes | memoryview | None, length: int, future: asyncio.Future[int], data: bytes | None = None
+        self, entry_id: int, entry: bytes | memoryview | None, length: int, future: asyncio.Future[int] | None,
+        data: bytes | None = None
     ) -> None:
         self.entry_id = entry_id
         # the stored bytes, kept for re-sending after an ensemble change; None while queued (the
@@ -149,7 +156,10 @@ class _PendingAdd:
         self.entry = entry
         self.data = data  # the payload of a queued entry
         self.length = length  # cumulative ledger length including this entry
+        # completed with the entry id once acknowledged; None for an entry of a batch other than
+        # its last (the batch's one future is the last entry's)
         self.future = future
+        self.done = False  # acknowledged to the caller, or failed
         self.acked = 0  # bitmask of ensemble indexes that acknowledged
         self.backoffs = 0  # re-sends after back-pressure (TooManyRequestsError)
         self.backoff_deadline = 0.0  # loop time after which back-pressure counts as a failure
@@ -256,18 +266,9 @@ class LedgerWriter:
         Call it many times without awaiting to pipeline; futures complete in entry-id order.
         """
         fut: asyncio.Future[int] = self._loop.create_future()
-        if self.recovery:
-            fut.set_exception(
-                LedgerClosedError(f"ledger {self.ledger_id} is closed")
-                if self._view.closed or self._view.metadata.is_closed
-                else IllegalOpError(f"ledger {self.ledger_id} was opened read-only: appends are not allowed")
-            )
-            return fut
-        if self._closing or self._view.closed:
-            fut.set_exception(LedgerClosedError(f"ledger {self.ledger_id} is closed"))
-            return fut
-        if self._error is not None:
-            fut.set_exception(copy_error(self._error))
+        refusal = self._append_refusal()
+        if refusal is not None:
+            fut.set_exception(refusal)
             return fut
         entry_id = self._next_entry_id
         self._next_entry_id = entry_id + 1
@@ -283,6 +284,53 @@ class LedgerWriter:
             payload = data if isinstance(data, bytes) else bytes(data)
             self._waiting.append(_PendingAdd(entry_id, None, length, fut, payload))
         return fut
+
+    def append_batch_async(self, entries: Sequence[bytes | bytearray | memoryview]) -> asyncio.Future[int]:
+        """Append ``entries`` in order, as many ``append_async`` calls would (ids in call
+        order, the same in-flight bound, the same ordering of acknowledgements), with one
+        future: it completes with the last entry's id once every entry of the batch is
+        acknowledged, or fails with the writer's error (then no entry of the batch is known to
+        be acknowledged past the LAC). An empty batch is refused (``IncorrectParameterError``):
+        it would have no entry whose acknowledgement the future waits for."""
+        fut: asyncio.Future[int] = self._loop.create_future()
+        refusal = self._append_refusal()
+        if refusal is not None:
+            fut.set_exception(refusal)
+            return fut
+        if not entries:
+            fut.set_exception(IncorrectParameterError(f"ledger {self.ledger_id}: append_batch_async of no entries"))
+            return fut
+        entry_id = self._next_entry_id
+        length = self._pushed_length
+        pending, waiting = self._pending, self._waiting
+        window = self._window
+        last = len(entries) - 1
+        for i, data in enumerate(entries):
+            length += len(data)
+            op_fut = fut if i == last else None
+            if len(pending) < window and not waiting:
+                op = _PendingAdd(entry_id, self._build_entry(entry_id, length, data), length, op_fut)
+                pending.append(op)
+                self._send(op)
+            else:
+                payload = data if isinstance(data, bytes) else bytes(data)
+                waiting.append(_PendingAdd(entry_id, None, length, op_fut, payload))
+            entry_id += 1
+        self._next_entry_id = entry_id
+        self._pushed_length = length
+        return fut
+
+    def _append_refusal(self) -> BaseException | None:
+        """Why this writer takes no append now (None: it does)."""
+        if self.recovery:
+            return (LedgerClosedError(f"ledger {self.ledger_id} is closed")
+                    if self._view.closed or self._view.metadata.is_closed
+                    else IllegalOpError(f"ledger {self.ledger_id} was opened read-only: appends are not allowed"))
+        if self._closing or self._view.closed:
+            return LedgerClosedError(f"ledger {self.ledger_id} is closed")
+        if self._error is not None:
+            return copy_error(self._error)
+        return None
 
     def _build_entry(self, entry_id: int, length: int, data: bytes | bytearray | memoryview) -> bytes:
         lac = self._view.lac
@@ -356,7 +404,7 @@ class LedgerWriter:
 
     def _on_add_done(self, op: _PendingAdd, idx: int, bookie: str, exc: BaseException | None) -> None:
         if exc is None:
-            if self._view.ensemble[idx] != bookie or op.future.done():
+            if self._view.ensemble[idx] != bookie or op.done:
                 return  # a replaced bookie's late answer, or an add already failed
             op.acked |= 1 << idx
             if (self._pending and self._pending[0] is op) or op.acked.bit_count() >= self._AQ:
@@ -391,7 +439,7 @@ class LedgerWriter:
                 return
         # Rule 11 of docs/correctness.md: an entry acknowledged by the others before this bookie failed is one copy
         # short; dropping the error would leave every later entry short too, with nothing said.
-        acked = op.future.done() and not op.future.cancelled()
+        acked = op.done
         if acked:
             _ADDS_UNDER_REPLICATED.inc()
             if not _replace_after_ack:
@@ -445,8 +493,10 @@ class LedgerWriter:
             view.lac = op.entry_id
             view.lac_length = op.length
             advanced = True
-            if not op.future.done():
-                op.future.set_result(op.entry_id)
+            op.done = True
+            fut = op.future
+            if fut is not None and not fut.done():
+                fut.set_result(op.entry_id)
         if advanced:
             if self._waiting:
                 self._send_waiting()
@@ -461,8 +511,10 @@ class LedgerWriter:
         waiting = self._waiting
         self._waiting = deque()
         for op in (*pending, *waiting):
-            if not op.future.done():
-                op.future.set_exception(copy_error(exc))
+            op.done = True
+            fut = op.future
+            if fut is not None and not fut.done():
+                fut.set_exception(copy_error(exc))
         self._view.wake()
 
     # ======================================================================= ensemble change
@@ -622,7 +674,9 @@ class LedgerWriter:
     async def _drain(self) -> None:
         """Wait until every add sent so far completed (acknowledged or failed)."""
         while self._pending or self._waiting:
-            await asyncio.gather(*(op.future for op in (*self._pending, *self._waiting)), return_exceptions=True)
+            # an entry of a batch without a future completes before its batch's last entry
+            await asyncio.gather(*(op.future for op in (*self._pending, *self._waiting) if op.future is not None),
+                                 return_exceptions=True)
 
     async def force(self) -> int:
         """Wait for every pending add, then ask the current ensemble to force the ledger to disk.

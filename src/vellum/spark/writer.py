@@ -35,7 +35,11 @@ Speed: while a task writes, what its Python worker held before the task (pyspark
 package: some 60,000 objects) is frozen out of the cyclic garbage collector (``gc.freeze``,
 unfrozen when the task ends, whatever the outcome), so the collector's full passes, which the
 add path's per-entry objects trigger, walk only what the task allocates (docs/spark.md
-"## Speed"). Nothing is lost: frozen objects are collected again after the task.
+"## Speed"). Nothing is lost: frozen objects are collected again after the task. For the same
+block the collector's young generation is collected every ``_YOUNG_COLLECTION_OBJECTS`` net
+allocations instead of Python's 700: the adds in flight hold a few tracked objects each, so
+at 700 the collector ran every few dozen adds and walked them all (about a seventh of the
+client's CPU per entry, ``benchmarks/append_cpu.py``); the thresholds are restored after.
 """
 
 from __future__ import annotations
@@ -88,6 +92,9 @@ FINISHED_PREFIX = "spark/finished/"
 TAG_JOB = "vellum.spark.job"
 #: bytes of packed entries one task keeps in flight (bounds the window of big entries)
 _PACKED_IN_FLIGHT_BYTES = 32 * 1024 * 1024
+#: an appender keeps its window of adds in flight as about this many ``append_batch_async``
+#: slices: one future per slice, and the next slice goes out once the oldest is acknowledged
+_SLICES_IN_FLIGHT = 4
 
 
 @dataclass(frozen=True)
@@ -249,12 +256,28 @@ def heap_frozen() -> Iterator[None]:
         gc.unfreeze()
 
 
+#: net allocations of tracked objects between young-generation collections while a task writes
+_YOUNG_COLLECTION_OBJECTS = 20_000
+
+
+@contextlib.contextmanager
+def young_collections_spaced() -> Iterator[None]:
+    """Collect the young generation every ``_YOUNG_COLLECTION_OBJECTS`` net allocations (at
+    least) for the block, then restore the thresholds as they were (however the block ends)."""
+    old = gc.get_threshold()
+    gc.set_threshold(max(old[0], _YOUNG_COLLECTION_OBJECTS), *old[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)
+
+
 def write_task(opts: WriteOptions, job: str, batches: Iterator[pa.RecordBatch],
                query_id: str | None = None, batch_id: int | None = None) -> VellumCommit:
     """Write one task attempt's rows into new staging ledgers, one per name its rows go to
-    (executor side), with the worker's heap frozen out of the garbage collector meanwhile
-    (see the module docstring)."""
-    with heap_frozen():
+    (executor side), with the worker's heap frozen out of the garbage collector and its young
+    collections spaced out meanwhile (see the module docstring)."""
+    with heap_frozen(), young_collections_spaced():
         return _write_task(opts, job, batches, query_id, batch_id)
 
 
@@ -377,9 +400,12 @@ class _Appender:
     and packs the next Arrow batch while these adds are in flight; ``finish`` waits until every
     add is acknowledged (the ack quorum's fsync: nothing is weaker than awaiting each batch).
     Order: the batches' coroutines start in submission order and issue their adds under one
-    FIFO ``asyncio.Lock``, so entry ids follow the rows. Bounds: at most ``window`` adds
-    outstanding (option ``maxInFlight``; the handle also rides out bookie back-pressure), and
-    at most ``_HANDED_BATCHES`` batches handed over whose adds are not all issued yet (memory).
+    FIFO ``asyncio.Lock``, so entry ids follow the rows. The adds go in slices of about a
+    quarter of the window, each one ``append_batch_async`` call with one future (per entry, a
+    future and an await cost the task's loop more than the rest of the client's append path).
+    Bounds: at most ``window`` adds outstanding (option ``maxInFlight``; the handle also rides
+    out bookie back-pressure), and at most ``_HANDED_BATCHES`` batches handed over whose adds
+    are not all issued yet (memory).
     """
 
     _HANDED_BATCHES = 2
@@ -389,7 +415,10 @@ class _Appender:
         self._handle = handle
         self._window = window
         self._lock = asyncio.Lock()  # binds to the client's loop on first use
-        self._pending: collections.deque[asyncio.Future[int]] = collections.deque()  # loop-owned
+        self._slice = max(1, window // _SLICES_IN_FLIGHT)
+        # loop-owned: (future, adds) of each slice issued and not yet awaited, and their adds
+        self._pending: collections.deque[tuple[asyncio.Future[int], int]] = collections.deque()
+        self._outstanding = 0
         self._handed: collections.deque[concurrent.futures.Future[None]] = collections.deque()
         self._failed: BaseException | None = None  # loop-owned: the first failed add
 
@@ -411,12 +440,15 @@ class _Appender:
 
     async def _issue(self, entries: list[bytes]) -> None:
         async with self._lock:
-            for value in entries:
+            step, window = self._slice, self._window
+            for start in range(0, len(entries), step):
+                part = entries[start:start + step]
+                while self._pending and self._outstanding + len(part) > window:
+                    await self._ack_oldest()
                 if self._failed is not None:
                     raise self._failed
-                self._pending.append(self._handle.append_async(value))
-                if len(self._pending) >= self._window:
-                    await self._ack_oldest()
+                self._pending.append((self._handle.append_batch_async(part), len(part)))
+                self._outstanding += len(part)
 
     async def _drain(self) -> None:
         async with self._lock:
@@ -424,11 +456,13 @@ class _Appender:
                 await self._ack_oldest()
 
     async def _ack_oldest(self) -> None:
+        fut, adds = self._pending.popleft()
+        self._outstanding -= adds
         try:
-            await self._pending.popleft()
+            await fut
         except BaseException as exc:
             self._failed = self._failed or exc
-            for f in self._pending:
+            for f, _adds in self._pending:
                 if f.done() and not f.cancelled():
                     f.exception()  # retrieved: a failed handle fails every pending add alike
             raise

@@ -203,7 +203,21 @@ _SHUTDOWN = object()
 #: written as ``[int32 len][entry]`` straight into the group-commit buffer (copied once) and
 #: the batch's callback run once, after the fsync covering its last record
 _Item = tuple[bytes | list[bytes | bytearray | memoryview], Callback | None, float]
-_I32 = struct.Struct(">i")
+_PACK_LEN = struct.Struct(">i").pack
+
+
+def pack_record(buf: bytearray, record: bytes | list[bytes | bytearray | memoryview]) -> int:
+    """Append a queued item's record to the group-commit buffer ``buf``; returns how many
+    journal records that was. An encoded record (master key, fence, explicit LAC) goes in as
+    it is; a batch of client entries as one ``[int32 len][entry]`` record per entry
+    (``format/journal.py``). The writer thread and ``commit()`` both pack with this."""
+    if isinstance(record, list):
+        for entry in record:
+            buf += _PACK_LEN(len(entry))
+            buf += entry
+        return len(record)
+    buf += record
+    return 1
 
 
 class Journal:
@@ -495,7 +509,6 @@ class Journal:
         records = 0
         crc = 0
         batch_bytes = 0
-        pack_len = _I32.pack
         oldest = 0.0
         max_wait = self._max_wait
         bytes_threshold = self._bytes_threshold
@@ -547,14 +560,7 @@ class Journal:
                 if not callbacks:
                     oldest = enqueued
                 start = len(buf)
-                if isinstance(record, list):
-                    for entry in record:
-                        buf += pack_len(len(entry))
-                        buf += entry
-                    records += len(record)
-                else:
-                    buf += record
-                    records += 1
+                records += pack_record(buf, record)
                 batch_bytes += len(buf) - start
                 callbacks.append(callback)
                 if len(buf) >= write_buffer and self._error is None:
@@ -626,17 +632,9 @@ class Journal:
         buf = bytearray()
         callbacks: list[Callback | None] = []
         records = 0
-        pack_len = _I32.pack
         for item in items:
             record, callback, _enqueued = cast(_Item, item)
-            if isinstance(record, list):
-                for entry in record:
-                    buf += pack_len(len(entry))
-                    buf += entry
-                records += len(record)
-            else:
-                buf += record
-                records += 1
+            records += pack_record(buf, record)
             callbacks.append(callback)
         self._commit_batch(buf, 0, callbacks, records)
         return records

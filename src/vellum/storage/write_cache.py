@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Sequence
 from typing import TypeAlias
 
 from vellum.errors import StorageError
@@ -55,6 +56,21 @@ class WriteCache:
         self.size += len(entry)
         if entry_id > self.last.get(ledger_id, INVALID_ENTRY_ID):
             self.last[ledger_id] = entry_id
+
+    def put_new(self, ledger_id: int, entry_ids: list[int], entries: Sequence[Stored], nbytes: int) -> bool:
+        """``put`` of entries of one ledger at once, ``nbytes`` their total size, when none of
+        them is held already (the common case: a writer's new entries); False, and nothing
+        put, if one is (``put`` each then: it replaces and re-counts)."""
+        keys = list(zip(itertools.repeat(ledger_id, len(entry_ids)), entry_ids))
+        held = self.entries
+        if not held.keys().isdisjoint(keys):
+            return False
+        held.update(zip(keys, entries))
+        self.size += nbytes
+        top = max(entry_ids)
+        if top > self.last.get(ledger_id, INVALID_ENTRY_ID):
+            self.last[ledger_id] = top
+        return True
 
     def has_room(self, n: int) -> bool:
         return not self.entries or self.size + n <= self.max_bytes
