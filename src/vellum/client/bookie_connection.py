@@ -183,6 +183,8 @@ class BookieConnection(asyncio.BufferedProtocol):
         self.loop = loop
         self.state = CONNECTING
         self.transport: asyncio.Transport | None = None
+        # the TCP transport (``transport`` is the TLS one once START_TLS has upgraded it)
+        self.tcp_transport: asyncio.BaseTransport | None = None
         # batch_adds: pipelined ADD answers come as one AddAnswers (columns), not an object each
         self.decoder = codec.FrameDecoder(client.settings.max_frame_size, side="client", batch_adds=True)
         self.out: list[m.BytesLike] = []
@@ -220,21 +222,18 @@ class BookieConnection(asyncio.BufferedProtocol):
         except asyncio.CancelledError:
             # Cancelled by shutdown(), which has already failed the pending requests.
             if self.transport is not None:
-                self.transport.close()  # connection_lost will mark the connection closed
-            elif not self.closed.done():
-                self.closed.set_result(None)
+                self.transport.close()
+            self._socket_done()
             raise
         except NEGOTIATION_ERRORS as exc:
             err = self.handshake.failure(exc)
             if self.state != CLOSED:
                 self.client.connect_failed(self.bookie_id, str(err))
                 self.shutdown(err)
-            if not self.closed.done():
-                self.closed.set_result(None)
+            self._socket_done()
         except Exception as exc:  # OSError (refused, unreachable), TimeoutError
             if self.state == CLOSED:  # shut down meanwhile (connection lost during START_TLS)
-                if not self.closed.done():
-                    self.closed.set_result(None)
+                self._socket_done()
                 return
             reason = "timed out" if isinstance(exc, TimeoutError) else str(exc) or type(exc).__name__
             if self.transport is not None:
@@ -243,12 +242,23 @@ class BookieConnection(asyncio.BufferedProtocol):
             self.shutdown(
                 BookieHandleNotAvailableError(f"cannot connect to bookie {self.bookie_id}: {reason}")
             )
-            if not self.closed.done():
-                self.closed.set_result(None)
+            self._socket_done()
+
+    def _socket_done(self) -> None:
+        """After a failed or cancelled connect (the transport, if any, told to close): mark the
+        connection ``closed`` if its socket is gone or going, i.e. it was never opened or its TCP
+        transport is closing. A TLS transport that is closing still has its socket open, sending
+        close_notify and waiting for the bookie's; ``connection_lost`` marks it ``closed`` once
+        that ends, and ``BookieClient.close`` (which waits only for connections not yet
+        ``closed``) cuts it short if it takes too long."""
+        tcp = self.tcp_transport
+        if (tcp is None or tcp.is_closing()) and not self.closed.done():
+            self.closed.set_result(None)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # A cast, not an isinstance check: uvloop's TCPTransport does not subclass asyncio.Transport.
         self.transport = transport = cast(asyncio.Transport, transport)
+        self.tcp_transport = transport  # start_tls does not call connection_made again
         if self.state == CLOSED:  # shut down while connecting
             transport.close()
             return
