@@ -174,10 +174,12 @@ def test_server_decoder_is_chunking_independent(msgs: list[Message], cuts: list[
     msgs=st.lists(RESPONSES, min_size=1, max_size=8),
     cuts=st.lists(st.integers(min_value=0, max_value=4000), max_size=20),
     kind=st.sampled_from(["bytes", "memoryview", "reused-bytearray"]),
+    allocate_announced=st.booleans(),
 )
-def test_client_decoder_is_chunking_independent(msgs: list[Message], cuts: list[int], kind: str) -> None:
+def test_client_decoder_is_chunking_independent(msgs: list[Message], cuts: list[int], kind: str,
+                                                allocate_announced: bool) -> None:
     stream = b"".join(encode(m) for m in msgs)
-    _check_chunking(stream, cuts, kind, "client", msgs)
+    _check_chunking(stream, cuts, kind, "client", msgs, allocate_announced=allocate_announced)
 
 
 @given(
@@ -264,9 +266,10 @@ def test_an_add_frame_built_without_its_message_is_the_messages_frame() -> None:
 
 
 def _check_chunking(stream: bytes, cuts: list[int], kind: str, side: str, msgs: list[Message], *,
-                    batch_adds: bool = False) -> None:
+                    batch_adds: bool = False, allocate_announced: bool = False) -> None:
     bounds = sorted({c % (len(stream) + 1) for c in cuts} | {0, len(stream)})
-    decoder = FrameDecoder(MAX, side=side, batch_adds=batch_adds)  # type: ignore[arg-type]
+    decoder = FrameDecoder(MAX, side=side, batch_adds=batch_adds,  # type: ignore[arg-type]
+                           allocate_announced=allocate_announced)
     out: list[object] = []
     scratch = bytearray(len(stream))
     for a, b in itertools.pairwise(bounds):
@@ -521,13 +524,14 @@ def _read_into(decoder: FrameDecoder, stream: bytes, sizes: list[int]) -> list[o
 # time depends on the machine's load, not on the decoder.
 @settings(deadline=None)
 @given(big_first=st.booleans(), sizes=st.lists(st.integers(min_value=1, max_value=70000), max_size=12),
-       side=st.sampled_from(["server", "client"]))
-def test_buffered_reads_decode_the_same_messages(big_first: bool, sizes: list[int], side: str) -> None:
+       side=st.sampled_from(["server", "client"]), allocate_announced=st.booleans())
+def test_buffered_reads_decode_the_same_messages(big_first: bool, sizes: list[int], side: str,
+                                                 allocate_announced: bool) -> None:
     msgs = _big_requests() if side == "server" else _big_responses()
     if not big_first:
         msgs = msgs[1:] + msgs[:1]
     stream = b"".join(encode(m) for m in msgs)
-    decoder = FrameDecoder(MAX, side=side)  # type: ignore[arg-type]
+    decoder = FrameDecoder(MAX, side=side, allocate_announced=allocate_announced)  # type: ignore[arg-type]
     assert _read_into(decoder, stream, sizes) == msgs
     assert decoder.buffered == 0
 
@@ -602,11 +606,12 @@ def test_an_announced_big_frame_gets_memory_only_as_its_bytes_arrive() -> None:
 
 @settings(deadline=None, max_examples=30)
 @given(sizes=st.lists(st.integers(min_value=1, max_value=200000), min_size=1, max_size=8),
-       hold_views=st.booleans())
-def test_a_growing_big_frame_decodes_the_same_however_it_is_read(sizes: list[int], hold_views: bool) -> None:
+       hold_views=st.booleans(), allocate_announced=st.booleans())
+def test_a_growing_big_frame_decodes_the_same_however_it_is_read(sizes: list[int], hold_views: bool,
+                                                                  allocate_announced: bool) -> None:
     msgs = [AddRequest(KEY, HUGE_ENTRY), AddRequest(KEY, ENTRY), AddRequest(KEY, HUGE_ENTRY)]
     stream = b"".join(encode(m) for m in msgs)
-    decoder = FrameDecoder(MAX, side="server")
+    decoder = FrameDecoder(MAX, side="server", allocate_announced=allocate_announced)
     out: list[object] = []
     held: list[memoryview] = []  # a transport that keeps its views: the buffer must move, not resize
     pos = k = 0

@@ -185,8 +185,10 @@ class BookieConnection(asyncio.BufferedProtocol):
         self.transport: asyncio.Transport | None = None
         # the TCP transport (``transport`` is the TLS one once START_TLS has upgraded it)
         self.tcp_transport: asyncio.BaseTransport | None = None
-        # batch_adds: pipelined ADD answers come as one AddAnswers (columns), not an object each
-        self.decoder = codec.FrameDecoder(client.settings.max_frame_size, side="client", batch_adds=True)
+        # batch_adds: pipelined ADD answers come as one AddAnswers (columns), not an object each;
+        # allocate_announced: a big answer (to a request of ours) gets its buffer once, at its size
+        self.decoder = codec.FrameDecoder(client.settings.max_frame_size, side="client", batch_adds=True,
+                                          allocate_announced=True)
         self.out: list[m.BytesLike] = []
         self.out_bytes = 0  # bytes in ``out`` (counted under TLS only)
         self.flush_scheduled = False

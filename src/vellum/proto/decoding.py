@@ -209,11 +209,20 @@ class FrameDecoder:
       frame the decoder asks for just the next frame's length first, so that a big body is
       never read into scratch and moved.
 
-    Memory follows the bytes received, never the lengths announced: the scratch buffer is made
-    at the first read, and a big frame's buffer starts at ``BIG_START`` bytes (or the frame's
-    size, if smaller) and doubles as it fills, so a peer that announces a big frame and sends
-    little costs little. ``max_frame_size`` may be changed between reads (a server accepts only
-    small frames from a peer that has not authenticated yet, then raises it).
+    By default memory follows the bytes received, never the lengths announced: the scratch
+    buffer is made at the first read, and a big frame's buffer starts at ``BIG_START`` bytes (or
+    the frame's size, if smaller) and doubles as it fills, so a peer that announces a big frame
+    and sends little costs little (what a bookie needs against its peers). With
+    ``allocate_announced`` a big frame's buffer is made once, at the size its length announces,
+    and the socket is read straight into it: no doubling, no copy of what came, one zero-fill.
+    That is for a client reading the answers to its own requests, whose sizes it asked for; the
+    announced length is checked against ``max_frame_size`` before anything is allocated, so a
+    corrupt or hostile length costs at most that. ``max_frame_size`` may be changed between
+    reads (a server accepts only small frames from a peer that has not authenticated yet, then
+    raises it).
+
+    Big frames' buffers are never reused: the messages keep views of them for as long as their
+    holders like.
 
     A :class:`FramingError` (negative or oversized length) is raised from ``feed`` /
     ``buffer_updated`` and again from every later call.
@@ -224,12 +233,14 @@ class FrameDecoder:
     #: the reused receive buffer for smaller frames (holds any partial small frame)
     SCRATCH = 64 * 1024
     #: a big frame's buffer starts this big (at most) and doubles as the frame's bytes arrive
+    #: (unless ``allocate_announced``)
     BIG_START = 64 * 1024
 
-    __slots__ = ("_batch_adds", "_big", "_big_fill", "_big_size", "_decoders", "_end", "_failure", "_max",
+    __slots__ = ("_allocate_announced", "_batch_adds", "_big", "_big_fill", "_big_size", "_decoders", "_end", "_failure", "_max",
                  "_owned_decoders", "_peek", "_scratch", "_side", "_start")
 
-    def __init__(self, max_frame_size: int, *, side: Side, batch_adds: bool = False) -> None:
+    def __init__(self, max_frame_size: int, *, side: Side, batch_adds: bool = False,
+                 allocate_announced: bool = False) -> None:
         if max_frame_size < 4:
             raise IncorrectParameterError(f"max_frame_size {max_frame_size} is below a frame header")
         if side not in ("server", "client"):
@@ -237,6 +248,7 @@ class FrameDecoder:
         self._max = max_frame_size
         self._side: Side = side
         self._batch_adds = batch_adds
+        self._allocate_announced = allocate_announced
         self._decoders = _REQUEST_DECODERS if side == "server" else _RESPONSE_DECODERS
         self._owned_decoders = _REQUEST_DECODERS_OWNED if side == "server" else _RESPONSE_DECODERS_OWNED
         # Made at the first read (an idle connection costs none), then never resized: views
@@ -389,9 +401,10 @@ class FrameDecoder:
                     self._peek = size >= self.BIG_FRAME
                     continue
                 if size >= self.BIG_FRAME:
-                    # Never the announced size up front: what came, and room for as much again.
                     have = end - start
-                    big = bytearray(min(size, max(self.BIG_START, 2 * have)))
+                    # ``size`` is within ``limit`` (checked above). By default never the announced
+                    # size up front: what came, and room for as much again.
+                    big = bytearray(size if self._allocate_announced else min(size, max(self.BIG_START, 2 * have)))
                     big[:have] = view[start:end]
                     self._big, self._big_fill, self._big_size = big, have, size
                     pos = end
