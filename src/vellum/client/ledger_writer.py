@@ -21,7 +21,10 @@ write set, no task):
 entry (digest, ADD frame to its write set: frames of one loop iteration leave each connection
 in one write) but the batch has one future, completed with its last entry id once every entry
 of it is acknowledged, and the checks and bookkeeping of a call are done once per batch (the
-Spark sink appends a task's rows this way).
+Spark sink appends a task's rows this way). The entries of a batch that are sent at once (and
+the queued appends sent together when acks open the window) go to the bookie client in one
+``add_quorum_batch_cb`` call: connections, clock and send once per bookie per batch, while each
+(entry, bookie) is still its own request with its own deadline and answer.
 
 Adds in flight are bounded (``max_adds_in_flight``, default 4096): ``append_async`` beyond it
 still returns its future at once (entry id and length are fixed in call order) but the entry is
@@ -431,8 +434,9 @@ class LedgerWriter:
         if exc is None:
             if self._view.ensemble[idx] != bookie or op.done:
                 return  # a replaced bookie's late answer, or an add already failed
-            op.acked |= 1 << idx
-            if (self._pending and self._pending[0] is op) or op.acked.bit_count() >= self._AQ:
+            acked = op.acked | (1 << idx)
+            op.acked = acked
+            if acked.bit_count() >= self._AQ:  # below its quorum an entry completes nothing
                 self._complete_adds()
             return
         if isinstance(exc, LedgerFencedError):
