@@ -596,3 +596,41 @@ def test_a_batch_of_adds_answers_each_entry_and_bookie_once_whatever_each_bookie
                 await client.close()
 
     run(main(), use_uvloop=True)
+
+
+def test_a_batch_add_queues_behind_a_timed_out_request_for_the_same_entry() -> None:
+    """A batch that re-sends an entry whose earlier ADD to the same bookie timed out: the late
+    answer of the old request is absorbed by its spent placeholder (here a refusal), and the
+    next answer for that entry is the batch's, not the other way round."""
+
+    async def main() -> None:
+        fake = _FakeBookie(lambda data, w: None)
+        async with fake as bid:
+            client = BookieClient()
+            try:
+                loop = asyncio.get_running_loop()
+                first: asyncio.Future[BaseException | None] = loop.create_future()
+                client.add_cb(bid, MASTER_KEY, make_entry(LEDGER, 0, b"a"), False, first.set_result, 0.2)
+                assert isinstance(await first, TimeoutError_)
+                got: dict[int, BaseException | None] = {}
+                done = loop.create_future()
+
+                def answer(k: int, idx: int, b: str, exc: BaseException | None) -> None:
+                    assert k not in got
+                    got[k] = exc
+                    if len(got) == 2:
+                        done.set_result(None)
+
+                client.add_quorum_batch_cb([bid], [(0,), (0,)], MASTER_KEY,
+                                           [make_entry(LEDGER, 0, b"a"), make_entry(LEDGER, 1, b"b")],
+                                           False, answer, [0, 1], 5)
+                writer = fake.writers[0]
+                writer.write(codec.encode(m.AddResponse(EUA, LEDGER, 0)))  # the timed-out request's
+                writer.write(codec.encode(m.AddResponse(EOK, LEDGER, 0)))  # the batch's
+                writer.write(codec.encode(m.AddResponse(EOK, LEDGER, 1)))
+                await asyncio.wait_for(done, 10)
+                assert got == {0: None, 1: None}
+            finally:
+                await client.close()
+
+    run(main(), use_uvloop=True)
