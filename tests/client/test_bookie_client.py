@@ -17,6 +17,7 @@ from client_testkit import MASTER_KEY, InProcessBookie, inprocess_bookies, make_
 from vellum.client.bookie_client import BookieClient
 from vellum.errors import (
     EOK,
+    EUA,
     BookieHandleNotAvailableError,
     ClientClosedError,
     IncorrectParameterError,
@@ -512,3 +513,124 @@ def test_one_add_to_a_write_set_answers_each_bookie_on_its_own(tmp_path: Path) -
                 await client.close()
 
     run(main())
+
+
+def test_a_batch_of_adds_answers_each_entry_and_bookie_once_whatever_each_bookie_says() -> None:
+    """``add_quorum_batch_cb``: one ADD request per entry and bookie on the wire, in entry order;
+    each (entry, bookie) answered once with its own outcome: acked, refused, timed out (the
+    bookie never answers some entries of the batch while it answers the others), or failed at
+    once (a bookie in reconnect backoff, an entry without a header: through ``call_soon``)."""
+    n = 24
+    decoders: dict[int, codec.FrameDecoder] = {}
+    seen: dict[int, list[int]] = {}
+
+    def answering(policy: Callable[[int], int | None]) -> Callable[[bytes, asyncio.StreamWriter], None]:
+        key = len(decoders)
+        decoders[key] = codec.FrameDecoder(1 << 20, side="server")
+        seen[key] = []
+
+        def on_data(data: bytes, writer: asyncio.StreamWriter) -> None:
+            for msg in decoders[key].feed(data):
+                assert isinstance(msg, m.AddRequest) and msg.master_key == MASTER_KEY
+                entry_id = struct.unpack_from(">qq", msg.entry)[1]
+                seen[key].append(entry_id)
+                status = policy(entry_id)
+                if status is not None:
+                    writer.write(codec.encode(m.AddResponse(status, LEDGER, entry_id)))
+
+        return on_data
+
+    # bookie A acks every entry; bookie B acks the even ones, refuses 1 mod 4, never answers 3 mod 4
+    def b_policy(e: int) -> int | None:
+        return EOK if e % 2 == 0 else (EUA if e % 4 == 1 else None)
+
+    async def main() -> None:
+        probe = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+        dead = f"127.0.0.1:{probe.sockets[0].getsockname()[1]}"
+        probe.close()
+        await probe.wait_closed()
+        async with _FakeBookie(answering(lambda e: EOK)) as a, _FakeBookie(answering(b_policy)) as b:
+            client = BookieClient(connect_timeout_s=2.0, reconnect_backoff_s=30.0)
+            try:
+                with pytest.raises(BookieHandleNotAvailableError):
+                    await client.read(dead, LEDGER, 0, timeout_s=5)  # now in its backoff window
+                loop = asyncio.get_running_loop()
+                ids = [a, b, dead]
+                got: list[dict[int, BaseException | None]] = [{} for _ in range(n)]
+                done = loop.create_future()
+                expected = [{0, 1, 2} for _ in range(n)]
+                expected[5] = {0, 2}  # a write set without bookie B
+
+                def answer(k: int, idx: int, bid: str, exc: BaseException | None) -> None:
+                    assert bid == ids[idx] and idx not in got[k], "answered twice, or for the wrong bookie"
+                    got[k][idx] = exc
+                    if all(set(g) == e for g, e in zip(got, expected, strict=True)) and not done.done():
+                        done.set_result(None)
+
+                entries = [make_entry(LEDGER, k, b"b%d" % k, lac=k - 1) for k in range(n)]
+                entries[9] = b"short"
+                client.add_quorum_batch_cb(ids, [tuple(sorted(e)) for e in expected], MASTER_KEY, entries, False,
+                                           answer, range(n), 0.5)
+                assert not any(got), "a failure known at once was delivered from inside the call"
+                await asyncio.wait_for(done, 30)
+                for k, g in enumerate(got):
+                    if k == 9:
+                        assert all(isinstance(e, IncorrectParameterError) and "no header" in str(e)
+                                   for e in g.values())
+                        continue
+                    assert isinstance(g[2], BookieHandleNotAvailableError), k
+                    assert g[0] is None, k
+                    if k == 5:
+                        continue
+                    if k % 2 == 0:
+                        assert g[1] is None, k
+                    elif k % 4 == 1:
+                        assert isinstance(g[1], UnauthorizedAccessError), k
+                    else:
+                        assert isinstance(g[1], TimeoutError_) and f"ADD {LEDGER}:{k} on {b}" in str(g[1]), k
+                sent = [k for k in range(n) if k != 9]
+                assert seen[0] == sent, "bookie A got one ADD per entry, in entry order"
+                assert seen[1] == [k for k in sent if k != 5]
+                assert client.is_connected(a) and client.is_connected(b)
+            finally:
+                await client.close()
+
+    run(main(), use_uvloop=True)
+
+
+def test_a_batch_add_queues_behind_a_timed_out_request_for_the_same_entry() -> None:
+    """A batch that re-sends an entry whose earlier ADD to the same bookie timed out: the late
+    answer of the old request is absorbed by its spent placeholder (here a refusal), and the
+    next answer for that entry is the batch's, not the other way round."""
+
+    async def main() -> None:
+        fake = _FakeBookie(lambda data, w: None)
+        async with fake as bid:
+            client = BookieClient()
+            try:
+                loop = asyncio.get_running_loop()
+                first: asyncio.Future[BaseException | None] = loop.create_future()
+                client.add_cb(bid, MASTER_KEY, make_entry(LEDGER, 0, b"a"), False, first.set_result, 0.2)
+                assert isinstance(await first, TimeoutError_)
+                got: dict[int, BaseException | None] = {}
+                done = loop.create_future()
+
+                def answer(k: int, idx: int, b: str, exc: BaseException | None) -> None:
+                    assert k not in got
+                    got[k] = exc
+                    if len(got) == 2:
+                        done.set_result(None)
+
+                client.add_quorum_batch_cb([bid], [(0,), (0,)], MASTER_KEY,
+                                           [make_entry(LEDGER, 0, b"a"), make_entry(LEDGER, 1, b"b")],
+                                           False, answer, [0, 1], 5)
+                writer = fake.writers[0]
+                writer.write(codec.encode(m.AddResponse(EUA, LEDGER, 0)))  # the timed-out request's
+                writer.write(codec.encode(m.AddResponse(EOK, LEDGER, 0)))  # the batch's
+                writer.write(codec.encode(m.AddResponse(EOK, LEDGER, 1)))
+                await asyncio.wait_for(done, 10)
+                assert got == {0: None, 1: None}
+            finally:
+                await client.close()
+
+    run(main(), use_uvloop=True)

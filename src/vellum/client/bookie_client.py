@@ -335,6 +335,95 @@ class BookieClient:
             p.quorum_cb, p.token, p.index = callback, token, i
             self._queue_v2(conn, conn.adds, p, parts)
 
+    def add_quorum_batch_cb(
+        self,
+        ensemble: Sequence[str],
+        write_sets: Sequence[Sequence[int]],
+        master_key: bytes,
+        entries: Sequence[m.BytesLike],
+        recovery: bool,
+        callback: QuorumAddCallback,
+        tokens: Sequence[Any],
+        timeout_s: float,
+    ) -> None:
+        """:meth:`add_quorum_cb` of many entries at once: ``entries[k]`` goes to the bookies
+        ``ensemble[i]`` for ``i`` in ``write_sets[k]`` and each bookie's outcome is
+        ``callback(tokens[k], i, ensemble[i], None | exc)``, once, on the loop thread.
+
+        Still one ADD request per entry and bookie on the wire, each with its own pending
+        request, key chain and deadline (the same timeout semantics as one call per entry);
+        what is done once per batch instead of once per entry is finding each bookie's
+        connection, reading the clock and queueing the frames on each connection (one
+        ``send`` per bookie per batch outside TLS; under TLS one per entry, so that a burst
+        still leaves in slices as it is queued)."""
+        loop = self._get_loop()
+        flags = m.FLAG_RECOVERY_ADD if recovery else 0
+        encode = codec.encode_add_request
+        unpack = _ENTRY_IDS.unpack_from
+        tls = self.settings.tls is not None
+        # ensemble index -> (connection, its timeout deque, its queued parts) or the reason it
+        # cannot be asked now
+        targets: dict[int, tuple[BookieConnection, deque[Pending], list[m.BytesLike]] | VellumError] = {}
+        deadline = loop.time() + timeout_s
+        for write_set, entry, token in zip(write_sets, entries, tokens, strict=True):
+            try:
+                ledger_id, entry_id = unpack(entry)
+                parts = encode(master_key, entry, flags)
+            except (VellumError, struct.error) as exc:
+                err: BaseException = exc
+                if isinstance(exc, struct.error):
+                    err = IncorrectParameterError(
+                        f"ADD on {', '.join(ensemble[i] for i in write_set)}: entry of {len(entry)} bytes has no header"
+                    )
+                for i in write_set:
+                    loop.call_soon(callback, token, i, ensemble[i], err)
+                continue
+            key = (ledger_id, entry_id)
+            for i in write_set:
+                target = targets.get(i)
+                if target is None:
+                    target = targets[i] = self._batch_target(ensemble[i], timeout_s)
+                if isinstance(target, VellumError):
+                    loop.call_soon(callback, token, i, ensemble[i], target)
+                    continue
+                conn, dq, out = target
+                p = Pending(conn, m.OP_ADD, ledger_id, entry_id, 0, None, None, deadline, timeout_s)
+                p.quorum_cb, p.token, p.index = callback, token, i
+                table = conn.adds
+                head = table.get(key)
+                if head is None:
+                    table[key] = p
+                else:  # same key already in flight: answers come back in order
+                    while head.next is not None:
+                        head = head.next
+                    head.next = p
+                dq.append(p)
+                if tls:
+                    conn.send(parts)
+                else:
+                    out += parts
+        for target in targets.values():
+            if not isinstance(target, VellumError):
+                conn, _dq, out = target
+                if out:
+                    conn.send(out)
+
+    def _batch_target(
+        self, bookie_id: str, timeout_s: float
+    ) -> tuple[BookieConnection, deque[Pending], list[m.BytesLike]] | VellumError:
+        """A bookie of a batch of adds: its connection, the deque its requests' deadlines go
+        to (the sweep armed), and the list its frames are gathered in; or why it cannot be asked."""
+        try:
+            conn = self._connection(bookie_id)
+        except VellumError as exc:
+            return exc
+        dq = conn.timeouts.get(timeout_s)
+        if dq is None:
+            dq = conn.timeouts[timeout_s] = deque()
+        if self._sweep_handle is None:
+            self._sweep_handle = conn.loop.call_later(_SWEEP_INTERVAL_S, self._sweep)
+        return conn, dq, []
+
     async def add(
         self,
         bookie_id: str,

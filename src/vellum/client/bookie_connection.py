@@ -422,6 +422,15 @@ class BookieConnection(asyncio.BufferedProtocol):
         if p.done:  # a timed-out request's placeholder absorbs its late answer
             return
         p.done = True
+        qcb = p.quorum_cb
+        if qcb is not None and status == EOK:  # an acked add of a write set: Pending.finish inlined
+            p.quorum_cb = None
+            token, p.token = p.token, None
+            try:
+                qcb(token, p.index, self.bookie_id, None)
+            except Exception:
+                log.exception("callback of %s raised", p.describe())
+            return
         if status == EOK:
             p.finish(None, value)
         else:

@@ -21,7 +21,10 @@ write set, no task):
 entry (digest, ADD frame to its write set: frames of one loop iteration leave each connection
 in one write) but the batch has one future, completed with its last entry id once every entry
 of it is acknowledged, and the checks and bookkeeping of a call are done once per batch (the
-Spark sink appends a task's rows this way).
+Spark sink appends a task's rows this way). The entries of a batch that are sent at once (and
+the queued appends sent together when acks open the window) go to the bookie client in one
+``add_quorum_batch_cb`` call: connections, clock and send once per bookie per batch, while each
+(entry, bookie) is still its own request with its own deadline and answer.
 
 Adds in flight are bounded (``max_adds_in_flight``, default 4096): ``append_async`` beyond it
 still returns its future at once (entry id and length are fixed in call order) but the entry is
@@ -305,19 +308,22 @@ class LedgerWriter:
         pending, waiting = self._pending, self._waiting
         window = self._window
         last = len(entries) - 1
+        sent: list[_PendingAdd] = []
         for i, data in enumerate(entries):
             length += len(data)
             op_fut = fut if i == last else None
             if len(pending) < window and not waiting:
                 op = _PendingAdd(entry_id, self._build_entry(entry_id, length, data), length, op_fut)
                 pending.append(op)
-                self._send(op)
+                sent.append(op)
             else:
                 payload = data if isinstance(data, bytes) else bytes(data)
                 waiting.append(_PendingAdd(entry_id, None, length, op_fut, payload))
             entry_id += 1
         self._next_entry_id = entry_id
         self._pushed_length = length
+        if sent:
+            self._send_batch(sent)
         return fut
 
     def _append_refusal(self) -> BaseException | None:
@@ -342,6 +348,7 @@ class LedgerWriter:
         """Send queued appends while fewer adds than the window are in flight."""
         waiting, pending = self._waiting, self._pending
         limit = self._window
+        sent: list[_PendingAdd] = []
         while waiting and len(pending) < limit and self._error is None:
             op = waiting.popleft()
             if op.entry is None:
@@ -349,7 +356,11 @@ class LedgerWriter:
                 op.entry = self._build_entry(op.entry_id, op.length, op.data)
                 op.data = None
             pending.append(op)
-            self._send(op)
+            sent.append(op)
+        if len(sent) == 1:
+            self._send(sent[0])
+        elif sent:
+            self._send_batch(sent)
 
     def start_recovery(self, lac: int, length: int) -> None:
         """Recovery found the LAC (and the cumulative length at it): the write-backs of
@@ -402,12 +413,30 @@ class LedgerWriter:
         self._bc.add_quorum_cb(self._view.ensemble, write_set, self._master_key, entry, self.recovery,
                                self._on_add_done, op, self._add_timeout_s)
 
+    def _send_batch(self, ops: list[_PendingAdd]) -> None:
+        """:meth:`_send` of consecutive entries, in entry order, in one call to the bookie
+        client (each entry still its own ADD to each bookie of its write set)."""
+        write_sets = self._write_sets
+        E = self._E
+        failed = self._failed
+        if failed:
+            sets = [tuple(idx for idx in write_sets[op.entry_id % E] if idx not in failed) for op in ops]
+        else:
+            sets = [write_sets[op.entry_id % E] for op in ops]
+        entries: list[bytes | memoryview] = []
+        for op in ops:
+            assert op.entry is not None  # built before it is sent
+            entries.append(op.entry)
+        self._bc.add_quorum_batch_cb(self._view.ensemble, sets, self._master_key, entries, self.recovery,
+                                     self._on_add_done, ops, self._add_timeout_s)
+
     def _on_add_done(self, op: _PendingAdd, idx: int, bookie: str, exc: BaseException | None) -> None:
         if exc is None:
             if self._view.ensemble[idx] != bookie or op.done:
                 return  # a replaced bookie's late answer, or an add already failed
-            op.acked |= 1 << idx
-            if (self._pending and self._pending[0] is op) or op.acked.bit_count() >= self._AQ:
+            acked = op.acked | (1 << idx)
+            op.acked = acked
+            if acked.bit_count() >= self._AQ:  # below its quorum an entry completes nothing
                 self._complete_adds()
             return
         if isinstance(exc, LedgerFencedError):
