@@ -372,7 +372,9 @@ def test_a_hand_down_that_raises_is_refused_by_the_bug_guard_and_leaves_the_read
     assert answers[4] == m.ErrorResponse(EINTERNAL, 5, m.OP_READ_LAC, BUG_LEDGER)
     assert answers[5].status == EOK
     bugs = [r for r in caplog.records if r.levelno >= logging.WARNING]
-    assert [(r.ledger_id, r.levelno) for r in bugs] == [(BUG_LEDGER, logging.ERROR)] * 3  # type: ignore[attr-defined]
+    assert [(r.ledger_id, r.entry_id, r.levelno) for r in bugs] == [  # type: ignore[attr-defined]
+        (BUG_LEDGER, 0, logging.ERROR), (BUG_LEDGER, 0, logging.ERROR), (BUG_LEDGER, None, logging.ERROR)]
+    assert "BATCH_READ of entry 0 of ledger 8" in bugs[0].getMessage() and bugs[0].exc_info is not None
 
 
 def test_an_empty_run_is_no_such_entry() -> None:

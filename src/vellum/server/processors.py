@@ -649,6 +649,15 @@ _PROCESSORS: dict[type[Any], type[Processor]] = {
     m.TrimRequest: TrimProcessor,
     m.CollectRequest: CollectProcessor,
 }
+def _first_entry(req: Any) -> int | None:
+    """The entry a request names first (a multi-entry read: where its run starts), for log lines."""
+    for name in ("entry_id", "start_entry_id", "first_entry_id"):
+        entry_id = getattr(req, name, None)
+        if entry_id is not None:
+            return int(entry_id)
+    return None
+
+
 #: each operation's name, as its failures are counted and logged (``Channel.status_for``)
 _OP_NAMES: dict[type, str] = {kind: m.OPCODE_NAMES[kind.OPCODE] for kind in _PROCESSORS}
 
@@ -699,8 +708,7 @@ class Processors:
         the request's ids (``Channel.status_for``: a bug is EINTERNAL, never EIO), and answered
         with that status as the request's own refusal, the one question to the messages."""
         ch = self._ch
-        status = ch.status_for(exc, _OP_NAMES[type(req)], getattr(req, "ledger_id", None),
-                               getattr(req, "entry_id", None))
+        status = ch.status_for(exc, _OP_NAMES[type(req)], getattr(req, "ledger_id", None), _first_entry(req))
         answer = m.refusal_for(req, status)
         if answer is not None:
             ch.replies.send(answer)
