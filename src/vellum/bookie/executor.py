@@ -67,12 +67,15 @@ def _settle(fut: asyncio.Future[GcReport], report: GcReport) -> None:
 def lac_answer(bookie: Bookie, ledger_id: int) -> LacAnswer:
     """What READ_LAC answers (on a reader thread: both may read the disk): the ledger's explicit
     LAC body and its last entry on this bookie, ``b""`` for either when there is none."""
-    body = bookie.read_explicit_lac(ledger_id)
+    return bookie.read_explicit_lac(ledger_id) or b"", lac_answer_last(bookie, ledger_id)
+
+
+def lac_answer_last(bookie: Bookie, ledger_id: int) -> bytes | memoryview:
+    """The last entry READ_LAC answers: the ledger's last on this bookie, ``b""`` if it has none."""
     try:
-        last = bookie.read_entry(ledger_id, -1)
+        return bookie.read_entry(ledger_id, -1)
     except NoSuchEntryError:
-        last = b""
-    return body or b"", last
+        return b""
 
 
 def watch_until(loop: asyncio.AbstractEventLoop, timeout_s: float, done: Callable[[], None],

@@ -466,21 +466,25 @@ class SimBookie:
         return self._later(lambda: self._held(ledger_id).explicit_lac)
 
     def _later_cb(self, done: Callable[[Any, BaseException | None], None], fn: Callable[..., Any],
-                  *args: Any) -> None:
+                  *args: Any, then: Callable[..., Any] | None = None) -> None:
         """A reader-pool call in callback form: ``done(result, None)`` or ``done(None, error)``
-        after a simulated read latency (never, if the bookie died meanwhile)."""
-        self._loop.call_later(self._rng.uniform(*self._read_s), self._run_now, done, fn, args)
+        after a simulated read latency (never, if the bookie died meanwhile). With ``then``, a
+        second storage read follows after a latency of its own: ``then(*args, result)``."""
+        self._loop.call_later(self._rng.uniform(*self._read_s), self._run_now, done, fn, args, then)
 
     def _run_now(self, done: Callable[[Any, BaseException | None], None], fn: Callable[..., Any],
-                 args: tuple[Any, ...]) -> None:
+                 args: tuple[Any, ...], then: Callable[..., Any] | None) -> None:
         if not self.alive:
             return
         try:
             out = fn(*args)
         except Exception as e:
             done(None, e)
-        else:
+            return
+        if then is None:
             done(out, None)
+        else:
+            self._later_cb(done, then, *args, out)
 
     def read_entries_cb(self, ledger_id: int, first: int, max_count: int, max_bytes: int, key: bytes | None,
                         done: Callable[[Any, BaseException | None], None]) -> None:
@@ -502,16 +506,20 @@ class SimBookie:
         self._later_cb(done, self._run, ledger_id, first, stride, max_count, max_bytes)
 
     def read_lac_cb(self, ledger_id: int, done: Callable[[Any, BaseException | None], None]) -> None:
-        """As ``AsyncBookie.read_lac_cb``: the explicit LAC body and the last entry."""
-        self._later_cb(done, self._lac_answer, ledger_id)
+        """As ``AsyncBookie.read_lac_cb``: the explicit LAC body, then the last entry: two storage
+        reads, each after a read latency of its own (drawn when it starts, as two reader-pool
+        calls one after the other would)."""
+        self._later_cb(done, self._lac_body, ledger_id, then=self._lac_last)
 
-    def _lac_answer(self, ledger_id: int) -> tuple[bytes, bytes]:
-        body = self._held(ledger_id).explicit_lac
+    def _lac_body(self, ledger_id: int) -> bytes:
+        return self._held(ledger_id).explicit_lac or b""
+
+    def _lac_last(self, ledger_id: int, body: bytes) -> tuple[bytes, bytes]:
         try:
             last = self._entry(ledger_id, -1)
         except NoSuchEntryError:
             last = b""
-        return body or b"", last
+        return body, last
 
     def entry_ids(self, ledger_id: int) -> asyncio.Future[list[int]]:
         return self._later(lambda: sorted(self._held(ledger_id).entries))

@@ -57,7 +57,7 @@ from typing import Any
 from vellum.admin.integrity_check import mark_ledgers_limbo
 from vellum.bookie.assembly import BookieRuntime, OpenedBookie, open_bookie
 from vellum.bookie.bookie import BookieInfo
-from vellum.bookie.executor import CollectOutcome, lac_answer, watch_until
+from vellum.bookie.executor import CollectOutcome, lac_answer_last, watch_until
 from vellum.bookie.metrics import BookieMetrics
 from vellum.config import ServerConfig
 from vellum.errors import NoSuchLedgerError, VellumError
@@ -533,9 +533,10 @@ class RealSimBookie:
         return self._later(self.bookie.read_explicit_lac, ledger_id)
 
     def _later_cb(self, done: Callable[[Any, BaseException | None], None], fn: Callable[..., Any],
-                  *args: Any) -> None:
+                  *args: Any, then: Callable[..., Any] | None = None) -> None:
         """A reader-pool call in callback form: ``done(result, None)`` or ``done(None, error)``
-        after a simulated read latency (never, if the process died meanwhile)."""
+        after a simulated read latency (never, if the process died meanwhile). With ``then``, a
+        second storage read follows after a latency of its own: ``then(*args, result)``."""
         def run() -> None:
             if not self.alive:
                 return
@@ -543,8 +544,11 @@ class RealSimBookie:
                 out = fn(*args)
             except Exception as e:
                 done(None, e)
-            else:
+                return
+            if then is None:
                 done(out, None)
+            else:
+                self._later_cb(done, then, *args, out)
 
         self._loop.call_later(self._rng.uniform(*self._read_s), run)
 
@@ -568,8 +572,15 @@ class RealSimBookie:
         self._later_cb(done, self.bookie.read_strided, ledger_id, first, stride, max_count, max_bytes)
 
     def read_lac_cb(self, ledger_id: int, done: Callable[[Any, BaseException | None], None]) -> None:
-        """As ``AsyncBookie.read_lac_cb``: the explicit LAC body and the last entry."""
-        self._later_cb(done, lac_answer, self.bookie, ledger_id)
+        """As ``AsyncBookie.read_lac_cb``: the explicit LAC body, then the last entry: two storage
+        reads, each after a read latency of its own (drawn when it starts)."""
+        self._later_cb(done, self._lac_body, ledger_id, then=self._lac_last)
+
+    def _lac_body(self, ledger_id: int) -> bytes:
+        return self.bookie.read_explicit_lac(ledger_id) or b""
+
+    def _lac_last(self, ledger_id: int, body: bytes) -> tuple[bytes, bytes | memoryview]:
+        return body, lac_answer_last(self.bookie, ledger_id)
 
     def entry_ids(self, ledger_id: int) -> asyncio.Future[list[int]]:
         return self._later(self.bookie.entry_ids, ledger_id)
