@@ -30,6 +30,7 @@ KEY = bytes(20)
 BUG_LEDGER = 8    # every read of it hits a bug (KeyError): EINTERNAL, never EIO
 DISK_LEDGER = 9   # every read of it is a disk error (OSError EIO): EIO
 NO_LEDGER = 10    # not held: ENOLEDGER
+BAD_LEDGER = 11   # its reads succeed with something that cannot be encoded (a bug answering them)
 
 
 def _entry(ledger_id: int, entry_id: int) -> bytes:
@@ -74,15 +75,19 @@ class MemoryBookie:
 
     def read_entries(self, ledger_id: int, first: int, max_count: int, max_bytes: int) -> list[bytes]:
         self._check(ledger_id)
+        if ledger_id == BAD_LEDGER:
+            return [None]  # type: ignore[list-item]
         return [_entry(ledger_id, e) for e in range(first, min(first + max_count, 10))]
 
     def read_strided(self, ledger_id: int, first: int, stride: int, max_count: int, max_bytes: int) -> list[bytes]:
         self._check(ledger_id)
+        if ledger_id == BAD_LEDGER:
+            return [None]  # type: ignore[list-item]
         return [_entry(ledger_id, e) for e in range(first, 10, stride)][:max_count]
 
     def read_explicit_lac(self, ledger_id: int) -> bytes | None:
         self._check(ledger_id)
-        return b"explicit"
+        return 42 if ledger_id == BAD_LEDGER else b"explicit"  # type: ignore[return-value]
 
     def watch_lac(self, ledger_id: int, previous_lac: int, fn: Callable[[int], None]) -> Callable[[], None]:
         if self.lac > previous_lac:
@@ -375,6 +380,22 @@ def test_a_hand_down_that_raises_is_refused_by_the_bug_guard_and_leaves_the_read
     assert [(r.ledger_id, r.entry_id, r.levelno) for r in bugs] == [  # type: ignore[attr-defined]
         (BUG_LEDGER, 0, logging.ERROR), (BUG_LEDGER, 0, logging.ERROR), (BUG_LEDGER, None, logging.ERROR)]
     assert "BATCH_READ of entry 0 of ledger 8" in bugs[0].getMessage() and bugs[0].exc_info is not None
+
+
+@pytest.mark.parametrize(("op", "request_of", "ids_of", "entry_id"), FAILING[1:], ids=[f[0] for f in FAILING[1:]])
+def test_an_answer_that_cannot_be_sent_is_answered_einternal_and_logged_once(
+        every_line: None, caplog: pytest.LogCaptureFixture, op: str, request_of: Callable[[int], Any],
+        ids_of: Callable[[Any], tuple[int, int, int | None]], entry_id: int | None) -> None:
+    async def test(server: BookieServer, client: Client, ab: AsyncBookie) -> list[Any]:
+        client.send(request_of(BAD_LEDGER), request_of(7))
+        return await client.answers(2)
+
+    with caplog.at_level(logging.DEBUG, logger="vellum.server.bookie_server"):
+        answers = _serve(MemoryBookie(), test)
+    assert sorted(ids_of(a)[:2] for a in answers) == [(EOK, 7), (EINTERNAL, BAD_LEDGER)]
+    [bug] = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert (bug.ledger_id, bug.entry_id, bug.levelno) == (BAD_LEDGER, entry_id, logging.ERROR)  # type: ignore[attr-defined]
+    assert bug.getMessage().startswith(op) and bug.exc_info is not None
 
 
 def test_an_empty_run_is_no_such_entry() -> None:

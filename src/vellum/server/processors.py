@@ -166,7 +166,7 @@ class Channel:
 
     def hand_down(self, call: Callable[..., None], *args: Any) -> None:
         """Hand a read to the bookie (``call(*args)``), counted in ``reading`` until its answer
-        calls ``read_done``; if the hand-down itself raises (a bug), the count is undone and
+        (which takes it off); if the hand-down itself raises (a bug), the count is undone and
         the exception goes to the bug guard (``Processors._refuse``), which answers it."""
         self.reading += 1
         try:
@@ -407,9 +407,12 @@ class BatchReadProcessor(Processor):
             ch.reading -= 1
             if exc is None:
                 assert entries is not None
-                # As the bookie laid them out (a run's buffers): no tuple of views per entry.
-                send(m.BatchReadResponse(EOK if entries else ENOENTRY, ledger_id, first, request_id, entries))
-                return
+                try:
+                    # As the bookie laid them out (a run's buffers): no tuple of views per entry.
+                    send(m.BatchReadResponse(EOK if entries else ENOENTRY, ledger_id, first, request_id, entries))
+                    return
+                except Exception as e:  # a bug answering it: answered as one (EINTERNAL), never EIO
+                    exc = e
             status = ch.status_for(exc, "BATCH_READ", ledger_id, first, "fencing BATCH_READ" if fencing else None)
             send(m.BatchReadResponse(status, ledger_id, first, request_id))
 
@@ -443,8 +446,11 @@ class StridedReadProcessor(Processor):
             ch.reading -= 1
             if exc is None:
                 assert entries is not None
-                send(m.StridedReadResponse(request_id, EOK if entries else ENOENTRY, ledger_id, first, entries))
-                return
+                try:
+                    send(m.StridedReadResponse(request_id, EOK if entries else ENOENTRY, ledger_id, first, entries))
+                    return
+                except Exception as e:  # a bug answering it: answered as one (EINTERNAL), never EIO
+                    exc = e
             send(m.StridedReadResponse(request_id, ch.status_for(exc, "READ_STRIDED", ledger_id, first),
                                        ledger_id, first))
 
@@ -473,9 +479,12 @@ def read_lac(ch: Channel, op: str, response: type[m.ReadLacResponse] | type[m.Lo
         ch.reading -= 1
         if exc is None:
             assert got is not None
-            send(response(request_id, EOK, ledger_id, got[0], got[1]))
-        else:
-            send(response(request_id, ch.status_for(exc, op, ledger_id), ledger_id))
+            try:
+                send(response(request_id, EOK, ledger_id, got[0], got[1]))
+                return
+            except Exception as e:  # a bug answering it: answered as one (EINTERNAL), never EIO
+                exc = e
+        send(response(request_id, ch.status_for(exc, op, ledger_id), ledger_id))
 
     ch.hand_down(ch.bookie.read_lac_cb, ledger_id, answer)
 
