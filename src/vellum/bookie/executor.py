@@ -147,9 +147,9 @@ class AsyncBookie:
       ``read_strided_cb``, ``read_lac_cb``, ``watch_lac_cb``, ``fence_cb``): no future and no
       task per request; a READ of an entry in memory is answered on the caller's thread, any
       other read on a reader thread; a LAC watch holds a watcher and a timer, no thread;
-    - reader-pool calls returning a future (``read_entry``, ``read_entries``, ``read_strided``,
-      ``read_explicit_lac``, ``entry_ids``, ``trim``, ``info``): plain functions returning the
-      pool's future, so that awaiting one costs that future and no coroutine on top;
+    - reader-pool calls returning a future (``entry_ids``, ``trim``, ``info``): plain
+      functions returning the pool's future, so that awaiting one costs that future and no
+      coroutine on top;
     - ``collect``: reader-pool work, then a wait for GC passes that holds no thread (the GC
       thread answers through the bridge);
     - in-memory answers given on the caller's thread (``note_ledger_closed``).
@@ -409,27 +409,6 @@ class AsyncBookie:
 
     def _on_reader(self, fn: Callable[..., _T], *args: Any) -> asyncio.Future[_T]:
         return self._loop.run_in_executor(self._reads, fn, *args)
-
-    def read_entry(self, ledger_id: int, entry_id: int) -> asyncio.Future[bytes | memoryview]:
-        """One entry (``entry_id == -1``: the last one this bookie has); see ``Bookie.read_entry``."""
-        return self._loop.run_in_executor(self._reads, self._bookie.read_entry, ledger_id, entry_id)
-
-    def read_entries(self, ledger_id: int, first: int, max_count: int,
-                     max_bytes: int) -> asyncio.Future[PackedEntries]:
-        """Consecutive entries from ``first`` (BATCH_READ); see ``Bookie.read_entries``."""
-        return self._loop.run_in_executor(self._reads, self._bookie.read_entries, ledger_id, first, max_count,
-                                          max_bytes)
-
-    def read_strided(self, ledger_id: int, first: int, stride: int, max_count: int,
-                     max_bytes: int) -> asyncio.Future[PackedEntries]:
-        """Entries ``first, first + stride, ...`` (READ_STRIDED); see ``Bookie.read_strided``."""
-        return self._loop.run_in_executor(self._reads, self._bookie.read_strided, ledger_id, first, stride,
-                                          max_count, max_bytes)
-
-    def read_explicit_lac(self, ledger_id: int) -> asyncio.Future[bytes | None]:
-        """The ledger's explicit LAC body, None if it has none; NoSuchLedgerError if the bookie
-        does not hold the ledger."""
-        return self._on_reader(self._bookie.read_explicit_lac, ledger_id)
 
     def entry_ids(self, ledger_id: int) -> asyncio.Future[list[int]]:
         """The ids of the ledger's entries this bookie holds (LIST_ENTRIES)."""

@@ -438,9 +438,6 @@ class SimBookie:
         else:
             self._loop.call_soon(done, entry, None)
 
-    def read_entry(self, ledger_id: int, entry_id: int) -> asyncio.Future[bytes]:
-        return self._later(lambda: self._entry(ledger_id, entry_id))
-
     def _run(self, ledger_id: int, first: int, stride: int, max_count: int, max_bytes: int) -> list[bytes]:
         got = [self._entry(ledger_id, first)]
         size = len(got[0])
@@ -454,16 +451,6 @@ class SimBookie:
             size += len(nxt)
             e += stride
         return got
-
-    def read_entries(self, ledger_id: int, first: int, max_count: int, max_bytes: int) -> asyncio.Future[list[bytes]]:
-        return self._later(lambda: self._run(ledger_id, first, 1, max_count, max_bytes))
-
-    def read_strided(self, ledger_id: int, first: int, stride: int, max_count: int,
-                     max_bytes: int) -> asyncio.Future[list[bytes]]:
-        return self._later(lambda: self._run(ledger_id, first, stride, max_count, max_bytes))
-
-    def read_explicit_lac(self, ledger_id: int) -> asyncio.Future[bytes | None]:
-        return self._later(lambda: self._held(ledger_id).explicit_lac)
 
     def _later_cb(self, done: Callable[[Any, BaseException | None], None], fn: Callable[..., Any],
                   *args: Any, then: Callable[..., Any] | None = None) -> None:

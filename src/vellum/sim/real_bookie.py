@@ -521,17 +521,6 @@ class RealSimBookie:
     def read_entry(self, ledger_id: int, entry_id: int) -> asyncio.Future[bytes | memoryview]:
         return self._later(self.bookie.read_entry, ledger_id, entry_id)
 
-    def read_entries(self, ledger_id: int, first: int, max_count: int,
-                     max_bytes: int) -> asyncio.Future[list[bytes | memoryview]]:
-        return self._later(self.bookie.read_entries, ledger_id, first, max_count, max_bytes)
-
-    def read_strided(self, ledger_id: int, first: int, stride: int, max_count: int,
-                     max_bytes: int) -> asyncio.Future[list[bytes | memoryview]]:
-        return self._later(self.bookie.read_strided, ledger_id, first, stride, max_count, max_bytes)
-
-    def read_explicit_lac(self, ledger_id: int) -> asyncio.Future[bytes | None]:
-        return self._later(self.bookie.read_explicit_lac, ledger_id)
-
     def _later_cb(self, done: Callable[[Any, BaseException | None], None], fn: Callable[..., Any],
                   *args: Any, then: Callable[..., Any] | None = None) -> None:
         """A reader-pool call in callback form: ``done(result, None)`` or ``done(None, error)``
