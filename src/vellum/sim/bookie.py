@@ -438,6 +438,10 @@ class SimBookie:
         else:
             self._loop.call_soon(done, entry, None)
 
+    def read_entry(self, ledger_id: int, entry_id: int) -> asyncio.Future[bytes]:
+        """One entry after the simulated read latency (the tests' direct read of the model)."""
+        return self._later(lambda: self._entry(ledger_id, entry_id))
+
     def _run(self, ledger_id: int, first: int, stride: int, max_count: int, max_bytes: int) -> list[bytes]:
         got = [self._entry(ledger_id, first)]
         size = len(got[0])
