@@ -7,6 +7,7 @@ import asyncio
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from vellum.bookie.assembly import open_bookie
 from vellum.bookie.executor import AsyncBookie
@@ -40,7 +41,9 @@ def test_loop_serves_reads_while_adds_wait_for_a_full_write_cache(tmp_path: Path
         ab.add_entries_cb([(e, key, False) for e in entries[10:]], on_result)  # blocks on the cache
         await asyncio.sleep(0.3)
         t0 = time.perf_counter()
-        got = await asyncio.wait_for(ab.read_entry(1, 3), 5)   # the loop is free
+        read: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        ab.read_cb(1, 3, None, lambda entry, exc: read.set_result(entry) if exc is None else read.set_exception(exc))
+        got = await asyncio.wait_for(read, 5)   # the loop is free
         assert got == entries[3]
         assert time.perf_counter() - t0 < 5
         assert not finished.is_set(), "the second batch should still be waiting for the flush"

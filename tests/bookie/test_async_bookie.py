@@ -62,22 +62,31 @@ class _RecordingBookie:
 
 def test_reads_run_on_the_reader_pool_and_in_memory_answers_on_the_loop() -> None:
     fake = _RecordingBookie()
+    answers: dict[str, tuple[Any, ...]] = {}
 
     async def main() -> dict[str, Any]:
-        ab = AsyncBookie(cast(Bookie, fake), asyncio.get_running_loop(), read_threads=2)
+        loop = asyncio.get_running_loop()
+        ab = AsyncBookie(cast(Bookie, fake), loop, read_threads=2)
+        waiting: list[asyncio.Future[None]] = []
+
+        def done_for(name: str) -> Any:
+            fut = loop.create_future()
+            waiting.append(fut)
+
+            def done(value: Any, exc: BaseException | None) -> None:
+                answers[name] = (value, exc, threading.current_thread().name)
+                fut.set_result(None)
+            return done
+
         try:
-            fut = ab.read_entries(1, 3, 2, 0)
+            fut = ab.entry_ids(1)
             assert isinstance(fut, asyncio.Future)  # awaited as is: no coroutine on top
-            got = {
-                "read_entry": await ab.read_entry(1, 4),
-                "read_entries": await fut,
-                "read_strided": await ab.read_strided(1, 1, 3, 3, 0),
-                "entry_ids": await ab.entry_ids(1),
-                "trim": await ab.trim(1, bytes(20), 5),
-                "info": await ab.info(),
-            }
-            with pytest.raises(NoSuchLedgerError):
-                await ab.read_explicit_lac(9)
+            ab.read_cb(1, 4, None, done_for("read_entry"))
+            ab.read_entries_cb(1, 3, 2, 0, None, done_for("read_entries"))
+            ab.read_strided_cb(1, 1, 3, 3, 0, done_for("read_strided"))
+            ab.read_lac_cb(9, done_for("read_lac"))
+            got = {"entry_ids": await fut, "trim": await ab.trim(1, bytes(20), 5), "info": await ab.info()}
+            await asyncio.wait_for(asyncio.gather(*waiting), 10)
             ab.note_ledger_closed(1)
             return got
         finally:
@@ -85,13 +94,80 @@ def test_reads_run_on_the_reader_pool_and_in_memory_answers_on_the_loop() -> Non
 
     loop_thread = threading.current_thread().name
     got = asyncio.run(main())
-    assert got == {"read_entry": b"e4", "read_entries": [b"e3", b"e4"], "read_strided": [b"e1", b"e4", b"e7"],
-                   "entry_ids": [0, 1], "trim": None, "info": BookieInfo(10, 5)}
-    pool = {k: v for k, v in fake.calls.items() if k != "note_ledger_closed"}
+    assert got == {"entry_ids": [0, 1], "trim": None, "info": BookieInfo(10, 5)}
+    assert answers["read_entry"] == (b"e4", None, loop_thread)
+    assert answers["read_entries"] == ([b"e3", b"e4"], None, loop_thread)
+    assert answers["read_strided"] == ([b"e1", b"e4", b"e7"], None, loop_thread)
+    value, exc, thread = answers["read_lac"]
+    assert value is None and isinstance(exc, NoSuchLedgerError) and thread == loop_thread
+    pool = {k: v for k, v in fake.calls.items() if k not in ("note_ledger_closed", "read_cached_entry")}
     assert set(pool) == {"read_entry", "read_entries", "read_strided", "read_explicit_lac", "entry_ids",
                          "trim", "info"}
     assert all(name.startswith("bookie-read") for name in pool.values()), pool
     assert fake.calls["note_ledger_closed"] == loop_thread
+    assert fake.calls["read_cached_entry"] == loop_thread
+
+
+class _LacBookie(_RecordingBookie):
+    """Ledger 1 has an explicit LAC and entries; ledger 2 has neither (an empty ledger); the LAC
+    watch is held until the test advances it, from another thread."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.watchers: list[tuple[int, Any]] = []
+
+    def read_explicit_lac(self, ledger_id: int) -> bytes | None:
+        self._seen("read_explicit_lac")
+        return b"body" if ledger_id == 1 else None
+
+    def read_entry(self, ledger_id: int, entry_id: int) -> bytes:
+        if ledger_id == 2:
+            from vellum.errors import NoSuchEntryError
+            raise NoSuchEntryError("empty")
+        return super().read_entry(ledger_id, 9 if entry_id == -1 else entry_id)
+
+    def watch_lac(self, ledger_id: int, previous_lac: int, fn: Any) -> Any:
+        entry = (previous_lac, fn)
+        self.watchers.append(entry)
+        return lambda: self.watchers.remove(entry) if entry in self.watchers else None
+
+
+def test_a_lac_read_is_one_reader_hop_and_a_lac_watch_answers_once_at_the_lac_or_the_timeout() -> None:
+    fake = _LacBookie()
+    got: dict[str, Any] = {}
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        ab = AsyncBookie(cast(Bookie, fake), loop, read_threads=1)
+        try:
+            both = loop.create_future()
+            ab.read_lac_cb(1, lambda v, e: got.setdefault("lac1", (v, e)))
+            ab.read_lac_cb(2, lambda v, e: (got.setdefault("lac2", (v, e)), both.set_result(None)))
+            await asyncio.wait_for(both, 10)
+
+            fired: list[str] = []
+            passed, timed_out = loop.create_future(), loop.create_future()
+            ab.watch_lac_cb(1, 5, 30.0, lambda: (fired.append("passed"), passed.set_result(None)))
+            ab.watch_lac_cb(1, 50, 0.05, lambda: (fired.append("timeout"), timed_out.set_result(None)))
+            drop = ab.watch_lac_cb(1, 5, 0.05, lambda: fired.append("dropped"))
+            drop()
+            assert len(fake.watchers) == 2  # the dropped one let go of its watch
+            await asyncio.wait_for(timed_out, 10)
+            assert len(fake.watchers) == 1  # the timed-out one let go of its watch
+            _previous, fn = fake.watchers[0]
+            threading.Thread(target=fn, args=(6,)).start()  # the add path advances the LAC
+            await asyncio.wait_for(passed, 10)
+            fn(7)  # a second firing is not a second answer
+            await asyncio.sleep(0.1)
+            got["fired"] = fired
+        finally:
+            ab.close()
+
+    asyncio.run(main())
+    assert got["lac1"] == ((b"body", b"e9"), None)
+    assert got["lac2"] == ((b"", b""), None)  # no explicit LAC and no entry: both empty
+    assert got["fired"] == ["timeout", "passed"]
+    assert not fake.watchers
 
 
 class _FencingBookie(_RecordingBookie):

@@ -82,6 +82,34 @@ class FakeAsyncBookie:
         self.calls.append(("read_explicit_lac", ledger_id))
         return self._done(b"lac")
 
+    @staticmethod
+    def _then(fut: asyncio.Future[Any], done: Callable[[Any, BaseException | None], None]) -> None:
+        fut.add_done_callback(
+            lambda f: done(None, f.exception()) if f.exception() is not None else done(f.result(), None))
+
+    def read_entries_cb(self, ledger_id: int, first: int, count: int, max_bytes: int, fence_key: bytes | None,
+                        done: Callable[[Any, BaseException | None], None]) -> None:
+        self._then(self.read_entries(ledger_id, first, count, max_bytes), done)
+
+    def read_strided_cb(self, ledger_id: int, first: int, stride: int, count: int, max_bytes: int,
+                        done: Callable[[Any, BaseException | None], None]) -> None:
+        self._then(self.read_strided(ledger_id, first, stride, count, max_bytes), done)
+
+    def read_lac_cb(self, ledger_id: int, done: Callable[[Any, BaseException | None], None]) -> None:
+        """The explicit LAC and the last entry, as ``executor.lac_answer`` reads them."""
+        body = self.read_explicit_lac(ledger_id)
+        last = self.read_entry(ledger_id, -1)
+
+        def both(_f: asyncio.Future[Any]) -> None:
+            if body.exception() is not None:
+                done(None, body.exception())
+            elif last.exception() is not None and not isinstance(last.exception(), NoSuchEntryError):
+                done(None, last.exception())
+            else:
+                done((body.result() or b"", b"" if last.exception() is not None else last.result()), None)
+
+        asyncio.gather(body, last, return_exceptions=True).add_done_callback(both)
+
     def entry_ids(self, ledger_id: int) -> asyncio.Future[list[int]]:
         self.calls.append(("entry_ids", ledger_id))
         return self._done([0, 1, 2, 5])

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from vellum.bookie.bookie import Bookie, BookieInfo
-from vellum.errors import TimeoutError_, VellumError
+from vellum.errors import NoSuchEntryError, VellumError
 from vellum.format.entry import BytesLike
 from vellum.proto.messages import AddBatch, PackedEntries
 from vellum.storage.gc import GcReport
@@ -39,6 +39,12 @@ _T = TypeVar("_T")
 OnAddResult = Callable[[list[BaseException | None], BaseException | None], None]
 #: what ``done`` of a READ gets: the entry and None, or None and the error
 OnRead = Callable[[bytes | memoryview | None, BaseException | None], None]
+#: what ``done`` of a BATCH_READ or READ_STRIDED gets: the entries and None, or None and the error
+OnEntries = Callable[[PackedEntries | None, BaseException | None], None]
+#: the answer to READ_LAC: the explicit LAC body and the last entry (each ``b""`` when there is none)
+LacAnswer = tuple[bytes, bytes | memoryview]
+#: what ``done`` of a READ_LAC gets: the answer and None, or None and the error
+OnLac = Callable[[LacAnswer | None, BaseException | None], None]
 #: an add batch waiting for the add thread, with its ``on_result``
 _Pending = tuple[AddBatch, OnAddResult]
 #: the most adds the add thread takes together
@@ -56,6 +62,48 @@ class CollectOutcome:
 def _settle(fut: asyncio.Future[GcReport], report: GcReport) -> None:
     if not fut.done():
         fut.set_result(report)
+
+
+def lac_answer(bookie: Bookie, ledger_id: int) -> LacAnswer:
+    """What READ_LAC answers (on a reader thread: both may read the disk): the ledger's explicit
+    LAC body and its last entry on this bookie, ``b""`` for either when there is none."""
+    return bookie.read_explicit_lac(ledger_id) or b"", lac_answer_last(bookie, ledger_id)
+
+
+def lac_answer_last(bookie: Bookie, ledger_id: int) -> bytes | memoryview:
+    """The last entry READ_LAC answers: the ledger's last on this bookie, ``b""`` if it has none."""
+    try:
+        return bookie.read_entry(ledger_id, -1)
+    except NoSuchEntryError:
+        return b""
+
+
+def watch_until(loop: asyncio.AbstractEventLoop, timeout_s: float, done: Callable[[], None],
+                watch: Callable[[Callable[[], None]], Callable[[], None]]) -> Callable[[], None]:
+    """``done()`` once, on the loop, at the first of: the watch fires, ``timeout_s`` passes.
+    ``watch(fire)`` registers ``fire`` (which it must call on the loop, never inside ``watch``)
+    and returns the function that unregisters it. Returns the function that drops the watch
+    and the timer without answering. A long poll's wait, without a task."""
+    answered = False
+
+    def stop() -> None:
+        nonlocal answered
+        answered = True
+        timer.cancel()
+        unwatch()
+
+    def fire() -> None:
+        if not answered:
+            stop()
+            done()
+
+    timer = loop.call_later(timeout_s, fire)
+    try:
+        unwatch = watch(fire)
+    except BaseException:
+        timer.cancel()
+        raise
+    return stop
 
 
 class LoopBridge:
@@ -95,12 +143,13 @@ class LoopBridge:
 class AsyncBookie:
     """asyncio face of a ``Bookie``: completions arrive on the loop thread. Three kinds of calls:
 
-    - callback style for the hot paths (``add_batch_cb``, ``read_cb``, ``fence_cb``): no
-      future and no task per request; a READ of an entry in memory is answered on the
-      caller's thread, any other on a reader thread;
-    - reader-pool calls (``read_entry``, ``read_entries``, ``read_strided``,
-      ``read_explicit_lac``, ``entry_ids``, ``trim``, ``info``): plain functions returning the
-      pool's future, so that awaiting one costs that future and no coroutine on top;
+    - callback style for the hot paths (``add_batch_cb``, ``read_cb``, ``read_entries_cb``,
+      ``read_strided_cb``, ``read_lac_cb``, ``watch_lac_cb``, ``fence_cb``): no future and no
+      task per request; a READ of an entry in memory is answered on the caller's thread, any
+      other read on a reader thread; a LAC watch holds a watcher and a timer, no thread;
+    - reader-pool calls returning a future (``entry_ids``, ``trim``, ``info``): plain
+      functions returning the pool's future, so that awaiting one costs that future and no
+      coroutine on top;
     - ``collect``: reader-pool work, then a wait for GC passes that holds no thread (the GC
       thread answers through the bridge);
     - in-memory answers given on the caller's thread (``note_ledger_closed``).
@@ -280,16 +329,8 @@ class AsyncBookie:
         master key check may read the metadata), and the READ follows as any other once the
         fence is durable (rule 4 of docs/correctness.md); a failed fence is the answer."""
         if fence_key is not None:
-            def fenced(exc: BaseException | None) -> None:  # on the loop, once the fence is durable
-                if exc is not None:
-                    done(None, exc)
-                else:
-                    self.read_cb(ledger_id, entry_id, None, done)
-
-            try:
-                self._reads.submit(self._fence_off_loop, ledger_id, fence_key, fenced)
-            except RuntimeError as exc:  # the reader pool was shut down: the bookie is stopping
-                done(None, exc)
+            self._fence_first(ledger_id, fence_key, done,
+                              lambda: self.read_cb(ledger_id, entry_id, None, done))
             return
         try:
             cached = self._bookie.read_cached_entry(ledger_id, entry_id)
@@ -299,42 +340,75 @@ class AsyncBookie:
         if cached is not None:
             done(cached, None)
             return
+        self._off_loop(done, self._bookie.read_entry, ledger_id, entry_id)
+
+    def read_entries_cb(self, ledger_id: int, first: int, max_count: int, max_bytes: int,
+                        fence_key: bytes | None, done: OnEntries) -> None:
+        """BATCH_READ: consecutive entries from ``first`` (see ``Bookie.read_entries``) on a
+        reader thread; ``done(entries, None)`` or ``done(None, error)`` once on the loop. With
+        ``fence_key`` the ledger is fenced first, as ``read_cb`` does."""
+        if fence_key is not None:
+            self._fence_first(ledger_id, fence_key, done,
+                              lambda: self.read_entries_cb(ledger_id, first, max_count, max_bytes, None, done))
+            return
+        self._off_loop(done, self._bookie.read_entries, ledger_id, first, max_count, max_bytes)
+
+    def read_strided_cb(self, ledger_id: int, first: int, stride: int, max_count: int, max_bytes: int,
+                        done: OnEntries) -> None:
+        """READ_STRIDED: entries ``first, first + stride, ...`` (see ``Bookie.read_strided``) on a
+        reader thread; ``done`` as ``read_entries_cb``."""
+        self._off_loop(done, self._bookie.read_strided, ledger_id, first, stride, max_count, max_bytes)
+
+    def read_lac_cb(self, ledger_id: int, done: OnLac) -> None:
+        """READ_LAC: the explicit LAC body and the last entry this bookie has (``b""`` for
+        either when there is none), read together on one reader thread; ``done`` once on the
+        loop. ``NoSuchLedgerError`` if the bookie does not hold the ledger."""
+        self._off_loop(done, lac_answer, self._bookie, ledger_id)
+
+    def watch_lac_cb(self, ledger_id: int, previous_lac: int, timeout_s: float,
+                     done: Callable[[], None]) -> Callable[[], None]:
+        """Long poll: ``done()`` once on the loop when this bookie's LAC for the ledger passes
+        ``previous_lac`` or ``timeout_s`` has passed, whichever is first (the caller then reads
+        what the bookie has). Holds a LAC watcher and a timer, no thread and no task. Returns
+        the function that drops both without answering (the connection closed)."""
+        bridge = self.bridge
+        return watch_until(self._loop, timeout_s, done, lambda fire: self._bookie.watch_lac(
+            ledger_id, previous_lac, lambda _lac: bridge.call(fire)))
+
+    def _fence_first(self, ledger_id: int, fence_key: bytes, done: Callable[[Any, BaseException | None], None],
+                     then: Callable[[], None]) -> None:
+        """Fence on a reader thread (its master key check may read the metadata); once the
+        fence is durable ``then()`` on the loop, or ``done(None, error)`` if it failed."""
+        def fenced(exc: BaseException | None) -> None:  # on the loop, once the fence is durable
+            if exc is not None:
+                done(None, exc)
+            else:
+                then()
+
         try:
-            self._reads.submit(self._read_off_loop, ledger_id, entry_id, done)
-        except RuntimeError as exc:
+            self._reads.submit(self._fence_off_loop, ledger_id, fence_key, fenced)
+        except RuntimeError as exc:  # the reader pool was shut down: the bookie is stopping
             done(None, exc)
 
-    def _read_off_loop(self, ledger_id: int, entry_id: int, done: OnRead) -> None:
+    def _off_loop(self, done: Callable[[Any, BaseException | None], None], fn: Callable[..., Any],
+                  *args: Any) -> None:
+        """``fn(*args)`` on a reader thread; ``done(result, None)`` or ``done(None, error)`` on the loop."""
         try:
-            entry = self._bookie.read_entry(ledger_id, entry_id)
+            self._reads.submit(self._run_off_loop, done, fn, *args)
+        except RuntimeError as exc:  # the reader pool was shut down: the bookie is stopping
+            done(None, exc)
+
+    def _run_off_loop(self, done: Callable[[Any, BaseException | None], None], fn: Callable[..., Any],
+                      *args: Any) -> None:
+        try:
+            out = fn(*args)
         except Exception as exc:
             self.bridge.call(done, None, exc)
         else:
-            self.bridge.call(done, entry, None)
+            self.bridge.call(done, out, None)
 
     def _on_reader(self, fn: Callable[..., _T], *args: Any) -> asyncio.Future[_T]:
         return self._loop.run_in_executor(self._reads, fn, *args)
-
-    def read_entry(self, ledger_id: int, entry_id: int) -> asyncio.Future[bytes | memoryview]:
-        """One entry (``entry_id == -1``: the last one this bookie has); see ``Bookie.read_entry``."""
-        return self._loop.run_in_executor(self._reads, self._bookie.read_entry, ledger_id, entry_id)
-
-    def read_entries(self, ledger_id: int, first: int, max_count: int,
-                     max_bytes: int) -> asyncio.Future[PackedEntries]:
-        """Consecutive entries from ``first`` (BATCH_READ); see ``Bookie.read_entries``."""
-        return self._loop.run_in_executor(self._reads, self._bookie.read_entries, ledger_id, first, max_count,
-                                          max_bytes)
-
-    def read_strided(self, ledger_id: int, first: int, stride: int, max_count: int,
-                     max_bytes: int) -> asyncio.Future[PackedEntries]:
-        """Entries ``first, first + stride, ...`` (READ_STRIDED); see ``Bookie.read_strided``."""
-        return self._loop.run_in_executor(self._reads, self._bookie.read_strided, ledger_id, first, stride,
-                                          max_count, max_bytes)
-
-    def read_explicit_lac(self, ledger_id: int) -> asyncio.Future[bytes | None]:
-        """The ledger's explicit LAC body, None if it has none; NoSuchLedgerError if the bookie
-        does not hold the ledger."""
-        return self._on_reader(self._bookie.read_explicit_lac, ledger_id)
 
     def entry_ids(self, ledger_id: int) -> asyncio.Future[list[int]]:
         """The ids of the ledger's entries this bookie holds (LIST_ENTRIES)."""
@@ -364,24 +438,6 @@ class AsyncBookie:
     def note_ledger_closed(self, ledger_id: int) -> None:
         """Advisory "ledger closed" (in memory: answered on the caller's thread)."""
         self._bookie.note_ledger_closed(ledger_id)
-
-    async def wait_for_lac(self, ledger_id: int, previous_lac: int, timeout_s: float) -> int:
-        """Long poll: the LAC once it passes ``previous_lac``; TimeoutError_ after ``timeout_s``."""
-        fut: asyncio.Future[int] = self._loop.create_future()
-
-        def fire(lac: int) -> None:
-            if not fut.done():
-                fut.set_result(lac)
-
-        cancel = self._bookie.watch_lac(ledger_id, previous_lac, lambda lac: self.bridge.call(fire, lac))
-        try:
-            return await asyncio.wait_for(fut, timeout_s)
-        except TimeoutError:
-            raise TimeoutError_(
-                f"LAC of ledger {ledger_id} did not pass {previous_lac} within {timeout_s:.3f}s"
-            ) from None
-        finally:
-            cancel()
 
     def info(self) -> asyncio.Future[BookieInfo]:
         """Disk capacity and free space of the ledger dirs."""

@@ -14,7 +14,9 @@ Invariants:
   per ledger, how an outcome becomes a status), hands it down once, and answers the outcome
   with one reply: the pipelined ADDs of one read (an ``AddBatch``) go to the bookie as one
   batch and, when all are durable, are answered with one buffer carrying each add's status; a
-  READ is one ``AsyncBookie.read_cb`` (no task), answered with one ``ReadResponse``;
+  READ is one ``AsyncBookie.read_cb`` (no task), answered with one ``ReadResponse``; BATCH_READ,
+  READ_STRIDED and READ_LAC likewise (``read_entries_cb``, ``read_strided_cb``, ``read_lac_cb``),
+  and a long poll waits on a LAC watcher and a timer (``watch_lac_cb``), no task per request;
 - FORCE_LEDGER is answered once every add issued before it on the connection is answered;
 - an exception turned into an error status is logged once, with the request's ledger and entry
   ids (``extra={"ledger_id", "entry_id", "peer"}``), and counted in
@@ -39,13 +41,10 @@ from vellum.errors import (
     EINTERNAL,
     EIO,
     ENOENTRY,
-    ENOLEDGER,
     EOK,
     ETOOMANYREQUESTS,
     EUA,
     WIRE_STATUS_NAMES,
-    NoSuchEntryError,
-    NoSuchLedgerError,
     VellumError,
     wire_status_for,
 )
@@ -127,7 +126,7 @@ class Channel:
     reply writer, the connection's tasks, and its adds issued/answered per ledger (FORCE)."""
 
     __slots__ = ("bookie", "completed", "counters", "describe_peer", "force_waiters", "issued", "loop", "reading",
-                 "replies", "tasks")
+                 "replies", "tasks", "watches")
 
     def __init__(self, bookie: AsyncBookie, counters: Counters, replies: ReplyWriter,
                  loop: asyncio.AbstractEventLoop, describe_peer: Callable[[], str]) -> None:
@@ -141,8 +140,11 @@ class Channel:
         self.issued: dict[int, int] = {}
         self.completed: dict[int, int] = {}
         self.force_waiters: list[tuple[int, int, Callable[[], None]]] = []
-        #: READs handed to the bookie and not answered yet (they hold no task)
+        #: reads (READ, BATCH_READ, READ_STRIDED, READ_LAC, a long poll's answer) handed to
+        #: the bookie and not answered yet (they hold no task)
         self.reading = 0
+        #: the long polls waiting for the LAC: each one's function that drops its watch and timer
+        self.watches: set[Callable[[], None]] = set()
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = self.loop.create_task(coro)
@@ -151,11 +153,27 @@ class Channel:
 
     def busy(self) -> bool:
         """A request is in progress: a read, a long poll, an add not answered yet, a FORCE."""
-        return bool(self.tasks) or bool(self.reading) or bool(self.force_waiters) or self.issued != self.completed
+        return (bool(self.tasks) or bool(self.reading) or bool(self.watches) or bool(self.force_waiters)
+                or self.issued != self.completed)
 
     def cancel(self) -> None:
+        """The connection closed: its tasks are cancelled and its long polls stop waiting."""
         for task in list(self.tasks):
             task.cancel()
+        watches, self.watches = self.watches, set()
+        for drop in watches:
+            drop()
+
+    def hand_down(self, call: Callable[..., None], *args: Any) -> None:
+        """Hand a read to the bookie (``call(*args)``), counted in ``reading`` until its answer
+        (which takes it off); if the hand-down itself raises (a bug), the count is undone and
+        the exception goes to the bug guard (``Processors._refuse``), which answers it."""
+        self.reading += 1
+        try:
+            call(*args)
+        except BaseException:
+            self.reading -= 1
+            raise
 
     def status_for(self, exc: BaseException, op: str, ledger_id: int | None, entry_id: int | None = None,
                    what: str | None = None, *, count: int = 1, quiet: bool = False,
@@ -347,129 +365,155 @@ class ReadProcessor(Processor):
             counters.rejected["READ"] += 1
             reply(ETOOMANYREQUESTS, b"")
             return
-        ch.reading += 1
         fence_key = None
         if fencing:
             assert req.master_key is not None
             fence_key = bytes(req.master_key)
-        self.bookie.read_cb(ledger_id, entry_id, fence_key, answer)
+        _admitted(ch, self.bookie.read_cb, ledger_id, entry_id, fence_key, answer)
+
+
+def _admitted(ch: Channel, call: Callable[..., None], *args: Any) -> None:
+    """Hand down a read admitted against the in-progress bound (``Counters.try_read``); if the
+    hand-down raises, the admission is undone with it (the bound must not leak)."""
+    try:
+        ch.hand_down(call, *args)
+    except BaseException:
+        ch.counters.reads -= 1
+        raise
 
 
 class BatchReadProcessor(Processor):
-    """BATCH_READ: consecutive entries on a reader thread (fencing first with the fence flag),
-    answered with the bookie's ``PackedEntries`` as they are (the run's buffers, no object per
-    entry)."""
+    """BATCH_READ: admitted against the in-progress bound, handed to the bookie once
+    (``AsyncBookie.read_entries_cb``: consecutive entries on a reader thread, fencing first
+    with the fence flag), answered with the bookie's ``PackedEntries`` as they are (the run's
+    buffers, no object per entry) in one reply."""
 
     __slots__ = ()
 
     def __call__(self, req: m.BatchReadRequest) -> None:
+        ch = self.ch
         counters = self.counters
+        send = self.send
+        ledger_id, first, request_id = req.ledger_id, req.start_entry_id, req.request_id
+        fencing = req.is_fencing
         counters.requests["BATCH_READ"] += 1
         if not counters.try_read():
             counters.rejected["BATCH_READ"] += 1
-            self.send(m.BatchReadResponse(ETOOMANYREQUESTS, req.ledger_id, req.start_entry_id, req.request_id))
+            send(m.BatchReadResponse(ETOOMANYREQUESTS, ledger_id, first, request_id))
             return
-        self.ch.spawn(self._batch_read(req))
 
-    async def _batch_read(self, req: m.BatchReadRequest) -> None:
-        try:
-            if req.is_fencing:
-                assert req.master_key is not None
-                await self.bookie.fence(req.ledger_id, bytes(req.master_key))
-            entries = await self.bookie.read_entries(
-                req.ledger_id, req.start_entry_id, req.max_count, self.ch.response_budget(req.max_size))
-            status = EOK if entries else ENOENTRY
-            # As the bookie laid them out (a run's buffers): no tuple of views per entry.
-            self.send(m.BatchReadResponse(status, req.ledger_id, req.start_entry_id, req.request_id, entries))
-        except Exception as e:
-            what = "fencing BATCH_READ" if req.is_fencing else None
-            status = self.ch.status_for(e, "BATCH_READ", req.ledger_id, req.start_entry_id, what)
-            self.send(m.BatchReadResponse(status, req.ledger_id, req.start_entry_id, req.request_id))
-        finally:
-            self.counters.reads -= 1
+        def answer(entries: m.PackedEntries | None, exc: BaseException | None) -> None:
+            counters.reads -= 1
+            ch.reading -= 1
+            if exc is None:
+                assert entries is not None
+                try:
+                    # As the bookie laid them out (a run's buffers): no tuple of views per entry.
+                    send(m.BatchReadResponse(EOK if entries else ENOENTRY, ledger_id, first, request_id, entries))
+                    return
+                except Exception as e:  # a bug answering it: answered as one (EINTERNAL), never EIO
+                    exc = e
+            status = ch.status_for(exc, "BATCH_READ", ledger_id, first, "fencing BATCH_READ" if fencing else None)
+            send(m.BatchReadResponse(status, ledger_id, first, request_id))
+
+        fence_key = None
+        if fencing:
+            assert req.master_key is not None
+            fence_key = bytes(req.master_key)
+        _admitted(ch, self.bookie.read_entries_cb, ledger_id, first, req.max_count,
+                  ch.response_budget(req.max_size), fence_key, answer)
 
 
 class StridedReadProcessor(Processor):
-    """READ_STRIDED: entries ``first, first + stride, ...`` on a reader thread, answered like
-    BATCH_READ."""
+    """READ_STRIDED: entries ``first, first + stride, ...`` (``AsyncBookie.read_strided_cb``, on
+    a reader thread), admitted and answered like BATCH_READ."""
 
     __slots__ = ()
 
     def __call__(self, req: m.StridedReadRequest) -> None:
+        ch = self.ch
         counters = self.counters
+        send = self.send
+        ledger_id, first, request_id = req.ledger_id, req.first_entry_id, req.request_id
         counters.requests["READ_STRIDED"] += 1
         if not counters.try_read():
             counters.rejected["READ_STRIDED"] += 1
-            self.send(m.StridedReadResponse(req.request_id, ETOOMANYREQUESTS, req.ledger_id, req.first_entry_id))
+            send(m.StridedReadResponse(request_id, ETOOMANYREQUESTS, ledger_id, first))
             return
-        self.ch.spawn(self._strided_read(req))
 
-    async def _strided_read(self, req: m.StridedReadRequest) -> None:
-        try:
-            entries = await self.bookie.read_strided(
-                req.ledger_id, req.first_entry_id, req.stride, req.max_count, self.ch.response_budget(req.max_size))
-            status = EOK if entries else ENOENTRY
-            self.send(m.StridedReadResponse(req.request_id, status, req.ledger_id, req.first_entry_id, entries))
-        except Exception as e:
-            status = self.ch.status_for(e, "READ_STRIDED", req.ledger_id, req.first_entry_id)
-            self.send(m.StridedReadResponse(req.request_id, status, req.ledger_id, req.first_entry_id))
-        finally:
-            self.counters.reads -= 1
+        def answer(entries: m.PackedEntries | None, exc: BaseException | None) -> None:
+            counters.reads -= 1
+            ch.reading -= 1
+            if exc is None:
+                assert entries is not None
+                try:
+                    send(m.StridedReadResponse(request_id, EOK if entries else ENOENTRY, ledger_id, first, entries))
+                    return
+                except Exception as e:  # a bug answering it: answered as one (EINTERNAL), never EIO
+                    exc = e
+            send(m.StridedReadResponse(request_id, ch.status_for(exc, "READ_STRIDED", ledger_id, first),
+                                       ledger_id, first))
+
+        _admitted(ch, self.bookie.read_strided_cb, ledger_id, first, req.stride, req.max_count,
+                  ch.response_budget(req.max_size), answer)
 
 
 # ----------------------------------------------------------------------------------- LAC
-async def _lac_answer(bookie: AsyncBookie, ledger_id: int) -> tuple[bytes, bytes | memoryview]:
-    """The explicit LAC body and the last entry (empty when there is none)."""
-    lac_body = await bookie.read_explicit_lac(ledger_id)
-    try:
-        last = await bookie.read_entry(ledger_id, -1)
-    except NoSuchEntryError:
-        last = b""
-    return lac_body or b"", last
-
-
 class ReadLacProcessor(Processor):
-    """READ_LAC: the explicit LAC and the last entry."""
+    """READ_LAC: the explicit LAC and the last entry (``AsyncBookie.read_lac_cb``: one reader
+    thread hop), answered with one reply. Not bounded by ``maxReadsInProgressLimit``."""
 
     __slots__ = ()
 
     def __call__(self, req: m.ReadLacRequest) -> None:
         self.counters.requests["READ_LAC"] += 1
-        self.ch.spawn(self._read_lac(req))
+        read_lac(self.ch, "READ_LAC", m.ReadLacResponse, req.request_id, req.ledger_id)
 
-    async def _read_lac(self, req: m.ReadLacRequest) -> None:
-        try:
-            body, last = await _lac_answer(self.bookie, req.ledger_id)
-            self.send(m.ReadLacResponse(req.request_id, EOK, req.ledger_id, body, last))
-        except Exception as e:
-            self.send(m.ReadLacResponse(req.request_id, self.ch.status_for(e, "READ_LAC", req.ledger_id),
-                                        req.ledger_id))
+
+def read_lac(ch: Channel, op: str, response: type[m.ReadLacResponse] | type[m.LongPollReadLacResponse],
+             request_id: int, ledger_id: int) -> None:
+    """Read what the bookie has of the ledger's LAC and answer it with one ``response``."""
+    send = ch.replies.send
+
+    def answer(got: tuple[bytes, bytes | memoryview] | None, exc: BaseException | None) -> None:
+        ch.reading -= 1
+        if exc is None:
+            assert got is not None
+            try:
+                send(response(request_id, EOK, ledger_id, got[0], got[1]))
+                return
+            except Exception as e:  # a bug answering it: answered as one (EINTERNAL), never EIO
+                exc = e
+        send(response(request_id, ch.status_for(exc, op, ledger_id), ledger_id))
+
+    ch.hand_down(ch.bookie.read_lac_cb, ledger_id, answer)
 
 
 class LongPollProcessor(Processor):
-    """LONG_POLL_READ_LAC: waits (holding no thread) for the LAC to pass the client's, at most
-    the request's timeout, then answers as READ_LAC."""
+    """LONG_POLL_READ_LAC: waits (holding no thread and no task: a LAC watcher and a timer,
+    ``AsyncBookie.watch_lac_cb``) for the LAC to pass the client's, at most the request's
+    timeout, then answers as READ_LAC with what the bookie has then. A connection that closes
+    drops its waiting polls (``Channel.cancel``)."""
 
     __slots__ = ()
 
     def __call__(self, req: m.LongPollReadLacRequest) -> None:
+        ch = self.ch
         self.counters.requests["LONG_POLL_READ_LAC"] += 1
-        self.ch.spawn(self._long_poll(req))
+        request_id, ledger_id = req.request_id, req.ledger_id
+        drop: Callable[[], None] | None = None
+        answered = False
 
-    async def _long_poll(self, req: m.LongPollReadLacRequest) -> None:
-        try:
-            await self.bookie.wait_for_lac(req.ledger_id, req.previous_lac, req.timeout_ms / 1000.0)
-        except VellumError:
-            pass  # timed out (not an error: the answer is what the bookie has now)
-        try:
-            body, last = await _lac_answer(self.bookie, req.ledger_id)
-            self.send(m.LongPollReadLacResponse(req.request_id, EOK, req.ledger_id, body, last))
-        except NoSuchLedgerError as e:
-            self.ch.status_for(e, "LONG_POLL_READ_LAC", req.ledger_id)
-            self.send(m.LongPollReadLacResponse(req.request_id, ENOLEDGER, req.ledger_id))
-        except Exception as e:
-            self.send(m.LongPollReadLacResponse(req.request_id, self.ch.status_for(e, "LONG_POLL_READ_LAC",
-                                                                                     req.ledger_id), req.ledger_id))
+        def passed() -> None:  # on the loop: the LAC passed, or the timeout (the answer is the same)
+            nonlocal answered
+            answered = True
+            if drop is not None:
+                ch.watches.discard(drop)
+            read_lac(ch, "LONG_POLL_READ_LAC", m.LongPollReadLacResponse, request_id, ledger_id)
+
+        drop = self.bookie.watch_lac_cb(ledger_id, req.previous_lac, req.timeout_ms / 1000.0, passed)
+        if not answered:
+            ch.watches.add(drop)
 
 
 class WriteLacProcessor(Processor):
@@ -614,6 +658,15 @@ _PROCESSORS: dict[type[Any], type[Processor]] = {
     m.TrimRequest: TrimProcessor,
     m.CollectRequest: CollectProcessor,
 }
+def _first_entry(req: Any) -> int | None:
+    """The entry a request names first (a multi-entry read: where its run starts), for log lines."""
+    for name in ("entry_id", "start_entry_id", "first_entry_id"):
+        entry_id = getattr(req, name, None)
+        if entry_id is not None:
+            return int(entry_id)
+    return None
+
+
 #: each operation's name, as its failures are counted and logged (``Channel.status_for``)
 _OP_NAMES: dict[type, str] = {kind: m.OPCODE_NAMES[kind.OPCODE] for kind in _PROCESSORS}
 
@@ -664,8 +717,7 @@ class Processors:
         the request's ids (``Channel.status_for``: a bug is EINTERNAL, never EIO), and answered
         with that status as the request's own refusal, the one question to the messages."""
         ch = self._ch
-        status = ch.status_for(exc, _OP_NAMES[type(req)], getattr(req, "ledger_id", None),
-                               getattr(req, "entry_id", None))
+        status = ch.status_for(exc, _OP_NAMES[type(req)], getattr(req, "ledger_id", None), _first_entry(req))
         answer = m.refusal_for(req, status)
         if answer is not None:
             ch.replies.send(answer)

@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vellum.bookie.bookie import BookieInfo
+from vellum.bookie.executor import watch_until
 from vellum.errors import (
     CorruptEntryError,
     IncorrectParameterError,
@@ -62,7 +63,6 @@ from vellum.errors import (
     NoSuchLedgerError,
     OperationRejectedError,
     StorageError,
-    TimeoutError_,
     UnauthorizedAccessError,
     WriteOnReadOnlyBookieError,
 )
@@ -70,6 +70,10 @@ from vellum.format.entry import master_key
 from vellum.proto.messages import FLAG_RECOVERY_ADD, AddBatch
 
 _IDS = struct.Struct(">qqq")
+
+
+def _nothing() -> None:
+    pass
 
 
 def completion(loop: asyncio.AbstractEventLoop) -> tuple[asyncio.Future[Any], Callable[[BaseException | None], None]]:
@@ -435,6 +439,7 @@ class SimBookie:
             self._loop.call_soon(done, entry, None)
 
     def read_entry(self, ledger_id: int, entry_id: int) -> asyncio.Future[bytes]:
+        """One entry after the simulated read latency (the tests' direct read of the model)."""
         return self._later(lambda: self._entry(ledger_id, entry_id))
 
     def _run(self, ledger_id: int, first: int, stride: int, max_count: int, max_bytes: int) -> list[bytes]:
@@ -451,15 +456,61 @@ class SimBookie:
             e += stride
         return got
 
-    def read_entries(self, ledger_id: int, first: int, max_count: int, max_bytes: int) -> asyncio.Future[list[bytes]]:
-        return self._later(lambda: self._run(ledger_id, first, 1, max_count, max_bytes))
+    def _later_cb(self, done: Callable[[Any, BaseException | None], None], fn: Callable[..., Any],
+                  *args: Any, then: Callable[..., Any] | None = None) -> None:
+        """A reader-pool call in callback form: ``done(result, None)`` or ``done(None, error)``
+        after a simulated read latency (never, if the bookie died meanwhile). With ``then``, a
+        second storage read follows after a latency of its own: ``then(*args, result)``."""
+        self._loop.call_later(self._rng.uniform(*self._read_s), self._run_now, done, fn, args, then)
 
-    def read_strided(self, ledger_id: int, first: int, stride: int, max_count: int,
-                     max_bytes: int) -> asyncio.Future[list[bytes]]:
-        return self._later(lambda: self._run(ledger_id, first, stride, max_count, max_bytes))
+    def _run_now(self, done: Callable[[Any, BaseException | None], None], fn: Callable[..., Any],
+                 args: tuple[Any, ...], then: Callable[..., Any] | None) -> None:
+        if not self.alive:
+            return
+        try:
+            out = fn(*args)
+        except Exception as e:
+            done(None, e)
+            return
+        if then is None:
+            done(out, None)
+        else:
+            self._later_cb(done, then, *args, out)
 
-    def read_explicit_lac(self, ledger_id: int) -> asyncio.Future[bytes | None]:
-        return self._later(lambda: self._held(ledger_id).explicit_lac)
+    def read_entries_cb(self, ledger_id: int, first: int, max_count: int, max_bytes: int, key: bytes | None,
+                        done: Callable[[Any, BaseException | None], None]) -> None:
+        """As ``AsyncBookie.read_entries_cb``: fenced first when ``key`` is given."""
+        if key is None:
+            self._later_cb(done, self._run, ledger_id, first, 1, max_count, max_bytes)
+            return
+
+        def fenced(exc: BaseException | None) -> None:
+            if exc is not None:
+                done(None, exc)
+            else:
+                self._later_cb(done, self._run, ledger_id, first, 1, max_count, max_bytes)
+
+        self.fence_cb(ledger_id, key, fenced)
+
+    def read_strided_cb(self, ledger_id: int, first: int, stride: int, max_count: int, max_bytes: int,
+                        done: Callable[[Any, BaseException | None], None]) -> None:
+        self._later_cb(done, self._run, ledger_id, first, stride, max_count, max_bytes)
+
+    def read_lac_cb(self, ledger_id: int, done: Callable[[Any, BaseException | None], None]) -> None:
+        """As ``AsyncBookie.read_lac_cb``: the explicit LAC body, then the last entry: two storage
+        reads, each after a read latency of its own (drawn when it starts, as two reader-pool
+        calls one after the other would)."""
+        self._later_cb(done, self._lac_body, ledger_id, then=self._lac_last)
+
+    def _lac_body(self, ledger_id: int) -> bytes:
+        return self._held(ledger_id).explicit_lac or b""
+
+    def _lac_last(self, ledger_id: int, body: bytes) -> tuple[bytes, bytes]:
+        try:
+            last = self._entry(ledger_id, -1)
+        except NoSuchEntryError:
+            last = b""
+        return body, last
 
     def entry_ids(self, ledger_id: int) -> asyncio.Future[list[int]]:
         return self._later(lambda: sorted(self._held(ledger_id).entries))
@@ -475,26 +526,25 @@ class SimBookie:
     def note_ledger_closed(self, ledger_id: int) -> None:
         pass
 
-    async def wait_for_lac(self, ledger_id: int, previous_lac: int, timeout_s: float) -> int:
-        lac = self._lacs.get(ledger_id, -1)
-        if lac > previous_lac:
-            return lac
-        fut: asyncio.Future[int] = self._loop.create_future()
+    def watch_lac_cb(self, ledger_id: int, previous_lac: int, timeout_s: float,
+                     done: Callable[[], None]) -> Callable[[], None]:
+        """As ``AsyncBookie.watch_lac_cb``: ``done()`` once the LAC passes ``previous_lac`` or
+        after ``timeout_s`` of virtual time; returns the function that drops the wait."""
+        def watch(fire: Callable[[], None]) -> Callable[[], None]:
+            if self._lacs.get(ledger_id, -1) > previous_lac:
+                self._loop.call_soon(fire)
+                return _nothing
+            entry = (previous_lac, lambda _lac: fire())
+            self._waiters.setdefault(ledger_id, []).append(entry)
 
-        def fire(value: int) -> None:
-            if not fut.done():
-                fut.set_result(value)
+            def unwatch() -> None:
+                waiting = self._waiters.get(ledger_id)
+                if waiting and entry in waiting:
+                    waiting.remove(entry)
 
-        entry = (previous_lac, fire)
-        self._waiters.setdefault(ledger_id, []).append(entry)
-        try:
-            return await asyncio.wait_for(fut, timeout_s)
-        except TimeoutError:
-            raise TimeoutError_(f"LAC of ledger {ledger_id} did not pass {previous_lac}") from None
-        finally:
-            waiting = self._waiters.get(ledger_id)
-            if waiting and entry in waiting:
-                waiting.remove(entry)
+            return unwatch
+
+        return watch_until(self._loop, timeout_s, done, watch)
 
     def info(self) -> asyncio.Future[BookieInfo]:
         return self._later(lambda: BookieInfo(1 << 40, 1 << 39))

@@ -57,10 +57,10 @@ from typing import Any
 from vellum.admin.integrity_check import mark_ledgers_limbo
 from vellum.bookie.assembly import BookieRuntime, OpenedBookie, open_bookie
 from vellum.bookie.bookie import BookieInfo
-from vellum.bookie.executor import CollectOutcome
+from vellum.bookie.executor import CollectOutcome, lac_answer_last, watch_until
 from vellum.bookie.metrics import BookieMetrics
 from vellum.config import ServerConfig
-from vellum.errors import NoSuchLedgerError, TimeoutError_, VellumError
+from vellum.errors import NoSuchLedgerError, VellumError
 from vellum.format.cookie import Cookie
 from vellum.ids import BookieId, LedgerId
 from vellum.meta.api import LedgerManager, RegistrationManager
@@ -521,16 +521,55 @@ class RealSimBookie:
     def read_entry(self, ledger_id: int, entry_id: int) -> asyncio.Future[bytes | memoryview]:
         return self._later(self.bookie.read_entry, ledger_id, entry_id)
 
-    def read_entries(self, ledger_id: int, first: int, max_count: int,
-                     max_bytes: int) -> asyncio.Future[list[bytes | memoryview]]:
-        return self._later(self.bookie.read_entries, ledger_id, first, max_count, max_bytes)
+    def _later_cb(self, done: Callable[[Any, BaseException | None], None], fn: Callable[..., Any],
+                  *args: Any, then: Callable[..., Any] | None = None) -> None:
+        """A reader-pool call in callback form: ``done(result, None)`` or ``done(None, error)``
+        after a simulated read latency (never, if the process died meanwhile). With ``then``, a
+        second storage read follows after a latency of its own: ``then(*args, result)``."""
+        def run() -> None:
+            if not self.alive:
+                return
+            try:
+                out = fn(*args)
+            except Exception as e:
+                done(None, e)
+                return
+            if then is None:
+                done(out, None)
+            else:
+                self._later_cb(done, then, *args, out)
 
-    def read_strided(self, ledger_id: int, first: int, stride: int, max_count: int,
-                     max_bytes: int) -> asyncio.Future[list[bytes | memoryview]]:
-        return self._later(self.bookie.read_strided, ledger_id, first, stride, max_count, max_bytes)
+        self._loop.call_later(self._rng.uniform(*self._read_s), run)
 
-    def read_explicit_lac(self, ledger_id: int) -> asyncio.Future[bytes | None]:
-        return self._later(self.bookie.read_explicit_lac, ledger_id)
+    def read_entries_cb(self, ledger_id: int, first: int, max_count: int, max_bytes: int, key: bytes | None,
+                        done: Callable[[Any, BaseException | None], None]) -> None:
+        """As ``AsyncBookie.read_entries_cb``: fenced first when ``key`` is given."""
+        if key is None:
+            self._later_cb(done, self.bookie.read_entries, ledger_id, first, max_count, max_bytes)
+            return
+
+        def fenced(exc: BaseException | None) -> None:
+            if exc is not None:
+                done(None, exc)
+            else:
+                self._later_cb(done, self.bookie.read_entries, ledger_id, first, max_count, max_bytes)
+
+        self.fence_cb(ledger_id, key, fenced)
+
+    def read_strided_cb(self, ledger_id: int, first: int, stride: int, max_count: int, max_bytes: int,
+                        done: Callable[[Any, BaseException | None], None]) -> None:
+        self._later_cb(done, self.bookie.read_strided, ledger_id, first, stride, max_count, max_bytes)
+
+    def read_lac_cb(self, ledger_id: int, done: Callable[[Any, BaseException | None], None]) -> None:
+        """As ``AsyncBookie.read_lac_cb``: the explicit LAC body, then the last entry: two storage
+        reads, each after a read latency of its own (drawn when it starts)."""
+        self._later_cb(done, self._lac_body, ledger_id, then=self._lac_last)
+
+    def _lac_body(self, ledger_id: int) -> bytes:
+        return self.bookie.read_explicit_lac(ledger_id) or b""
+
+    def _lac_last(self, ledger_id: int, body: bytes) -> tuple[bytes, bytes | memoryview]:
+        return body, lac_answer_last(self.bookie, ledger_id)
 
     def entry_ids(self, ledger_id: int) -> asyncio.Future[list[int]]:
         return self._later(self.bookie.entry_ids, ledger_id)
@@ -551,23 +590,18 @@ class RealSimBookie:
     def note_ledger_closed(self, ledger_id: int) -> None:
         self.bookie.note_ledger_closed(ledger_id)
 
-    async def wait_for_lac(self, ledger_id: int, previous_lac: int, timeout_s: float) -> int:
-        fut: asyncio.Future[int] = self._loop.create_future()
+    def watch_lac_cb(self, ledger_id: int, previous_lac: int, timeout_s: float,
+                     done: Callable[[], None]) -> Callable[[], None]:
+        """As ``AsyncBookie.watch_lac_cb``, on virtual time."""
+        loop = self._loop
 
-        def fire(lac: int) -> None:
-            if not fut.done():
-                fut.set_result(lac)
+        def watch(fire: Callable[[], None]) -> Callable[[], None]:
+            def passed(_lac: int) -> None:
+                loop.call_soon(fire)  # the bookie may call it inside watch_lac
 
-        def later(lac: int) -> None:
-            self._loop.call_soon(fire, lac)
+            return self.bookie.watch_lac(ledger_id, previous_lac, passed)
 
-        cancel = self.bookie.watch_lac(ledger_id, previous_lac, later)
-        try:
-            return await asyncio.wait_for(fut, timeout_s)
-        except TimeoutError:
-            raise TimeoutError_(f"LAC of ledger {ledger_id} did not pass {previous_lac}") from None
-        finally:
-            cancel()
+        return watch_until(loop, timeout_s, done, watch)
 
     def info(self) -> asyncio.Future[BookieInfo]:
         return self._later(lambda: BookieInfo(_DISK[0], _DISK[0] - _DISK[1]))
