@@ -130,7 +130,40 @@ class SimDisk:
 KeyCheck = Callable[[int, bytes], bool]
 
 
-class SimBookie:
+class LaterReads:
+    """Reads of a simulated bookie (the model or the real one) in callback form, each after a
+    simulated read latency drawn from the run's seed: what a reader thread does in production.
+    The bookie provides ``alive``, ``_loop``, ``_rng`` and ``_read_s``."""
+
+    alive: bool
+    _loop: asyncio.AbstractEventLoop
+    _rng: random.Random
+    _read_s: tuple[float, float]
+
+    def _later_cb(self, done: Callable[[Any, BaseException | None], None], fn: Callable[..., Any],
+                  *args: Any, then: Callable[..., Any] | None = None) -> None:
+        """A reader-pool call in callback form: ``done(result, None)`` or ``done(None, error)``
+        after a simulated read latency (never, if the bookie died meanwhile). With ``then``, a
+        second storage read follows after a latency of its own: ``then(*args, result)``."""
+        self._loop.call_later(self._rng.uniform(*self._read_s), self._run_now, done, fn, args, then)
+
+    def _run_now(self, done: Callable[[Any, BaseException | None], None], fn: Callable[..., Any],
+                 args: tuple[Any, ...], then: Callable[..., Any] | None) -> None:
+        if not self.alive:
+            return
+        try:
+            out = fn(*args)
+        except Exception as e:
+            done(None, e)
+            return
+        if then is None:
+            done(out, None)
+        else:
+            self._later_cb(done, then, *args, out)
+
+
+
+class SimBookie(LaterReads):
     """One incarnation of a simulated bookie (a restart makes a new one over the same disk)."""
 
     def __init__(self, name: str, loop: asyncio.AbstractEventLoop, rng: random.Random, disk: SimDisk,
@@ -455,27 +488,6 @@ class SimBookie:
             size += len(nxt)
             e += stride
         return got
-
-    def _later_cb(self, done: Callable[[Any, BaseException | None], None], fn: Callable[..., Any],
-                  *args: Any, then: Callable[..., Any] | None = None) -> None:
-        """A reader-pool call in callback form: ``done(result, None)`` or ``done(None, error)``
-        after a simulated read latency (never, if the bookie died meanwhile). With ``then``, a
-        second storage read follows after a latency of its own: ``then(*args, result)``."""
-        self._loop.call_later(self._rng.uniform(*self._read_s), self._run_now, done, fn, args, then)
-
-    def _run_now(self, done: Callable[[Any, BaseException | None], None], fn: Callable[..., Any],
-                 args: tuple[Any, ...], then: Callable[..., Any] | None) -> None:
-        if not self.alive:
-            return
-        try:
-            out = fn(*args)
-        except Exception as e:
-            done(None, e)
-            return
-        if then is None:
-            done(out, None)
-        else:
-            self._later_cb(done, then, *args, out)
 
     def read_entries_cb(self, ledger_id: int, first: int, max_count: int, max_bytes: int, key: bytes | None,
                         done: Callable[[Any, BaseException | None], None]) -> None:

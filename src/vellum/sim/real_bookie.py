@@ -65,7 +65,7 @@ from vellum.format.cookie import Cookie
 from vellum.ids import BookieId, LedgerId
 from vellum.meta.api import LedgerManager, RegistrationManager
 from vellum.proto.messages import FLAG_RECOVERY_ADD, AddBatch
-from vellum.sim.bookie import KeyCheck, completion
+from vellum.sim.bookie import KeyCheck, LaterReads, completion
 from vellum.stats import CollectorRegistry
 from vellum.storage.dirs import DiskUsageFn
 from vellum.storage.durable import FileOps
@@ -276,7 +276,7 @@ class _StoreLister:
 OnAddResult = Callable[[list[BaseException | None], BaseException | None], None]
 
 
-class RealSimBookie:
+class RealSimBookie(LaterReads):
     """One incarnation of a real bookie on the simulated loop (a restart makes a new one over
     the same ``home``). The interface is ``AsyncBookie``'s, plus ``crash`` and ``gc_pass``."""
 
@@ -520,26 +520,6 @@ class RealSimBookie:
 
     def read_entry(self, ledger_id: int, entry_id: int) -> asyncio.Future[bytes | memoryview]:
         return self._later(self.bookie.read_entry, ledger_id, entry_id)
-
-    def _later_cb(self, done: Callable[[Any, BaseException | None], None], fn: Callable[..., Any],
-                  *args: Any, then: Callable[..., Any] | None = None) -> None:
-        """A reader-pool call in callback form: ``done(result, None)`` or ``done(None, error)``
-        after a simulated read latency (never, if the process died meanwhile). With ``then``, a
-        second storage read follows after a latency of its own: ``then(*args, result)``."""
-        def run() -> None:
-            if not self.alive:
-                return
-            try:
-                out = fn(*args)
-            except Exception as e:
-                done(None, e)
-                return
-            if then is None:
-                done(out, None)
-            else:
-                self._later_cb(done, then, *args, out)
-
-        self._loop.call_later(self._rng.uniform(*self._read_s), run)
 
     def read_entries_cb(self, ledger_id: int, first: int, max_count: int, max_bytes: int, key: bytes | None,
                         done: Callable[[Any, BaseException | None], None]) -> None:
