@@ -69,6 +69,7 @@ from vellum.client.bookie_connection import (
 from vellum.client.bookie_connection import (
     TLS_FLUSH_BYTES as TLS_FLUSH_BYTES,  # the slice size, with the docstring
 )
+from vellum.client.bookie_upkeep_ops import DEFAULT_TIMEOUT_S, BookieUpkeepOps
 from vellum.errors import (
     BookieHandleNotAvailableError,
     ClientClosedError,
@@ -87,7 +88,6 @@ _SWEEP_INTERVAL_S: Final = 0.05
 #: a long poll's network timeout is its server-side wait plus this (the bookie answers at the end
 #: of the wait with what it has, so the answer is due shortly after ``timeout_ms``)
 LONG_POLL_MARGIN_S: Final = 5.0
-DEFAULT_TIMEOUT_S: Final = 5.0
 #: BookKeeper's startTLSTimeoutSecs default
 DEFAULT_START_TLS_TIMEOUT_S: Final = 10.0
 
@@ -95,7 +95,7 @@ _ENTRY_IDS = struct.Struct(">qq")  # first 16 bytes of a stored entry: ledgerId,
 
 
 
-class BookieClient:
+class BookieClient(BookieUpkeepOps):
     """Pooled, pipelined connections to bookies (see the module docstring).
 
     All methods must be called on the loop thread of the loop the client is first used on.
@@ -611,82 +611,6 @@ class BookieClient:
             timeout_s,
         )
         await fut
-
-    async def list_entries(
-        self, bookie_id: str, ledger_id: int, *, timeout_s: float = DEFAULT_TIMEOUT_S
-    ) -> tuple[tuple[int, int], ...]:
-        """The entry ids the bookie holds for the ledger, as sorted disjoint inclusive ranges."""
-        fut = self._submit_by_id(
-            bookie_id,
-            m.OP_LIST_ENTRIES,
-            ledger_id,
-            -1,
-            lambda rid: m.ListEntriesRequest(rid, ledger_id),
-            timeout_s,
-        )
-        result: tuple[tuple[int, int], ...] = await fut
-        return result
-
-    async def bookie_info(self, bookie_id: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> tuple[int, int]:
-        """``(total disk capacity, free disk space)`` of the bookie's ledger dirs, in bytes."""
-        fut = self._submit_by_id(
-            bookie_id, m.OP_GET_BOOKIE_INFO, -1, -1, lambda rid: m.GetBookieInfoRequest(rid), timeout_s
-        )
-        result: tuple[int, int] = await fut
-        return result
-
-    def ledger_closed(self, bookie_id: str, ledger_id: int) -> None:
-        """Advisory LEDGER_CLOSED note: fire and forget (never raises, never waits; the bookie
-        never answers it). Dropped if the bookie cannot be reached right now."""
-        try:
-            conn = self._connection(bookie_id)
-            conn.send(codec.encode_parts(m.LedgerClosedNote(conn.new_request_id(), ledger_id)))
-        except Exception as exc:
-            log.debug("LEDGER_CLOSED %d to bookie %s dropped: %s", ledger_id, bookie_id, exc)
-
-    async def trim(
-        self,
-        bookie_id: str,
-        ledger_id: int,
-        end_entry_id: int,
-        master_key: bytes,
-        *,
-        timeout_s: float = DEFAULT_TIMEOUT_S,
-    ) -> None:
-        """Ask the bookie to drop the ledger's entries below ``end_entry_id``."""
-        fut = self._submit_by_id(
-            bookie_id,
-            m.OP_TRIM,
-            ledger_id,
-            end_entry_id,
-            lambda rid: m.TrimRequest(rid, ledger_id, end_entry_id, master_key),
-            timeout_s,
-        )
-        await fut
-
-    async def collect(
-        self,
-        bookie_id: str,
-        ledger_id: int,
-        end_entry_id: int,
-        master_key: bytes,
-        *,
-        timeout_s: float = DEFAULT_TIMEOUT_S,
-    ) -> tuple[int, int]:
-        """COLLECT: the bookie trims the ledger below ``end_entry_id`` (0: nothing), seals the
-        active entry logs holding it and runs a garbage collection pass on its ledger dir(s);
-        answered when that pass is done with ``(reclaimed bytes, garbage bytes left)``.
-        ``NoSuchLedgerError``: the bookie does not hold the ledger (nothing to collect)."""
-        fut = self._submit_by_id(
-            bookie_id,
-            m.OP_COLLECT,
-            ledger_id,
-            end_entry_id,
-            lambda rid: m.CollectRequest(rid, ledger_id, end_entry_id, master_key),
-            timeout_s,
-        )
-        result: tuple[int, int] = await fut
-        return result
 
     # ------------------------------------------------------------------------------ close
     async def close(self) -> None:

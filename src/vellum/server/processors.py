@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from vellum.bookie.executor import AsyncBookie
@@ -382,80 +382,70 @@ def _admitted(ch: Channel, call: Callable[..., None], *args: Any) -> None:
         raise
 
 
+_NO_ENTRIES: tuple[m.BytesLike, ...] = ()
+
+
+def _read_run(ch: Channel, op: str, ledger_id: int, first: int,
+              reply: Callable[[int, Sequence[m.BytesLike]], Any], call: Callable[..., None], *args: Any,
+              fencing: bool = False) -> None:
+    """A multi-entry read (BATCH_READ, READ_STRIDED): counted, admitted against the in-progress
+    bound (refused ETOOMANYREQUESTS past it), handed to the bookie once (``call(*args,
+    answer)``), answered once with ``reply(status, entries)``: the bookie's ``PackedEntries``
+    as they are (the run's buffers, no object per entry), ENOENTRY for an empty run, the
+    failure's status (``Channel.status_for``, logged there) otherwise."""
+    counters = ch.counters
+    send = ch.replies.send
+    counters.requests[op] += 1
+    if not counters.try_read():
+        counters.rejected[op] += 1
+        send(reply(ETOOMANYREQUESTS, _NO_ENTRIES))
+        return
+
+    def answer(entries: m.PackedEntries | None, exc: BaseException | None) -> None:
+        counters.reads -= 1
+        ch.reading -= 1
+        if exc is None:
+            assert entries is not None
+            try:
+                send(reply(EOK if entries else ENOENTRY, entries))
+                return
+            except Exception as e:  # a bug answering it: answered as one (EINTERNAL), never EIO
+                exc = e
+        send(reply(ch.status_for(exc, op, ledger_id, first, f"fencing {op}" if fencing else None), _NO_ENTRIES))
+
+    _admitted(ch, call, *args, answer)
+
+
 class BatchReadProcessor(Processor):
-    """BATCH_READ: admitted against the in-progress bound, handed to the bookie once
-    (``AsyncBookie.read_entries_cb``: consecutive entries on a reader thread, fencing first
-    with the fence flag), answered with the bookie's ``PackedEntries`` as they are (the run's
-    buffers, no object per entry) in one reply."""
+    """BATCH_READ: consecutive entries (``AsyncBookie.read_entries_cb``, on a reader thread;
+    fencing first with the fence flag), one ``_read_run``."""
 
     __slots__ = ()
 
     def __call__(self, req: m.BatchReadRequest) -> None:
-        ch = self.ch
-        counters = self.counters
-        send = self.send
         ledger_id, first, request_id = req.ledger_id, req.start_entry_id, req.request_id
-        fencing = req.is_fencing
-        counters.requests["BATCH_READ"] += 1
-        if not counters.try_read():
-            counters.rejected["BATCH_READ"] += 1
-            send(m.BatchReadResponse(ETOOMANYREQUESTS, ledger_id, first, request_id))
-            return
-
-        def answer(entries: m.PackedEntries | None, exc: BaseException | None) -> None:
-            counters.reads -= 1
-            ch.reading -= 1
-            if exc is None:
-                assert entries is not None
-                try:
-                    # As the bookie laid them out (a run's buffers): no tuple of views per entry.
-                    send(m.BatchReadResponse(EOK if entries else ENOENTRY, ledger_id, first, request_id, entries))
-                    return
-                except Exception as e:  # a bug answering it: answered as one (EINTERNAL), never EIO
-                    exc = e
-            status = ch.status_for(exc, "BATCH_READ", ledger_id, first, "fencing BATCH_READ" if fencing else None)
-            send(m.BatchReadResponse(status, ledger_id, first, request_id))
-
         fence_key = None
-        if fencing:
+        if req.is_fencing:
             assert req.master_key is not None
             fence_key = bytes(req.master_key)
-        _admitted(ch, self.bookie.read_entries_cb, ledger_id, first, req.max_count,
-                  ch.response_budget(req.max_size), fence_key, answer)
+        _read_run(self.ch, "BATCH_READ", ledger_id, first,
+                  lambda status, entries: m.BatchReadResponse(status, ledger_id, first, request_id, entries),
+                  self.bookie.read_entries_cb, ledger_id, first, req.max_count,
+                  self.ch.response_budget(req.max_size), fence_key, fencing=req.is_fencing)
 
 
 class StridedReadProcessor(Processor):
     """READ_STRIDED: entries ``first, first + stride, ...`` (``AsyncBookie.read_strided_cb``, on
-    a reader thread), admitted and answered like BATCH_READ."""
+    a reader thread), one ``_read_run``."""
 
     __slots__ = ()
 
     def __call__(self, req: m.StridedReadRequest) -> None:
-        ch = self.ch
-        counters = self.counters
-        send = self.send
         ledger_id, first, request_id = req.ledger_id, req.first_entry_id, req.request_id
-        counters.requests["READ_STRIDED"] += 1
-        if not counters.try_read():
-            counters.rejected["READ_STRIDED"] += 1
-            send(m.StridedReadResponse(request_id, ETOOMANYREQUESTS, ledger_id, first))
-            return
-
-        def answer(entries: m.PackedEntries | None, exc: BaseException | None) -> None:
-            counters.reads -= 1
-            ch.reading -= 1
-            if exc is None:
-                assert entries is not None
-                try:
-                    send(m.StridedReadResponse(request_id, EOK if entries else ENOENTRY, ledger_id, first, entries))
-                    return
-                except Exception as e:  # a bug answering it: answered as one (EINTERNAL), never EIO
-                    exc = e
-            send(m.StridedReadResponse(request_id, ch.status_for(exc, "READ_STRIDED", ledger_id, first),
-                                       ledger_id, first))
-
-        _admitted(ch, self.bookie.read_strided_cb, ledger_id, first, req.stride, req.max_count,
-                  ch.response_budget(req.max_size), answer)
+        _read_run(self.ch, "READ_STRIDED", ledger_id, first,
+                  lambda status, entries: m.StridedReadResponse(request_id, status, ledger_id, first, entries),
+                  self.bookie.read_strided_cb, ledger_id, first, req.stride, req.max_count,
+                  self.ch.response_budget(req.max_size))
 
 
 # ----------------------------------------------------------------------------------- LAC
