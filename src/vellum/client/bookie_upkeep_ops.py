@@ -12,11 +12,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-from vellum.client.bookie_connection import BookieConnection
 from vellum.proto import codec
 from vellum.proto import messages as m
+
+if TYPE_CHECKING:
+    from vellum.client.bookie_connection import BookieConnection
 
 log = logging.getLogger("vellum.client.bookie_client")
 
@@ -27,12 +29,11 @@ DEFAULT_TIMEOUT_S: Final = 5.0
 class BookieUpkeepOps:
     """Upkeep requests to bookies, over ``BookieClient``'s connections."""
 
-    def _connection(self, bookie_id: str) -> BookieConnection:
-        raise NotImplementedError  # BookieClient's
+    if TYPE_CHECKING:  # what BookieClient provides (declared for the type checker only)
+        def _connection(self, bookie_id: str) -> BookieConnection: ...
 
-    def _submit_by_id(self, bookie_id: str, op: int, ledger_id: int, entry_id: int,
-                      build: Callable[[int], m.Request], timeout_s: float) -> asyncio.Future[Any]:
-        raise NotImplementedError  # BookieClient's
+        def _submit_by_id(self, bookie_id: str, op: int, ledger_id: int, entry_id: int,
+                          build: Callable[[int], m.Request], timeout_s: float) -> asyncio.Future[Any]: ...
 
     async def list_entries(
         self, bookie_id: str, ledger_id: int, *, timeout_s: float = DEFAULT_TIMEOUT_S
