@@ -223,7 +223,14 @@ class BookieClient(BookieUpkeepOps):
         build: Callable[[int], m.Request],
         timeout_s: float,
     ) -> asyncio.Future[Any]:
-        conn = self._connection(bookie_id)
+        """A request matched by its id; a failure known at once (closed client, bookie in
+        reconnect backoff) comes back as an already failed future, as in ``read_future``."""
+        try:
+            conn = self._connection(bookie_id)
+        except VellumError as exc:
+            failed: asyncio.Future[Any] = self._get_loop().create_future()
+            failed.set_exception(exc)
+            return failed
         request_id = conn.new_request_id()
         parts = codec.encode_parts(build(request_id))
         loop = conn.loop
@@ -233,24 +240,6 @@ class BookieClient(BookieUpkeepOps):
         self._register(conn, p)
         conn.send(parts)
         return fut
-
-    def _future_by_id(
-        self,
-        bookie_id: str,
-        op: int,
-        ledger_id: int,
-        entry_id: int,
-        build: Callable[[int], m.Request],
-        timeout_s: float,
-    ) -> asyncio.Future[Any]:
-        """``_submit_by_id`` for the ``*_future`` reads: a failure known at once (closed client,
-        bookie in reconnect backoff) comes back as an already failed future, as in ``read_future``."""
-        try:
-            return self._submit_by_id(bookie_id, op, ledger_id, entry_id, build, timeout_s)
-        except VellumError as exc:
-            fut: asyncio.Future[Any] = self._get_loop().create_future()
-            fut.set_exception(exc)
-            return fut
 
     def _sweep(self) -> None:
         """The periodic timeout sweep over every connection (armed while requests are pending).
@@ -509,7 +498,7 @@ class BookieClient(BookieUpkeepOps):
         timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> asyncio.Future[m.FrameEntries]:
         """:meth:`batch_read` as a future, without a coroutine or task (as :meth:`read_future`)."""
-        return self._future_by_id(
+        return self._submit_by_id(
             bookie_id,
             m.OP_BATCH_READ,
             ledger_id,
@@ -554,7 +543,7 @@ class BookieClient(BookieUpkeepOps):
         self, bookie_id: str, ledger_id: int, *, timeout_s: float = DEFAULT_TIMEOUT_S
     ) -> asyncio.Future[tuple[bytes, bytes]]:
         """:meth:`read_lac` as a future, without a coroutine or task (as :meth:`read_future`)."""
-        return self._future_by_id(
+        return self._submit_by_id(
             bookie_id, m.OP_READ_LAC, ledger_id, -1, lambda rid: m.ReadLacRequest(rid, ledger_id), timeout_s
         )
 
@@ -570,7 +559,7 @@ class BookieClient(BookieUpkeepOps):
         self, bookie_id: str, ledger_id: int, previous_lac: int, timeout_ms: int
     ) -> asyncio.Future[tuple[bytes, bytes]]:
         """:meth:`long_poll_lac` as a future, without a coroutine or task (as :meth:`read_future`)."""
-        return self._future_by_id(
+        return self._submit_by_id(
             bookie_id,
             m.OP_LONG_POLL_READ_LAC,
             ledger_id,
