@@ -1,7 +1,8 @@
 """The simulator end to end: many seeds without a violation, exact replay of a seed, and the
 regression seeds that fail with their fix reverted behind a test flag (docs/verification.md).
 
-``VELLUM_SIM_SEEDS=N`` runs N seeds in the campaign test instead of the CI default."""
+``VELLUM_SIM_SEEDS=N`` runs N seeds in the campaign test instead of the CI default. The
+campaigns run in two worker processes (``jobs``), as ``vellum verify sim --jobs 2`` would."""
 
 from __future__ import annotations
 
@@ -18,9 +19,11 @@ from vellum.sim.campaign import run_campaign
 from vellum.sim.runner import FAULT_KINDS, SCENARIOS, SimOptions, run_seed
 from vellum.sim.workload import WorkloadShape
 
-#: the CI campaign: small worlds, every fault kind
+#: the CI campaign: small worlds, every default fault kind, a few thousand seeds
 CI_SHAPE = WorkloadShape(ledgers=2, entries=(10, 30), reader_polls=15)
-CI_SEEDS = int(os.environ.get("VELLUM_SIM_SEEDS", "200"))
+CI_SEEDS = int(os.environ.get("VELLUM_SIM_SEEDS", "3000"))
+#: worker processes of the CI campaigns
+JOBS = 2
 
 #: fence-race seeds that fail when recovery reads do not carry the fence flag (TLA+ defect 1):
 #: a bookie whose fencing read was lost answers the recovery read "no such entry", then takes
@@ -57,7 +60,7 @@ def _describe(report) -> str:  # type: ignore[no-untyped-def]
 
 
 def test_a_campaign_of_seeds_with_every_fault_finds_no_violation() -> None:
-    report = run_campaign(range(CI_SEEDS), SimOptions(shape=CI_SHAPE))
+    report = run_campaign(range(CI_SEEDS), SimOptions(shape=CI_SHAPE), jobs=JOBS)
     assert report.seeds == CI_SEEDS
     assert report.operations > CI_SEEDS * 20  # the clients did work
     assert report.acks > CI_SEEDS * 5, report.acks  # and much of it was acknowledged
@@ -95,7 +98,7 @@ def test_the_opt_in_faults_find_no_violation() -> None:
     lost: the caller sees the store unavailable, the write happened or not) and ``corrupt`` (a
     crash leaves one stored copy of an entry bad: reading it is EIO, rule 2 of
     docs/correctness.md)."""
-    report = run_campaign(range(40), SimOptions(faults=frozenset(FAULT_KINDS), shape=CI_SHAPE))
+    report = run_campaign(range(500), SimOptions(faults=frozenset(FAULT_KINDS), shape=CI_SHAPE), jobs=JOBS)
     assert not report.violations and not report.errors, _describe(report)
 
 

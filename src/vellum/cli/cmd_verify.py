@@ -114,6 +114,9 @@ def register(cli: click.Group) -> None:
                   help="also run the named-ledger actor: appends, rollovers and shrinks of a few names under the "
                        "faults, judged by named-lost and named-order (docs/verification.md)")
     @click.option("--stop-at-first", is_flag=True, help="stop at the first seed with a violation")
+    @click.option("--jobs", type=int, default=1, show_default=True,
+                  help="worker processes that run the seeds (0: one per core); the report, the progress and the "
+                       "resume point are the same as with one")
     @click.option("--nightly", is_flag=True,
                   help=f"the nightly campaign: {NIGHTLY_SEEDS:,} seeds (unless --seeds), every fault kind (unless "
                        f"--faults), a progress line every {NIGHTLY_PROGRESS_EVERY:,} seeds naming the --start that "
@@ -122,7 +125,7 @@ def register(cli: click.Group) -> None:
     def sim(count: int | None, start: int, one: int | None, scenario: str, faults: str | None, ledgers: int | None,
             entries: int | None,
             regressions: tuple[str, ...], autorecovery: bool | None, bookie_kind: str, power_loss: float,
-            named: bool, stop_at_first: bool, nightly: bool,
+            named: bool, stop_at_first: bool, jobs: int, nightly: bool,
             as_json: bool) -> None:
         """Run the deterministic simulation over many seeds (or replay one)."""
         if count is None:
@@ -131,6 +134,9 @@ def register(cli: click.Group) -> None:
             faults = "all"
         if count < 1:
             raise click.BadParameter("must be at least 1", param_hint="--seeds")
+        if jobs < 0:
+            raise click.BadParameter(f"{jobs} worker processes: give 1 or more, or 0 for one per core",
+                                     param_hint="--jobs")
         base = SCENARIOS[scenario]
         shape = base.shape
         if ledgers is not None:
@@ -203,7 +209,7 @@ def register(cli: click.Group) -> None:
                     click.echo(f"seeds {state['n']}/{count} (last {r.seed}), {rate}, {state['bad']} failing{resume}",
                                err=True)
 
-            report = run_campaign(seeds, options, on_result=on_result, stop_at_first=stop_at_first)
+            report = run_campaign(seeds, options, on_result=on_result, stop_at_first=stop_at_first, jobs=jobs)
             report_box.append(report)
         if report.interrupted:
             after = report.last_seed + 1 if report.last_seed is not None else start
