@@ -15,7 +15,7 @@ from vellum.sim.runner import SCENARIOS, SimOptions
 from vellum.sim.workload import WorkloadShape
 
 SMALL = WorkloadShape(ledgers=2, entries=(10, 30), reader_polls=15)
-#: fence-race with recovery reads that do not fence: seed 143 and a few around it fail
+#: fence-race with recovery reads that do not fence: some seeds from 143 on fail
 #: (tests/sim/test_sim_seeds.py), so a campaign over them carries violations back from the workers
 BROKEN = replace(SCENARIOS["fence-race"], flags=frozenset({"no-fencing-recovery-reads"}))
 
