@@ -513,9 +513,12 @@ class World:
                 power = self.options.power_loss > 0 and rng is not None and rng.random() < self.options.power_loss
             assert node.page_cache is not None
             lied = node.page_cache.lied_files if power else 0
+            indexed = node.page_cache.index.lost_writes
             node.crash(power_loss=power)
             self.injected["crash"] += 1
-            self.history.add("nemesis", "crash", value=f"{node.name} (power loss)" if power else node.name)
+            lost = node.page_cache.index.lost_writes - indexed  # RocksDB writes no WAL sync covered
+            self.history.add("nemesis", "crash", value=f"{node.name} (power loss): {lost} index writes lost"
+                             if power else node.name)
             if lied:
                 self.injected["lying-fsync"] += 1
                 self.history.add("nemesis", "fsync-lied",
