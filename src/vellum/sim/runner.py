@@ -833,9 +833,10 @@ async def _main(world: World, workload: Workload, named: NamedWorkload | None = 
         for f in faults:
             f.cancel()
     world.heal_everything()
-    await workload.final_phase()
     if named is not None:
         await named.final_phase()
+        named.hand_over(workload, world.store)  # its segments: judged as the plain ledgers too
+    await workload.final_phase()
     if autorecovery is not None:
         world.settled = await autorecovery.settle(world.loop.time(), set(workload.final_ends))
         await autorecovery.stop()
