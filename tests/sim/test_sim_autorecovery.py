@@ -97,6 +97,11 @@ AUTORECOVERY_SEEDS = [
     # segments span every bookie (since writers take back a bookie that failed earlier, the
     # default faults with corrupt no longer leave such a segment in 3,000 seeds)
     ("stop-at-unhealable-fragment", 1131, DEFAULT_FAULTS | {"corrupt", "clock"}),
+    # the wall clock was stepped back (the clock fault steps AutoRecovery's too), then the
+    # auditor's session expired: the new auditor read the last audit time, ahead of its clock,
+    # and put its first ledger check off by the step (56 minutes): AutoRecovery never
+    # settled
+    ("future-audit-time", 71, DEFAULT_FAULTS | {"clock", "expiry"}),
 ]
 
 

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import vellum
 from vellum.sim.campaign import run_campaign
-from vellum.sim.history import History, digest
+from vellum.sim.checker import check
+from vellum.sim.history import Event, History, digest
 from vellum.sim.named_workload import NamedWorkload
 from vellum.sim.runner import FAULT_KINDS, SCENARIOS, run_seed
 
@@ -53,6 +54,37 @@ def test_the_named_promises_catch_a_lost_record_a_gap_and_other_bytes() -> None:
     named.orders["orders"] = [("named-final", [1, 2]), ("named-reader", [1, 3])]
     kinds = sorted((v.kind, v.entry) for v in named.check())
     assert kinds == [("named-lost", 3), ("named-order", 1), ("named-order", 2)], kinds
+
+
+def test_the_segments_are_judged_by_the_plain_ledgers_promises_too() -> None:
+    """Every acknowledged append reaches the history under its segment's ledger and local entry
+    id, the final phase recovers and reads back every segment left, and the plain promises judge
+    them: a segment entry read back with other bytes is ``divergent``, one missing from the final
+    read ``unreadable``, one beyond the end the segment was closed at ``ack-lost``."""
+    result = run_seed(1, replace(NAMED, trace=True))
+    assert result.history is not None and not result.violations and result.error is None
+    events = result.history.events
+    acks = [e for e in events if e.actor == "named" and e.kind == "ack"]
+    segments = {e.ledger for e in acks}
+    ends = {e.ledger: int(e.value) for e in events if e.actor == "final" and e.kind == "recovered"}
+    assert len(segments) >= 4 and segments <= set(ends), (segments, ends)
+    final = {(e.ledger, e.entry) for e in events if e.kind == "final-read"}
+    assert {(e.ledger, e.entry) for e in acks} <= final  # no shrink dropped a whole segment in this seed
+    assert any(e.kind == "read" and e.actor == "named-reader" and e.ledger in segments for e in events)
+    assert check(History(list(events)), final_ends=ends, leftover_deleted={}) == []
+    seg, entry = acks[0].ledger, acks[0].entry
+
+    def kinds(changed: list[Event]) -> set[tuple[str, int, int]]:
+        return {(v.kind, v.ledger, v.entry) for v in check(History(changed), final_ends=ends, leftover_deleted={})}
+
+    other = [e._replace(value="other") if (e.kind, e.ledger, e.entry) == ("final-read", seg, entry) else e
+             for e in events]
+    assert ("divergent", seg, entry) in kinds(other)
+    missing = [e for e in events if (e.kind, e.ledger, e.entry) != ("final-read", seg, entry)]
+    assert ("unreadable", seg, entry) in kinds(missing)
+    end = ends[seg]
+    beyond = [*events, Event(acks[0].t, "named", "ack", seg, end + 1, "lost")]  # before any recovery
+    assert ("ack-lost", seg, end + 1) in kinds(beyond)
 
 
 def test_the_new_options_replay_exactly_in_another_process_with_another_hash_seed() -> None:

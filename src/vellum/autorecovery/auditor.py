@@ -58,6 +58,10 @@ from vellum.meta.model import LedgerMetadata
 
 log = logging.getLogger(__name__)
 
+#: a test flag (docs/verification.md, "Regression seeds"): False reverts the fix that counts a
+#: stored audit time ahead of the wall clock (a clock stepped back) as a check just done
+_clamp_future_audit_time = True
+
 MARKED = stats.counter("auditor_MARKED_LEDGERS", "times the auditor marked a ledger under-replicated")
 LOST_BOOKIES = stats.gauge("auditor_LOST_BOOKIES", "bookies the auditor counts as lost")
 UNDER_REPLICATED = stats.gauge("auditor_NUM_UNDER_REPLICATED_LEDGERS", "under-replicated ledger records")
@@ -200,6 +204,12 @@ class Auditor:
         assert callable(get_ctime)
         last_ms = await asyncio.to_thread(get_ctime)
         since = now_wall - (last_ms / 1000 if last_ms else 0)
+        if since < 0 and _clamp_future_audit_time:
+            # The stored time is ahead of this clock: the wall clock was stepped back since (or
+            # the last auditor's clock ran ahead). As BookKeeper's auditor, count it as just
+            # done: the check comes one interval from now, not the step later (an hour's step
+            # back would hold every check for an hour).
+            since = 0.0
         return time.monotonic() + max(0.0, interval_s - since)
 
     async def _mark_due(self, now: float) -> None:

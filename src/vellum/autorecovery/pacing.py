@@ -36,10 +36,16 @@ from collections import deque
 from collections.abc import Callable
 
 
+def _monotonic() -> float:
+    # ``time.monotonic`` looked up at each call, not bound once as a default argument, so that a
+    # simulated run's virtual clock (``sim/autorecovery.virtual_clock``) reaches it
+    return time.monotonic()
+
+
 class RateLimiter:
     """At most ``rate`` units per second on average (``rate <= 0``: unlimited)."""
 
-    def __init__(self, rate: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, rate: float, clock: Callable[[], float] = _monotonic) -> None:
         self.rate = rate
         self._clock = clock
         self._next = clock()
@@ -65,7 +71,7 @@ class YieldingWindow:
     def __init__(self, limit: int, target_s: float | None, *, min_round_s: float = 0.05,
                  bucket_s: float = 10.0, base_buckets: int = 6,
                  on_round: Callable[[float, float], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = _monotonic) -> None:
         self.limit = max(1, limit)
         self.target_s = target_s
         self._clock = clock

@@ -28,8 +28,10 @@ the fragment from it fails. Replacing a fragment:
 Open ledgers: the writer keeps writing meanwhile; closed segments are healed at once. The open
 segment (the last of an unclosed ledger) has no end yet: it is left to its writer, who replaces
 a failed bookie itself when it writes, for ``openLedgerRereplicationGracePeriod`` after the
-record was made; past that the worker fences and recovers the ledger (closing it), then heals
-the now closed segment. A ledger deleted meanwhile is done. Any failure releases the lock (the
+record was made (by the wall clock against the record's ctime, and at most that long after this
+worker first deferred it, by its monotonic clock: a wall clock stepped back cannot stretch it);
+past that the worker fences and recovers the ledger (closing it), then heals the now closed
+segment. A ledger deleted meanwhile is done. Any failure releases the lock (the
 ledger is retried after ``rwRereplicateBackoffMs``, by this or another worker); a worker that
 dies loses its lock with its metadata session.
 """
@@ -73,6 +75,10 @@ _avoid_registered_bad_bookies = False
 #: test flag (the simulator's regression seed): give up on a ledger at its first fragment no
 #: bookie may take, leaving the others unhealed (the behaviour before the fix)
 _stop_at_unhealable_fragment = False
+#: test flag (the simulator's regression test): False reverts the fix that ends an open ledger's
+#: grace period once this worker itself deferred the ledger that long (its monotonic clock), so a
+#: wall clock stepped back after the ledger was marked no longer holds its recovery for the step
+_bound_grace_by_own_wait = True
 #: seconds before a ledger that cannot heal is tried again while the registered bookies stay the same
 BLOCKED_RETRY_S = 60.0
 
@@ -102,6 +108,8 @@ class ReplicationWorker:
         self.current: int | None = None
         #: ledgers whose lock this worker holds but failed to release: released before the next one
         self._unreleased: set[int] = set()
+        #: ledger -> (record version, monotonic time) this worker first deferred its open fragment
+        self._deferring: dict[int, tuple[int, float]] = {}
 
     async def run(self, stop: asyncio.Event) -> None:
         """Heal ledgers until ``stop`` is set. Nothing ends this loop but ``stop`` (or
@@ -197,6 +205,7 @@ class ReplicationWorker:
             log.warning("replication worker %s: cannot record why ledger %d cannot heal: %s", self.worker_id,
                         lid, exc)
         if outcome is Outcome.HEALED:
+            self._deferring.pop(int(lid), None)
             deleted = await asyncio.to_thread(urm.mark_replicated, lid)
             REREPLICATED.inc()
             log.info("replication worker %s: ledger %d re-replicated%s", self.worker_id, lid,
@@ -225,9 +234,11 @@ class ReplicationWorker:
         if any(f.is_open for f in bad):
             marked_ms = record.ctime_ms if record is not None and record.ctime_ms > 0 else 0
             waited_ms = time.time() * 1000 - marked_ms
-            if waited_ms < self._settings.open_ledger_grace_period_ms:
+            grace_ms = self._settings.open_ledger_grace_period_ms
+            if waited_ms < grace_ms and self._deferred_ms(ledger_id, record) < grace_ms:
                 await self._replace_all(ledger_id, [f for f in bad if not f.is_open], avoid)
                 return Outcome.DEFERRED
+            self._deferring.pop(ledger_id, None)
             log.info("ledger %d: its open fragment on %s is still bad after the %d ms grace period: "
                      "fencing and recovering the ledger", ledger_id,
                      ", ".join(f.bookie for f in bad if f.is_open), self._settings.open_ledger_grace_period_ms)
@@ -237,6 +248,23 @@ class ReplicationWorker:
             avoid = self._avoid(bad)
         await self._replace_all(ledger_id, bad, avoid)
         return Outcome.HEALED
+
+    def _deferred_ms(self, ledger_id: int, record: UnderReplicatedLedger | None) -> float:
+        """How long this worker has been deferring this record of the ledger, on its monotonic
+        clock. The grace period ends when either clock says it passed: the wall clock against the
+        record's ctime (so the time since another process marked it counts), or this bound (so a
+        wall clock stepped back after the marking, the ctime then in its future, cannot hold the
+        ledger's recovery for the length of the step; BookKeeper's worker times the grace with a
+        timer of its own)."""
+        if not _bound_grace_by_own_wait:
+            return 0.0
+        version = record.version if record is not None else -1
+        now = time.monotonic()
+        seen = self._deferring.get(ledger_id)
+        if seen is None or seen[0] != version:  # first deferral of this record (re-marked: a new one)
+            self._deferring[ledger_id] = (version, now)
+            return 0.0
+        return (now - seen[1]) * 1000
 
     async def _replace_all(self, ledger_id: int, bad: list[Fragment], avoid: set[str]) -> None:
         """Replace every fragment that can be replaced; one that cannot (no bookie may take its

@@ -47,6 +47,7 @@ from vellum.storage.cookies import check_cookies
 from vellum.storage.dirs import DiskUsageFn, LedgerDirsListener, LedgerDirsManager
 from vellum.storage.durable import FileOps
 from vellum.storage.gc import DiskState, GarbageCollectorThread, GcSettings, LedgerLister
+from vellum.storage.index import IndexOps
 from vellum.storage.journal import Journal
 from vellum.storage.ledger_storage import LedgerStorage
 from vellum.storage.markers import (
@@ -73,7 +74,8 @@ class BookieRuntime:
     (``Journal.commit``, ``Bookie.checkpoint``, ``LedgerDirsManager.check``,
     ``GarbageCollectorThread.run_once``) at times of its choosing. ``disk_usage`` (None: the
     file system's) fixes what the disk checks see; ``file_ops`` (None: the OS's) are the system
-    calls the journals and entry logs write and fsync through (the simulator's power loss)."""
+    calls the journals and entry logs write and fsync through, and ``index_ops`` (None:
+    RocksDB's own) the writes and WAL syncs of the RocksDB indexes (the simulator's power loss)."""
 
     threads: bool = True
     monotonic: Callable[[], float] = time.monotonic
@@ -81,6 +83,7 @@ class BookieRuntime:
     sleep: Callable[[float], None] = time.sleep
     disk_usage: DiskUsageFn | None = None
     file_ops: FileOps | None = None
+    index_ops: IndexOps | None = None
 
 
 PRODUCTION = BookieRuntime()
@@ -242,6 +245,7 @@ def open_bookie(
                 entry_log_clock=runtime.monotonic,
                 flush_thread=runtime.threads,
                 file_ops=runtime.file_ops,
+                index_ops=runtime.index_ops,
             )
             for ld, idx in zip(ledger_dirs, index_dirs)
         ]

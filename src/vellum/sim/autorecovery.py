@@ -10,10 +10,13 @@ the middle of a run (``lose_bookie``) so that its ledgers need re-replication; w
 final phase, until AutoRecovery settled (``settle``); and say where every entry of every ledger
 is at the end (``replicas``).
 
-The clock: the auditor and the worker read ``time.monotonic()`` and ``time.time()`` (the lost-
-bookie delay, retries, the open-ledger grace period against a record's ctime). ``virtual_clock``
-gives those modules the loop's virtual clock for the length of a run (``EPOCH_S`` + loop time
-for the wall clock, the store's ctimes use the same) and restores them after.
+The clock: the auditor, the worker, the copier, the cannot-heal records and the copier's pacing
+read ``time.monotonic()`` and ``time.time()`` (the lost-bookie delay, the check intervals against
+the stored audit times, retries and back-offs, the open-ledger grace period against a record's
+ctime). ``virtual_clock`` gives those modules the loop's virtual clock for the length of a run
+and restores them after: the loop's time for the monotonic clock (a suspended host jumps it), and
+for the wall clock the store's (``SimCluster.wall_s``: ``EPOCH_S`` + loop time + the steps of the
+``clock`` fault; the store stamps records with the same clock, as the marking process would).
 
 Invariants: every random choice comes from the generator handed in; a daemon's failure is an
 event of the history, never an exception out of the run; every wait is bounded in virtual time.
@@ -25,12 +28,13 @@ import asyncio
 import contextlib
 import dataclasses
 import random
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from vellum.autorecovery import auditor as ar_auditor
 from vellum.autorecovery import cannot_heal as ar_cannot_heal
 from vellum.autorecovery import copier as ar_copier
+from vellum.autorecovery import pacing as ar_pacing
 from vellum.autorecovery import worker as ar_worker
 from vellum.autorecovery.cannot_heal import KEY_PREFIX as CANNOT_HEAL_PREFIX
 from vellum.autorecovery.daemon import AutoRecovery
@@ -64,26 +68,27 @@ NODES = ("autorecovery-0", "autorecovery-1")
 #: virtual seconds AutoRecovery gets after the final phase to settle
 SETTLE_S = 60.0
 
-_CLOCKED = (ar_auditor, ar_worker, ar_copier, ar_cannot_heal)
+#: every module of ``vellum.autorecovery`` that reads the ``time`` module in a run
+_CLOCKED = (ar_auditor, ar_worker, ar_copier, ar_cannot_heal, ar_pacing)
 
 
 class _VirtualTime:
-    """The parts of the ``time`` module AutoRecovery reads, on the loop's clock."""
+    """The parts of the ``time`` module AutoRecovery reads: the loop's clock, and ``wall``."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, wall: Callable[[], float]) -> None:
         self._loop = loop
+        self.time = wall
 
     def monotonic(self) -> float:
         return self._loop.time()
 
-    def time(self) -> float:
-        return EPOCH_S + self._loop.time()
-
 
 @contextlib.contextmanager
-def virtual_clock(loop: asyncio.AbstractEventLoop) -> Iterator[None]:
+def virtual_clock(loop: asyncio.AbstractEventLoop, wall: Callable[[], float] | None = None) -> Iterator[None]:
+    """AutoRecovery reads ``loop``'s clock as its monotonic clock and ``wall`` (None:
+    ``EPOCH_S`` + loop time, never stepped) as its wall clock, for the length of the block."""
     saved = [m.time for m in _CLOCKED]
-    clock = _VirtualTime(loop)
+    clock = _VirtualTime(loop, wall if wall is not None else lambda: EPOCH_S + loop.time())
     for m in _CLOCKED:
         setattr(m, "time", clock)  # noqa: B010 (a module attribute, restored below)
     try:
@@ -144,7 +149,7 @@ class SimAutoRecovery:
         earliest = since + self._settings.bookie_check_interval_s + 2 * self._settings.tick_s
         checks = ["checkallledgersctime"] + (["replicascheckctime"] if self._settings.replicas_check_interval_s else [])
         passes: dict[str, set[int]] = {name: set() for name in checks}
-        since_ms = int((EPOCH_S + since) * 1000)
+        since_ms = cluster.now_ms()  # the wall clock the audit times are stamped with, at ``since``
         while loop.time() < deadline:
             await asyncio.sleep(0.5)
             for name in checks:

@@ -235,6 +235,9 @@ class SimCluster:
         self.delay: int | None = None
         self.delay_watches: list[_Watch] = []
         self.ctimes: dict[str, int] = {}
+        #: seconds the wall clock of ``wall_s`` is ahead of ``EPOCH_S`` + virtual time (the
+        #: ``clock`` fault steps it, forward or back)
+        self.wall_offset = 0.0
         #: (vote sequence number, candidacy), in vote order: the first leads
         self.votes: list[tuple[int, _SimCandidacy]] = []
         self.changes = 0
@@ -254,8 +257,15 @@ class SimCluster:
         self._next_vote += 1
         return self._next_vote
 
+    def wall_s(self) -> float:
+        """The wall clock of the processes that stamp records and audit times (the marker's,
+        as ``meta/underreplication.now_ms`` in production): ``EPOCH_S`` plus virtual time plus
+        ``wall_offset``, which the ``clock`` fault steps (``sim/autorecovery.py`` gives
+        AutoRecovery's ``time.time`` this clock)."""
+        return EPOCH_S + self.loop.time() + self.wall_offset
+
     def now_ms(self) -> int:
-        return int((EPOCH_S + self.loop.time()) * 1000)
+        return int(self.wall_s() * 1000)
 
     def deliver(self, fn: Callable[[], None]) -> None:
         if self.watch_delay is None:

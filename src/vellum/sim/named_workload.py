@@ -16,6 +16,15 @@ read-only handle reads the name from its start to its LAC. After the run's fault
 - ``named-order``: a read of a name returns consecutive global entry ids in order, each with the
   bytes its append was acknowledged with (and one value per id, for every observer).
 
+The segments are ordinary ledgers, and the plain ledgers' promises judge them too: every
+acknowledged append and every entry a read returned is recorded in the history under its
+segment's ledger id and local entry id (``ack`` and ``read`` events, as the plain workload
+records them), and ``hand_over`` gives the segments to the plain workload's final phase, which
+recovers and reads back each one that exists (``ack-lost``, ``unreadable``, ``divergent``;
+``under-replicated`` once AutoRecovery settles) and checks that the bookies' GC removed the
+segments a shrink deleted (``written-after-delete``). The segments use the plain workload's
+password, so its final client opens them.
+
 Invariants: every choice comes from the generator handed in; every wait is bounded in virtual
 time; the client's wall clock and writer identity are the run's (``named_clock``), never the
 host's.
@@ -32,12 +41,17 @@ from typing import TYPE_CHECKING
 from vellum.client import named as client_named
 from vellum.client.named import NamedLedgers, OpenMode
 from vellum.errors import VellumError
+from vellum.ids import LedgerId
 from vellum.sim.checker import Violation
 from vellum.sim.history import History, digest
 from vellum.sim.network import current_node
+from vellum.sim.workload import PASSWORD
 
 if TYPE_CHECKING:
     from vellum.client.bookkeeper import BookKeeper
+    from vellum.client.named_record import NamedLedgerRecord
+    from vellum.meta.api import MetadataStore
+    from vellum.sim.workload import Workload
 
 #: the names the actor writes
 NAMES = ("orders", "events")
@@ -45,7 +59,7 @@ NAMES = ("orders", "events")
 SESSIONS = 12
 #: the quorum shapes of the names' segments (E, WQ, AQ)
 SHAPES = ((3, 3, 2), (3, 2, 2), (4, 3, 2))
-_PASSWORD = b"sim-named"
+_PASSWORD = PASSWORD  # the plain workload's: its final phase opens the segments too
 
 
 @contextlib.contextmanager
@@ -80,6 +94,9 @@ class NamedWorkload:
         self.orders: dict[str, list[tuple[str, list[int]]]] = {n: [] for n in NAMES}
         #: names the final phase could not read back (``VellumError``): judged as lost if acked
         self.unread: dict[str, str] = {}
+        #: the segments' ledger ids seen (writer sessions' and those of the records read), in
+        #: order: what ``hand_over`` gives the plain promises
+        self.segments: dict[int, None] = {}
 
     # ------------------------------------------------------------------------------ the actor
     async def run(self) -> None:
@@ -103,6 +120,8 @@ class NamedWorkload:
             return
         self.operations += 1
         self._history.add("named", "named-open", value=f"{name} session {session} ledger {handle.ledger_id}")
+        segment = next(s for s in handle.record.segments if s.ledger_id == handle.ledger_id)  # the writer's
+        self._note_segments(handle.record)
         for i in range(rng.randint(3, 15)):
             payload = f"{name}/{session}/{i}".encode()
             try:
@@ -113,6 +132,8 @@ class NamedWorkload:
             self.operations += 1
             self.acked[name][gid] = digest(payload)
             self._history.add("named", "named-ack", entry=gid, value=f"{name} {digest(payload)}")
+            # the same append as the segment's ledger saw it, for the plain promises
+            self._history.add("named", "ack", segment.ledger_id, gid - segment.first_entry_id, digest(payload))
         if rng.random() < 0.3 and self.acked[name]:
             end = rng.randint(handle.start_entry_id, max(handle.start_entry_id, max(self.acked[name]) + 1))
             self.shrunk[name] = max(self.shrunk[name], end)  # asked for: entries below may go
@@ -143,8 +164,17 @@ class NamedWorkload:
         self.operations += 1
         ids = [e.entry_id for e in entries]
         self.orders[name].append((observer, ids))
+        record = handle.record
+        self._note_segments(record)
         for entry in entries:
-            self.reads[name].append((observer, entry.entry_id, digest(bytes(entry.payload))))
+            got = digest(bytes(entry.payload))
+            self.reads[name].append((observer, entry.entry_id, got))
+            segment = None
+            for s in record.segments:  # in order: the last one starting at or before the entry (an
+                if s.first_entry_id <= entry.entry_id:  # empty segment starts where the next does)
+                    segment = s
+            if segment is not None:  # the same entry as its segment's ledger holds it
+                self._history.add(observer, "read", segment.ledger_id, entry.entry_id - segment.first_entry_id, got)
         self._history.add(observer, "named-read", value=f"{name} [{first}, {last}] {len(ids)} entries")
         return True
 
@@ -172,6 +202,22 @@ class NamedWorkload:
                     break
                 self.unread[name] = "the final read failed"
                 await asyncio.sleep(1.0)
+
+    def _note_segments(self, record: NamedLedgerRecord) -> None:
+        for segment in record.segments:
+            self.segments.setdefault(segment.ledger_id, None)
+
+    def hand_over(self, workload: Workload, store: MetadataStore) -> None:
+        """After ``final_phase``: the segments join the plain workload's ledgers, so its final
+        phase (before which this is called) recovers, reads back and judges them; a segment gone
+        from the store (a shrink deleted it) joins its deleted ledgers, which the bookies' GC must
+        have removed."""
+        for lid in self.segments:
+            if lid in workload.ledgers:
+                continue
+            workload.ledgers.append(lid)
+            if not store.ledgers.ledger_exists(LedgerId(lid)):
+                workload.deleted.add(lid)
 
     # ------------------------------------------------------------------------------- promise
     def check(self) -> list[Violation]:

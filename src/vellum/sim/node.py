@@ -234,7 +234,7 @@ class BookieNode:
             torn = self.bookie.crash(keep)
         if power_loss:
             assert self.page_cache is not None, "a power loss needs the real bookie"
-            self.page_cache.lose()
+            self.page_cache.lose(self._rng)
         if self.session is not None:
             self._loop.call_later(SESSION_TIMEOUT_S, self._session_timed_out, self.session)
         for link in self._links:

@@ -25,9 +25,9 @@ over the same directory (cookies, journal replay from the persisted mark). A pow
 wrote since their file's last fsync: the bookie writes them through a ``PageCache`` (the
 ``FileOps`` seam). The journal's group commit is two steps here, as with its force-write
 thread: the write at the end of the group wait (``Journal.commit``), the fsync after a seeded
-latency (``Journal.force``), so a crash can fall between them. RocksDB writes its own files:
-its writes that were not synced survive a power loss here (the loss is a subset of what a real
-one may take).
+latency (``Journal.force``), so a crash can fall between them. RocksDB writes its own files,
+but its indexes write through the ``IndexOps`` seam, here ``PageCache.index``
+(``sim/index_power.py``): a power loss takes back what no WAL sync covered but a seeded prefix.
 
 The disk checks run when the run fills or frees a bookie's disk (the ``full`` fault:
 ``disk_usage`` says every byte is taken, ``Bookie.check_disks`` is the checker thread's pass, and
@@ -66,6 +66,7 @@ from vellum.ids import BookieId, LedgerId
 from vellum.meta.api import LedgerManager, RegistrationManager
 from vellum.proto.messages import FLAG_RECOVERY_ADD, AddBatch
 from vellum.sim.bookie import KeyCheck, LaterReads, completion
+from vellum.sim.index_power import UnsyncedIndex
 from vellum.stats import CollectorRegistry
 from vellum.storage.dirs import DiskUsageFn
 from vellum.storage.durable import FileOps
@@ -110,9 +111,11 @@ class PageCache(FileOps):
     """The page cache as a power loss sees it: bytes written through these ops since their
     file's last fsync are taken back by ``lose()`` (the old bytes written back, the old size
     restored); what was fsynced stays. One per bookie, across its restarts (a process crash
-    leaves the page cache as it was)."""
+    leaves the page cache as it was). ``index``: the same for the RocksDB indexes (their writes
+    since the last WAL sync: ``sim/index_power.py``)."""
 
     def __init__(self, *, lies: bool = False) -> None:
+        self.index = UnsyncedIndex(lambda: self.lies)
         self._paths: dict[int, str] = {}
         #: path -> (its size at the last fsync, [(offset, the bytes there before a write)])
         self._undo: dict[str, tuple[int, list[tuple[int, bytes]]]] = {}
@@ -173,8 +176,9 @@ class PageCache(FileOps):
 
     @property
     def lied_files(self) -> int:
-        """Files holding bytes an fsync acknowledged that a power loss would take back now."""
-        return sum(1 for path in self._lied if path in self._undo)
+        """Files (and RocksDB databases) holding bytes an fsync acknowledged that a power loss
+        would take back now."""
+        return sum(1 for path in self._lied if path in self._undo) + self.index.lied_databases
 
     def close(self, fd: int) -> None:
         self._paths.pop(fd, None)
@@ -206,9 +210,12 @@ class PageCache(FileOps):
             if path == src:
                 self._paths[fd] = dst
 
-    def lose(self) -> int:
+    def lose(self, rng: random.Random | None = None) -> int:
         """The power goes: every file written since its last fsync gets its old bytes and size
-        back (the process is dead: no descriptor of it is used any more). Returns the files."""
+        back (the process is dead: no descriptor of it is used any more), and the indexes lose
+        their unsynced writes but a prefix drawn from ``rng`` (all of them without it). Returns
+        the files."""
+        self.index.lose(rng)
         lost = 0
         for path, (size, changes) in sorted(self._undo.items()):
             try:
@@ -294,7 +301,8 @@ class RealSimBookie(LaterReads):
         self._read_s = read_s
         self._checkpoint_s = checkpoint_s
         runtime = BookieRuntime(threads=False, monotonic=loop.time, wall=lambda: _EPOCH_S + loop.time(),
-                                sleep=_no_sleep, disk_usage=disk_usage, file_ops=page_cache)
+                                sleep=_no_sleep, disk_usage=disk_usage, file_ops=page_cache,
+                                index_ops=page_cache.index if page_cache is not None else None)
         # With ``registration``: the metadata store's copy of the cookie, as the service's start
         # (a bookie whose every disk was wiped is refused: ``CookieError``), stamped at first start.
         stored = registration.get_cookie(BookieId(name)) if registration is not None else None

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from vellum.autorecovery import auditor as ar_auditor
 from vellum.autorecovery import copier as ar_copier
 from vellum.autorecovery import worker as ar_worker
 from vellum.bookie import integrity as bookie_integrity
@@ -169,6 +170,8 @@ REGRESSIONS = {
                          "ensemble in a loop that never waits (a livelock; with the fault rack)",
     "limbo-answers-no-entry": "a limbo ledger's read of an entry the bookie lacks answers 'no such entry' instead "
                               "of 'unknown' (rule 12 of docs/correctness.md; with the mode limbo)",
+    "future-audit-time": "a newly elected auditor waits out a stored audit time ahead of its wall clock (a clock "
+                         "stepped back): its first ledger check comes the step later (with the fault clock)",
 }
 
 
@@ -186,6 +189,7 @@ _FLAG_SWITCHES: dict[str, tuple[Any, str, bool]] = {
     "serve-unchecked-reads": (storage_reads, "_check_reads", False),
     "take-back-at-once": (client_ledger_writer, "_wait_before_take_back", False),
     "limbo-answers-no-entry": (bookie_integrity, "_answer_unknown", False),
+    "future-audit-time": (ar_auditor, "_clamp_future_audit_time", False),
 }
 assert _FLAG_SWITCHES.keys() == REGRESSIONS.keys()
 
@@ -509,9 +513,12 @@ class World:
                 power = self.options.power_loss > 0 and rng is not None and rng.random() < self.options.power_loss
             assert node.page_cache is not None
             lied = node.page_cache.lied_files if power else 0
+            indexed = node.page_cache.index.lost_writes
             node.crash(power_loss=power)
             self.injected["crash"] += 1
-            self.history.add("nemesis", "crash", value=f"{node.name} (power loss)" if power else node.name)
+            lost = node.page_cache.index.lost_writes - indexed  # RocksDB writes no WAL sync covered
+            self.history.add("nemesis", "crash", value=f"{node.name} (power loss): {lost} index writes lost"
+                             if power else node.name)
             if lied:
                 self.injected["lying-fsync"] += 1
                 self.history.add("nemesis", "fsync-lied",
@@ -593,14 +600,15 @@ class World:
         self.history.add("nemesis", "full" if full else "writable", value=node.name)
 
     def _clock_jump(self, rng: random.Random) -> None:
-        """A clock jump. Half the time the wall clock (``time.time`` as the client reads it; NTP
-        stepping it) jumps forward or back by up to an hour; else every process is suspended for
+        """A clock jump. Half the time the wall clock (``time.time`` as the client and AutoRecovery
+        read it; NTP stepping it) jumps forward or back by up to an hour; else every process is suspended for
         a while (a paused host): the monotonic clock (the loop's) jumps forward and every timer
         that came due meanwhile fires late, at once, in deadline order."""
         self.injected["clock"] += 1
         if rng.random() < 0.5:
             step = rng.choice((-1.0, 1.0)) * rng.uniform(1.0, 3600.0)
             self.wall_offset += step
+            self.store.cluster.wall_offset += step  # AutoRecovery's wall clock, and the store's stamps
             self.history.add("nemesis", "clock", value=f"wall clock {step:+.1f} s")
         else:
             pause = rng.uniform(0.1, 2.0)
@@ -748,7 +756,7 @@ def run_seed(seed: int, options: SimOptions | None = None) -> RunResult:
     options = options or SimOptions()
     with _seeded_globals(seed, options.flags), contextlib.ExitStack() as clocks:
         world = World(seed, options)
-        clocks.enter_context(virtual_clock(world.loop))
+        clocks.enter_context(virtual_clock(world.loop, world.store.cluster.wall_s))
         clocks.enter_context(named_clock(world.wall_time))
         loop = world.loop
         loop.set_exception_handler(lambda _loop, _ctx: None)  # unretrieved failures of abandoned work
@@ -825,9 +833,10 @@ async def _main(world: World, workload: Workload, named: NamedWorkload | None = 
         for f in faults:
             f.cancel()
     world.heal_everything()
-    await workload.final_phase()
     if named is not None:
         await named.final_phase()
+        named.hand_over(workload, world.store)  # its segments: judged as the plain ledgers too
+    await workload.final_phase()
     if autorecovery is not None:
         world.settled = await autorecovery.settle(world.loop.time(), set(workload.final_ends))
         await autorecovery.stop()

@@ -14,6 +14,10 @@ Invariants:
 - An iterator keeps its database open; every iterator is dropped before ``close()``.
 - Failing to open (corrupt files, another process holding the lock) raises a ``StorageError``
   or ``CorruptionError`` naming the path.
+- Every write, WAL sync and close goes through an ``IndexOps`` (``OS_INDEX_OPS``: RocksDB's own
+  calls), as the entry logs' and journals' system calls go through a ``FileOps``: the
+  simulator substitutes one that remembers what no WAL sync covered yet, which a simulated
+  power loss takes back (docs/verification.md, "The real bookie").
 """
 
 from __future__ import annotations
@@ -65,10 +69,55 @@ def _sync_options() -> rocksdict.WriteOptions:
     return opts
 
 
+class IndexOps:
+    """The RocksDB calls the indexes write through (RocksDB's guarantees: a write is in the
+    WAL, so a killed process keeps it; only what a WAL sync, a synced write or a clean close
+    covered survives a power loss). Subclasses record or lose what was not synced."""
+
+    def open(self, path: Path) -> rocksdict.Rdict:
+        return _open_db(path)
+
+    def put_many(self, db: rocksdict.Rdict, path: Path, pairs: Iterable[tuple[bytes, bytes]]) -> None:
+        """One write batch of puts (atomic: all of it or none survives)."""
+        batch = rocksdict.WriteBatch(raw_mode=True)
+        put = batch.put
+        for key, value in pairs:
+            put(key, value)
+        db.write(batch)
+
+    def put(self, db: rocksdict.Rdict, path: Path, key: bytes, value: bytes, *, sync: bool = False) -> None:
+        """``sync``: the write and everything written before it are durable when it returns."""
+        if sync:
+            db.put(key, value, _sync_options())
+        else:
+            db.put(key, value)
+
+    def delete(self, db: rocksdict.Rdict, path: Path, key: bytes) -> None:
+        db.delete(key)
+
+    def delete_range(self, db: rocksdict.Rdict, path: Path, begin: bytes, end: bytes) -> None:
+        db.delete_range(begin, end)
+
+    def sync(self, db: rocksdict.Rdict, path: Path) -> None:
+        """Everything written before this call is durable when it returns (WAL flush + fsync)."""
+        db.flush_wal(True)
+
+    def close(self, db: rocksdict.Rdict, path: Path, *, sync: bool) -> None:
+        """``sync``: a clean close (WAL synced first); without it, what a killed process leaves."""
+        if sync:
+            db.flush_wal(True)
+        db.close()
+
+
+#: RocksDB's own calls
+OS_INDEX_OPS = IndexOps()
+
+
 class _Db:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, ops: IndexOps | None = None) -> None:
         self.path = path
-        self._db = _open_db(path)
+        self._ops = ops if ops is not None else OS_INDEX_OPS
+        self._db = self._ops.open(path)
         self._closed = False
         self._lock = threading.Lock()  # guards close against concurrent use
 
@@ -83,7 +132,7 @@ class _Db:
     def sync(self) -> None:
         """Everything written before this call is durable when it returns."""
         try:
-            self._store().flush_wal(True)
+            self._ops.sync(self._store(), self.path)
         except StorageError:
             raise
         except Exception as e:
@@ -95,8 +144,7 @@ class _Db:
                 return
             self._closed = True
             try:
-                self._db.flush_wal(True)
-                self._db.close()
+                self._ops.close(self._db, self.path, sync=True)
             except Exception as e:
                 raise self._fail(e, "close") from None
 
@@ -109,7 +157,7 @@ class _Db:
                 return
             self._closed = True
             try:
-                self._db.close()
+                self._ops.close(self._db, self.path, sync=False)
             except Exception as e:
                 raise self._fail(e, "close") from None
 
@@ -117,17 +165,14 @@ class _Db:
 class EntryLocationIndex(_Db):
     """``locations``: BE(ledgerId)||BE(entryId) -> BE(location)."""
 
-    def __init__(self, index_dir: Path, *, name: str = LOCATIONS_DB) -> None:
-        super().__init__(Path(index_dir) / "current" / name)
+    def __init__(self, index_dir: Path, *, name: str = LOCATIONS_DB, ops: IndexOps | None = None) -> None:
+        super().__init__(Path(index_dir) / "current" / name, ops)
 
     def put_locations(self, items: Iterable[tuple[int, int, int]]) -> None:
         """One write batch of ``(ledger_id, entry_id, location)``; durable after ``sync()``."""
-        batch = rocksdict.WriteBatch(raw_mode=True)
-        put = batch.put
-        for lid, eid, loc in items:
-            put(location_key(lid, eid), encode_location(loc))
+        pairs = ((location_key(lid, eid), encode_location(loc)) for lid, eid, loc in items)
         try:
-            self._store().write(batch)
+            self._ops.put_many(self._store(), self.path, pairs)
         except StorageError:
             raise
         except Exception as e:
@@ -196,9 +241,8 @@ class EntryLocationIndex(_Db):
         if end_entry_id <= start_entry_id:
             return
         try:
-            self._store().delete_range(
-                location_key(ledger_id, start_entry_id), location_key(ledger_id, end_entry_id)
-            )
+            self._ops.delete_range(self._store(), self.path, location_key(ledger_id, start_entry_id),
+                                   location_key(ledger_id, end_entry_id))
         except StorageError:
             raise
         except Exception as e:
@@ -209,10 +253,8 @@ class EntryLocationIndex(_Db):
         begin = location_key(ledger_id, 0)
         end = location_key(ledger_id + 1, 0) if ledger_id < INT64_MAX else None
         try:
-            if end is None:
-                self._store().delete_range(begin, ledger_upper_key(ledger_id))
-            else:
-                self._store().delete_range(begin, end)
+            self._ops.delete_range(self._store(), self.path, begin,
+                                   ledger_upper_key(ledger_id) if end is None else end)
         except StorageError:
             raise
         except Exception as e:
@@ -222,8 +264,8 @@ class EntryLocationIndex(_Db):
 class LedgerMetadataIndex(_Db):
     """``ledgers``: BE(ledgerId) -> LedgerData, plus the storage-flags key."""
 
-    def __init__(self, index_dir: Path, *, name: str = LEDGERS_DB) -> None:
-        super().__init__(Path(index_dir) / "current" / name)
+    def __init__(self, index_dir: Path, *, name: str = LEDGERS_DB, ops: IndexOps | None = None) -> None:
+        super().__init__(Path(index_dir) / "current" / name, ops)
 
     def get(self, ledger_id: int) -> LedgerData | None:
         value = self._store().get(ledger_key(ledger_id))
@@ -235,7 +277,7 @@ class LedgerMetadataIndex(_Db):
         if ledger_id < 0:
             raise ValueError(f"ledger id {ledger_id} is negative")
         try:
-            self._store().put(ledger_key(ledger_id), data.encode())
+            self._ops.put(self._store(), self.path, ledger_key(ledger_id), data.encode())
         except StorageError:
             raise
         except Exception as e:
@@ -243,7 +285,7 @@ class LedgerMetadataIndex(_Db):
 
     def delete(self, ledger_id: int) -> None:
         try:
-            self._store().delete(ledger_key(ledger_id))
+            self._ops.delete(self._store(), self.path, ledger_key(ledger_id))
         except StorageError:
             raise
         except Exception as e:
@@ -268,4 +310,4 @@ class LedgerMetadataIndex(_Db):
         return 0 if value is None else decode_storage_flags(value)
 
     def set_storage_flags(self, flags: int) -> None:
-        self._store().put(STORAGE_FLAGS_KEY, encode_storage_flags(flags), _sync_options())
+        self._ops.put(self._store(), self.path, STORAGE_FLAGS_KEY, encode_storage_flags(flags), sync=True)

@@ -48,7 +48,7 @@ from vellum.format.entry import BytesLike
 from vellum.format.ledger_index import LedgerData
 from vellum.proto.messages import AddBatch, PackedEntries
 from vellum.storage.entry_logger import DIRECT_WRITE_BUFFER_SIZE, EntryLogger, FileOps
-from vellum.storage.index import EntryLocationIndex, LedgerMetadataIndex
+from vellum.storage.index import EntryLocationIndex, IndexOps, LedgerMetadataIndex
 from vellum.storage.ledger_data import LedgerDataTable
 from vellum.storage.read_ahead_cache import ReadAheadCache
 from vellum.storage.storage_flush import FLUSH_RETRY_DELAY_S, StorageFlusher
@@ -89,6 +89,7 @@ class LedgerStorage:
         flush_entrylog_bytes: int = 0,
         preallocate: bool = True,
         file_ops: FileOps | None = None,
+        index_ops: IndexOps | None = None,
         flush_hook: Callable[[], None] | None = None,
         entry_log_per_ledger: bool = False,
         max_active_entry_logs: int = 500,
@@ -116,9 +117,9 @@ class LedgerStorage:
             direct_write_buffer_size=direct_write_buffer_size,
         )
         try:
-            self.locations = EntryLocationIndex(self.index_dir)
+            self.locations = EntryLocationIndex(self.index_dir, ops=index_ops)
             try:
-                self.ledgers_index = LedgerMetadataIndex(self.index_dir)
+                self.ledgers_index = LedgerMetadataIndex(self.index_dir, ops=index_ops)
             except BaseException:
                 self.locations.close()
                 raise
