@@ -167,7 +167,7 @@ class Channel:
     def hand_down(self, call: Callable[..., None], *args: Any) -> None:
         """Hand a read to the bookie (``call(*args)``), counted in ``reading`` until its answer
         (which takes it off); if the hand-down itself raises (a bug), the count is undone and
-        the exception goes to the bug guard (``Processors._refuse``), which answers it."""
+        the exception goes to the bug guard (``Processor.refuse``), which answers it."""
         self.reading += 1
         try:
             call(*args)
@@ -226,18 +226,30 @@ class Channel:
 
 
 class Processor:
-    """One operation's processing for one connection."""
+    """One operation's processing for one connection: ``op`` names the operation (its
+    opcode's name, as its requests and failures are counted and logged)."""
 
-    __slots__ = ("bookie", "ch", "counters", "send")
+    __slots__ = ("bookie", "ch", "counters", "op", "send")
 
-    def __init__(self, ch: Channel) -> None:
+    def __init__(self, ch: Channel, op: str) -> None:
         self.ch = ch
+        self.op = op
         self.bookie = ch.bookie
         self.counters = ch.counters
         self.send = ch.replies.send
 
     def __call__(self, req: Any) -> None:
         raise NotImplementedError
+
+    def refuse(self, req: Any, exc: Exception) -> None:
+        """The bug guard: what this processor raised for ``req`` is counted and logged once
+        with the request's ids (``Channel.status_for``: a bug is EINTERNAL, never EIO), and
+        answered with that status as the request's own refusal, the one question to the
+        messages."""
+        status = self.ch.status_for(exc, self.op, getattr(req, "ledger_id", None), _first_entry(req))
+        answer = m.refusal_for(req, status)
+        if answer is not None:
+            self.send(answer)
 
 
 # ----------------------------------------------------------------------------------- ADD
@@ -648,6 +660,8 @@ _PROCESSORS: dict[type[Any], type[Processor]] = {
     m.TrimRequest: TrimProcessor,
     m.CollectRequest: CollectProcessor,
 }
+
+
 def _first_entry(req: Any) -> int | None:
     """The entry a request names first (a multi-entry read: where its run starts), for log lines."""
     for name in ("entry_id", "start_entry_id", "first_entry_id"):
@@ -655,10 +669,6 @@ def _first_entry(req: Any) -> int | None:
         if entry_id is not None:
             return int(entry_id)
     return None
-
-
-#: each operation's name, as its failures are counted and logged (``Channel.status_for``)
-_OP_NAMES: dict[type, str] = {kind: m.OPCODE_NAMES[kind.OPCODE] for kind in _PROCESSORS}
 
 
 class Processors:
@@ -669,8 +679,9 @@ class Processors:
 
     def __init__(self, ch: Channel) -> None:
         self._ch = ch
-        self._add = AddProcessor(ch)
-        self._by_type: dict[type, Processor] = {kind: processor(ch) for kind, processor in _PROCESSORS.items()}
+        self._add = AddProcessor(ch, m.OPCODE_NAMES[m.OP_ADD])
+        self._by_type: dict[type, Processor] = {kind: processor(ch, m.OPCODE_NAMES[kind.OPCODE])
+                                                for kind, processor in _PROCESSORS.items()}
 
     def dispatch(self, requests: list[Any]) -> None:
         add = self._add
@@ -698,16 +709,6 @@ class Processors:
             try:
                 processor(req)
             except Exception as e:  # a bug in one request must not take the connection down
-                self._refuse(req, e)
+                processor.refuse(req, e)  # the processor that raised answers its own request
         if adds:
             add.add_batch(m.AddBatch.of_requests(adds))
-
-    def _refuse(self, req: Any, exc: Exception) -> None:
-        """The bug guard: what a processor raised for ``req`` is counted and logged once with
-        the request's ids (``Channel.status_for``: a bug is EINTERNAL, never EIO), and answered
-        with that status as the request's own refusal, the one question to the messages."""
-        ch = self._ch
-        status = ch.status_for(exc, _OP_NAMES[type(req)], getattr(req, "ledger_id", None), _first_entry(req))
-        answer = m.refusal_for(req, status)
-        if answer is not None:
-            ch.replies.send(answer)
