@@ -1,6 +1,8 @@
 """The bookie's read processors (READ, BATCH_READ, READ_STRIDED, READ_LAC, LONG_POLL_READ_LAC)
 answer without an asyncio task per request: each is handed to ``AsyncBookie`` once in callback
-form and answered once. A long poll waits on a LAC watcher and a timer.
+form and answered once. A long poll waits on a LAC watcher and a timer. The reader-pool
+requests (LIST_ENTRIES, GET_BOOKIE_INFO, TRIM) are answered from their future's done callback,
+without a task either.
 
 The real server and the real ``AsyncBookie`` (its reader pool, its bridge back to the loop) over
 a stand-in ``Bookie`` that answers from memory (no disks), driven over loopback TCP."""
@@ -17,7 +19,7 @@ from typing import Any, cast
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from vellum.bookie.bookie import Bookie
+from vellum.bookie.bookie import Bookie, BookieInfo
 from vellum.bookie.executor import AsyncBookie
 from vellum.errors import EINTERNAL, EIO, ENOENTRY, ENOLEDGER, EOK, NoSuchEntryError, NoSuchLedgerError
 from vellum.proto import FrameDecoder, encode
@@ -31,6 +33,7 @@ BUG_LEDGER = 8    # every read of it hits a bug (KeyError): EINTERNAL, never EIO
 DISK_LEDGER = 9   # every read of it is a disk error (OSError EIO): EIO
 NO_LEDGER = 10    # not held: ENOLEDGER
 BAD_LEDGER = 11   # its reads succeed with something that cannot be encoded (a bug answering them)
+SLOW_LEDGER = 12  # its list of entries waits until the test lets it go
 
 
 def _entry(ledger_id: int, entry_id: int) -> bytes:
@@ -45,6 +48,8 @@ class MemoryBookie:
         self.lac = 5
         self.watchers: list[tuple[int, Callable[[int], None]]] = []
         self.fenced: list[int] = []
+        self.trimmed: list[tuple[int, int]] = []
+        self.slow = threading.Event()
 
     def _check(self, ledger_id: int) -> None:
         if ledger_id == BUG_LEDGER:
@@ -88,6 +93,22 @@ class MemoryBookie:
     def read_explicit_lac(self, ledger_id: int) -> bytes | None:
         self._check(ledger_id)
         return 42 if ledger_id == BAD_LEDGER else b"explicit"  # type: ignore[return-value]
+
+    def entry_ids(self, ledger_id: int) -> list[int]:
+        if ledger_id == SLOW_LEDGER:
+            assert self.slow.wait(10)
+            return [0]
+        self._check(ledger_id)
+        if ledger_id == BAD_LEDGER:
+            return [None, 1]  # type: ignore[list-item]  # cannot be made into ranges
+        return [0, 1, 2, 5]
+
+    def trim(self, ledger_id: int, master_key: bytes, end_entry_id: int) -> None:
+        self._check(ledger_id)
+        self.trimmed.append((ledger_id, end_entry_id))
+
+    def info(self) -> BookieInfo:
+        return BookieInfo(100, 40)
 
     def watch_lac(self, ledger_id: int, previous_lac: int, fn: Callable[[int], None]) -> Callable[[], None]:
         if self.lac > previous_lac:
@@ -404,3 +425,46 @@ def test_an_empty_run_is_no_such_entry() -> None:
         return await client.answers(2)
 
     assert _serve(MemoryBookie(), test) == [m.BatchReadResponse(ENOENTRY, 7, 20, 1), m.StridedReadResponse(2, ENOENTRY, 7, 20)]
+
+
+def test_list_entries_bookie_info_and_trim_start_no_task_and_answer_each_outcome_with_their_own_response() -> None:
+    """Each is handed to the bookie's reader pool once and answered once from the future's done
+    callback: results, and every failure (no such ledger, a disk error, a bug in the bookie, a
+    bug building the answer) with the request's own response type; no task is started, and the
+    connection is busy while one is in progress."""
+    fake = MemoryBookie()
+
+    async def test(server: BookieServer, client: Client, ab: AsyncBookie) -> tuple[list[Any], list[str], bool, bool]:
+        requests: list[Any] = []
+        for i in range(BURST):
+            requests += [m.ListEntriesRequest(100 + i, 7), m.GetBookieInfoRequest(200 + i),
+                         m.TrimRequest(300 + i, 7, i, KEY)]
+        requests += [m.ListEntriesRequest(400, NO_LEDGER), m.ListEntriesRequest(401, DISK_LEDGER),
+                     m.TrimRequest(402, BUG_LEDGER, 3, KEY), m.ListEntriesRequest(403, BAD_LEDGER)]
+        with TaskCount() as tasks:
+            client.send(*requests)
+            got = await client.answers(len(requests))
+            client.send(m.ListEntriesRequest(500, SLOW_LEDGER))
+            await asyncio.sleep(0.05)
+            [conn] = list(server._connections)  # type: ignore[attr-defined]
+            busy_while_listing = conn.is_busy()
+            fake.slow.set()
+            got += await client.answers(1)
+            busy_after = conn.is_busy()
+        return got, tasks.created, busy_while_listing, busy_after
+
+    answers, created, busy_while_listing, busy_after = _serve(fake, test)
+    assert created == [], f"LIST_ENTRIES, GET_BOOKIE_INFO or TRIM started tasks: {created}"
+    assert busy_while_listing and not busy_after
+    by_id = {a.request_id: a for a in answers}
+    assert len(by_id) == len(answers) == 3 * BURST + 5  # each answered once
+    for i in range(BURST):
+        assert by_id[100 + i] == m.ListEntriesResponse(100 + i, EOK, 7, ((0, 2), (5, 5)))
+        assert by_id[200 + i] == m.GetBookieInfoResponse(200 + i, EOK, 100, 40)
+        assert by_id[300 + i] == m.TrimResponse(300 + i, EOK, 7)
+    assert sorted(fake.trimmed) == sorted((7, i) for i in range(BURST))
+    assert by_id[400] == m.ListEntriesResponse(400, ENOLEDGER, NO_LEDGER)
+    assert by_id[401] == m.ListEntriesResponse(401, EIO, DISK_LEDGER)
+    assert by_id[402] == m.TrimResponse(402, EINTERNAL, BUG_LEDGER)
+    assert by_id[403] == m.ListEntriesResponse(403, EINTERNAL, BAD_LEDGER)
+    assert by_id[500] == m.ListEntriesResponse(500, EOK, SLOW_LEDGER, ((0, 0),))

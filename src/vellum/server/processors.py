@@ -17,6 +17,9 @@ Invariants:
   READ is one ``AsyncBookie.read_cb`` (no task), answered with one ``ReadResponse``; BATCH_READ,
   READ_STRIDED and READ_LAC likewise (``read_entries_cb``, ``read_strided_cb``, ``read_lac_cb``),
   and a long poll waits on a LAC watcher and a timer (``watch_lac_cb``), no task per request;
+  LIST_ENTRIES, GET_BOOKIE_INFO and TRIM are answered from the done callback of the future the
+  bookie's reader pool returns (``_on_reader``), no task either; WRITE_LAC and COLLECT still
+  run as one task each (the bookie offers them as coroutines);
 - FORCE_LEDGER is answered once every add issued before it on the connection is answered;
 - an exception turned into an error status is logged once, with the request's ledger and entry
   ids (``extra={"ledger_id", "entry_id", "peer"}``), and counted in
@@ -140,8 +143,9 @@ class Channel:
         self.issued: dict[int, int] = {}
         self.completed: dict[int, int] = {}
         self.force_waiters: list[tuple[int, int, Callable[[], None]]] = []
-        #: reads (READ, BATCH_READ, READ_STRIDED, READ_LAC, a long poll's answer) handed to
-        #: the bookie and not answered yet (they hold no task)
+        #: reads (READ, BATCH_READ, READ_STRIDED, READ_LAC, a long poll's answer) and the
+        #: reader-pool requests (LIST_ENTRIES, GET_BOOKIE_INFO, TRIM) handed to the bookie and
+        #: not answered yet (they hold no task)
         self.reading = 0
         #: the long polls waiting for the LAC: each one's function that drops its watch and timer
         self.watches: set[Callable[[], None]] = set()
@@ -559,39 +563,70 @@ class ForceProcessor(Processor):
 
 
 # -------------------------------------------------------------------------- admin and misc
+def _on_reader(ch: Channel, op: str, ledger_id: int | None, ok: Callable[[Any], Any], failed: Callable[[int], Any],
+               call: Callable[..., asyncio.Future[Any]], *args: Any) -> None:
+    """A request the bookie answers from its reader pool with a future (``AsyncBookie.entry_ids``,
+    ``info``, ``trim``): handed down once (``call(*args)``) and answered once, from the future's
+    done callback (no task): ``ok(result)``, or ``failed(status)`` for the failure
+    (``Channel.status_for``, logged there; a bug building the answer is answered the same way).
+    The connection counts as busy (``Channel.reading``) until then; a call cancelled (the bookie
+    stopping) is not answered."""
+    send = ch.replies.send
+
+    def answer(result: Any, exc: BaseException | None) -> None:
+        if exc is None:
+            try:
+                send(ok(result))
+                return
+            except Exception as e:  # a bug answering it: answered as one (EINTERNAL), never EIO
+                exc = e
+        send(failed(ch.status_for(exc, op, ledger_id)))
+
+    def done(fut: asyncio.Future[Any]) -> None:  # on the loop
+        ch.reading -= 1
+        if fut.cancelled():
+            return
+        exc = fut.exception()
+        if exc is not None:
+            answer(None, exc)
+        else:
+            answer(fut.result(), None)
+
+    try:
+        fut = call(*args)
+    except Exception as e:  # not handed down (the reader pool was shut down): answered at once
+        answer(None, e)
+        return
+    ch.reading += 1
+    fut.add_done_callback(done)
+
+
 class ListEntriesProcessor(Processor):
-    """LIST_ENTRIES: the ids of the ledger's entries this bookie holds, as ranges."""
+    """LIST_ENTRIES: the ids of the ledger's entries this bookie holds, as ranges (``_on_reader``)."""
 
     __slots__ = ()
 
     def __call__(self, req: m.ListEntriesRequest) -> None:
         self.counters.requests["LIST_ENTRIES"] += 1
-        self.ch.spawn(self._list_entries(req))
-
-    async def _list_entries(self, req: m.ListEntriesRequest) -> None:
-        try:
-            ids = await self.bookie.entry_ids(req.ledger_id)
-            self.send(m.ListEntriesResponse(req.request_id, EOK, req.ledger_id, m.entry_ranges(ids)))
-        except Exception as e:
-            self.send(m.ListEntriesResponse(req.request_id, self.ch.status_for(e, "LIST_ENTRIES", req.ledger_id),
-                                            req.ledger_id))
+        request_id, ledger_id = req.request_id, req.ledger_id
+        _on_reader(self.ch, "LIST_ENTRIES", ledger_id,
+                   lambda ids: m.ListEntriesResponse(request_id, EOK, ledger_id, m.entry_ranges(ids)),
+                   lambda status: m.ListEntriesResponse(request_id, status, ledger_id),
+                   self.bookie.entry_ids, ledger_id)
 
 
 class BookieInfoProcessor(Processor):
-    """GET_BOOKIE_INFO: disk capacity and free space."""
+    """GET_BOOKIE_INFO: disk capacity and free space (``_on_reader``)."""
 
     __slots__ = ()
 
     def __call__(self, req: m.GetBookieInfoRequest) -> None:
         self.counters.requests["GET_BOOKIE_INFO"] += 1
-        self.ch.spawn(self._bookie_info(req))
-
-    async def _bookie_info(self, req: m.GetBookieInfoRequest) -> None:
-        try:
-            info = await self.bookie.info()
-            self.send(m.GetBookieInfoResponse(req.request_id, EOK, info.total_disk_bytes, info.free_disk_bytes))
-        except Exception as e:
-            self.send(m.GetBookieInfoResponse(req.request_id, self.ch.status_for(e, "GET_BOOKIE_INFO", None), 0, 0))
+        request_id = req.request_id
+        _on_reader(self.ch, "GET_BOOKIE_INFO", None,
+                   lambda info: m.GetBookieInfoResponse(request_id, EOK, info.total_disk_bytes, info.free_disk_bytes),
+                   lambda status: m.GetBookieInfoResponse(request_id, status, 0, 0),
+                   self.bookie.info)
 
 
 class LedgerClosedProcessor(Processor):
@@ -605,20 +640,17 @@ class LedgerClosedProcessor(Processor):
 
 
 class TrimProcessor(Processor):
-    """TRIM: drop the ledger's entries below an entry id."""
+    """TRIM: drop the ledger's entries below an entry id (``_on_reader``)."""
 
     __slots__ = ()
 
     def __call__(self, req: m.TrimRequest) -> None:
         self.counters.requests["TRIM"] += 1
-        self.ch.spawn(self._trim(req))
-
-    async def _trim(self, req: m.TrimRequest) -> None:
-        try:
-            await self.bookie.trim(req.ledger_id, bytes(req.master_key), req.end_entry_id)
-            self.send(m.TrimResponse(req.request_id, EOK, req.ledger_id))
-        except Exception as e:
-            self.send(m.TrimResponse(req.request_id, self.ch.status_for(e, "TRIM", req.ledger_id), req.ledger_id))
+        request_id, ledger_id = req.request_id, req.ledger_id
+        _on_reader(self.ch, "TRIM", ledger_id,
+                   lambda _none: m.TrimResponse(request_id, EOK, ledger_id),
+                   lambda status: m.TrimResponse(request_id, status, ledger_id),
+                   self.bookie.trim, ledger_id, bytes(req.master_key), req.end_entry_id)
 
 
 class CollectProcessor(Processor):
