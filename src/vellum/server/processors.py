@@ -18,8 +18,8 @@ Invariants:
   READ_STRIDED and READ_LAC likewise (``read_entries_cb``, ``read_strided_cb``, ``read_lac_cb``),
   and a long poll waits on a LAC watcher and a timer (``watch_lac_cb``), no task per request;
   LIST_ENTRIES, GET_BOOKIE_INFO and TRIM are answered from the done callback of the future the
-  bookie's reader pool returns (``_on_reader``), no task either; WRITE_LAC and COLLECT still
-  run as one task each (the bookie offers them as coroutines);
+  bookie's reader pool returns (``_on_reader``), WRITE_LAC and COLLECT from one callback each
+  (``write_explicit_lac_cb``, ``collect_cb``): no task per request either;
 - FORCE_LEDGER is answered once every add issued before it on the connection is answered;
 - an exception turned into an error status is logged once, with the request's ledger and entry
   ids (``extra={"ledger_id", "entry_id", "peer"}``), and counted in
@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
-from vellum.bookie.executor import AsyncBookie
+from vellum.bookie.executor import AsyncBookie, CollectOutcome
 from vellum.errors import (
     EBADREQ,
     EINTERNAL,
@@ -143,9 +143,9 @@ class Channel:
         self.issued: dict[int, int] = {}
         self.completed: dict[int, int] = {}
         self.force_waiters: list[tuple[int, int, Callable[[], None]]] = []
-        #: reads (READ, BATCH_READ, READ_STRIDED, READ_LAC, a long poll's answer) and the
-        #: reader-pool requests (LIST_ENTRIES, GET_BOOKIE_INFO, TRIM) handed to the bookie and
-        #: not answered yet (they hold no task)
+        #: requests other than ADD and FORCE handed to the bookie and not answered yet (reads,
+        #: a long poll's answer, LIST_ENTRIES, GET_BOOKIE_INFO, TRIM, WRITE_LAC, COLLECT: they
+        #: hold no task)
         self.reading = 0
         #: the long polls waiting for the LAC: each one's function that drops its watch and timer
         self.watches: set[Callable[[], None]] = set()
@@ -169,7 +169,7 @@ class Channel:
             drop()
 
     def hand_down(self, call: Callable[..., None], *args: Any) -> None:
-        """Hand a read to the bookie (``call(*args)``), counted in ``reading`` until its answer
+        """Hand a request to the bookie (``call(*args)``), counted in ``reading`` until its answer
         (which takes it off); if the hand-down itself raises (a bug), the count is undone and
         the exception goes to the bug guard (``Processor.refuse``), which answers it."""
         self.reading += 1
@@ -523,21 +523,29 @@ class LongPollProcessor(Processor):
 
 
 class WriteLacProcessor(Processor):
-    """WRITE_LAC: store the explicit LAC, answered once durable."""
+    """WRITE_LAC: store the explicit LAC (``AsyncBookie.write_explicit_lac_cb``, no task),
+    answered once durable, or with the failure's status."""
 
     __slots__ = ()
 
     def __call__(self, req: m.WriteLacRequest) -> None:
+        ch = self.ch
+        send = self.send
         self.counters.requests["WRITE_LAC"] += 1
-        self.ch.spawn(self._write_lac(req))
+        request_id, ledger_id = req.request_id, req.ledger_id
 
-    async def _write_lac(self, req: m.WriteLacRequest) -> None:
-        try:
-            await self.bookie.write_explicit_lac(req.ledger_id, bytes(req.master_key), req.lac, bytes(req.lac_body))
-            self.send(m.WriteLacResponse(req.request_id, EOK, req.ledger_id))
-        except Exception as e:
-            self.send(m.WriteLacResponse(req.request_id, self.ch.status_for(e, "WRITE_LAC", req.ledger_id),
-                                         req.ledger_id))
+        def durable(exc: BaseException | None) -> None:  # on the loop, once
+            ch.reading -= 1
+            if exc is None:
+                try:
+                    send(m.WriteLacResponse(request_id, EOK, ledger_id))
+                    return
+                except Exception as e:  # a bug answering it: answered as one (EINTERNAL), never EIO
+                    exc = e
+            send(m.WriteLacResponse(request_id, ch.status_for(exc, "WRITE_LAC", ledger_id), ledger_id))
+
+        ch.hand_down(self.bookie.write_explicit_lac_cb, ledger_id, bytes(req.master_key), req.lac,
+                     bytes(req.lac_body), durable)
 
 
 # --------------------------------------------------------------------------------- FORCE
@@ -654,26 +662,31 @@ class TrimProcessor(Processor):
 
 
 class CollectProcessor(Processor):
-    """COLLECT: trim, then wait for a GC pass that reclaims the space."""
+    """COLLECT: trim, then wait for a GC pass that reclaims the space (``AsyncBookie.collect_cb``:
+    no task, no thread held while the passes run); answered once."""
 
     __slots__ = ()
 
     def __call__(self, req: m.CollectRequest) -> None:
+        ch = self.ch
+        send = self.send
         self.counters.requests["COLLECT"] += 1
-        self.ch.spawn(self._collect(req))
+        request_id, ledger_id, end_entry_id = req.request_id, req.ledger_id, req.end_entry_id
 
-    async def _collect(self, req: m.CollectRequest) -> None:
-        try:
-            out = await self.bookie.collect(req.ledger_id, bytes(req.master_key), req.end_entry_id)
-        except Exception as e:
-            status = self.ch.status_for(e, "COLLECT", req.ledger_id, what=f"COLLECT below entry {req.end_entry_id}",
-                                        expected_level=logging.INFO)
-            self.send(m.CollectResponse(req.request_id, status, req.ledger_id))
-            return
-        log.info("COLLECT of ledger %d below entry %d: %d bytes reclaimed, %d garbage bytes left",
-                 req.ledger_id, req.end_entry_id, out.reclaimed_bytes, out.garbage_bytes,
-                 extra={"ledger_id": req.ledger_id, "entry_id": req.end_entry_id, "peer": self.ch.describe_peer()})
-        self.send(m.CollectResponse(req.request_id, EOK, req.ledger_id, out.reclaimed_bytes, out.garbage_bytes))
+        def collected(out: CollectOutcome | None, exc: BaseException | None) -> None:  # on the loop, once
+            ch.reading -= 1
+            if exc is not None:
+                status = ch.status_for(exc, "COLLECT", ledger_id, what=f"COLLECT below entry {end_entry_id}",
+                                       expected_level=logging.INFO)
+                send(m.CollectResponse(request_id, status, ledger_id))
+                return
+            assert out is not None
+            log.info("COLLECT of ledger %d below entry %d: %d bytes reclaimed, %d garbage bytes left",
+                     ledger_id, end_entry_id, out.reclaimed_bytes, out.garbage_bytes,
+                     extra={"ledger_id": ledger_id, "entry_id": end_entry_id, "peer": ch.describe_peer()})
+            send(m.CollectResponse(request_id, EOK, ledger_id, out.reclaimed_bytes, out.garbage_bytes))
+
+        ch.hand_down(self.bookie.collect_cb, ledger_id, bytes(req.master_key), end_entry_id, collected)
 
 
 # ------------------------------------------------------------------------------- dispatch
