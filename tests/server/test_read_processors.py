@@ -1,6 +1,8 @@
 """The bookie's read processors (READ, BATCH_READ, READ_STRIDED, READ_LAC, LONG_POLL_READ_LAC)
 answer without an asyncio task per request: each is handed to ``AsyncBookie`` once in callback
-form and answered once. A long poll waits on a LAC watcher and a timer.
+form and answered once. A long poll waits on a LAC watcher and a timer. The reader-pool
+requests (LIST_ENTRIES, GET_BOOKIE_INFO, TRIM) are answered from their future's done callback,
+WRITE_LAC and COLLECT from one callback each, without a task either.
 
 The real server and the real ``AsyncBookie`` (its reader pool, its bridge back to the loop) over
 a stand-in ``Bookie`` that answers from memory (no disks), driven over loopback TCP."""
@@ -17,20 +19,50 @@ from typing import Any, cast
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from vellum.bookie.bookie import Bookie
+from vellum.bookie.bookie import Bookie, BookieInfo
 from vellum.bookie.executor import AsyncBookie
-from vellum.errors import EINTERNAL, EIO, ENOENTRY, ENOLEDGER, EOK, NoSuchEntryError, NoSuchLedgerError
+from vellum.errors import (
+    EINTERNAL,
+    EIO,
+    ENOENTRY,
+    ENOLEDGER,
+    EOK,
+    NoSuchEntryError,
+    NoSuchLedgerError,
+    VellumError,
+)
 from vellum.proto import FrameDecoder, encode
 from vellum.proto import messages as m
 from vellum.server import processors
 from vellum.server.bookie_server import BookieServer, ServerLimits
 from vellum.server.metrics import ServerMetrics
+from vellum.storage.gc import GcReport
 
 KEY = bytes(20)
 BUG_LEDGER = 8    # every read of it hits a bug (KeyError): EINTERNAL, never EIO
 DISK_LEDGER = 9   # every read of it is a disk error (OSError EIO): EIO
 NO_LEDGER = 10    # not held: ENOLEDGER
 BAD_LEDGER = 11   # its reads succeed with something that cannot be encoded (a bug answering them)
+SLOW_LEDGER = 12  # its list of entries waits until the test lets it go
+GC_FAILS_LEDGER = 13  # the GC pass of its COLLECT fails
+NO_DIRS_LEDGER = 14  # no ledger dir holds it: its COLLECT waits for no pass
+GC_STOPPED_LEDGER = 15  # the GC thread of one of its dirs is not running
+
+
+class FakeGc:
+    """A dir's GC thread as COLLECT uses it: a requested pass answers from another thread."""
+
+    def __init__(self, error: str = "", running: bool = True) -> None:
+        self.error = error
+        self.running = running
+
+    def request_pass(self, on_done: Callable[[GcReport], None]) -> None:
+        if not self.running:
+            raise VellumError("GC of this dir is not running: cannot collect now")
+        threading.Thread(target=on_done, args=(GcReport(reclaimed_bytes=10, error=self.error),)).start()
+
+    def garbage_bytes(self) -> int:
+        return 3
 
 
 def _entry(ledger_id: int, entry_id: int) -> bytes:
@@ -45,6 +77,9 @@ class MemoryBookie:
         self.lac = 5
         self.watchers: list[tuple[int, Callable[[int], None]]] = []
         self.fenced: list[int] = []
+        self.trimmed: list[tuple[int, int]] = []
+        self.lacs: list[tuple[int, int, bytes]] = []
+        self.slow = threading.Event()
 
     def _check(self, ledger_id: int) -> None:
         if ledger_id == BUG_LEDGER:
@@ -88,6 +123,35 @@ class MemoryBookie:
     def read_explicit_lac(self, ledger_id: int) -> bytes | None:
         self._check(ledger_id)
         return 42 if ledger_id == BAD_LEDGER else b"explicit"  # type: ignore[return-value]
+
+    def entry_ids(self, ledger_id: int) -> list[int]:
+        if ledger_id == SLOW_LEDGER:
+            assert self.slow.wait(10)
+            return [0]
+        self._check(ledger_id)
+        if ledger_id == BAD_LEDGER:
+            return [None, 1]  # type: ignore[list-item]  # cannot be made into ranges
+        return [0, 1, 2, 5]
+
+    def trim(self, ledger_id: int, master_key: bytes, end_entry_id: int) -> None:
+        self._check(ledger_id)
+        self.trimmed.append((ledger_id, end_entry_id))
+
+    def info(self) -> BookieInfo:
+        return BookieInfo(100, 40)
+
+    def write_explicit_lac(self, ledger_id: int, master_key: bytes, lac: int, body: bytes,
+                           callback: Callable[[BaseException | None], None]) -> None:
+        self._check(ledger_id)  # refused at once, on the caller's thread
+        self.lacs.append((ledger_id, lac, body))
+        threading.Thread(target=callback, args=(None,)).start()  # durable, on a journal thread
+
+    def prepare_collect(self, ledger_id: int, master_key: bytes, end_entry_id: int) -> list[FakeGc]:
+        self._check(ledger_id)
+        if ledger_id == NO_DIRS_LEDGER:
+            return []
+        return [FakeGc("the disk went away" if ledger_id == GC_FAILS_LEDGER else ""),
+                FakeGc(running=ledger_id != GC_STOPPED_LEDGER)]
 
     def watch_lac(self, ledger_id: int, previous_lac: int, fn: Callable[[int], None]) -> Callable[[], None]:
         if self.lac > previous_lac:
@@ -404,3 +468,86 @@ def test_an_empty_run_is_no_such_entry() -> None:
         return await client.answers(2)
 
     assert _serve(MemoryBookie(), test) == [m.BatchReadResponse(ENOENTRY, 7, 20, 1), m.StridedReadResponse(2, ENOENTRY, 7, 20)]
+
+
+def test_list_entries_bookie_info_and_trim_start_no_task_and_answer_each_outcome_with_their_own_response() -> None:
+    """Each is handed to the bookie's reader pool once and answered once from the future's done
+    callback: results, and every failure (no such ledger, a disk error, a bug in the bookie, a
+    bug building the answer) with the request's own response type; no task is started, and the
+    connection is busy while one is in progress."""
+    fake = MemoryBookie()
+
+    async def test(server: BookieServer, client: Client, ab: AsyncBookie) -> tuple[list[Any], list[str], bool, bool]:
+        requests: list[Any] = []
+        for i in range(BURST):
+            requests += [m.ListEntriesRequest(100 + i, 7), m.GetBookieInfoRequest(200 + i),
+                         m.TrimRequest(300 + i, 7, i, KEY)]
+        requests += [m.ListEntriesRequest(400, NO_LEDGER), m.ListEntriesRequest(401, DISK_LEDGER),
+                     m.TrimRequest(402, BUG_LEDGER, 3, KEY), m.ListEntriesRequest(403, BAD_LEDGER)]
+        with TaskCount() as tasks:
+            client.send(*requests)
+            got = await client.answers(len(requests))
+            client.send(m.ListEntriesRequest(500, SLOW_LEDGER))
+            await asyncio.sleep(0.05)
+            [conn] = list(server._connections)  # type: ignore[attr-defined]
+            busy_while_listing = conn.is_busy()
+            fake.slow.set()
+            got += await client.answers(1)
+            busy_after = conn.is_busy()
+        return got, tasks.created, busy_while_listing, busy_after
+
+    answers, created, busy_while_listing, busy_after = _serve(fake, test)
+    assert created == [], f"LIST_ENTRIES, GET_BOOKIE_INFO or TRIM started tasks: {created}"
+    assert busy_while_listing and not busy_after
+    by_id = {a.request_id: a for a in answers}
+    assert len(by_id) == len(answers) == 3 * BURST + 5  # each answered once
+    for i in range(BURST):
+        assert by_id[100 + i] == m.ListEntriesResponse(100 + i, EOK, 7, ((0, 2), (5, 5)))
+        assert by_id[200 + i] == m.GetBookieInfoResponse(200 + i, EOK, 100, 40)
+        assert by_id[300 + i] == m.TrimResponse(300 + i, EOK, 7)
+    assert sorted(fake.trimmed) == sorted((7, i) for i in range(BURST))
+    assert by_id[400] == m.ListEntriesResponse(400, ENOLEDGER, NO_LEDGER)
+    assert by_id[401] == m.ListEntriesResponse(401, EIO, DISK_LEDGER)
+    assert by_id[402] == m.TrimResponse(402, EINTERNAL, BUG_LEDGER)
+    assert by_id[403] == m.ListEntriesResponse(403, EINTERNAL, BAD_LEDGER)
+    assert by_id[500] == m.ListEntriesResponse(500, EOK, SLOW_LEDGER, ((0, 0),))
+
+
+def test_write_lac_and_collect_start_no_task_and_answer_each_outcome_with_their_own_response(
+        every_line: None, caplog: pytest.LogCaptureFixture) -> None:
+    """WRITE_LAC is answered once durable (``write_explicit_lac_cb``), COLLECT once the GC
+    passes it asked for have run and the garbage left is measured (``collect_cb``); each
+    failure with the request's own response type; no task is started."""
+    fake = MemoryBookie()
+
+    async def test(server: BookieServer, client: Client, ab: AsyncBookie) -> tuple[list[Any], list[str]]:
+        requests: list[Any] = []
+        for i in range(BURST):
+            requests += [m.WriteLacRequest(100 + i, 7, i, KEY, b"lac%d" % i), m.CollectRequest(200 + i, 7, i, KEY)]
+        requests += [m.WriteLacRequest(300, NO_LEDGER, 1, KEY, b"x"), m.WriteLacRequest(301, BUG_LEDGER, 1, KEY, b"x"),
+                     m.CollectRequest(302, NO_LEDGER, 1, KEY), m.CollectRequest(303, GC_FAILS_LEDGER, 1, KEY),
+                     m.CollectRequest(304, NO_DIRS_LEDGER, 1, KEY), m.CollectRequest(305, GC_STOPPED_LEDGER, 1, KEY)]
+        with TaskCount() as tasks:
+            client.send(*requests)
+            got = await client.answers(len(requests))
+        return got, tasks.created
+
+    with caplog.at_level(logging.INFO, logger="vellum.server.bookie_server"):
+        answers, created = _serve(fake, test)
+    assert created == [], f"WRITE_LAC or COLLECT started tasks: {created}"
+    by_id = {a.request_id: a for a in answers}
+    assert len(by_id) == len(answers) == 2 * BURST + 6  # each answered once
+    for i in range(BURST):
+        assert by_id[100 + i] == m.WriteLacResponse(100 + i, EOK, 7)
+        assert by_id[200 + i] == m.CollectResponse(200 + i, EOK, 7, 20, 6)  # two dirs: 10 reclaimed, 3 left each
+    assert sorted(fake.lacs) == sorted((7, i, b"lac%d" % i) for i in range(BURST))
+    assert by_id[300] == m.WriteLacResponse(300, ENOLEDGER, NO_LEDGER)
+    assert by_id[301] == m.WriteLacResponse(301, EINTERNAL, BUG_LEDGER)
+    assert by_id[302] == m.CollectResponse(302, ENOLEDGER, NO_LEDGER)
+    assert by_id[303] == m.CollectResponse(303, EIO, GC_FAILS_LEDGER)  # a VellumError, as before
+    assert by_id[304] == m.CollectResponse(304, EOK, NO_DIRS_LEDGER, 0, 0)
+    assert by_id[305] == m.CollectResponse(305, EIO, GC_STOPPED_LEDGER)
+    lines = [r.getMessage() for r in caplog.records]
+    assert sum("COLLECT of ledger 7 below entry" in line and "20 bytes reclaimed, 6 garbage bytes left" in line
+               for line in lines) == BURST
+    assert any("the garbage collection pass failed: the disk went away" in line for line in lines)

@@ -30,7 +30,7 @@ from vellum.bookie.bookie import Bookie, BookieInfo
 from vellum.errors import NoSuchEntryError, VellumError
 from vellum.format.entry import BytesLike
 from vellum.proto.messages import AddBatch, PackedEntries
-from vellum.storage.gc import GcReport
+from vellum.storage.gc import GarbageCollectorThread, GcReport
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +45,8 @@ OnEntries = Callable[[PackedEntries | None, BaseException | None], None]
 LacAnswer = tuple[bytes, bytes | memoryview]
 #: what ``done`` of a READ_LAC gets: the answer and None, or None and the error
 OnLac = Callable[[LacAnswer | None, BaseException | None], None]
+#: what ``done`` of a fence or an explicit LAC write gets: None once durable, or the error
+OnDurable = Callable[[BaseException | None], None]
 #: an add batch waiting for the add thread, with its ``on_result``
 _Pending = tuple[AddBatch, OnAddResult]
 #: the most adds the add thread takes together
@@ -53,15 +55,19 @@ _MAX_MERGED = 4096
 
 @dataclass(frozen=True)
 class CollectOutcome:
-    """What a COLLECT did on this bookie (see ``AsyncBookie.collect``)."""
+    """What a COLLECT did on this bookie (see ``AsyncBookie.collect_cb``)."""
 
     reclaimed_bytes: int
     garbage_bytes: int
 
 
-def _settle(fut: asyncio.Future[GcReport], report: GcReport) -> None:
-    if not fut.done():
-        fut.set_result(report)
+#: what ``done`` of a COLLECT gets: the outcome and None, or None and the error
+OnCollect = Callable[[CollectOutcome | None, BaseException | None], None]
+
+
+def _garbage_bytes(threads: list[GarbageCollectorThread]) -> int:
+    """The garbage the dirs of ``threads`` hold (on a reader thread: it reads each storage)."""
+    return sum(gc.garbage_bytes() for gc in threads)
 
 
 def lac_answer(bookie: Bookie, ledger_id: int) -> LacAnswer:
@@ -144,14 +150,15 @@ class AsyncBookie:
     """asyncio face of a ``Bookie``: completions arrive on the loop thread. Three kinds of calls:
 
     - callback style for the hot paths (``add_batch_cb``, ``read_cb``, ``read_entries_cb``,
-      ``read_strided_cb``, ``read_lac_cb``, ``watch_lac_cb``, ``fence_cb``): no future and no
-      task per request; a READ of an entry in memory is answered on the caller's thread, any
-      other read on a reader thread; a LAC watch holds a watcher and a timer, no thread;
+      ``read_strided_cb``, ``read_lac_cb``, ``watch_lac_cb``, ``fence_cb``,
+      ``write_explicit_lac_cb``): no future and no task per request; a READ of an entry in
+      memory is answered on the caller's thread, any other read on a reader thread; a LAC
+      watch holds a watcher and a timer, no thread;
     - reader-pool calls returning a future (``entry_ids``, ``trim``, ``info``): plain
       functions returning the pool's future, so that awaiting one costs that future and no
       coroutine on top;
-    - ``collect``: reader-pool work, then a wait for GC passes that holds no thread (the GC
-      thread answers through the bridge);
+    - ``collect_cb``: reader-pool work, then a wait for GC passes that holds no thread and no
+      task (the GC thread answers through the bridge);
     - in-memory answers given on the caller's thread (``note_ledger_closed``).
     """
 
@@ -303,23 +310,30 @@ class AsyncBookie:
         self.fence_cb(ledger_id, master_key, done)
         await fut
 
-    async def write_explicit_lac(self, ledger_id: int, master_key: bytes, lac: int, body: bytes) -> None:
-        """Write the explicit LAC; on a reader thread when the ledger's key must first be checked
-        against its metadata (``needs_key_check``)."""
-        fut, done = self._future_cb()
+    def write_explicit_lac_cb(self, ledger_id: int, master_key: bytes, lac: int, body: bytes,
+                              done: OnDurable) -> None:
+        """Write the explicit LAC; ``done(error or None)`` runs once, on the loop, once it is
+        durable. A ledger whose key must first be checked against its metadata
+        (``needs_key_check``) is written on a reader thread: that check reads the metadata
+        store. A refusal on the loop is answered at once, as ``fence_cb`` does."""
         bridge = self.bridge
-
-        def write() -> None:
-            self._bookie.write_explicit_lac(ledger_id, master_key, lac, body, lambda e: bridge.call(done, e))
-
+        if self._bookie.needs_key_check(ledger_id):
+            try:
+                self._reads.submit(self._write_lac_off_loop, ledger_id, master_key, lac, body, done)
+            except RuntimeError as exc:  # the reader pool was shut down: the bookie is stopping
+                done(exc)
+            return
         try:
-            if self._bookie.needs_key_check(ledger_id):
-                await self._loop.run_in_executor(self._reads, write)
-            else:
-                write()
+            self._bookie.write_explicit_lac(ledger_id, master_key, lac, body, lambda exc: bridge.call(done, exc))
         except Exception as exc:
             done(exc)
-        await fut
+
+    def _write_lac_off_loop(self, ledger_id: int, master_key: bytes, lac: int, body: bytes, done: OnDurable) -> None:
+        bridge = self.bridge
+        try:
+            self._bookie.write_explicit_lac(ledger_id, master_key, lac, body, lambda exc: bridge.call(done, exc))
+        except Exception as exc:
+            bridge.call(done, exc)
 
     def read_cb(self, ledger_id: int, entry_id: int, fence_key: bytes | None, done: OnRead) -> None:
         """READ of one entry (``entry_id == -1``: the last one this bookie has); ``done(entry,
@@ -418,22 +432,58 @@ class AsyncBookie:
         """Drop the ledger's entries below ``end_entry_id``; see ``Bookie.trim``."""
         return self._on_reader(self._bookie.trim, ledger_id, master_key, end_entry_id)
 
-    async def collect(self, ledger_id: int, master_key: bytes, end_entry_id: int) -> CollectOutcome:
+    def collect_cb(self, ledger_id: int, master_key: bytes, end_entry_id: int, done: OnCollect) -> None:
         """COLLECT: trim and seal on the reader pool (``Bookie.prepare_collect``), then wait,
-        without holding a thread, for a GC pass of each dir holding the ledger that started
-        after the request; ``reclaimed_bytes`` of those passes, ``garbage_bytes`` they left."""
-        threads = await self._on_reader(self._bookie.prepare_collect, ledger_id, master_key, end_entry_id)
-        waits: list[asyncio.Future[GcReport]] = []
-        for gc in threads:
-            fut: asyncio.Future[GcReport] = self._loop.create_future()
-            gc.request_pass(functools.partial(self.bridge.call, _settle, fut))
-            waits.append(fut)
-        reports = await asyncio.gather(*waits)
-        failed = [r.error for r in reports if r.error]
-        if failed:
-            raise VellumError(f"ledger {ledger_id}: the garbage collection pass failed: {'; '.join(failed)}")
-        garbage = await self._on_reader(lambda: sum(gc.garbage_bytes() for gc in threads))
-        return CollectOutcome(sum(r.reclaimed_bytes for r in reports), garbage)
+        holding no thread and no task, for a GC pass of each dir holding the ledger that
+        started after the request (each GC thread answers through the bridge); then, on the
+        reader pool, the garbage those passes left. ``done(outcome, None)`` or ``done(None,
+        error)`` runs once, on the loop: ``reclaimed_bytes`` of those passes, ``garbage_bytes``
+        they left; a failed pass is a ``VellumError`` naming each failure."""
+        def prepared(threads: list[GarbageCollectorThread] | None, exc: BaseException | None) -> None:  # on the loop
+            if exc is not None:
+                done(None, exc)
+                return
+            assert threads is not None
+            reports: list[GcReport | None] = [None] * len(threads)
+            waiting = [len(threads)]
+
+            def passed(i: int, report: GcReport) -> None:  # on the loop, once per pass
+                if reports[i] is not None or waiting[0] <= 0:
+                    return
+                reports[i] = report
+                waiting[0] -= 1
+                if not waiting[0]:
+                    finish([r for r in reports if r is not None])
+
+            def finish(got: list[GcReport]) -> None:
+                failed = [r.error for r in got if r.error]
+                if failed:
+                    done(None, VellumError(
+                        f"ledger {ledger_id}: the garbage collection pass failed: {'; '.join(failed)}"))
+                    return
+                reclaimed = sum(r.reclaimed_bytes for r in got)
+
+                def measured(garbage: int | None, exc: BaseException | None) -> None:
+                    if exc is not None:
+                        done(None, exc)
+                    else:
+                        assert garbage is not None
+                        done(CollectOutcome(reclaimed, garbage), None)
+
+                self._off_loop(measured, _garbage_bytes, threads)
+
+            if not threads:
+                finish([])
+                return
+            for i, gc in enumerate(threads):
+                try:
+                    gc.request_pass(functools.partial(self.bridge.call, passed, i))
+                except Exception as exc:  # its GC thread is not running: nothing would answer
+                    waiting[0] = 0  # the passes already asked for answer nobody
+                    done(None, exc)
+                    return
+
+        self._off_loop(prepared, self._bookie.prepare_collect, ledger_id, master_key, end_entry_id)
 
     def note_ledger_closed(self, ledger_id: int) -> None:
         """Advisory "ledger closed" (in memory: answered on the caller's thread)."""

@@ -17,6 +17,9 @@ Invariants:
   READ is one ``AsyncBookie.read_cb`` (no task), answered with one ``ReadResponse``; BATCH_READ,
   READ_STRIDED and READ_LAC likewise (``read_entries_cb``, ``read_strided_cb``, ``read_lac_cb``),
   and a long poll waits on a LAC watcher and a timer (``watch_lac_cb``), no task per request;
+  LIST_ENTRIES, GET_BOOKIE_INFO and TRIM are answered from the done callback of the future the
+  bookie's reader pool returns (``_on_reader``), WRITE_LAC and COLLECT from one callback each
+  (``write_explicit_lac_cb``, ``collect_cb``): no task per request either;
 - FORCE_LEDGER is answered once every add issued before it on the connection is answered;
 - an exception turned into an error status is logged once, with the request's ledger and entry
   ids (``extra={"ledger_id", "entry_id", "peer"}``), and counted in
@@ -35,7 +38,7 @@ import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
-from vellum.bookie.executor import AsyncBookie
+from vellum.bookie.executor import AsyncBookie, CollectOutcome
 from vellum.errors import (
     EBADREQ,
     EINTERNAL,
@@ -140,8 +143,9 @@ class Channel:
         self.issued: dict[int, int] = {}
         self.completed: dict[int, int] = {}
         self.force_waiters: list[tuple[int, int, Callable[[], None]]] = []
-        #: reads (READ, BATCH_READ, READ_STRIDED, READ_LAC, a long poll's answer) handed to
-        #: the bookie and not answered yet (they hold no task)
+        #: requests other than ADD and FORCE handed to the bookie and not answered yet (reads,
+        #: a long poll's answer, LIST_ENTRIES, GET_BOOKIE_INFO, TRIM, WRITE_LAC, COLLECT: they
+        #: hold no task)
         self.reading = 0
         #: the long polls waiting for the LAC: each one's function that drops its watch and timer
         self.watches: set[Callable[[], None]] = set()
@@ -165,9 +169,9 @@ class Channel:
             drop()
 
     def hand_down(self, call: Callable[..., None], *args: Any) -> None:
-        """Hand a read to the bookie (``call(*args)``), counted in ``reading`` until its answer
+        """Hand a request to the bookie (``call(*args)``), counted in ``reading`` until its answer
         (which takes it off); if the hand-down itself raises (a bug), the count is undone and
-        the exception goes to the bug guard (``Processors._refuse``), which answers it."""
+        the exception goes to the bug guard (``Processor.refuse``), which answers it."""
         self.reading += 1
         try:
             call(*args)
@@ -226,18 +230,30 @@ class Channel:
 
 
 class Processor:
-    """One operation's processing for one connection."""
+    """One operation's processing for one connection: ``op`` names the operation (its
+    opcode's name, as its requests and failures are counted and logged)."""
 
-    __slots__ = ("bookie", "ch", "counters", "send")
+    __slots__ = ("bookie", "ch", "counters", "op", "send")
 
-    def __init__(self, ch: Channel) -> None:
+    def __init__(self, ch: Channel, op: str) -> None:
         self.ch = ch
+        self.op = op
         self.bookie = ch.bookie
         self.counters = ch.counters
         self.send = ch.replies.send
 
     def __call__(self, req: Any) -> None:
         raise NotImplementedError
+
+    def refuse(self, req: Any, exc: Exception) -> None:
+        """The bug guard: what this processor raised for ``req`` is counted and logged once
+        with the request's ids (``Channel.status_for``: a bug is EINTERNAL, never EIO), and
+        answered with that status as the request's own refusal, the one question to the
+        messages."""
+        status = self.ch.status_for(exc, self.op, getattr(req, "ledger_id", None), _first_entry(req))
+        answer = m.refusal_for(req, status)
+        if answer is not None:
+            self.send(answer)
 
 
 # ----------------------------------------------------------------------------------- ADD
@@ -507,21 +523,29 @@ class LongPollProcessor(Processor):
 
 
 class WriteLacProcessor(Processor):
-    """WRITE_LAC: store the explicit LAC, answered once durable."""
+    """WRITE_LAC: store the explicit LAC (``AsyncBookie.write_explicit_lac_cb``, no task),
+    answered once durable, or with the failure's status."""
 
     __slots__ = ()
 
     def __call__(self, req: m.WriteLacRequest) -> None:
+        ch = self.ch
+        send = self.send
         self.counters.requests["WRITE_LAC"] += 1
-        self.ch.spawn(self._write_lac(req))
+        request_id, ledger_id = req.request_id, req.ledger_id
 
-    async def _write_lac(self, req: m.WriteLacRequest) -> None:
-        try:
-            await self.bookie.write_explicit_lac(req.ledger_id, bytes(req.master_key), req.lac, bytes(req.lac_body))
-            self.send(m.WriteLacResponse(req.request_id, EOK, req.ledger_id))
-        except Exception as e:
-            self.send(m.WriteLacResponse(req.request_id, self.ch.status_for(e, "WRITE_LAC", req.ledger_id),
-                                         req.ledger_id))
+        def durable(exc: BaseException | None) -> None:  # on the loop, once
+            ch.reading -= 1
+            if exc is None:
+                try:
+                    send(m.WriteLacResponse(request_id, EOK, ledger_id))
+                    return
+                except Exception as e:  # a bug answering it: answered as one (EINTERNAL), never EIO
+                    exc = e
+            send(m.WriteLacResponse(request_id, ch.status_for(exc, "WRITE_LAC", ledger_id), ledger_id))
+
+        ch.hand_down(self.bookie.write_explicit_lac_cb, ledger_id, bytes(req.master_key), req.lac,
+                     bytes(req.lac_body), durable)
 
 
 # --------------------------------------------------------------------------------- FORCE
@@ -547,39 +571,70 @@ class ForceProcessor(Processor):
 
 
 # -------------------------------------------------------------------------- admin and misc
+def _on_reader(ch: Channel, op: str, ledger_id: int | None, ok: Callable[[Any], Any], failed: Callable[[int], Any],
+               call: Callable[..., asyncio.Future[Any]], *args: Any) -> None:
+    """A request the bookie answers from its reader pool with a future (``AsyncBookie.entry_ids``,
+    ``info``, ``trim``): handed down once (``call(*args)``) and answered once, from the future's
+    done callback (no task): ``ok(result)``, or ``failed(status)`` for the failure
+    (``Channel.status_for``, logged there; a bug building the answer is answered the same way).
+    The connection counts as busy (``Channel.reading``) until then; a call cancelled (the bookie
+    stopping) is not answered."""
+    send = ch.replies.send
+
+    def answer(result: Any, exc: BaseException | None) -> None:
+        if exc is None:
+            try:
+                send(ok(result))
+                return
+            except Exception as e:  # a bug answering it: answered as one (EINTERNAL), never EIO
+                exc = e
+        send(failed(ch.status_for(exc, op, ledger_id)))
+
+    def done(fut: asyncio.Future[Any]) -> None:  # on the loop
+        ch.reading -= 1
+        if fut.cancelled():
+            return
+        exc = fut.exception()
+        if exc is not None:
+            answer(None, exc)
+        else:
+            answer(fut.result(), None)
+
+    try:
+        fut = call(*args)
+    except Exception as e:  # not handed down (the reader pool was shut down): answered at once
+        answer(None, e)
+        return
+    ch.reading += 1
+    fut.add_done_callback(done)
+
+
 class ListEntriesProcessor(Processor):
-    """LIST_ENTRIES: the ids of the ledger's entries this bookie holds, as ranges."""
+    """LIST_ENTRIES: the ids of the ledger's entries this bookie holds, as ranges (``_on_reader``)."""
 
     __slots__ = ()
 
     def __call__(self, req: m.ListEntriesRequest) -> None:
         self.counters.requests["LIST_ENTRIES"] += 1
-        self.ch.spawn(self._list_entries(req))
-
-    async def _list_entries(self, req: m.ListEntriesRequest) -> None:
-        try:
-            ids = await self.bookie.entry_ids(req.ledger_id)
-            self.send(m.ListEntriesResponse(req.request_id, EOK, req.ledger_id, m.entry_ranges(ids)))
-        except Exception as e:
-            self.send(m.ListEntriesResponse(req.request_id, self.ch.status_for(e, "LIST_ENTRIES", req.ledger_id),
-                                            req.ledger_id))
+        request_id, ledger_id = req.request_id, req.ledger_id
+        _on_reader(self.ch, "LIST_ENTRIES", ledger_id,
+                   lambda ids: m.ListEntriesResponse(request_id, EOK, ledger_id, m.entry_ranges(ids)),
+                   lambda status: m.ListEntriesResponse(request_id, status, ledger_id),
+                   self.bookie.entry_ids, ledger_id)
 
 
 class BookieInfoProcessor(Processor):
-    """GET_BOOKIE_INFO: disk capacity and free space."""
+    """GET_BOOKIE_INFO: disk capacity and free space (``_on_reader``)."""
 
     __slots__ = ()
 
     def __call__(self, req: m.GetBookieInfoRequest) -> None:
         self.counters.requests["GET_BOOKIE_INFO"] += 1
-        self.ch.spawn(self._bookie_info(req))
-
-    async def _bookie_info(self, req: m.GetBookieInfoRequest) -> None:
-        try:
-            info = await self.bookie.info()
-            self.send(m.GetBookieInfoResponse(req.request_id, EOK, info.total_disk_bytes, info.free_disk_bytes))
-        except Exception as e:
-            self.send(m.GetBookieInfoResponse(req.request_id, self.ch.status_for(e, "GET_BOOKIE_INFO", None), 0, 0))
+        request_id = req.request_id
+        _on_reader(self.ch, "GET_BOOKIE_INFO", None,
+                   lambda info: m.GetBookieInfoResponse(request_id, EOK, info.total_disk_bytes, info.free_disk_bytes),
+                   lambda status: m.GetBookieInfoResponse(request_id, status, 0, 0),
+                   self.bookie.info)
 
 
 class LedgerClosedProcessor(Processor):
@@ -593,43 +648,45 @@ class LedgerClosedProcessor(Processor):
 
 
 class TrimProcessor(Processor):
-    """TRIM: drop the ledger's entries below an entry id."""
+    """TRIM: drop the ledger's entries below an entry id (``_on_reader``)."""
 
     __slots__ = ()
 
     def __call__(self, req: m.TrimRequest) -> None:
         self.counters.requests["TRIM"] += 1
-        self.ch.spawn(self._trim(req))
-
-    async def _trim(self, req: m.TrimRequest) -> None:
-        try:
-            await self.bookie.trim(req.ledger_id, bytes(req.master_key), req.end_entry_id)
-            self.send(m.TrimResponse(req.request_id, EOK, req.ledger_id))
-        except Exception as e:
-            self.send(m.TrimResponse(req.request_id, self.ch.status_for(e, "TRIM", req.ledger_id), req.ledger_id))
+        request_id, ledger_id = req.request_id, req.ledger_id
+        _on_reader(self.ch, "TRIM", ledger_id,
+                   lambda _none: m.TrimResponse(request_id, EOK, ledger_id),
+                   lambda status: m.TrimResponse(request_id, status, ledger_id),
+                   self.bookie.trim, ledger_id, bytes(req.master_key), req.end_entry_id)
 
 
 class CollectProcessor(Processor):
-    """COLLECT: trim, then wait for a GC pass that reclaims the space."""
+    """COLLECT: trim, then wait for a GC pass that reclaims the space (``AsyncBookie.collect_cb``:
+    no task, no thread held while the passes run); answered once."""
 
     __slots__ = ()
 
     def __call__(self, req: m.CollectRequest) -> None:
+        ch = self.ch
+        send = self.send
         self.counters.requests["COLLECT"] += 1
-        self.ch.spawn(self._collect(req))
+        request_id, ledger_id, end_entry_id = req.request_id, req.ledger_id, req.end_entry_id
 
-    async def _collect(self, req: m.CollectRequest) -> None:
-        try:
-            out = await self.bookie.collect(req.ledger_id, bytes(req.master_key), req.end_entry_id)
-        except Exception as e:
-            status = self.ch.status_for(e, "COLLECT", req.ledger_id, what=f"COLLECT below entry {req.end_entry_id}",
-                                        expected_level=logging.INFO)
-            self.send(m.CollectResponse(req.request_id, status, req.ledger_id))
-            return
-        log.info("COLLECT of ledger %d below entry %d: %d bytes reclaimed, %d garbage bytes left",
-                 req.ledger_id, req.end_entry_id, out.reclaimed_bytes, out.garbage_bytes,
-                 extra={"ledger_id": req.ledger_id, "entry_id": req.end_entry_id, "peer": self.ch.describe_peer()})
-        self.send(m.CollectResponse(req.request_id, EOK, req.ledger_id, out.reclaimed_bytes, out.garbage_bytes))
+        def collected(out: CollectOutcome | None, exc: BaseException | None) -> None:  # on the loop, once
+            ch.reading -= 1
+            if exc is not None:
+                status = ch.status_for(exc, "COLLECT", ledger_id, what=f"COLLECT below entry {end_entry_id}",
+                                       expected_level=logging.INFO)
+                send(m.CollectResponse(request_id, status, ledger_id))
+                return
+            assert out is not None
+            log.info("COLLECT of ledger %d below entry %d: %d bytes reclaimed, %d garbage bytes left",
+                     ledger_id, end_entry_id, out.reclaimed_bytes, out.garbage_bytes,
+                     extra={"ledger_id": ledger_id, "entry_id": end_entry_id, "peer": ch.describe_peer()})
+            send(m.CollectResponse(request_id, EOK, ledger_id, out.reclaimed_bytes, out.garbage_bytes))
+
+        ch.hand_down(self.bookie.collect_cb, ledger_id, bytes(req.master_key), end_entry_id, collected)
 
 
 # ------------------------------------------------------------------------------- dispatch
@@ -648,6 +705,8 @@ _PROCESSORS: dict[type[Any], type[Processor]] = {
     m.TrimRequest: TrimProcessor,
     m.CollectRequest: CollectProcessor,
 }
+
+
 def _first_entry(req: Any) -> int | None:
     """The entry a request names first (a multi-entry read: where its run starts), for log lines."""
     for name in ("entry_id", "start_entry_id", "first_entry_id"):
@@ -655,10 +714,6 @@ def _first_entry(req: Any) -> int | None:
         if entry_id is not None:
             return int(entry_id)
     return None
-
-
-#: each operation's name, as its failures are counted and logged (``Channel.status_for``)
-_OP_NAMES: dict[type, str] = {kind: m.OPCODE_NAMES[kind.OPCODE] for kind in _PROCESSORS}
 
 
 class Processors:
@@ -669,8 +724,9 @@ class Processors:
 
     def __init__(self, ch: Channel) -> None:
         self._ch = ch
-        self._add = AddProcessor(ch)
-        self._by_type: dict[type, Processor] = {kind: processor(ch) for kind, processor in _PROCESSORS.items()}
+        self._add = AddProcessor(ch, m.OPCODE_NAMES[m.OP_ADD])
+        self._by_type: dict[type, Processor] = {kind: processor(ch, m.OPCODE_NAMES[kind.OPCODE])
+                                                for kind, processor in _PROCESSORS.items()}
 
     def dispatch(self, requests: list[Any]) -> None:
         add = self._add
@@ -698,16 +754,6 @@ class Processors:
             try:
                 processor(req)
             except Exception as e:  # a bug in one request must not take the connection down
-                self._refuse(req, e)
+                processor.refuse(req, e)  # the processor that raised answers its own request
         if adds:
             add.add_batch(m.AddBatch.of_requests(adds))
-
-    def _refuse(self, req: Any, exc: Exception) -> None:
-        """The bug guard: what a processor raised for ``req`` is counted and logged once with
-        the request's ids (``Channel.status_for``: a bug is EINTERNAL, never EIO), and answered
-        with that status as the request's own refusal, the one question to the messages."""
-        ch = self._ch
-        status = ch.status_for(exc, _OP_NAMES[type(req)], getattr(req, "ledger_id", None), _first_entry(req))
-        answer = m.refusal_for(req, status)
-        if answer is not None:
-            ch.replies.send(answer)

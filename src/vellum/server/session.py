@@ -212,9 +212,10 @@ class Session:
         if self._serving:
             for msg in messages:
                 if type(msg) in _SESSION_REQUESTS:
-                    return self._decide(messages, buffered)
-            return [Dispatch(messages)]
-        if self._phase is Phase.UPGRADING:
+                    break  # one the session answers: decided below, with the operations around it
+            else:
+                return [Dispatch(messages)]
+        elif self._phase is Phase.UPGRADING:
             # Decrypted requests that arrived as the handshake completed, before the transport
             # reported it: decided once it has. (Reading in clear stopped at START_TLS.)
             self._early += messages

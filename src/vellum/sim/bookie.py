@@ -385,21 +385,22 @@ class SimBookie(LaterReads):
         self.fence_cb(ledger_id, key, done)
         await fut
 
-    async def write_explicit_lac(self, ledger_id: int, key: bytes, lac: int, body: bytes) -> None:
-        fut, done = self._future()
+    def write_explicit_lac_cb(self, ledger_id: int, key: bytes, lac: int, body: bytes,
+                              done: Callable[[BaseException | None], None]) -> None:
+        """As ``AsyncBookie.write_explicit_lac_cb``: ``done`` once the write is journaled (a
+        refusal answered at once)."""
         try:
             rec = self._ledger(ledger_id, key)
         except Exception as e:
             done(e)
-        else:
-            rec.explicit_lac = bytes(body)
-            self._advance_lac(ledger_id, lac)
+            return
+        rec.explicit_lac = bytes(body)
+        self._advance_lac(ledger_id, lac)
 
-            def apply(disk: SimDisk) -> None:
-                disk.record(ledger_id, key).explicit_lac = bytes(body)
+        def apply(disk: SimDisk) -> None:
+            disk.record(ledger_id, key).explicit_lac = bytes(body)
 
-            self._journal(apply, done)
-        await fut
+        self._journal(apply, done)
 
     def _later(self, fn: Callable[[], Any]) -> asyncio.Future[Any]:
         """A reader-pool call: answered after a simulated read latency."""
@@ -532,8 +533,9 @@ class SimBookie(LaterReads):
             raise OperationRejectedError("trim is not simulated")
         return self._later(refuse)
 
-    async def collect(self, ledger_id: int, key: bytes, end_entry_id: int) -> Any:
-        raise OperationRejectedError("collect is not simulated")
+    def collect_cb(self, ledger_id: int, key: bytes, end_entry_id: int,
+                   done: Callable[[Any, BaseException | None], None]) -> None:
+        done(None, OperationRejectedError("collect is not simulated"))
 
     def note_ledger_closed(self, ledger_id: int) -> None:
         pass

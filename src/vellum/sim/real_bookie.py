@@ -469,15 +469,15 @@ class RealSimBookie(LaterReads):
         self.fence_cb(ledger_id, key, done)
         await fut
 
-    async def write_explicit_lac(self, ledger_id: int, key: bytes, lac: int, body: bytes) -> None:
-        fut, done = self._future()
+    def write_explicit_lac_cb(self, ledger_id: int, key: bytes, lac: int, body: bytes,
+                              done: Callable[[BaseException | None], None]) -> None:
+        """As ``AsyncBookie.write_explicit_lac_cb``: ``done`` once durable (a refusal at once)."""
         try:
             self.bookie.write_explicit_lac(ledger_id, key, lac, body, lambda exc: self._answer(done, exc))
         except Exception as e:
             done(e)
-        else:
-            self._kick()
-        await fut
+            return
+        self._kick()
 
     def _later(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
         """A reader-pool call: run after a simulated read latency."""
@@ -565,15 +565,29 @@ class RealSimBookie(LaterReads):
     def trim(self, ledger_id: int, key: bytes, end_entry_id: int) -> asyncio.Future[None]:
         return self._later(self.bookie.trim, ledger_id, key, end_entry_id)
 
-    async def collect(self, ledger_id: int, key: bytes, end_entry_id: int) -> CollectOutcome:
-        """COLLECT: trim and seal (``Bookie.prepare_collect``), then a GC pass of each dir
-        holding the ledger, run here (there is no GC thread to wait for)."""
-        threads = await self._later(self.bookie.prepare_collect, ledger_id, key, end_entry_id)
-        reports = [gc.run_once() for gc in threads]
-        failed = [r.error for r in reports if r.error]
-        if failed:
-            raise VellumError(f"ledger {ledger_id}: the garbage collection pass failed: {'; '.join(failed)}")
-        return CollectOutcome(sum(r.reclaimed_bytes for r in reports), sum(gc.garbage_bytes() for gc in threads))
+    def collect_cb(self, ledger_id: int, key: bytes, end_entry_id: int,
+                   done: Callable[[CollectOutcome | None, BaseException | None], None]) -> None:
+        """As ``AsyncBookie.collect_cb``: trim and seal (``Bookie.prepare_collect``) after a read
+        latency, then a GC pass of each dir holding the ledger, run here (there is no GC thread
+        to wait for); ``done`` once."""
+        def collect(threads: list[Any]) -> CollectOutcome:
+            reports = [gc.run_once() for gc in threads]
+            failed = [r.error for r in reports if r.error]
+            if failed:
+                raise VellumError(f"ledger {ledger_id}: the garbage collection pass failed: {'; '.join(failed)}")
+            return CollectOutcome(sum(r.reclaimed_bytes for r in reports), sum(gc.garbage_bytes() for gc in threads))
+
+        def prepared(fut: asyncio.Future[Any]) -> None:
+            if fut.cancelled():
+                return
+            try:
+                out = collect(fut.result())
+            except Exception as e:
+                done(None, e)
+            else:
+                done(out, None)
+
+        self._later(self.bookie.prepare_collect, ledger_id, key, end_entry_id).add_done_callback(prepared)
 
     def note_ledger_closed(self, ledger_id: int) -> None:
         self.bookie.note_ledger_closed(ledger_id)
