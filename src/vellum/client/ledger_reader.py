@@ -91,11 +91,17 @@ class OwnWriter(Protocol):
 async def _gather_window(jobs: list[Callable[[], Awaitable[_T]]], window: int) -> list[_T]:
     """Run ``jobs`` with at most ``window`` at once; their results in job order. The first
     failure propagates and the jobs still pending are cancelled."""
-    sem = asyncio.Semaphore(window)
-
-    async def one(job: Callable[[], Awaitable[_T]]) -> _T:
-        async with sem:
+    if len(jobs) <= window:
+        # All fit in the window: no semaphore (an uncontended one never suspends, so the
+        # schedule is the same without it; most reads are one or two jobs).
+        async def one(job: Callable[[], Awaitable[_T]]) -> _T:
             return await job()
+    else:
+        sem = asyncio.Semaphore(window)
+
+        async def one(job: Callable[[], Awaitable[_T]]) -> _T:
+            async with sem:
+                return await job()
 
     tasks = [asyncio.ensure_future(one(job)) for job in jobs]
     try:

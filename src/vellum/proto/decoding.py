@@ -237,7 +237,7 @@ class FrameDecoder:
     BIG_START = 64 * 1024
 
     __slots__ = ("_allocate_announced", "_batch_adds", "_big", "_big_fill", "_big_size", "_decoders", "_end", "_failure", "_max",
-                 "_owned_decoders", "_peek", "_scratch", "_side", "_start")
+                 "_owned_decoders", "_peek", "_scratch", "_side", "_start", "_view")
 
     def __init__(self, max_frame_size: int, *, side: Side, batch_adds: bool = False,
                  allocate_announced: bool = False) -> None:
@@ -254,6 +254,7 @@ class FrameDecoder:
         # Made at the first read (an idle connection costs none), then never resized: views
         # of it may be out.
         self._scratch = bytearray()
+        self._view = memoryview(self._scratch)  # of the scratch buffer, made with it (one view, not one a read)
         self._start = 0  # unparsed bytes are _scratch[_start:_end]
         self._end = 0
         self._big: bytearray | None = None  # body of the big frame being received, as far as it came
@@ -306,13 +307,17 @@ class FrameDecoder:
             if self._big_fill == len(big):
                 big = self._grow_big(big)
             return memoryview(big)[self._big_fill :]
-        if self._end == len(self._scratch) or (self._peek and self._start):
+        end = self._end
+        if end == len(self._scratch) or (self._peek and self._start):
             if not self._scratch:
                 self._scratch = bytearray(self.SCRATCH)
+                self._view = memoryview(self._scratch)
             self._compact()
-        if self._peek and self._end < 4:
-            return memoryview(self._scratch)[self._end : 4]
-        return memoryview(self._scratch)[self._end :]
+            end = self._end
+        if self._peek and end < 4:
+            return self._view[end:4]
+        # a view of the decoder's own view (its caller may release it)
+        return self._view[end:]
 
     def buffer_updated(self, nbytes: int) -> list[Decoded]:
         """``nbytes`` were written into the buffer ``get_buffer`` returned: the messages they
@@ -328,7 +333,75 @@ class FrameDecoder:
             view = memoryview(big).toreadonly()  # handed over: the messages may keep views of it
             return [_decode(view, self._owned_decoders, self._side)]
         self._end += nbytes
-        return self._parse()
+        # The scratch buffer's parse, inline (one call a read less): every frame complete in
+        # _scratch[_start:_end], in order.
+        out: list[Decoded] = []
+        view = self._view
+        pos, end = self._start, self._end
+        decoders, side, limit = self._decoders, self._side, self._max
+        unpack_len = _INT.unpack_from
+        batching = self._batch_adds
+        server = side == "server"
+        unpack_add = _ADD_FRAME.unpack_from
+        unpack_answer = _ADD_RESP.unpack_from
+        adds: AddBatch | None = None
+        answers: AddAnswers | None = None
+        while end - pos >= 4:
+            (size,) = unpack_len(view, pos)
+            if size < 0 or size > limit:
+                self._failure = (
+                    f"frame length {size} outside 0..{limit} (max frame size): stream out of sync"
+                )
+                raise FramingError(self._failure)
+            start = pos + 4
+            stop = start + size
+            if stop <= end:
+                if batching and server and size >= _ADD_FRAME_MIN_BODY:
+                    _size, header, key, ledger_id, entry_id, lac = unpack_add(view, pos)
+                    if header & _ADD_HEADER_MASK == _ADD_HEADER:
+                        if adds is None:
+                            adds = AddBatch()
+                            out.append(adds)
+                        # The columns the whole ADD path uses; the entry's one copy.
+                        adds.append(bytes(view[start + 24 : stop]), key, header & 0xFFFF,
+                                    ledger_id, entry_id, lac)
+                        pos = stop
+                        self._peek = size >= self.BIG_FRAME
+                        continue
+                elif batching and not server and size == _ADD_RESP_BODY:
+                    _size, header, status, ledger_id, entry_id = unpack_answer(view, pos)
+                    if header & _ADD_HEADER_MASK == _ADD_HEADER:
+                        if answers is None:
+                            answers = AddAnswers()
+                            out.append(answers)
+                        answers.statuses.append(status)
+                        answers.ledger_ids.append(ledger_id)
+                        answers.entry_ids.append(entry_id)
+                        pos = stop
+                        self._peek = False
+                        continue
+                adds = None
+                answers = None
+                out.append(_decode(view[start:stop], decoders, side))  # copies what it keeps
+                pos = stop
+                self._peek = size >= self.BIG_FRAME
+                continue
+            if size >= self.BIG_FRAME:
+                have = end - start
+                # ``size`` is within ``limit`` (checked above). By default never the announced
+                # size up front: what came, and room for as much again.
+                big = bytearray(size if self._allocate_announced else min(size, max(self.BIG_START, 2 * have)))
+                big[:have] = view[start:end]
+                self._big, self._big_fill, self._big_size = big, have, size
+                pos = end
+                self._peek = True
+            else:
+                self._peek = False
+            break
+        if pos == end:
+            pos = end = 0
+        self._start, self._end = pos, end
+        return out
 
     def _grow_big(self, big: bytearray) -> bytearray:
         """The big frame's buffer, full so far, doubled (at most to the frame's size)."""
@@ -346,75 +419,3 @@ class FrameDecoder:
         if self._start:
             self._scratch[:n] = self._scratch[self._start : self._end]
         self._start, self._end = 0, n
-
-    def _parse(self) -> list[Decoded]:
-        out: list[Decoded] = []
-        view = memoryview(self._scratch)
-        try:
-            pos, end = self._start, self._end
-            decoders, side, limit = self._decoders, self._side, self._max
-            unpack_len = _INT.unpack_from
-            batching = self._batch_adds
-            server = side == "server"
-            unpack_add = _ADD_FRAME.unpack_from
-            unpack_answer = _ADD_RESP.unpack_from
-            adds: AddBatch | None = None
-            answers: AddAnswers | None = None
-            while end - pos >= 4:
-                (size,) = unpack_len(view, pos)
-                if size < 0 or size > limit:
-                    self._failure = (
-                        f"frame length {size} outside 0..{limit} (max frame size): stream out of sync"
-                    )
-                    raise FramingError(self._failure)
-                start = pos + 4
-                stop = start + size
-                if stop <= end:
-                    if batching and server and size >= _ADD_FRAME_MIN_BODY:
-                        _size, header, key, ledger_id, entry_id, lac = unpack_add(view, pos)
-                        if header & _ADD_HEADER_MASK == _ADD_HEADER:
-                            if adds is None:
-                                adds = AddBatch()
-                                out.append(adds)
-                            # The columns the whole ADD path uses; the entry's one copy.
-                            adds.append(bytes(view[start + 24 : stop]), key, header & 0xFFFF,
-                                        ledger_id, entry_id, lac)
-                            pos = stop
-                            self._peek = size >= self.BIG_FRAME
-                            continue
-                    elif batching and not server and size == _ADD_RESP_BODY:
-                        _size, header, status, ledger_id, entry_id = unpack_answer(view, pos)
-                        if header & _ADD_HEADER_MASK == _ADD_HEADER:
-                            if answers is None:
-                                answers = AddAnswers()
-                                out.append(answers)
-                            answers.statuses.append(status)
-                            answers.ledger_ids.append(ledger_id)
-                            answers.entry_ids.append(entry_id)
-                            pos = stop
-                            self._peek = False
-                            continue
-                    adds = None
-                    answers = None
-                    out.append(_decode(view[start:stop], decoders, side))  # copies what it keeps
-                    pos = stop
-                    self._peek = size >= self.BIG_FRAME
-                    continue
-                if size >= self.BIG_FRAME:
-                    have = end - start
-                    # ``size`` is within ``limit`` (checked above). By default never the announced
-                    # size up front: what came, and room for as much again.
-                    big = bytearray(size if self._allocate_announced else min(size, max(self.BIG_START, 2 * have)))
-                    big[:have] = view[start:end]
-                    self._big, self._big_fill, self._big_size = big, have, size
-                    pos = end
-                    self._peek = True
-                else:
-                    self._peek = False
-                break
-            if pos == end:
-                pos = end = 0
-            self._start, self._end = pos, end
-        finally:
-            view.release()  # the views die here (none escapes: decoders copy from scratch)
-        return out

@@ -178,22 +178,25 @@ class Link:
             loop.call_at(when, self._deliver, dst, data)
 
     def _deliver(self, dst: int, data: bytes) -> None:
+        # Hot (one call per delivery): a chunk's size is drawn as ``randint(1, want)`` would
+        # draw it (``1 + _randbelow(want)``, what ``randrange`` computes), and a write taken
+        # whole (the usual case) is copied into the receive buffer as given, without a view.
         lost = self.lost
         if lost[dst]:
             return
         proto = self.protocols[dst]
         get_buffer = proto.get_buffer
         buffer_updated = proto.buffer_updated
-        chunking = self.net.faults.chunking
-        rng_random = self.net.rng.random
-        randint = self.net.rng.randint
+        net = self.net
+        chunking = net.faults.chunking
+        rng_random = net.rng.random
         size = len(data)
-        view = memoryview(data)
+        view: memoryview | None = None
         pos = 0
         while pos < size and not lost[dst]:
             want = size - pos
             if chunking and want > 1 and rng_random() < 0.2:
-                want = randint(1, want)
+                want = 1 + net.randbelow(want)
             buf = get_buffer(want)
             if type(buf) is not memoryview or buf.format != "B" or buf.ndim != 1:
                 buf = memoryview(buf).cast("B")  # the decoders' buffers are bytes already: no new view
@@ -202,7 +205,12 @@ class Link:
                 n = want
             if n <= 0:
                 raise RuntimeError("a protocol offered an empty receive buffer")
-            buf[:n] = view[pos:pos + n]
+            if n == size:
+                buf[:n] = data
+            else:
+                if view is None:
+                    view = memoryview(data)
+                buf[:n] = view[pos:pos + n]
             pos += n
             buffer_updated(n)
 
@@ -244,6 +252,8 @@ class SimNetwork:
     def __init__(self, loop: asyncio.AbstractEventLoop, rng: random.Random, faults: NetFaults) -> None:
         self.loop = loop
         self.rng = rng
+        #: ``rng.randint(1, n)`` is ``1 + randbelow(n)`` (what ``Random.randrange`` computes)
+        self.randbelow: Callable[[int], int] = rng._randbelow  # type: ignore[attr-defined]
         self.faults = faults
         self.servers: dict[str, Server] = {}
         #: blocked directions (from, to)
