@@ -57,19 +57,11 @@ def test_least_recently_used_entries_go_first_when_full() -> None:
     assert cache.contains((1, 1)) and not cache.contains((1, 2)) and cache.contains((2, 1))
 
 
-def test_read_ahead_reads_only_what_a_claimed_window_asks_for() -> None:
+def test_a_claim_grants_the_window_to_read_and_nothing_when_read_ahead_is_off() -> None:
     cache = ReadAheadCache(max_bytes=1 << 20, batch_size=4, batch_max_bytes=100)
-    asked: list[tuple[int, int]] = []
-
-    def following(most: int, max_bytes: int) -> list[memoryview]:
-        asked.append((most, max_bytes))
-        return run(1, 1, 2)
-
-    cache.read_ahead(1, 0, cache.epoch, following)
-    assert asked == [(4, 100)] and cache.contains((1, 2)) and not cache.contains((1, 3))
-    cache.read_ahead(1, 1, cache.epoch, following)  # inside the window read at 0: nothing read
-    cache.read_ahead(1, 900, cache.epoch, following)  # a jump: random, nothing read
-    assert asked == [(4, 100)]
+    assert cache.claim(1, 0) == (4, 100)  # read at most 4 entries, 100 bytes, after entry 0
+    assert cache.claim(1, 1) is None  # inside the window granted at 0: nothing to read
+    assert cache.claim(1, 900) is None  # a jump: random, nothing to read
     off = ReadAheadCache(max_bytes=1 << 20, batch_size=0, batch_max_bytes=0)
-    off.read_ahead(1, 0, off.epoch, following)
-    assert asked == [(4, 100)]
+    assert off.claim(1, 0) is None
+    assert off.claim(1, 1) is None  # off: no window is ever granted, whatever the pattern

@@ -543,8 +543,6 @@ class Bookie:
         self.reads_total += 1
         if ledger_id in self.limbo:
             return self.limbo.read_entry(storage, ledger_id, entry_id)
-        if entry_id == LAST_ADD_CONFIRMED:
-            return storage.get_entry(ledger_id, LAST_ADD_CONFIRMED)
         return storage.get_entry(ledger_id, entry_id)
 
     def read_entries(self, ledger_id: int, first: int, max_count: int, max_bytes: int) -> PackedEntries:

@@ -4,8 +4,9 @@ A read that misses the write caches and this cache reads its entry from an entry
 reader moves forward (the miss lies within one read-ahead window after the ledger's previous
 miss), it also reads up to ``batch_size`` following entries (``dbStorage_readAheadCacheBatchSize``,
 at most ``batch_max_bytes``, ``dbStorage_readAheadCacheBatchBytesSize``) of the same ledger,
-adjacent thanks to the sorted flush, into this cache. Ledger storage decides what to read and
-verifies it; this class decides *whether* to read ahead and keeps what was read.
+adjacent thanks to the sorted flush, into this cache. This class decides *whether* to read
+ahead and how far (``claim`` grants the window) and keeps what was read (``fill``); ledger
+storage reads the window and verifies it in between.
 
 Invariants:
 - A window is read ahead once: a miss inside a window already claimed (still being read, or
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from vellum.format.entry import BytesLike
 
@@ -80,18 +81,13 @@ class ReadAheadCache:
         with self._lock:
             return key in self._entries
 
-    def read_ahead(self, ledger_id: int, entry_id: int, epoch: int,
-                   read_following: Callable[[int, int], Sequence[BytesLike]]) -> None:
-        """A miss on ``entry_id`` read it from disk: if the reader moves forward and no
-        read-ahead covered it (``claim``), cache what ``read_following(batch_size,
-        batch_max_bytes)`` returns (the entries after it, verified by the caller) unless an
-        ``evict`` happened since ``epoch``."""
-        if self.enabled and self.claim(ledger_id, entry_id):
-            self.fill(ledger_id, entry_id, read_following(self.batch_size, self.batch_max_bytes), epoch)
-
-    def claim(self, ledger_id: int, entry_id: int) -> bool:
-        """A miss on ``entry_id`` read it from disk: whether to read ahead after it (and if so
-        the window is now claimed)."""
+    def claim(self, ledger_id: int, entry_id: int) -> tuple[int, int] | None:
+        """A miss on ``entry_id`` read it from disk: the window to read ahead after it, ``(most
+        entries, most bytes)`` (``batch_size``, ``batch_max_bytes``), now claimed; None if the
+        reader does not move forward, a read-ahead already covered the entry, or read-ahead is
+        off. The reader reads the window, verifies it and hands it to ``fill``."""
+        if not self.enabled:
+            return None
         # Read ahead only for a reader that moves forward (this miss lies within one read-ahead
         # window after the previous one; a striped reader skips the entries other bookies
         # hold): for random reads it multiplied the bytes read by the batch size.
@@ -106,7 +102,7 @@ class ReadAheadCache:
             if len(self._last_miss) > _MAX_TRACKED_LEDGERS:
                 self._last_miss.clear()
                 self._ahead_upto.clear()
-            return sequential and not covered
+            return (self.batch_size, self.batch_max_bytes) if sequential and not covered else None
 
     def fill(self, ledger_id: int, entry_id: int, following: Sequence[BytesLike], epoch: int) -> None:
         """Cache what the read-ahead claimed after ``entry_id`` found (entries ``entry_id + 1,

@@ -7,13 +7,15 @@ instant (the flush indexes it before the cache is dropped), so a reader never mi
 entry. ``NoSuchEntryError`` is raised only for a known ledger whose entry is neither cached nor
 indexed; an unknown ledger raises ``NoSuchLedgerError``; anything doubtful is a storage error.
 
-One entry (``get_entry``): decide where it is (write cache, read-ahead cache, index), read it
-once, verify it once, then fill the read-ahead cache. Read-ahead: a miss that reads the entry
-log also reads up to ``read_ahead_batch_size`` following entries (at most
-``read_ahead_max_bytes``) of the same ledger (adjacent thanks to the sorted flush) into the
-read-ahead cache, unless a read-ahead of that ledger already covered the entry (pipelined
-readers miss on entries whose read-ahead is still running: they must not each read the same
-range again).
+One entry (``get_entry``): one pass, each step handing the entry to the next in the order it
+travels: which entry (``-1``: the last one held), in memory (write caches, read-ahead cache),
+else its location (index), its bytes (entry log, read once), verified once (the ledger's
+digest, with the compaction re-check), then the read-ahead. Read-ahead: a miss that reads the
+entry log also reads the window the read-ahead cache grants (``ReadAheadCache.claim``: up to
+``read_ahead_batch_size`` following entries, at most ``read_ahead_max_bytes``) of the same
+ledger (adjacent thanks to the sorted flush) and hands it back verified (``fill``), unless a
+read-ahead of that ledger already covered the entry (pipelined readers miss on entries whose
+read-ahead is still running: they must not each read the same range again).
 
 Runs (``get_entries``, BATCH_READ; ``get_strided``, READ_STRIDED) are served at a cost per byte,
 not per entry: cached runs are looked up under one lock hold and copied into one buffer; a run
@@ -102,13 +104,14 @@ class StorageReader:
         """The stored entry; ``entry_id == -1`` means the last entry this storage holds.
         ``read_ahead=False``: a miss reads this entry only.
 
-        In three steps: where the entry is (a write cache, the read-ahead cache, else the entry
-        log the index names); read it once and verify it once (``_read_verified``); then, for a
-        forward reader, fill the read-ahead cache with the run that follows it. An entry read
-        from an entry log that fails its checks (the ledger's learnt CRC digest, the stored ids,
-        the size) raises ``CorruptEntryError`` (EIO, never "no such entry"), logged and counted
-        in ``bookie_READ_ENTRY_CORRUPT`` unless ``report_corrupt=False`` (a multi-entry read
-        that stops short before it: the entry is reported when asked for).
+        One pass in the order the entry travels: which entry; in memory (a write cache, else
+        the read-ahead cache); else where the index puts it, read from that entry log once and
+        verified once; then, for a forward reader, the run that follows it into the read-ahead
+        cache. An entry read from an entry log that fails its checks (the ledger's learnt CRC
+        digest, the stored ids, the size) raises ``CorruptEntryError`` (EIO, never "no such
+        entry"), logged and counted in ``bookie_READ_ENTRY_CORRUPT`` unless
+        ``report_corrupt=False`` (a multi-entry read that stops short before it: the entry is
+        reported when asked for).
         """
         if entry_id == LAST_ADD_CONFIRMED:
             entry_id = self.get_last_entry_id(ledger_id)
@@ -116,6 +119,7 @@ class StorageReader:
                 raise NoSuchEntryError(f"ledger {ledger_id} has no entry in {self.ledger_dir}")
         if entry_id < 0:
             raise IncorrectParameterError(f"entry id {entry_id} is not readable")
+        # In memory.
         key = (ledger_id, entry_id)
         with self._cond:
             self._lock.check_open()
@@ -125,23 +129,11 @@ class StorageReader:
             found = self._read_cache.get(key)
         if found is not None:
             return found
-        digest = self._read_digest(ledger_id)
-        location, entry = self._read_verified(ledger_id, entry_id, digest, report_corrupt)
-        if read_ahead:
-            self._read_cache.read_ahead(
-                ledger_id, entry_id, epoch,
-                lambda most, max_bytes: self._following(ledger_id, entry_id, location, len(entry), digest,
-                                                        most, max_bytes))
-        return entry
-
-    def _read_verified(self, ledger_id: int, entry_id: int, digest: int | None,
-                       report_corrupt: bool) -> tuple[int, bytes]:
-        """``(location, entry)``: the entry read from the entry log where the index puts it, its
-        stored ids and size checked (``EntryLogger.read_entry``) and its keyless ``digest``
-        (None: not checkable). A copy that fails is looked up again: compaction may have moved
-        the entry and deleted its old log since the lookup, and only a copy the index still
-        points at is corrupt."""
+        # On disk. A copy that fails its checks is looked up again: compaction may have moved
+        # the entry and deleted its old log since the lookup, and only a copy the index still
+        # points at is corrupt.
         location = self.locations.get_location(ledger_id, entry_id)
+        digest = self._read_digest(ledger_id)
         for _attempt in range(2):
             if location is None:
                 if not self._data.ledger_exists(ledger_id):
@@ -153,13 +145,34 @@ class StorageReader:
                 why = str(e)
             else:
                 if digest is None or checksum_matches(entry, digest):
-                    return location, entry
+                    break
                 why = f"{DigestType(digest).name} digest mismatch over {len(entry)} bytes"
             again = self.locations.get_location(ledger_id, entry_id)
             if again == location:
                 raise self._corrupt_entry(ledger_id, entry_id, location, why, report_corrupt)
             location = again
-        raise StorageError(f"ledger {ledger_id} entry {entry_id}: location kept changing")
+        else:
+            raise StorageError(f"ledger {ledger_id} entry {entry_id}: location kept changing")
+        # Read ahead: the window the read-ahead cache grants a forward reader, read from right
+        # after the entry and verified (only verified copies enter the cache: it is served
+        # without checks, even on the loop); the run ends before a corrupt copy, which is
+        # reported when asked for. A failed read-ahead reads nothing: it is an optimisation.
+        window = self._read_cache.claim(ledger_id, entry_id) if read_ahead else None
+        if window is not None:
+            following: list[memoryview] = []
+            try:
+                run = self.entry_logger.read_records(
+                    ledger_id, make_location(location_log_id(location),
+                                             location_offset(location) + SIZE_FIELD + len(entry)),
+                    first_entry_id=entry_id + 1, stride=1, max_entries=window[0], max_bytes=window[1],
+                    first_counts=False)
+            except (StorageError, CorruptionError):
+                pass
+            else:
+                for buf, starts, ends, good in _verified(run, digest):
+                    following.extend(buf[s:e] for s, e in zip(starts[:good], ends[:good]))
+            self._read_cache.fill(ledger_id, entry_id, following, epoch)
+        return entry
 
     def get_entries(self, ledger_id: int, first: int, max_count: int, max_bytes: int) -> PackedEntries:
         """Consecutive entries from ``first`` until a gap, ``max_count`` entries (``<= 0``: no
@@ -301,23 +314,6 @@ class StorageReader:
         if found is not None:
             return found
         return self._read_cache.get(key)
-
-    def _following(self, ledger_id: int, entry_id: int, location: int, size: int, digest: int | None,
-                   most: int, max_bytes: int) -> list[memoryview]:
-        """Read-ahead: up to ``most`` entries (``max_bytes`` bytes, ``<= 0``: no bound) stored
-        right after ``entry_id`` (at ``location``, ``size`` bytes), verified: only verified
-        copies enter the cache (it is served without checks, even on the loop); the run ends
-        before a corrupt one, which ``get_entry`` reports when asked for."""
-        try:
-            run = self.entry_logger.read_records(
-                ledger_id, make_location(location_log_id(location), location_offset(location) + SIZE_FIELD + size),
-                first_entry_id=entry_id + 1, stride=1, max_entries=most, max_bytes=max_bytes, first_counts=False)
-        except (StorageError, CorruptionError):
-            return []  # read-ahead is an optimisation: the entries are read one by one later
-        following: list[memoryview] = []
-        for buf, starts, ends, good in _verified(run, digest):
-            following.extend(buf[s:e] for s, e in zip(starts[:good], ends[:good]))
-        return following
 
     def read_cache_contains(self, ledger_id: int, entry_id: int) -> bool:
         """Whether the read-ahead cache holds the entry (observability and tests)."""
