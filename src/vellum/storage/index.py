@@ -18,8 +18,9 @@ Invariants:
 
 from __future__ import annotations
 
+import collections
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import rocksdict
@@ -33,10 +34,12 @@ from vellum.format.ledger_index import (
     decode_location_key,
     decode_storage_flags,
     encode_location,
+    encode_locations,
     encode_storage_flags,
     ledger_key,
     ledger_upper_key,
     location_key,
+    location_keys,
 )
 from vellum.ids import INT64_MAX
 
@@ -126,6 +129,18 @@ class EntryLocationIndex(_Db):
         put = batch.put
         for lid, eid, loc in items:
             put(location_key(lid, eid), encode_location(loc))
+        self._write_batch(batch)
+
+    def put_run(self, ledger_id: int, entry_ids: Sequence[int], locations: Sequence[int]) -> None:
+        """``put_locations`` of one ledger's entries (a flush's run), its keys and values made
+        and put without a Python call per entry; durable after ``sync()``."""
+        if len(entry_ids) != len(locations):
+            raise ValueError(f"ledger {ledger_id}: {len(entry_ids)} entry ids for {len(locations)} locations")
+        batch = rocksdict.WriteBatch(raw_mode=True)
+        collections.deque(map(batch.put, location_keys(ledger_id, entry_ids), encode_locations(locations)), maxlen=0)
+        self._write_batch(batch)
+
+    def _write_batch(self, batch: rocksdict.WriteBatch) -> None:
         try:
             self._store().write(batch)
         except StorageError:
