@@ -1,4 +1,4 @@
-"""``EntryLogger.add_entries`` appends a run in slices (docs/storage.md): the same bytes, the
+"""``EntryLogger.add_entries`` appends a run in slices: the same bytes, the
 same locations, the same write-outs and the same seals as appending its entries one at a time."""
 
 from __future__ import annotations
