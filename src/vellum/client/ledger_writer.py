@@ -340,19 +340,20 @@ class LedgerWriter:
             return copy_error(self._error)
         return None
 
-    def _build_entry(self, entry_id: int, length: int, data: bytes | bytearray | memoryview) -> bytes:
+    def _lac_to_send(self) -> int:
+        """The LAC an entry built now carries (remembered as sent: explicit LACs skip it)."""
         lac = self._view.lac
         if lac > self._last_lac_sent:
             self._last_lac_sent = lac
-        return self._digest.compute(entry_id, lac, length, data)
+        return lac
+
+    def _build_entry(self, entry_id: int, length: int, data: bytes | bytearray | memoryview) -> bytes:
+        return self._digest.compute(entry_id, self._lac_to_send(), length, data)
 
     def _build_run(self, first_entry_id: int, lengths: Sequence[int],
                    payloads: Sequence[bytes | bytearray | memoryview]) -> list[bytes]:
         """``_build_entry`` of consecutive entries, sent now: they carry the same LAC."""
-        lac = self._view.lac
-        if lac > self._last_lac_sent:
-            self._last_lac_sent = lac
-        return self._digest.compute_run(first_entry_id, lac, lengths, payloads)
+        return self._digest.compute_run(first_entry_id, self._lac_to_send(), lengths, payloads)
 
     def _send_waiting(self) -> None:
         """Send queued appends while fewer adds than the window are in flight."""
