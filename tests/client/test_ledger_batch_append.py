@@ -59,6 +59,22 @@ def test_batches_and_single_appends_keep_call_order(tmp_path: Path) -> None:
     run(main())
 
 
+def test_a_batch_of_entries_of_mixed_lengths_is_stored_entry_by_entry(tmp_path: Path) -> None:
+    # The bookie client builds one ADD frame head per entry length of a batch and reuses it:
+    # entries of other lengths in between must each get their own.
+    async def main() -> None:
+        async with client_cluster(tmp_path, 3) as cc:
+            lh = await cc.bk.create_ledger(ensemble_size=3, write_quorum_size=2, ack_quorum_size=2)
+            entries = [bytes([k]) * (7, 300, 0, 7, 4096, 300)[k % 6] for k in range(60)]
+            assert await lh.append_batch_async(entries) == 59
+            got = await lh.read(0, 59)
+            assert [g.payload for g in got] == entries
+            assert lh.length == sum(map(len, entries))
+            await lh.close()
+
+    run(main())
+
+
 def test_close_and_force_wait_for_every_batch_entry(tmp_path: Path) -> None:
     async def main() -> None:
         async with client_cluster(tmp_path, 3) as cc:

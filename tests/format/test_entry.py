@@ -308,3 +308,23 @@ def test_verify_payloads_checks_each_entry_as_verify_does(digest_type: DigestTyp
         with pytest.raises(DigestMismatchError) as batched:
             dm.verify_payloads(entries, first, stride=2)
         assert str(batched.value) == str(alone.value)
+
+
+@pytest.mark.parametrize("digest_type", list(DigestType))
+@given(payloads=st.lists(st.binary(max_size=300), min_size=1, max_size=20), first=st.integers(0, 2**40),
+       lac=st.integers(-1, 2**40))
+def test_a_run_is_computed_as_its_entries_one_by_one(digest_type: DigestType, payloads: list[bytes], first: int,
+                                                    lac: int) -> None:
+    dm = DigestManager(9, digest_type, b"pw")
+    lengths: list[int] = []
+    total = 17
+    for p in payloads:
+        total += len(p)
+        lengths.append(total)
+    views: list[bytes | bytearray | memoryview] = [memoryview(p) if k % 2 else bytearray(p)
+                                                   for k, p in enumerate(payloads)]
+    run = dm.compute_run(first, lac, lengths, views)
+    assert run == [dm.compute(first + k, lac, lengths[k], p) for k, p in enumerate(payloads)]
+    assert all(type(e) is bytes for e in run)
+    with pytest.raises(ValueError, match="ledger 9: 0 lengths for"):
+        dm.compute_run(first, lac, [], payloads)

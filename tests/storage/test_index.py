@@ -34,6 +34,21 @@ def test_locations_round_trip_and_last_entry(tmp_path: Path) -> None:
         idx.close()
 
 
+def test_a_run_is_stored_as_its_entries_one_by_one(tmp_path: Path) -> None:
+    ids, locs = [0, 1, 2**40, 2**63 - 1], [5, 6, 2**40 + 7, 8]
+    one, run = EntryLocationIndex(tmp_path / "one"), EntryLocationIndex(tmp_path / "run")
+    try:
+        one.put_locations((9, e, loc) for e, loc in zip(ids, locs))
+        run.put_run(9, ids, locs)
+        assert list(run.items()) == list(one.items()) == [(9, e, loc) for e, loc in zip(ids, locs)]
+        with pytest.raises(ValueError, match="ledger 9: 2 entry ids for 1 locations"):
+            run.put_run(9, [3, 4], [1])
+        assert run.get_location(9, 3) is None
+    finally:
+        one.close()
+        run.close()
+
+
 def test_negative_ids_sort_after_and_are_ignored(tmp_path: Path) -> None:
     idx = EntryLocationIndex(tmp_path)
     try:

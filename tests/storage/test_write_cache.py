@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import errno
 import struct
-from collections.abc import Iterable
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -24,10 +24,10 @@ def test_swap_fills_a_free_flushing_slot_only() -> None:
     caches.active.put(1, 0, entry(1, 0))
     assert caches.swap()
     flushing = caches.flushing
-    assert flushing is not None and (1, 0) in flushing.entries and not caches.active.entries
+    assert flushing is not None and flushing.get(1, 0) == entry(1, 0) and not caches.active
     caches.active.put(1, 1, entry(1, 1))
     assert not caches.swap()  # the flushing cache is not written out yet: never replaced
-    assert caches.flushing is flushing and (1, 1) in caches.active.entries
+    assert caches.flushing is flushing and caches.active.get(1, 1) == entry(1, 1)
 
 
 def test_put_new_puts_a_ledgers_entries_at_once_only_when_none_is_held() -> None:
@@ -36,12 +36,22 @@ def test_put_new_puts_a_ledgers_entries_at_once_only_when_none_is_held() -> None
     batch = [entry(2, e, 30 + e) for e in range(4)]
     assert cache.put_new(2, [0, 1, 2, 3], batch, sum(map(len, batch)))
     assert cache.size == 40 + sum(map(len, batch)) and cache.last == {1: 3, 2: 3}
-    assert [cache.entries[(2, e)] for e in range(4)] == batch
+    assert [cache.get(2, e) for e in range(4)] == batch
     # one of them held already: nothing put (``put`` each replaces and re-counts)
     again = [entry(1, e, 50) for e in (4, 3)]
     assert not cache.put_new(1, [4, 3], again, 100)
-    assert (1, 4) not in cache.entries and cache.entries[(1, 3)] == entry(1, 3)
+    assert cache.get(1, 4) is None and cache.get(1, 3) == entry(1, 3)
     assert cache.size == 40 + sum(map(len, batch)) and cache.last[1] == 3
+
+
+def test_put_new_counts_an_id_given_twice_in_one_batch_once() -> None:
+    cache = WriteCaches(10_000).active
+    twice = [entry(4, 0, 30), entry(4, 1, 30), entry(4, 0, 50)]
+    assert cache.put_new(4, [0, 1, 0], twice, sum(map(len, twice)))
+    assert cache.get(4, 0) == entry(4, 0, 50)  # the later one, as ``put`` after ``put`` keeps
+    assert cache.size == 80 and cache.last == {4: 1}
+    cache.drop_ledger(4)
+    assert cache.size == 0 and not cache
 
 
 def test_lookups_see_both_caches() -> None:
@@ -68,10 +78,10 @@ class RecordingIndex:
         self.events = events
         self.locations: dict[tuple[int, int], int] = {}
 
-    def put_locations(self, items: Iterable[tuple[int, int, int]]) -> None:
+    def put_run(self, ledger_id: int, entry_ids: Sequence[int], locations: Sequence[int]) -> None:
         self.events.append("index put")
-        for lid, eid, loc in items:
-            self.locations[(lid, eid)] = loc
+        for eid, loc in zip(entry_ids, locations, strict=True):
+            self.locations[(ledger_id, eid)] = loc
 
     def sync(self) -> None:
         self.events.append("index sync")

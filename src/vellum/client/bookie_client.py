@@ -347,17 +347,24 @@ class BookieClient(BookieUpkeepOps):
         still leaves in slices as it is queued)."""
         loop = self._get_loop()
         flags = m.FLAG_RECOVERY_ADD if recovery else 0
-        encode = codec.encode_add_request
+        encode_head = codec.encode_add_head
         unpack = _ENTRY_IDS.unpack_from
         tls = self.settings.tls is not None
         # ensemble index -> (connection, its timeout deque, its queued parts) or the reason it
         # cannot be asked now
         targets: dict[int, tuple[BookieConnection, deque[Pending], list[m.BytesLike]] | VellumError] = {}
         deadline = loop.time() + timeout_s
+        # An ADD's frame head depends on the entry's length only (the key and flags are the
+        # batch's): entries of one length (one-row entries of fixed-size rows) share one head.
+        heads: dict[int, m.BytesLike] = {}
         for write_set, entry, token in zip(write_sets, entries, tokens, strict=True):
             try:
                 ledger_id, entry_id = unpack(entry)
-                parts = encode(master_key, entry, flags)
+                size = len(entry)
+                frame_head = heads.get(size)
+                if frame_head is None:
+                    frame_head = heads[size] = encode_head(master_key, size, flags)
+                parts = [frame_head, entry]
             except (VellumError, struct.error) as exc:
                 err: BaseException = exc
                 if isinstance(exc, struct.error):

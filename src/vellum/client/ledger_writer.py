@@ -82,7 +82,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import logging
+import math
 from collections import deque
 from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
@@ -303,25 +305,25 @@ class LedgerWriter:
         if not entries:
             fut.set_exception(IncorrectParameterError(f"ledger {self.ledger_id}: append_batch_async of no entries"))
             return fut
-        entry_id = self._next_entry_id
-        length = self._pushed_length
+        n = len(entries)
+        first = self._next_entry_id
+        # cumulative ledger length up to and including each entry
+        lengths = list(itertools.accumulate(map(len, entries), initial=self._pushed_length))[1:]
         pending, waiting = self._pending, self._waiting
-        window = self._window
-        last = len(entries) - 1
+        # the leading entries that fit in the window now are built (one digest pass over the
+        # run) and sent; the rest queue, as one append_async each would
+        now = 0 if waiting else min(n, max(0, math.ceil(self._window - len(pending))))
         sent: list[_PendingAdd] = []
-        for i, data in enumerate(entries):
-            length += len(data)
-            op_fut = fut if i == last else None
-            if len(pending) < window and not waiting:
-                op = _PendingAdd(entry_id, self._build_entry(entry_id, length, data), length, op_fut)
-                pending.append(op)
-                sent.append(op)
-            else:
-                payload = data if isinstance(data, bytes) else bytes(data)
-                waiting.append(_PendingAdd(entry_id, None, length, op_fut, payload))
-            entry_id += 1
-        self._next_entry_id = entry_id
-        self._pushed_length = length
+        if now:
+            built = self._build_run(first, lengths[:now], entries[:now] if now < n else entries)
+            sent = list(map(_PendingAdd, range(first, first + now), built, lengths, itertools.repeat(None, now)))
+            pending.extend(sent)
+        for k in range(now, n):
+            data = entries[k]
+            waiting.append(_PendingAdd(first + k, None, lengths[k], None, data if isinstance(data, bytes) else bytes(data)))
+        (sent[-1] if now == n else waiting[-1]).future = fut  # the batch's one future: its last entry's
+        self._next_entry_id = first + n
+        self._pushed_length = lengths[-1]
         if sent:
             self._send_batch(sent)
         return fut
@@ -338,11 +340,20 @@ class LedgerWriter:
             return copy_error(self._error)
         return None
 
-    def _build_entry(self, entry_id: int, length: int, data: bytes | bytearray | memoryview) -> bytes:
+    def _lac_to_send(self) -> int:
+        """The LAC an entry built now carries (remembered as sent: explicit LACs skip it)."""
         lac = self._view.lac
         if lac > self._last_lac_sent:
             self._last_lac_sent = lac
-        return self._digest.compute(entry_id, lac, length, data)
+        return lac
+
+    def _build_entry(self, entry_id: int, length: int, data: bytes | bytearray | memoryview) -> bytes:
+        return self._digest.compute(entry_id, self._lac_to_send(), length, data)
+
+    def _build_run(self, first_entry_id: int, lengths: Sequence[int],
+                   payloads: Sequence[bytes | bytearray | memoryview]) -> list[bytes]:
+        """``_build_entry`` of consecutive entries, sent now: they carry the same LAC."""
+        return self._digest.compute_run(first_entry_id, self._lac_to_send(), lengths, payloads)
 
     def _send_waiting(self) -> None:
         """Send queued appends while fewer adds than the window are in flight."""

@@ -85,13 +85,18 @@ def encode_add_request(master_key: BytesLike, entry: BytesLike, flags: int) -> l
     """The frame of ``AddRequest(master_key, entry, flags)`` without building the message: the
     client's add path sends one entry to every bookie of its write set with the same parts
     (the entry itself is never copied)."""
-    if len(entry) < MIN_ENTRY_SIZE:
-        raise IncorrectParameterError(f"ADD: entry of {len(entry)} bytes is shorter than its header")
+    return [encode_add_head(master_key, len(entry), flags), entry]
+
+
+def encode_add_head(master_key: BytesLike, entry_length: int, flags: int) -> bytes:
+    """What precedes an entry of ``entry_length`` bytes in its ADD frame (``encode_add_request``
+    is ``[head, entry]``): the same for every entry of that length, key and flags."""
+    if entry_length < MIN_ENTRY_SIZE:
+        raise IncorrectParameterError(f"ADD: entry of {entry_length} bytes is shorter than its header")
     try:
-        head = _ADD_REQ.pack(4 + MASTER_KEY_LENGTH + len(entry), _ADD_HEADER | _flags(flags), _key(master_key, "ADD"))
+        return _ADD_REQ.pack(4 + MASTER_KEY_LENGTH + entry_length, _ADD_HEADER | _flags(flags), _key(master_key, "ADD"))
     except struct.error as exc:
         raise IncorrectParameterError(f"cannot encode an ADD with flags {flags!r}: {exc}") from exc
-    return [head, entry]
 
 
 def _enc_add_resp(m: AddResponse) -> list[BytesLike]:

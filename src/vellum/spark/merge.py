@@ -57,6 +57,8 @@ RETIRED_JOB = "r-"
 #: entries fetched per read while copying, and appends kept in flight
 _READ_CHUNK = 256
 _WINDOW = 256
+#: entries per ``append_batch_async`` call while copying (a quarter of the window)
+_SLICE = _WINDOW // 4
 _TIMEOUT_S = 600.0
 
 
@@ -79,21 +81,29 @@ def _drop(bk: BookKeeper, keys: list[str]) -> None:
 
 
 async def _copy(bk: BookKeeper, window: tuple[Segment, ...], password: bytes, target: AsyncLedgerHandle) -> None:
-    """Append every entry of the window's ledgers to ``target``, in order, bounded in flight."""
-    pending: collections.deque[asyncio.Future[int]] = collections.deque()
+    """Append every entry of the window's ledgers to ``target``, in order, at most ``_WINDOW``
+    in flight: in ``append_batch_async`` slices of ``_SLICE`` entries (one future per slice,
+    not one per entry; the oldest slice is awaited before the window would overflow)."""
+    pending: collections.deque[tuple[asyncio.Future[int], int]] = collections.deque()
+    in_flight = 0
     try:
         for seg in window:
             count = seg.entry_count or 0
             src = await bk.aio.open_ledger(seg.ledger_id, password=password, recovery=False)
             for lo in range(0, count, _READ_CHUNK):
-                for e in await src.read(lo, min(count, lo + _READ_CHUNK) - 1):
-                    pending.append(target.append_async(e.payload))
-                    if len(pending) >= _WINDOW:
-                        await pending.popleft()
+                payloads = [e.payload for e in await src.read(lo, min(count, lo + _READ_CHUNK) - 1)]
+                for start in range(0, len(payloads), _SLICE):
+                    part = payloads[start:start + _SLICE]
+                    while pending and in_flight + len(part) > _WINDOW:
+                        fut, n = pending.popleft()
+                        in_flight -= n
+                        await fut
+                    pending.append((target.append_batch_async(part), len(part)))
+                    in_flight += len(part)
         while pending:
-            await pending.popleft()
+            await pending.popleft()[0]
     finally:
-        for f in pending:
+        for f, _n in pending:
             if f.done() and not f.cancelled():
                 f.exception()
 

@@ -60,7 +60,9 @@ concurrently.
 
 from __future__ import annotations
 
+import bisect
 import errno
+import itertools
 import os
 import threading
 import time
@@ -204,49 +206,60 @@ class EntryLogger:
         locations: one lock and one log decision per run. A log that would pass ``logSizeLimit``
         is sealed and the rest of the run goes to the next one. A write failure raises after
         dropping the buffered records. Durable only after ``flush()``.
+
+        The run is handled as slices, not entry by entry: the records' end positions are summed
+        once (``accumulate``), each slice is the entries up to the one that fills the write
+        buffer (``write_buffer_size``, as an entry-by-entry append would write it out) or the
+        log, found by bisection, and its locations are made with one ``map``; what is left per
+        entry is copying it into the buffer. The bytes, the locations and the points where the
+        buffer is written out are those of appending the entries one at a time.
         """
-        for e in entries:
-            if len(e) < fmt.MIN_SANE_ENTRY_SIZE:
-                raise ValueError(f"entry of {len(e)} bytes is shorter than {fmt.MIN_SANE_ENTRY_SIZE}")
+        n = len(entries)
+        if n == 0:
+            return []
+        sizes = list(map(len, entries))
+        if min(sizes) < fmt.MIN_SANE_ENTRY_SIZE:
+            short = next(s for s in sizes if s < fmt.MIN_SANE_ENTRY_SIZE)
+            raise ValueError(f"entry of {short} bytes is shorter than {fmt.MIN_SANE_ENTRY_SIZE}")
+        field = fmt.SIZE_FIELD
         out: list[int] = []
-        append = out.append
         pack = fmt.encode_size
         limit = self.log_size_limit
         wbs = self.write_buffer_size
-        n = len(entries)
         i = 0
         with self._lock:
             self._check_open()
             while i < n:
                 log = self._policy.log_for(ledger_id)
-                base = make_location(log.log_id, 0)
                 buf = log.buf
-                pos = log.pos
-                pending = 0  # record bytes of this ledger buffered since the last accounting
-                while i < n:
-                    entry = entries[i]
-                    record_len = fmt.SIZE_FIELD + len(entry)
-                    if pos + record_len > limit and pos > fmt.HEADER_SIZE:
-                        break
-                    append(base | (pos + fmt.SIZE_FIELD))
-                    buf += pack(len(entry))
-                    buf += entry
-                    pos += record_len
-                    pending += record_len
-                    i += 1
+                start = log.pos
+                # ends[k]: the log's end once the run's entries i .. i+k-1 are appended
+                ends = list(itertools.accumulate(map(field.__add__, itertools.islice(sizes, i, None)), initial=start))
+                # entries that end within the limit (none when an oversized entry filled the log)
+                fit = max(0, bisect.bisect_right(ends, limit) - 1)
+                if fit == 0 and start <= fmt.HEADER_SIZE:
+                    fit = 1  # an empty log takes one entry bigger than the limit
+                record_base = make_location(log.log_id, 0) + field
+                k = 0
+                while k < fit:
+                    # up to the entry whose record fills the write buffer, or the last that fits
+                    full = bisect.bisect_left(ends, ends[k] + wbs - len(buf), k + 1, fit + 1)
+                    q = min(full, fit)
+                    out.extend(map(record_base.__add__, ends[k:q]))
+                    for size_field, entry in zip(map(pack, sizes[i + k:i + q]), entries[i + k:i + q]):
+                        buf += size_field  # two appends: cheaper than joining the slice first
+                        buf += entry
+                    log.pos = ends[q]
+                    log.buf_sizes[ledger_id] = log.buf_sizes.get(ledger_id, 0) + ends[q] - ends[k]
+                    k = q
                     if len(buf) >= wbs:
-                        log.pos = pos
-                        log.buf_sizes[ledger_id] = log.buf_sizes.get(ledger_id, 0) + pending
-                        pending = 0
                         self._write_out(log)
                         if (
                             self.flush_entrylog_bytes > 0
                             and log.file_pos - log.synced_pos >= self.flush_entrylog_bytes
                         ):
                             self._sync(log)
-                log.pos = pos
-                if pending:
-                    log.buf_sizes[ledger_id] = log.buf_sizes.get(ledger_id, 0) + pending
+                i += fit
                 if i < n:
                     self._seal(log)  # full: the rest of the run goes to the next log
         return out

@@ -22,8 +22,10 @@ Invariants:
 
 from __future__ import annotations
 
+import collections
+import itertools
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import rocksdict
@@ -37,10 +39,12 @@ from vellum.format.ledger_index import (
     decode_location_key,
     decode_storage_flags,
     encode_location,
+    encode_locations,
     encode_storage_flags,
     ledger_key,
     ledger_upper_key,
     location_key,
+    location_keys,
 )
 from vellum.ids import INT64_MAX
 
@@ -80,9 +84,7 @@ class IndexOps:
     def put_many(self, db: rocksdict.Rdict, path: Path, pairs: Iterable[tuple[bytes, bytes]]) -> None:
         """One write batch of puts (atomic: all of it or none survives)."""
         batch = rocksdict.WriteBatch(raw_mode=True)
-        put = batch.put
-        for key, value in pairs:
-            put(key, value)
+        collections.deque(itertools.starmap(batch.put, pairs), maxlen=0)  # no Python call per pair
         db.write(batch)
 
     def put(self, db: rocksdict.Rdict, path: Path, key: bytes, value: bytes, *, sync: bool = False) -> None:
@@ -170,7 +172,16 @@ class EntryLocationIndex(_Db):
 
     def put_locations(self, items: Iterable[tuple[int, int, int]]) -> None:
         """One write batch of ``(ledger_id, entry_id, location)``; durable after ``sync()``."""
-        pairs = ((location_key(lid, eid), encode_location(loc)) for lid, eid, loc in items)
+        self._put_pairs((location_key(lid, eid), encode_location(loc)) for lid, eid, loc in items)
+
+    def put_run(self, ledger_id: int, entry_ids: Sequence[int], locations: Sequence[int]) -> None:
+        """``put_locations`` of one ledger's entries (a flush's run), its keys and values made
+        and put without a Python call per entry; durable after ``sync()``."""
+        if len(entry_ids) != len(locations):
+            raise ValueError(f"ledger {ledger_id}: {len(entry_ids)} entry ids for {len(locations)} locations")
+        self._put_pairs(zip(location_keys(ledger_id, entry_ids), encode_locations(locations)))
+
+    def _put_pairs(self, pairs: Iterable[tuple[bytes, bytes]]) -> None:
         try:
             self._ops.put_many(self._store(), self.path, pairs)
         except StorageError:

@@ -155,7 +155,7 @@ class StorageFlusher:
             with self._cond:
                 # Not if an add swapped a full cache in since: that one is written out next,
                 # and the entries added before this call are in it.
-                if self._caches.active.entries:
+                if self._caches.active:
                     self._caches.swap()
             self._flush_swapped()
             # Ledger data and deletes reach RocksDB without sync; an empty flush still syncs them.

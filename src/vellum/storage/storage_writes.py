@@ -112,7 +112,7 @@ class StorageWriter:
                 return refused
             for pos, (ledger_id, entry_id, entry) in enumerate(zip(ledger_ids, entry_ids, entries)):
                 size = len(entry)
-                if active.entries and active.size + size > active.max_bytes:
+                if active and active.size + size > active.max_bytes:
                     try:
                         deadline = self._flusher.make_room(size, ledger_id, entry_id, deadline)
                     except OperationRejectedError as e:
