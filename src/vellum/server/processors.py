@@ -212,6 +212,20 @@ class Channel:
                     extra=extra)
         return status
 
+    def answer(self, result: Any, exc: BaseException | None, ok: Callable[[Any], Any],
+               failed: Callable[[int], Any], op: str, ledger_id: int | None, entry_id: int | None = None,
+               what: str | None = None) -> None:
+        """Answer one request, once: ``ok(result)`` when the bookie did it (``exc`` None), else
+        ``failed(status)`` with ``exc``'s status (``status_for``: counted and logged). A bug
+        building or sending ``ok``'s answer is answered as one (EINTERNAL), never as EIO."""
+        if exc is None:
+            try:
+                self.replies.send(ok(result))
+                return
+            except Exception as e:
+                exc = e
+        self.replies.send(failed(self.status_for(exc, op, ledger_id, entry_id, what)))
+
     def check_force_waiters(self) -> None:
         completed = self.completed
         keep = []
@@ -417,19 +431,18 @@ def _read_run(ch: Channel, op: str, ledger_id: int, first: int,
         send(reply(ETOOMANYREQUESTS, _NO_ENTRIES))
         return
 
-    def answer(entries: m.PackedEntries | None, exc: BaseException | None) -> None:
+    def answered(entries: m.PackedEntries | None, exc: BaseException | None) -> None:
         counters.reads -= 1
         ch.reading -= 1
-        if exc is None:
-            assert entries is not None
-            try:
-                send(reply(EOK if entries else ENOENTRY, entries))
-                return
-            except Exception as e:  # a bug answering it: answered as one (EINTERNAL), never EIO
-                exc = e
-        send(reply(ch.status_for(exc, op, ledger_id, first, f"fencing {op}" if fencing else None), _NO_ENTRIES))
+        ch.answer(entries, exc, found, missing, op, ledger_id, first, f"fencing {op}" if fencing else None)
 
-    _admitted(ch, call, *args, answer)
+    def found(entries: m.PackedEntries) -> Any:
+        return reply(EOK if entries else ENOENTRY, entries)
+
+    def missing(status: int) -> Any:
+        return reply(status, _NO_ENTRIES)
+
+    _admitted(ch, call, *args, answered)
 
 
 class BatchReadProcessor(Processor):
@@ -479,18 +492,11 @@ class ReadLacProcessor(Processor):
 def read_lac(ch: Channel, op: str, response: type[m.ReadLacResponse] | type[m.LongPollReadLacResponse],
              request_id: int, ledger_id: int) -> None:
     """Read what the bookie has of the ledger's LAC and answer it with one ``response``."""
-    send = ch.replies.send
 
     def answer(got: tuple[bytes, bytes | memoryview] | None, exc: BaseException | None) -> None:
         ch.reading -= 1
-        if exc is None:
-            assert got is not None
-            try:
-                send(response(request_id, EOK, ledger_id, got[0], got[1]))
-                return
-            except Exception as e:  # a bug answering it: answered as one (EINTERNAL), never EIO
-                exc = e
-        send(response(request_id, ch.status_for(exc, op, ledger_id), ledger_id))
+        ch.answer(got, exc, lambda got: response(request_id, EOK, ledger_id, got[0], got[1]),
+                  lambda status: response(request_id, status, ledger_id), op, ledger_id)
 
     ch.hand_down(ch.bookie.read_lac_cb, ledger_id, answer)
 
@@ -530,19 +536,13 @@ class WriteLacProcessor(Processor):
 
     def __call__(self, req: m.WriteLacRequest) -> None:
         ch = self.ch
-        send = self.send
         self.counters.requests["WRITE_LAC"] += 1
         request_id, ledger_id = req.request_id, req.ledger_id
 
         def durable(exc: BaseException | None) -> None:  # on the loop, once
             ch.reading -= 1
-            if exc is None:
-                try:
-                    send(m.WriteLacResponse(request_id, EOK, ledger_id))
-                    return
-                except Exception as e:  # a bug answering it: answered as one (EINTERNAL), never EIO
-                    exc = e
-            send(m.WriteLacResponse(request_id, ch.status_for(exc, "WRITE_LAC", ledger_id), ledger_id))
+            ch.answer(None, exc, lambda _none: m.WriteLacResponse(request_id, EOK, ledger_id),
+                      lambda status: m.WriteLacResponse(request_id, status, ledger_id), "WRITE_LAC", ledger_id)
 
         ch.hand_down(self.bookie.write_explicit_lac_cb, ledger_id, bytes(req.master_key), req.lac,
                      bytes(req.lac_body), durable)
@@ -576,19 +576,11 @@ def _on_reader(ch: Channel, op: str, ledger_id: int | None, ok: Callable[[Any], 
     """A request the bookie answers from its reader pool with a future (``AsyncBookie.entry_ids``,
     ``info``, ``trim``): handed down once (``call(*args)``) and answered once, from the future's
     done callback (no task): ``ok(result)``, or ``failed(status)`` for the failure
-    (``Channel.status_for``, logged there; a bug building the answer is answered the same way).
-    The connection counts as busy (``Channel.reading``) until then; a call cancelled (the bookie
-    stopping) is not answered."""
-    send = ch.replies.send
+    (``Channel.answer``). The connection counts as busy (``Channel.reading``) until then; a call
+    cancelled (the bookie stopping) is not answered."""
 
     def answer(result: Any, exc: BaseException | None) -> None:
-        if exc is None:
-            try:
-                send(ok(result))
-                return
-            except Exception as e:  # a bug answering it: answered as one (EINTERNAL), never EIO
-                exc = e
-        send(failed(ch.status_for(exc, op, ledger_id)))
+        ch.answer(result, exc, ok, failed, op, ledger_id)
 
     def done(fut: asyncio.Future[Any]) -> None:  # on the loop
         ch.reading -= 1
