@@ -21,7 +21,7 @@ from vellum.sim.workload import WorkloadShape
 
 #: the CI campaign: small worlds, every default fault kind, a few thousand seeds
 CI_SHAPE = WorkloadShape(ledgers=2, entries=(10, 30), reader_polls=15)
-CI_SEEDS = int(os.environ.get("VELLUM_SIM_SEEDS", "3000"))
+CI_SEEDS = int(os.environ.get("VELLUM_SIM_SEEDS", "2000"))
 #: worker processes of the CI campaigns
 JOBS = 2
 
@@ -59,6 +59,7 @@ def _describe(report) -> str:  # type: ignore[no-untyped-def]
     return "\n".join(lines)
 
 
+@pytest.mark.timeout(1200)  # about a minute on two quiet cores; several on a loaded machine
 def test_a_campaign_of_seeds_with_every_fault_finds_no_violation() -> None:
     report = run_campaign(range(CI_SEEDS), SimOptions(shape=CI_SHAPE), jobs=JOBS)
     assert report.seeds == CI_SEEDS
@@ -93,6 +94,7 @@ def test_the_other_scenarios_find_no_violation(scenario: str) -> None:
     assert not report.violations and not report.errors, _describe(report)
 
 
+@pytest.mark.timeout(900)
 def test_the_opt_in_faults_find_no_violation() -> None:
     """Every fault, with the opt-in ones: ``meta`` (a metadata write whose request or reply is
     lost: the caller sees the store unavailable, the write happened or not) and ``corrupt`` (a
