@@ -112,7 +112,17 @@ class FragmentCopier:
                 # Anything else (timeout, no connection, limbo's "unknown") leaves the answer
                 # unknown: raised, never taken for "missing".
 
-        results = await asyncio.gather(*(intact(e) for e in entries))
+        # The first read whose answer is unknown (a timeout, no connection) decides: ``holds``
+        # raises it. The reads not answered yet are cancelled then, not left to run on: their
+        # answers would be thrown away, and meanwhile they would hold the window's slots (and
+        # the bookie) from the next check or copy of this worker.
+        tasks = [asyncio.ensure_future(intact(e)) for e in entries]
+        try:
+            results = await asyncio.gather(*tasks)
+        finally:
+            for t in tasks:
+                if not t.done():
+                    t.cancel()
         return all(results)
 
     async def copy(self, fragment: Fragment, md: LedgerMetadata, target: str) -> int:

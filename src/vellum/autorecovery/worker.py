@@ -110,6 +110,8 @@ class ReplicationWorker:
         self._unreleased: set[int] = set()
         #: ledger -> (record version, monotonic time) this worker first deferred its open fragment
         self._deferring: dict[int, tuple[int, float]] = {}
+        #: bookies whose answer to this worker's last verified read of them was unknown (checked first)
+        self._unanswered: set[str] = set()
 
     async def run(self, stop: asyncio.Event) -> None:
         """Heal ledgers until ``stop`` is set. Nothing ends this loop but ``stop`` (or
@@ -295,15 +297,31 @@ class ReplicationWorker:
         return {f.bookie for f in bad if f.bookie not in registered}
 
     async def _bad_fragments(self, ledger_id: int, md: LedgerMetadata, suspects: set[str]) -> list[Fragment]:
+        """The fragments to replace, in segment and position order: those on bookies that are not
+        registered, and the closed ones on a bookie the record names that a verified read finds
+        missing or corrupt entries of. A check whose answer is unknown (a timeout, no connection)
+        raises: the ledger is retried later.
+
+        Any unknown answer decides the outcome, so the order of the checks does not change it;
+        the fragments of a bookie whose answer was unknown in this worker's last check go first,
+        so that a retry while that bookie stays unreachable fails after one check instead of
+        verifying every entry of the other suspects' fragments again first."""
         ctx = self._bk.context
         registered = set(ctx.writable_bookies) | set(ctx.read_only_bookies)
-        bad: list[Fragment] = []
-        for f in fragments(ledger_id, md):
-            lost = f.bookie not in registered
-            if lost or (f.bookie in suspects and not f.is_open
-                        and not await self._copier.holds(f, md, verify=True)):
-                bad.append(f)
-        return bad
+        listed = list(fragments(ledger_id, md))
+        checks = [f for f in listed if f.bookie in registered and f.bookie in suspects and not f.is_open]
+        checks.sort(key=lambda f: f.bookie not in self._unanswered)  # stable: else in fragment order
+        missing: set[tuple[int, int]] = set()
+        for f in checks:
+            try:
+                held = await self._copier.holds(f, md, verify=True)
+            except Exception:
+                self._unanswered.add(f.bookie)
+                raise
+            self._unanswered.discard(f.bookie)
+            if not held:
+                missing.add((f.first_entry, f.index))
+        return [f for f in listed if f.bookie not in registered or (f.first_entry, f.index) in missing]
 
     async def _replace(self, ledger_id: int, fragment: Fragment, avoid: set[str]) -> None:
         """Copy ``fragment`` to a bookie outside its segment and outside ``avoid`` (``_avoid``),

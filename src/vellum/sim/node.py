@@ -90,7 +90,7 @@ class BookieNode:
                                        read_s=(0.00005, 0.0005), page_cache=self.page_cache,
                                        registration=self._store.registration, check_keys=self.check_keys,
                                        disk_usage=full_disk_usage(lambda: self.disk.full),
-                                       integrity=self.integrity)
+                                       integrity=self.integrity, wall=self._store.cluster.wall_s)
             except CookieError as e:  # the dead incarnation stays (not alive): the node is down
                 self.refused = str(e)
                 self.lost = True

@@ -13,7 +13,11 @@ virtual times:
 - a checkpoint (``Bookie.checkpoint``: write caches flushed to entry logs and the index, the
   journal mark persisted, old journals removed) every ``checkpoint_s`` (the sync thread);
 - a GC pass (``GarbageCollectorThread.run_once``, with compaction when its interval on the
-  virtual wall clock is due) when the run asks for one (``gc_pass``);
+  virtual wall clock is due) when the run asks for one (``gc_pass``); in a run that wall clock
+  is the store's (``SimCluster.wall_s``), so the ``clock`` fault's steps reach the bookie as they
+  reach the clients and AutoRecovery (compaction comes early after a step forward and is held
+  after a step back, as BookKeeper's on a stepped host; a restart over wiped disks names its
+  first journal by the stepped clock);
 - reads answer after a seeded read latency (the reader pool); adds, fences and explicit LACs go
   to the bookie at once (the add thread) and are answered at the commit that makes them durable.
 
@@ -71,7 +75,8 @@ from vellum.stats import CollectorRegistry
 from vellum.storage.dirs import DiskUsageFn
 from vellum.storage.durable import FileOps
 
-#: the virtual wall clock's epoch (GC's compaction times and the first journal's name)
+#: the virtual wall clock's epoch (GC's compaction times and the first journal's name) when no
+#: ``wall`` is given (the store's ``EPOCH_S``: the same instant)
 _EPOCH_S = 1_700_000_000.0
 #: what the disk checks see: a large, empty disk
 _DISK = (1 << 40, 0)
@@ -292,7 +297,10 @@ class RealSimBookie(LaterReads):
                  fsync_s: tuple[float, float], read_s: tuple[float, float],
                  checkpoint_s: tuple[float, float] = (0.2, 1.5), page_cache: PageCache | None = None,
                  registration: RegistrationManager | None = None, check_keys: bool = True,
-                 disk_usage: DiskUsageFn = _fixed_usage, integrity: bool = False) -> None:
+                 disk_usage: DiskUsageFn = _fixed_usage, integrity: bool = False,
+                 wall: Callable[[], float] | None = None) -> None:
+        """``wall``: the bookie's wall clock (None: ``_EPOCH_S`` + loop time, never stepped); a
+        run gives the store's (``SimCluster.wall_s``), which the ``clock`` fault steps."""
         self.name = name
         self._loop = loop
         self._rng = rng
@@ -300,7 +308,7 @@ class RealSimBookie(LaterReads):
         self._fsync_s = fsync_s
         self._read_s = read_s
         self._checkpoint_s = checkpoint_s
-        runtime = BookieRuntime(threads=False, monotonic=loop.time, wall=lambda: _EPOCH_S + loop.time(),
+        runtime = BookieRuntime(threads=False, monotonic=loop.time, wall=wall or (lambda: _EPOCH_S + loop.time()),
                                 sleep=_no_sleep, disk_usage=disk_usage, file_ops=page_cache,
                                 index_ops=page_cache.index if page_cache is not None else None)
         # With ``registration``: the metadata store's copy of the cookie, as the service's start
