@@ -89,3 +89,4 @@ def test_a_retry_checks_the_bookie_that_did_not_answer_first() -> None:
     first, retry = asyncio.run(main())
     assert {b for b, _e in first} == {"a", "c"}  # in fragment order: a's entries verified, then c's
     assert retry and all(b == "c" for b, _e in retry)  # c first: the retry fails without reading a's again
+

@@ -264,9 +264,19 @@ class ReplicationWorker:
         now = time.monotonic()
         seen = self._deferring.get(ledger_id)
         if seen is None or seen[0] != version:  # first deferral of this record (re-marked: a new one)
+            self._forget_deferrals_before(now - 2 * self._settings.open_ledger_grace_period_ms / 1000)
             self._deferring[ledger_id] = (version, now)
             return 0.0
         return (now - seen[1]) * 1000
+
+    def _forget_deferrals_before(self, horizon: float) -> None:
+        """Drop what this worker remembers of deferrals older than ``horizon``: a ledger it looked
+        at again within the grace period would have had its entry ended (the grace over), so
+        these are ledgers healed, recovered or deleted by another worker meanwhile, and a daemon
+        running for months must not keep one per ledger it ever deferred."""
+        old = [lid for lid, (_version, since) in self._deferring.items() if since < horizon]
+        for lid in old:
+            del self._deferring[lid]
 
     async def _replace_all(self, ledger_id: int, bad: list[Fragment], avoid: set[str]) -> None:
         """Replace every fragment that can be replaced; one that cannot (no bookie may take its
