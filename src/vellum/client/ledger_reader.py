@@ -66,6 +66,9 @@ READ_WINDOW = 256
 BATCH_CHUNK_ENTRIES = 256
 BATCH_CHUNK_BYTES = 2 * 1024 * 1024
 BATCH_WINDOW = 4
+#: entries per chunk of a bulk read (``read_payloads``) at most: a range is read in one chunk
+#: per bookie up to this many entries each (and BATCH_CHUNK_BYTES)
+BULK_CHUNK_ENTRIES = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,7 +225,7 @@ class LedgerReader:
         # each request costs the bookie and this client a fixed share of work (a thread hop,
         # an index lookup, a frame, a future) that 256-entry chunks of small entries paid
         # several times per range (docs/benchmarks.md, "Bulk reads in one request per bookie").
-        per_chunk = self._chunk_entries(max(BATCH_CHUNK_ENTRIES, -(-(last - first + 1) // self._E)))
+        per_chunk = self._chunk_entries(max(BATCH_CHUNK_ENTRIES, min(BULK_CHUNK_ENTRIES, -(-(last - first + 1) // self._E))))
         if self._E == self._WQ:
             chunks = plan_batched_chunks(first, last, ensembles, per_chunk)
             parts = await _gather_window([functools.partial(self._batched_payloads, lo, hi, k)
