@@ -4,7 +4,8 @@ Starts a LocalCluster (3 bookies, loopback), writes ``N`` one-record ``records-v
 1 KiB into a 3,2,2 ledger (what the producer writes with ``batch_size_bytes=1``), then reads
 them ``--repeat`` times as a read task does (``read_payloads`` in ranges of 4,096 entries,
 READ_STRIDED on a striped ledger, then ``record_columns.unpack``), and prints the wall time and
-the CPU seconds of this process (the reader) and of the bookies (from ``/proc``) per entry.
+the CPU seconds of this process (the reader) and of the bookies (from ``/proc``) per entry, with
+the system (kernel) part of each: the loopback sends and receives.
 ``--rows-per-entry R`` packs R records of 1 KiB into each entry instead (the sink packs about
 127 by default: ``entryMaxBytes`` 128 KiB) and also prints the reader's CPU per row; ranges are
 then about 4,096 rows. Run the same script with ``PYTHONPATH`` at two trees, alternating, to
@@ -26,9 +27,16 @@ import time
 from pathlib import Path
 
 
-def _cpu(pid: int) -> float:
+def _cpu(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of a process so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def _sum(pids: list[int]) -> tuple[float, float]:
+    times = [_cpu(p) for p in pids]
+    return sum(u for u, _ in times), sum(s for _, s in times)
 
 
 def main() -> None:
@@ -67,7 +75,8 @@ def main() -> None:
             handle = bk.open_ledger(ledger_id, recovery=False)
             pids = [int(x) for x in subprocess.check_output(["pgrep", "-f", f"{base}/cluster/bookie"]).split()]
             for _ in range(args.repeat):
-                bookies0 = sum(_cpu(p) for p in pids)
+                bookies0 = _sum(pids)
+                own0 = os.times()
                 cpu0, t0 = time.process_time(), time.perf_counter()
                 lo = 0
                 while lo < n:
@@ -75,10 +84,15 @@ def main() -> None:
                     unpack(ledger_id, 0, range(lo, hi + 1), bk.run(handle.aio.read_payloads(lo, hi)), True)
                     lo = hi + 1
                 wall, reader = time.perf_counter() - t0, time.process_time() - cpu0
-                bookies = sum(_cpu(p) for p in pids) - bookies0
+                own1 = os.times()
+                user1, sys1 = _sum(pids)
+                b_user, b_sys = user1 - bookies0[0], sys1 - bookies0[1]
+                bookies = b_user + b_sys
+                r_sys = own1.system - own0.system
                 per_row = f", {reader / (n * rows) * 1e9:.0f} ns/row" if rows > 1 else ""
                 print(f"read {n} entries: wall {wall:.2f} s, reader CPU {reader:.2f} s ({reader / n * 1e6:.1f} us/entry"
-                      f"{per_row}), bookies' CPU {bookies:.2f} s ({bookies / n * 1e6:.1f} us/entry), "
+                      f"{per_row}; {r_sys / n * 1e6:.1f} system), bookies' CPU {bookies:.2f} s ({bookies / n * 1e6:.1f} us/entry; "
+                      f"{b_user / n * 1e6:.1f} user, {b_sys / n * 1e6:.1f} system), "
                       f"load {os.getloadavg()[0]:.1f}", flush=True)
     finally:
         shutil.rmtree(base, ignore_errors=True)

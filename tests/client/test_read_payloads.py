@@ -135,3 +135,41 @@ def test_range_reads_with_a_dead_bookie_start_no_task_per_entry(tmp_path: Path, 
             assert per_read == []
 
     run(main())
+
+
+@pytest.mark.parametrize(("e", "w"), [(3, 2), (2, 2)])
+def test_a_range_is_read_in_one_request_per_bookie(tmp_path: Path, e: int, w: int) -> None:
+    """A bulk read asks each bookie of the ensemble for its share of the range in one
+    READ_STRIDED or BATCH_READ (bytes permitting), not in chunks of ``BATCH_CHUNK_ENTRIES``:
+    each request costs the bookie and the client a fixed share of work."""
+
+    async def main() -> None:
+        async with client_cluster(tmp_path, 3) as cc:
+            lh = await cc.bk.create_ledger(ensemble_size=e, write_quorum_size=w, ack_quorum_size=w, password=b"k")
+            n = 1200  # more than BATCH_CHUNK_ENTRIES (256) per bookie
+            for i in range(n - 1):
+                lh.append_async(payload(i))
+            await lh.append(payload(n - 1))
+            await lh.close()
+            reader = await cc.new_client()
+            rh = await reader.open_ledger(lh.ledger_id, password=b"k", recovery=False)
+            bc = reader.bookie_client
+            asked: list[tuple[str, int]] = []
+            strided, batch = bc.read_strided, bc.batch_read_future
+
+            def count_strided(bookie: str, ledger_id: int, first: int, stride: int, count: int,
+                              *a: Any, **kw: Any) -> Any:
+                asked.append((bookie, count))
+                return strided(bookie, ledger_id, first, stride, count, *a, **kw)
+
+            def count_batch(bookie: str, ledger_id: int, first: int, count: int, *a: Any, **kw: Any) -> Any:
+                asked.append((bookie, count))
+                return batch(bookie, ledger_id, first, count, *a, **kw)
+
+            bc.read_strided, bc.batch_read_future = count_strided, count_batch  # type: ignore[method-assign]
+            got = await rh.read_payloads(0, n - 1)
+            assert [bytes(p) for p in got] == [payload(i) for i in range(n)]
+            assert sorted(c for _b, c in asked) == [n // e] * e, asked
+            assert len({b for b, _c in asked}) == e  # spread over the bookies
+
+    run(main())

@@ -66,6 +66,9 @@ READ_WINDOW = 256
 BATCH_CHUNK_ENTRIES = 256
 BATCH_CHUNK_BYTES = 2 * 1024 * 1024
 BATCH_WINDOW = 4
+#: entries per chunk of a bulk read (``read_payloads``) at most: a range is read in one chunk
+#: per bookie up to this many entries each (and BATCH_CHUNK_BYTES)
+BULK_CHUNK_ENTRIES = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,13 +227,18 @@ class LedgerReader:
         if last - first < 8:
             return PayloadSpans.of([e.payload for e in await self._read_range(first, last)])
         ensembles = self._view.metadata.ensembles
+        # One chunk per bookie of the ensemble where the bytes allow, not BATCH_CHUNK_ENTRIES:
+        # each request costs the bookie and this client a fixed share of work (a thread hop,
+        # an index lookup, a frame, a future) that 256-entry chunks of small entries paid
+        # several times per range (docs/benchmarks.md, "Bulk reads in one request per bookie").
+        per_chunk = self._chunk_entries(max(BATCH_CHUNK_ENTRIES, min(BULK_CHUNK_ENTRIES, -(-(last - first + 1) // self._E))))
         if self._E == self._WQ:
-            chunks = plan_batched_chunks(first, last, ensembles, self._chunk_entries())
+            chunks = plan_batched_chunks(first, last, ensembles, per_chunk)
             parts = await _gather_window([functools.partial(self._batched_payloads, lo, hi, k)
                                           for k, (lo, hi) in enumerate(chunks)], BATCH_WINDOW)
             return PayloadSpans.concat(parts)
         E = self._E
-        strided = plan_strided_chunks(first, last, ensembles, E, self._chunk_entries())
+        strided = plan_strided_chunks(first, last, ensembles, E, per_chunk)
         got = await _gather_window([functools.partial(self._strided_payloads, start, count)
                                     for start, count in strided], BATCH_WINDOW)
         # each chunk's entries are every E-th of the range
@@ -282,11 +290,12 @@ class LedgerReader:
             remaining -= len(got)
         return PayloadSpans.concat(out)
 
-    def _chunk_entries(self) -> int:
-        """Entries per BATCH_READ / READ_STRIDED chunk: about ``BATCH_CHUNK_BYTES`` of them."""
+    def _chunk_entries(self, max_entries: int = BATCH_CHUNK_ENTRIES) -> int:
+        """Entries per BATCH_READ / READ_STRIDED chunk: about ``BATCH_CHUNK_BYTES`` of them, at
+        most ``max_entries``."""
         # Stored entries carry the header and digest too: the bookie's size cap counts them.
         return chunk_entries(self._view.lac, self._view.lac_length, ENTRY_HEADER_SIZE + self._digest.digest_length,
-                             BATCH_CHUNK_ENTRIES, BATCH_CHUNK_BYTES)
+                             max_entries, BATCH_CHUNK_BYTES)
 
     async def _read_strided(self, first: int, last: int) -> list[Entry]:
         """Striped ledgers (E > WQ): ``first..last`` as READ_STRIDED chunks. The entries whose
