@@ -801,43 +801,36 @@ RESPONSE_TYPES: tuple[type[Response], ...] = get_args(Response)
 MESSAGE_TYPES: tuple[type[Message], ...] = REQUEST_TYPES + RESPONSE_TYPES
 
 
-def _quick_inits(classes: tuple[type[Any], ...]) -> None:
-    """Give each frozen, slotted message class an ``__init__`` that stores each field through
-    its slot's own setter instead of ``object.__setattr__`` by name (what a frozen dataclass's
+def _quick_init(cls: type[Any]) -> None:
+    """Give a frozen, slotted message class an ``__init__`` that stores each field through its
+    slot's own setter instead of ``object.__setattr__`` by name (what a frozen dataclass's
     generated ``__init__`` does): the same signature, defaults and stored values, about a third
-    less time per message (a simulated run builds tens of thousands). Only for classes whose
-    fields are plain (no default factory, no ``__post_init__``); any other keeps dataclass's
-    own. The functions are compiled together, once (one ``exec`` at import)."""
+    less time per message (a simulated run builds tens of thousands). For classes whose fields
+    are plain (no default factory, no ``__post_init__``); any other keeps dataclass's own."""
+    if "__post_init__" in vars(cls):
+        return
     names: dict[str, Any] = {}
-    source: list[str] = []
-    chosen: list[type[Any]] = []
-    for k, cls in enumerate(classes):
-        flds = fields(cls)
-        if "__post_init__" in vars(cls) or any(not f.init or f.default_factory is not MISSING or f.kw_only
-                                                for f in flds):
-            continue
-        params: list[str] = []
-        for f in flds:
-            names[f"_set{k}_{f.name}"] = vars(cls)[f.name].__set__  # the slot's member descriptor
-            if f.default is MISSING:
-                params.append(f.name)
-            else:
-                names[f"_default{k}_{f.name}"] = f.default
-                params.append(f"{f.name}=_default{k}_{f.name}")
-        source.append(f"def _init{k}(self, {', '.join(params)}):")
-        source.extend(f"    _set{k}_{f.name}(self, {f.name})" for f in flds)
-        if not flds:
-            source.append("    pass")
-        chosen.append(cls)
-    exec("\n".join(source) + "\n", names)  # built from the classes' own field names only
-    for cls in chosen:
-        init = names[f"_init{classes.index(cls)}"]
-        init.__name__ = "__init__"
-        init.__qualname__ = f"{cls.__qualname__}.__init__"
-        cls.__init__ = init
+    params: list[str] = []
+    body: list[str] = []
+    for f in fields(cls):
+        if not f.init or f.default_factory is not MISSING or f.kw_only:
+            return
+        names[f"_set_{f.name}"] = vars(cls)[f.name].__set__  # the slot's member descriptor
+        if f.default is MISSING:
+            params.append(f.name)
+        else:
+            names[f"_default_{f.name}"] = f.default
+            params.append(f"{f.name}=_default_{f.name}")
+        body.append(f"    _set_{f.name}(self, {f.name})")
+    source = f"def __init__(self, {', '.join(params)}) -> None:\n" + ("\n".join(body) or "    pass") + "\n"
+    exec(source, names)  # built from the class's own field names only
+    init = names["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    init.__doc__ = cls.__init__.__doc__
+    cls.__init__ = init
 
 
-_quick_inits(MESSAGE_TYPES)
-
+for _cls in MESSAGE_TYPES:
+    _quick_init(_cls)
 #: BookKeeper v2's frames (byte for byte): no request id, answers matched by (op, ledger, entry).
 V2_OPCODES = frozenset({OP_ADD, OP_READ, OP_BATCH_READ})
