@@ -551,3 +551,29 @@ def test_write_lac_and_collect_start_no_task_and_answer_each_outcome_with_their_
     assert sum("COLLECT of ledger 7 below entry" in line and "20 bytes reclaimed, 6 garbage bytes left" in line
                for line in lines) == BURST
     assert any("the garbage collection pass failed: the disk went away" in line for line in lines)
+
+
+def test_status_for_an_expected_answer_counts_it_and_builds_its_line_only_when_it_is_written(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """An expected answer (ENOENTRY: most failed reads of a reader polling past the LAC) is
+    counted whatever the log level; its DEBUG line, with the peer, is built only when DEBUG is
+    on: with it off the peer is not even asked (a read's answer stays cheap)."""
+    counters = processors.Counters(max_adds=0, max_reads=0, max_frame_size=1 << 20)
+    asked: list[int] = []
+
+    def describe_peer() -> str:
+        asked.append(1)
+        return "peer-1"
+
+    ch = processors.Channel(cast(Any, None), counters, cast(Any, None), cast(Any, None), describe_peer)
+    caplog.set_level(logging.INFO, logger="vellum.server.bookie_server")
+    assert ch.status_for(NoSuchEntryError("no entry 5"), "READ", 7, 5) == ENOENTRY
+    assert counters.errors[("READ", "ENOENTRY")] == 1
+    assert asked == [] and not caplog.records
+    caplog.set_level(logging.DEBUG, logger="vellum.server.bookie_server")
+    assert ch.status_for(NoSuchEntryError("no entry 6"), "READ", 7, 6) == ENOENTRY
+    assert counters.errors[("READ", "ENOENTRY")] == 2
+    (line,) = caplog.records
+    assert line.levelno == logging.DEBUG and line.getMessage() == (
+        "READ of entry 6 of ledger 7 from peer-1: answering ENOENTRY: no entry 6")
+    assert (line.ledger_id, line.entry_id, line.peer) == (7, 6, "peer-1")  # type: ignore[attr-defined]
