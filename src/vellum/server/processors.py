@@ -734,11 +734,15 @@ class Processors:
         adds: list[m.AddRequest] = []
         for req in requests:
             kind = type(req)
-            if kind is m.AddBatch:
+            processor = by_type.get(kind)  # every operation but ADD (the usual case: one lookup)
+            if processor is not None:
                 if adds:
                     add.add_batch(m.AddBatch.of_requests(adds))
                     adds = []
-                add.add_batch(req)
+                try:
+                    processor(req)
+                except Exception as e:  # a bug in one request must not take the connection down
+                    processor.refuse(req, e)  # the processor that raised answers its own request
                 continue
             if kind is m.AddRequest:
                 # Pipelined adds that arrived one by one go to the bookie as one batch too.
@@ -747,13 +751,9 @@ class Processors:
             if adds:
                 add.add_batch(m.AddBatch.of_requests(adds))
                 adds = []
-            processor = by_type.get(kind)
-            if processor is None:
+            if kind is m.AddBatch:
+                add.add_batch(req)
+            else:
                 self._ch.replies.send(m.ErrorResponse(EBADREQ))
-                continue
-            try:
-                processor(req)
-            except Exception as e:  # a bug in one request must not take the connection down
-                processor.refuse(req, e)  # the processor that raised answers its own request
         if adds:
             add.add_batch(m.AddBatch.of_requests(adds))

@@ -112,6 +112,7 @@ class SimLoop(asyncio.BaseEventLoop):
         self._clock_resolution = 1e-9
         self._heap: list[_Call] = []  # the timers, each its own heap item
         self._seq = 0
+        self._ready_append = self._ready.append  # type: ignore[attr-defined]  # bound once: one per call_soon
         self.connect_hook: ConnectHook | None = None
         self.executor_hook: ExecutorHook | None = None
 
@@ -159,7 +160,7 @@ class SimLoop(asyncio.BaseEventLoop):
             raise RuntimeError("Event loop is closed")
         handle = _Call((0.0, 0, callback, args, context if context is not None else copy_context(), False, False,
                         self))
-        self._ready.append(handle)  # type: ignore[attr-defined]
+        self._ready_append(handle)
         return handle  # type: ignore[return-value]
 
     def call_soon_threadsafe(self, callback: Callable[..., object], *args: Any,  # type: ignore[override]
