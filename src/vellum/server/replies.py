@@ -17,6 +17,7 @@ from typing import Any
 from vellum.proto import codec
 
 _encode_add_responses = codec.encode_add_responses  # bound once: called per answered batch
+_encode_parts = codec.encode_parts  # bound once: called per reply
 
 
 class ReplyWriter:
@@ -46,7 +47,7 @@ class ReplyWriter:
         """Queue ``msg`` (a response message)."""
         if self._transport is None:
             return
-        self._out.extend(codec.encode_parts(msg))
+        self._out.extend(_encode_parts(msg))
         if not self._scheduled:
             self._scheduled = True
             self._loop.call_soon(self.flush)

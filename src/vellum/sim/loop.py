@@ -186,6 +186,7 @@ class SimLoop(asyncio.BaseEventLoop):
         ready = self._ready  # type: ignore[attr-defined]
         popleft = ready.popleft
         heappop = heapq.heappop
+        resolution = self._clock_resolution
         seen, spins = self._now, 0
         while True:
             if self._now != seen:
@@ -219,7 +220,7 @@ class SimLoop(asyncio.BaseEventLoop):
                     if when > self._now:
                         self._now = when
                     # the heap's next after its top is one of the top's two children
-                    end = self._now + self._clock_resolution
+                    end = self._now + resolution
                     n = len(sched)
                     if n == 1 or (sched[1][0] >= end and (n == 2 or sched[2][0] >= end)):
                         # one timer due now (the usual case): run it as the batch of one it
@@ -237,7 +238,7 @@ class SimLoop(asyncio.BaseEventLoop):
                         if self._stopping:  # type: ignore[attr-defined]
                             return
                         continue
-            end = self._now + self._clock_resolution
+            end = self._now + resolution
             while sched and sched[0][0] < end:
                 h = heappop(sched)
                 h[6] = False
