@@ -193,7 +193,7 @@ class Channel:
             status = EIO
         else:
             status = EINTERNAL
-        self.counters.errors[(op, WIRE_STATUS_NAMES.get(status, str(status)))] += count
+        self.counters.errors[(op, WIRE_STATUS_NAMES.get(status) or str(status))] += count
         if quiet:
             return status
         if status != EINTERNAL and status != EUA and status != EIO and not log.isEnabledFor(expected_level):
