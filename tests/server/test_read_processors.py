@@ -385,7 +385,12 @@ def test_a_failing_storage_read_is_answered_with_its_status_logged_once_with_its
 
 
 class RaisingAsyncBookie(AsyncBookie):
-    """Its multi-entry and LAC reads raise in the hand-down itself, for ledger 8 (a bug)."""
+    """Its reads (single, multi-entry, LAC) raise in the hand-down itself, for ledger 8 (a bug)."""
+
+    def read_cb(self, ledger_id: int, *args: Any) -> None:
+        if ledger_id == BUG_LEDGER:
+            raise KeyError("a bug in read_cb")
+        super().read_cb(ledger_id, *args)
 
     def read_entries_cb(self, ledger_id: int, *args: Any) -> None:
         if ledger_id == BUG_LEDGER:
@@ -417,7 +422,8 @@ def test_a_hand_down_that_raises_is_refused_by_the_bug_guard_and_leaves_the_read
             got: list[Any] = []
             for bad, good in ((m.BatchReadRequest(BUG_LEDGER, 0, 1, 2, 0), m.BatchReadRequest(7, 0, 2, 2, 0)),
                               (m.StridedReadRequest(3, BUG_LEDGER, 0, 2, 2, 0), m.StridedReadRequest(4, 7, 0, 2, 2, 0)),
-                              (m.ReadLacRequest(5, BUG_LEDGER), m.ReadLacRequest(6, 7))):
+                              (m.ReadLacRequest(5, BUG_LEDGER), m.ReadLacRequest(6, 7)),
+                              (m.ReadRequest(BUG_LEDGER, 1), m.ReadRequest(7, 1))):
                 client.send(bad)
                 got += await client.answers(1)
                 client.send(good)
@@ -440,9 +446,12 @@ def test_a_hand_down_that_raises_is_refused_by_the_bug_guard_and_leaves_the_read
     assert answers[3].status == EOK and len(answers[3].entries) == 2
     assert answers[4] == m.ErrorResponse(EINTERNAL, 5, m.OP_READ_LAC, BUG_LEDGER)
     assert answers[5].status == EOK
+    assert answers[6] == m.ReadResponse(EINTERNAL, BUG_LEDGER, 1)
+    assert answers[7].status == EOK and answers[7].entry_id == 1
     bugs = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert [(r.ledger_id, r.entry_id, r.levelno) for r in bugs] == [  # type: ignore[attr-defined]
-        (BUG_LEDGER, 0, logging.ERROR), (BUG_LEDGER, 0, logging.ERROR), (BUG_LEDGER, None, logging.ERROR)]
+        (BUG_LEDGER, 0, logging.ERROR), (BUG_LEDGER, 0, logging.ERROR), (BUG_LEDGER, None, logging.ERROR),
+        (BUG_LEDGER, 1, logging.ERROR)]
     assert "BATCH_READ of entry 0 of ledger 8" in bugs[0].getMessage() and bugs[0].exc_info is not None
 
 
