@@ -177,13 +177,15 @@ class BookieClient(BookieUpkeepOps):
         return conn is not None and conn.state == CONNECTED
 
     # --------------------------------------------------------------------------- requests
-    def _register(self, conn: BookieConnection, p: Pending) -> None:
-        dq = conn.timeouts.get(p.timeout_s)
+    def _deadlines(self, conn: BookieConnection, timeout_s: float) -> deque[Pending]:
+        """The deque of ``conn``'s requests with ``timeout_s`` (in issue order, so by deadline),
+        with the sweep armed: every request goes in one."""
+        dq = conn.timeouts.get(timeout_s)
         if dq is None:
-            dq = conn.timeouts[p.timeout_s] = deque()
-        dq.append(p)
+            dq = conn.timeouts[timeout_s] = deque()
         if self._sweep_handle is None:
             self._sweep_handle = conn.loop.call_later(_SWEEP_INTERVAL_S, self._sweep)
+        return dq
 
     def _submit_v2(
         self,
@@ -192,18 +194,20 @@ class BookieClient(BookieUpkeepOps):
         ledger_id: int,
         entry_id: int,
         parts: list[m.BytesLike],
-        cb: AddCallback | None,
+        cb: AddCallback | QuorumAddCallback | None,
         fut: asyncio.Future[Any] | None,
         timeout_s: float,
+        token: Any = None,
+        index: int = -1,
     ) -> None:
+        """Send a v2 ADD or READ: chain its request under its (ledger, entry) key, put it in its
+        timeout deque and queue its frame. Raises if the bookie cannot be asked now
+        (``_connection``)."""
         conn = self._connection(bookie_id)
-        p = Pending(conn, op, ledger_id, entry_id, 0, cb, fut, conn.loop.time() + timeout_s, timeout_s)
-        self._queue_v2(conn, conn.adds if op == m.OP_ADD else conn.reads, p, parts)
-
-    def _queue_v2(self, conn: BookieConnection, table: dict[tuple[int, int], Pending], p: Pending,
-                  parts: list[m.BytesLike]) -> None:
-        """Chain ``p`` under its (ledger, entry) key, arm its timeout and send its frame."""
-        key = (p.ledger_id, p.entry_id)
+        loop = conn.loop
+        key = (ledger_id, entry_id)
+        p = Pending(conn, op, key, 0, cb, fut, loop.time() + timeout_s, token, index)
+        table = conn.adds if op == m.OP_ADD else conn.reads
         head = table.get(key)
         if head is None:
             table[key] = p
@@ -211,7 +215,7 @@ class BookieClient(BookieUpkeepOps):
             while head.next is not None:
                 head = head.next
             head.next = p
-        self._register(conn, p)
+        self._deadlines(conn, timeout_s).append(p)
         conn.send(parts)
 
     def _submit_by_id(
@@ -235,9 +239,9 @@ class BookieClient(BookieUpkeepOps):
         parts = codec.encode_parts(build(request_id))
         loop = conn.loop
         fut: asyncio.Future[Any] = loop.create_future()
-        p = Pending(conn, op, ledger_id, entry_id, request_id, None, fut, loop.time() + timeout_s, timeout_s)
+        p = Pending(conn, op, (ledger_id, entry_id), request_id, None, fut, loop.time() + timeout_s)
         conn.by_id[request_id] = p
-        self._register(conn, p)
+        self._deadlines(conn, timeout_s).append(p)
         conn.send(parts)
         return fut
 
@@ -314,15 +318,11 @@ class BookieClient(BookieUpkeepOps):
                 self._get_loop().call_soon(callback, token, i, ensemble[i], err)
             return
         for i in indexes:
-            bookie_id = ensemble[i]
             try:
-                conn = self._connection(bookie_id)
+                self._submit_v2(ensemble[i], m.OP_ADD, ledger_id, entry_id, parts, callback, None, timeout_s,
+                                token, i)
             except VellumError as exc:
-                self._get_loop().call_soon(callback, token, i, bookie_id, exc)
-                continue
-            p = Pending(conn, m.OP_ADD, ledger_id, entry_id, 0, None, None, conn.loop.time() + timeout_s, timeout_s)
-            p.quorum_cb, p.token, p.index = callback, token, i
-            self._queue_v2(conn, conn.adds, p, parts)
+                self._get_loop().call_soon(callback, token, i, ensemble[i], exc)
 
     def add_quorum_batch_cb(
         self,
@@ -383,8 +383,7 @@ class BookieClient(BookieUpkeepOps):
                     loop.call_soon(callback, token, i, ensemble[i], target)
                     continue
                 conn, dq, out = target
-                p = Pending(conn, m.OP_ADD, ledger_id, entry_id, 0, None, None, deadline, timeout_s)
-                p.quorum_cb, p.token, p.index = callback, token, i
+                p = Pending(conn, m.OP_ADD, key, 0, callback, None, deadline, token, i)
                 table = conn.adds
                 head = table.get(key)
                 if head is None:
@@ -413,12 +412,7 @@ class BookieClient(BookieUpkeepOps):
             conn = self._connection(bookie_id)
         except VellumError as exc:
             return exc
-        dq = conn.timeouts.get(timeout_s)
-        if dq is None:
-            dq = conn.timeouts[timeout_s] = deque()
-        if self._sweep_handle is None:
-            self._sweep_handle = conn.loop.call_later(_SWEEP_INTERVAL_S, self._sweep)
-        return conn, dq, []
+        return conn, self._deadlines(conn, timeout_s), []
 
     async def add(
         self,
