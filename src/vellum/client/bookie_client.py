@@ -92,6 +92,8 @@ LONG_POLL_MARGIN_S: Final = 5.0
 DEFAULT_START_TLS_TIMEOUT_S: Final = 10.0
 
 _ENTRY_IDS = struct.Struct(">qq")  # first 16 bytes of a stored entry: ledgerId, entryId
+#: one bookie of a batch of adds (``BookieClient._batch_target``)
+_BatchTarget = tuple[BookieConnection, dict[tuple[int, int], Pending], deque[Pending], list[m.BytesLike]]
 
 
 
@@ -350,9 +352,10 @@ class BookieClient(BookieUpkeepOps):
         encode_head = codec.encode_add_head
         unpack = _ENTRY_IDS.unpack_from
         tls = self.settings.tls is not None
-        # ensemble index -> (connection, its timeout deque, its queued parts) or the reason it
-        # cannot be asked now
-        targets: dict[int, tuple[BookieConnection, deque[Pending], list[m.BytesLike]] | VellumError] = {}
+        # ensemble index -> (connection, its ADD key table, its timeout deque, its queued parts),
+        # or in ``failed`` the reason it cannot be asked now
+        targets: dict[int, _BatchTarget] = {}
+        failed: dict[int, VellumError] = {}
         deadline = loop.time() + timeout_s
         # An ADD's frame head depends on the entry's length only (the key and flags are the
         # batch's): entries of one length (one-row entries of fixed-size rows) share one head.
@@ -377,14 +380,20 @@ class BookieClient(BookieUpkeepOps):
             key = (ledger_id, entry_id)
             for i in write_set:
                 target = targets.get(i)
-                if target is None:
-                    target = targets[i] = self._batch_target(ensemble[i], timeout_s)
-                if isinstance(target, VellumError):
-                    loop.call_soon(callback, token, i, ensemble[i], target)
-                    continue
-                conn, dq, out = target
+                if target is None:  # first time this bookie is seen in the batch, or it cannot be asked
+                    failure = failed.get(i)
+                    if failure is None:
+                        found = self._batch_target(ensemble[i], timeout_s)
+                        if isinstance(found, VellumError):
+                            failure = failed[i] = found
+                        else:
+                            target = targets[i] = found
+                    if failure is not None:
+                        loop.call_soon(callback, token, i, ensemble[i], failure)
+                        continue
+                    assert target is not None
+                conn, table, dq, out = target
                 p = Pending(conn, m.OP_ADD, key, 0, callback, None, deadline, token, i)
-                table = conn.adds
                 head = table.get(key)
                 if head is None:
                     table[key] = p
@@ -397,22 +406,19 @@ class BookieClient(BookieUpkeepOps):
                     conn.send(parts)
                 else:
                     out += parts
-        for target in targets.values():
-            if not isinstance(target, VellumError):
-                conn, _dq, out = target
-                if out:
-                    conn.send(out)
+        for conn, _table, _dq, out in targets.values():
+            if out:
+                conn.send(out)
 
-    def _batch_target(
-        self, bookie_id: str, timeout_s: float
-    ) -> tuple[BookieConnection, deque[Pending], list[m.BytesLike]] | VellumError:
-        """A bookie of a batch of adds: its connection, the deque its requests' deadlines go
-        to (the sweep armed), and the list its frames are gathered in; or why it cannot be asked."""
+    def _batch_target(self, bookie_id: str, timeout_s: float) -> _BatchTarget | VellumError:
+        """A bookie of a batch of adds: its connection, its ADD key table, the deque its
+        requests' deadlines go to (the sweep armed), and the list its frames are gathered in;
+        or why it cannot be asked."""
         try:
             conn = self._connection(bookie_id)
         except VellumError as exc:
             return exc
-        return conn, self._deadlines(conn, timeout_s), []
+        return conn, conn.adds, self._deadlines(conn, timeout_s), []
 
     async def add(
         self,
