@@ -205,10 +205,11 @@ class BookieClient(BookieUpkeepOps):
         """Send a v2 ADD or READ: chain its request under its (ledger, entry) key, put it in its
         timeout deque and queue its frame. Raises if the bookie cannot be asked now
         (``_connection``)."""
-        conn = self._connection(bookie_id)
-        loop = conn.loop
+        conn = self._conns.get(bookie_id)
+        if conn is None:
+            conn = self._connection(bookie_id)
         key = (ledger_id, entry_id)
-        p = Pending(conn, op, key, 0, cb, fut, loop.time() + timeout_s, token, index)
+        p = Pending(conn, op, key, 0, cb, fut, conn.loop.time() + timeout_s, token, index)
         table = conn.adds if op == m.OP_ADD else conn.reads
         head = table.get(key)
         if head is None:
@@ -217,7 +218,10 @@ class BookieClient(BookieUpkeepOps):
             while head.next is not None:
                 head = head.next
             head.next = p
-        self._deadlines(conn, timeout_s).append(p)
+        dq = conn.timeouts.get(timeout_s)
+        if dq is None or self._sweep_handle is None:
+            dq = self._deadlines(conn, timeout_s)
+        dq.append(p)
         conn.send(parts)
 
     def _submit_by_id(
@@ -259,7 +263,8 @@ class BookieClient(BookieUpkeepOps):
         now = loop.time()
         pending = False
         for conn in list(self._conns.values()):
-            pending = conn.sweep(now) or pending
+            if conn.timeouts:
+                pending = conn.sweep(now) or pending
         if pending:
             self._sweep_handle = loop.call_later(_SWEEP_INTERVAL_S, self._sweep)
 
