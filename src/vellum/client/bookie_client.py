@@ -92,6 +92,8 @@ LONG_POLL_MARGIN_S: Final = 5.0
 DEFAULT_START_TLS_TIMEOUT_S: Final = 10.0
 
 _ENTRY_IDS = struct.Struct(">qq")  # first 16 bytes of a stored entry: ledgerId, entryId
+#: one bookie of a batch of adds (``BookieClient._batch_target``)
+_BatchTarget = tuple[BookieConnection, dict[tuple[int, int], Pending], deque[Pending], list[m.BytesLike]]
 
 
 
@@ -177,13 +179,15 @@ class BookieClient(BookieUpkeepOps):
         return conn is not None and conn.state == CONNECTED
 
     # --------------------------------------------------------------------------- requests
-    def _register(self, conn: BookieConnection, p: Pending) -> None:
-        dq = conn.timeouts.get(p.timeout_s)
+    def _deadlines(self, conn: BookieConnection, timeout_s: float) -> deque[Pending]:
+        """The deque of ``conn``'s requests with ``timeout_s`` (in issue order, so by deadline),
+        with the sweep armed: every request goes in one."""
+        dq = conn.timeouts.get(timeout_s)
         if dq is None:
-            dq = conn.timeouts[p.timeout_s] = deque()
-        dq.append(p)
+            dq = conn.timeouts[timeout_s] = deque()
         if self._sweep_handle is None:
             self._sweep_handle = conn.loop.call_later(_SWEEP_INTERVAL_S, self._sweep)
+        return dq
 
     def _submit_v2(
         self,
@@ -192,18 +196,21 @@ class BookieClient(BookieUpkeepOps):
         ledger_id: int,
         entry_id: int,
         parts: list[m.BytesLike],
-        cb: AddCallback | None,
+        cb: AddCallback | QuorumAddCallback | None,
         fut: asyncio.Future[Any] | None,
         timeout_s: float,
+        token: Any = None,
+        index: int = -1,
     ) -> None:
-        conn = self._connection(bookie_id)
-        p = Pending(conn, op, ledger_id, entry_id, 0, cb, fut, conn.loop.time() + timeout_s, timeout_s)
-        self._queue_v2(conn, conn.adds if op == m.OP_ADD else conn.reads, p, parts)
-
-    def _queue_v2(self, conn: BookieConnection, table: dict[tuple[int, int], Pending], p: Pending,
-                  parts: list[m.BytesLike]) -> None:
-        """Chain ``p`` under its (ledger, entry) key, arm its timeout and send its frame."""
-        key = (p.ledger_id, p.entry_id)
+        """Send a v2 ADD or READ: chain its request under its (ledger, entry) key, put it in its
+        timeout deque and queue its frame. Raises if the bookie cannot be asked now
+        (``_connection``)."""
+        conn = self._conns.get(bookie_id)
+        if conn is None:
+            conn = self._connection(bookie_id)
+        key = (ledger_id, entry_id)
+        p = Pending(conn, op, key, 0, cb, fut, conn.loop.time() + timeout_s, token, index)
+        table = conn.adds if op == m.OP_ADD else conn.reads
         head = table.get(key)
         if head is None:
             table[key] = p
@@ -211,7 +218,10 @@ class BookieClient(BookieUpkeepOps):
             while head.next is not None:
                 head = head.next
             head.next = p
-        self._register(conn, p)
+        dq = conn.timeouts.get(timeout_s)
+        if dq is None or self._sweep_handle is None:
+            dq = self._deadlines(conn, timeout_s)
+        dq.append(p)
         conn.send(parts)
 
     def _submit_by_id(
@@ -235,9 +245,9 @@ class BookieClient(BookieUpkeepOps):
         parts = codec.encode_parts(build(request_id))
         loop = conn.loop
         fut: asyncio.Future[Any] = loop.create_future()
-        p = Pending(conn, op, ledger_id, entry_id, request_id, None, fut, loop.time() + timeout_s, timeout_s)
+        p = Pending(conn, op, (ledger_id, entry_id), request_id, None, fut, loop.time() + timeout_s)
         conn.by_id[request_id] = p
-        self._register(conn, p)
+        self._deadlines(conn, timeout_s).append(p)
         conn.send(parts)
         return fut
 
@@ -253,7 +263,8 @@ class BookieClient(BookieUpkeepOps):
         now = loop.time()
         pending = False
         for conn in list(self._conns.values()):
-            pending = conn.sweep(now) or pending
+            if conn.timeouts:
+                pending = conn.sweep(now) or pending
         if pending:
             self._sweep_handle = loop.call_later(_SWEEP_INTERVAL_S, self._sweep)
 
@@ -314,15 +325,11 @@ class BookieClient(BookieUpkeepOps):
                 self._get_loop().call_soon(callback, token, i, ensemble[i], err)
             return
         for i in indexes:
-            bookie_id = ensemble[i]
             try:
-                conn = self._connection(bookie_id)
+                self._submit_v2(ensemble[i], m.OP_ADD, ledger_id, entry_id, parts, callback, None, timeout_s,
+                                token, i)
             except VellumError as exc:
-                self._get_loop().call_soon(callback, token, i, bookie_id, exc)
-                continue
-            p = Pending(conn, m.OP_ADD, ledger_id, entry_id, 0, None, None, conn.loop.time() + timeout_s, timeout_s)
-            p.quorum_cb, p.token, p.index = callback, token, i
-            self._queue_v2(conn, conn.adds, p, parts)
+                self._get_loop().call_soon(callback, token, i, ensemble[i], exc)
 
     def add_quorum_batch_cb(
         self,
@@ -350,9 +357,10 @@ class BookieClient(BookieUpkeepOps):
         encode_head = codec.encode_add_head
         unpack = _ENTRY_IDS.unpack_from
         tls = self.settings.tls is not None
-        # ensemble index -> (connection, its timeout deque, its queued parts) or the reason it
-        # cannot be asked now
-        targets: dict[int, tuple[BookieConnection, deque[Pending], list[m.BytesLike]] | VellumError] = {}
+        # ensemble index -> (connection, its ADD key table, its timeout deque, its queued parts),
+        # or in ``failed`` the reason it cannot be asked now
+        targets: dict[int, _BatchTarget] = {}
+        failed: dict[int, VellumError] = {}
         deadline = loop.time() + timeout_s
         # An ADD's frame head depends on the entry's length only (the key and flags are the
         # batch's): entries of one length (one-row entries of fixed-size rows) share one head.
@@ -377,15 +385,20 @@ class BookieClient(BookieUpkeepOps):
             key = (ledger_id, entry_id)
             for i in write_set:
                 target = targets.get(i)
-                if target is None:
-                    target = targets[i] = self._batch_target(ensemble[i], timeout_s)
-                if isinstance(target, VellumError):
-                    loop.call_soon(callback, token, i, ensemble[i], target)
-                    continue
-                conn, dq, out = target
-                p = Pending(conn, m.OP_ADD, ledger_id, entry_id, 0, None, None, deadline, timeout_s)
-                p.quorum_cb, p.token, p.index = callback, token, i
-                table = conn.adds
+                if target is None:  # first time this bookie is seen in the batch, or it cannot be asked
+                    failure = failed.get(i)
+                    if failure is None:
+                        found = self._batch_target(ensemble[i], timeout_s)
+                        if isinstance(found, VellumError):
+                            failure = failed[i] = found
+                        else:
+                            target = targets[i] = found
+                    if failure is not None:
+                        loop.call_soon(callback, token, i, ensemble[i], failure)
+                        continue
+                    assert target is not None
+                conn, table, dq, out = target
+                p = Pending(conn, m.OP_ADD, key, 0, callback, None, deadline, token, i)
                 head = table.get(key)
                 if head is None:
                     table[key] = p
@@ -398,27 +411,19 @@ class BookieClient(BookieUpkeepOps):
                     conn.send(parts)
                 else:
                     out += parts
-        for target in targets.values():
-            if not isinstance(target, VellumError):
-                conn, _dq, out = target
-                if out:
-                    conn.send(out)
+        for conn, _table, _dq, out in targets.values():
+            if out:
+                conn.send(out)
 
-    def _batch_target(
-        self, bookie_id: str, timeout_s: float
-    ) -> tuple[BookieConnection, deque[Pending], list[m.BytesLike]] | VellumError:
-        """A bookie of a batch of adds: its connection, the deque its requests' deadlines go
-        to (the sweep armed), and the list its frames are gathered in; or why it cannot be asked."""
+    def _batch_target(self, bookie_id: str, timeout_s: float) -> _BatchTarget | VellumError:
+        """A bookie of a batch of adds: its connection, its ADD key table, the deque its
+        requests' deadlines go to (the sweep armed), and the list its frames are gathered in;
+        or why it cannot be asked."""
         try:
             conn = self._connection(bookie_id)
         except VellumError as exc:
             return exc
-        dq = conn.timeouts.get(timeout_s)
-        if dq is None:
-            dq = conn.timeouts[timeout_s] = deque()
-        if self._sweep_handle is None:
-            self._sweep_handle = conn.loop.call_later(_SWEEP_INTERVAL_S, self._sweep)
-        return conn, dq, []
+        return conn, conn.adds, self._deadlines(conn, timeout_s), []
 
     async def add(
         self,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Protocol, cast
 
@@ -75,80 +75,63 @@ class ConnectionOwner(Protocol):
 
 
 class Pending:
-    """One request awaiting its answer. Completed exactly once: ``done`` guards that."""
+    """One request awaiting its answer. Completed exactly once: ``done`` guards that.
 
-    __slots__ = (
-        "cb",
-        "conn",
-        "deadline",
-        "done",
-        "entry_id",
-        "fut",
-        "index",
-        "ledger_id",
-        "next",
-        "op",
-        "quorum_cb",
-        "request_id",
-        "timeout_s",
-        "token",
-    )
+    Kept small (one is built per request and bookie): the (ledger, entry) ``key`` is the tuple
+    the v2 tables are keyed by, and ``cb`` is either an add's ``AddCallback`` (``index`` -1)
+    or, for an add of a write set, the ``QuorumAddCallback`` called
+    ``cb(token, index, bookie id, exc)`` (``index`` >= 0, its ensemble index): no closure per
+    bookie and entry on the add path."""
+
+    __slots__ = ("cb", "conn", "deadline", "done", "fut", "index", "key", "next", "op", "request_id", "token")
 
     def __init__(
         self,
         conn: BookieConnection,
         op: int,
-        ledger_id: int,
-        entry_id: int,
+        key: tuple[int, int],
         request_id: int,
-        cb: AddCallback | None,
+        cb: AddCallback | QuorumAddCallback | None,
         fut: asyncio.Future[Any] | None,
         deadline: float,
-        timeout_s: float,
+        token: Any = None,
+        index: int = -1,
     ) -> None:
         self.conn = conn
         self.op = op
-        self.ledger_id = ledger_id
-        self.entry_id = entry_id
+        self.key = key  # (ledger id, entry id)
         self.request_id = request_id  # 0 for v2 ADD/READ (matched by key)
-        self.cb = cb
+        self.cb: Callable[..., None] | None = cb
         self.fut = fut
+        # the request's timeout is the key of the connection's deque it is in (``timeouts``)
         self.deadline = deadline
-        self.timeout_s = timeout_s
         self.done = False
         # next request with the same (op, ledger, entry) key on this connection (v2 FIFO chain)
         self.next: Pending | None = None
-        # an add of a write set answers ``quorum_cb(token, index, bookie id, exc)`` instead of
-        # ``cb``: no closure per bookie and entry on the add path
-        self.quorum_cb: QuorumAddCallback | None = None
-        self.token: Any = None
-        self.index = 0
+        self.token = token
+        self.index = index
 
     def describe(self) -> str:
         """``"<op> <ledger>:<entry> on <bookie>"`` (the context of every error message)."""
         name = m.OPCODE_NAMES.get(self.op, str(self.op))
+        ledger_id, entry_id = self.key
         if self.op in (m.OP_ADD, m.OP_READ, m.OP_BATCH_READ):
-            return f"{name} {self.ledger_id}:{self.entry_id} on {self.conn.bookie_id}"
+            return f"{name} {ledger_id}:{entry_id} on {self.conn.bookie_id}"
         if self.op == m.OP_GET_BOOKIE_INFO:
             return f"{name} on {self.conn.bookie_id}"
-        return f"{name} {self.ledger_id} on {self.conn.bookie_id}"
+        return f"{name} {ledger_id} on {self.conn.bookie_id}"
 
     def finish(self, exc: BaseException | None, value: Any = None) -> None:
         """Deliver the outcome (the caller has set ``done``)."""
-        qcb = self.quorum_cb
-        if qcb is not None:
-            self.quorum_cb = None
-            token, self.token = self.token, None
-            try:
-                qcb(token, self.index, self.conn.bookie_id, exc)
-            except Exception:
-                log.exception("callback of %s raised", self.describe())
-            return
         cb = self.cb
         if cb is not None:
             self.cb = None
             try:
-                cb(exc)
+                if self.index >= 0:
+                    token, self.token = self.token, None
+                    cb(token, self.index, self.conn.bookie_id, exc)
+                else:
+                    cb(exc)
             except Exception:
                 log.exception("callback of %s raised", self.describe())
             return
@@ -373,16 +356,11 @@ class BookieConnection(asyncio.BufferedProtocol):
         for msg in messages:
             kind = type(msg)
             if kind is m.AddAnswers:
-                adds = self.adds
-                answer = self._answer_v2
-                for ledger_id, entry_id, status in zip(msg.ledger_ids, msg.entry_ids, msg.statuses):
-                    answer(adds, ledger_id, entry_id, status, None)
-                    if self.state == CLOSED:
-                        return
+                self._answer_adds(msg.ledger_ids, msg.entry_ids, msg.statuses)
             elif kind is m.AddResponse:
-                self._answer_v2(self.adds, msg.ledger_id, msg.entry_id, msg.status, None)
+                self._answer_adds((msg.ledger_id,), (msg.entry_id,), (msg.status,))
             elif kind is m.ReadResponse:
-                self._answer_v2(self.reads, msg.ledger_id, msg.entry_id, msg.status, msg.entry)
+                self._answer_read(msg.ledger_id, msg.entry_id, msg.status, msg.entry)
             elif kind is m.BadFrame:
                 self._bad_answer(msg.reason)
             elif kind is m.ErrorResponse:
@@ -406,31 +384,55 @@ class BookieConnection(asyncio.BufferedProtocol):
             )
         )
 
-    def _answer_v2(
-        self, table: dict[tuple[int, int], Pending], ledger_id: int, entry_id: int, status: int, value: Any
-    ) -> None:
+    def _answer_adds(self, ledger_ids: Sequence[int], entry_ids: Sequence[int], statuses: Sequence[int]) -> None:
+        """Match ADD answers (as columns, in arrival order) to the heads of their key chains:
+        the add path's hot loop, one call per read of the socket rather than one per answer.
+        Stops if a callback closed the connection (everything left was failed by ``shutdown``)."""
+        adds = self.adds
+        bookie_id = self.bookie_id
+        for key, status in zip(zip(ledger_ids, entry_ids), statuses):
+            p = adds.get(key)
+            if p is None:
+                log.debug("unexpected answer %d:%d from bookie %s: dropped", key[0], key[1], bookie_id)
+                continue
+            nxt = p.next
+            if nxt is None:
+                del adds[key]
+            else:
+                adds[key] = nxt
+            if p.done:  # a timed-out request's placeholder absorbs its late answer
+                continue
+            p.done = True
+            qcb = p.cb
+            if status == EOK and p.index >= 0 and qcb is not None:  # an acked add of a write set: finish inlined
+                p.cb = None
+                token, p.token = p.token, None
+                try:
+                    qcb(token, p.index, bookie_id, None)
+                except Exception:
+                    log.exception("callback of %s raised", p.describe())
+            elif status == EOK:
+                p.finish(None)
+            else:
+                p.finish(error_for_wire_status(status, p.describe()))
+            if self.state == CLOSED:
+                return
+
+    def _answer_read(self, ledger_id: int, entry_id: int, status: int, value: Any) -> None:
+        reads = self.reads
         key = (ledger_id, entry_id)
-        p = table.get(key)
+        p = reads.get(key)
         if p is None:
             log.debug("unexpected answer %d:%d from bookie %s: dropped", ledger_id, entry_id, self.bookie_id)
             return
         nxt = p.next
         if nxt is None:
-            del table[key]
+            del reads[key]
         else:
-            table[key] = nxt
+            reads[key] = nxt
         if p.done:  # a timed-out request's placeholder absorbs its late answer
             return
         p.done = True
-        qcb = p.quorum_cb
-        if qcb is not None and status == EOK:  # an acked add of a write set: Pending.finish inlined
-            p.quorum_cb = None
-            token, p.token = p.token, None
-            try:
-                qcb(token, p.index, self.bookie_id, None)
-            except Exception:
-                log.exception("callback of %s raised", p.describe())
-            return
         if status == EOK:
             p.finish(None, value)
         else:
@@ -496,31 +498,35 @@ class BookieConnection(asyncio.BufferedProtocol):
     # --------------------------------------------------------------------------- timeouts
     def sweep(self, now: float) -> bool:
         """Expire overdue requests; True if requests are still pending."""
-        expired: list[Pending] = []
+        expired: list[tuple[Pending, float]] | None = None
         timeouts = self.timeouts
         for timeout_s, dq in list(timeouts.items()):
+            popleft = dq.popleft
             while dq:
                 p = dq[0]
                 if p.done:
-                    dq.popleft()
+                    popleft()
                 elif p.deadline <= now:
-                    dq.popleft()
-                    expired.append(p)
+                    popleft()
+                    if expired is None:
+                        expired = []
+                    expired.append((p, timeout_s))
                 else:
                     break
             if not dq:
                 del timeouts[timeout_s]
-        for p in expired:
-            if not p.done:
-                self.expire(p)
+        if expired is not None:
+            for p, timeout_s in expired:
+                if not p.done:
+                    self.expire(p, timeout_s)
         return bool(self.timeouts)
 
-    def expire(self, p: Pending) -> None:
+    def expire(self, p: Pending, timeout_s: float) -> None:
         p.done = True
         if p.request_id:
             self.by_id.pop(p.request_id, None)
         # v2 ops stay in their chain: the spent placeholder absorbs a late answer.
-        p.finish(TimeoutError_(f"{p.describe()} timed out after {p.timeout_s:g}s"))
+        p.finish(TimeoutError_(f"{p.describe()} timed out after {timeout_s:g}s"))
 
 
 RESPONSE_OPS: dict[type, int] = {
