@@ -37,6 +37,8 @@ from vellum.security.admin_http_client import redacted_token, token_refusal
 
 #: seconds one admin HTTP call may take before the bookie is reported as not answering
 HTTP_TIMEOUT_S = 2.0
+#: how long closing waits for the TLS connections it closed to finish their shutdown
+_TLS_CLOSE_GRACE_S = 0.25
 #: seconds a TCP connect to a bookie port may take
 PORT_TIMEOUT_S = 0.5
 #: bytes of an answer the console reads at most (a bookie answering garbage must not fill memory)
@@ -151,6 +153,11 @@ class AdminHttp:
         if self._session is not None:
             await self._session.close()
             self._session = None
+            # aiohttp closes a TLS connection's transport without waiting for its shutdown to
+            # finish: the TCP socket under it closes only when the bookie's close_notify has come.
+            # A caller that closes its loop next (``asyncio.run``) would otherwise leave those
+            # sockets open; a moment lets them finish, as aiohttp's own guidance for TLS says.
+            await asyncio.sleep(_TLS_CLOSE_GRACE_S)
 
     @property
     def has_token(self) -> bool:
