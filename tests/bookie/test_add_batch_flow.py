@@ -25,7 +25,7 @@ def test_the_same_batch_reaches_the_write_cache_and_the_journal(tmp_path: Path) 
     seen: dict[str, list[Any]] = {"storage": [], "journal": []}
     storage = opened.bookie._storages[0]
     journal = opened.bookie.journals[0]
-    store, log = storage.add_batch, journal.log_batch
+    store, log = storage.write_batch, journal.log_batch
 
     def spy_store(batch: AddBatch) -> Any:
         seen["storage"].append(batch)
@@ -35,7 +35,7 @@ def test_the_same_batch_reaches_the_write_cache_and_the_journal(tmp_path: Path) 
         seen["journal"].append(batch)
         log(batch, callback)
 
-    storage.add_batch = spy_store  # type: ignore[method-assign]
+    storage.write_batch = spy_store  # type: ignore[method-assign]
     journal.log_batch = spy_log  # type: ignore[method-assign]
     try:
         bookie = opened.bookie

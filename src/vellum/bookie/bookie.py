@@ -419,7 +419,7 @@ class Bookie:
         stored: list[int] = []
         for storage, positions in groups:
             try:
-                put_refused = storage.add_batch(batch if len(positions) == n else batch.take(positions))
+                put_refused = storage.write_batch(batch if len(positions) == n else batch.take(positions))
             except Exception as exc:  # closed: none of this group stored
                 for i in positions:
                     refused[i] = exc

@@ -552,7 +552,7 @@ class AddBatch:
     """The ADD path's one batch type: pipelined adds as columns, one item per add, in arrival
     order. The server's ``FrameDecoder(batch_adds=True)`` decodes the consecutive well-formed v2
     ADD frames of one read straight into one; the bookie, its write caches and its journals
-    take the same object (``Bookie.add_batch``, ``LedgerStorage.add_batch``,
+    take the same object (``Bookie.add_batch``, ``LedgerStorage.write_batch``,
     ``Journal.log_batch``), narrowed with ``take`` only where some adds were refused or the
     batch spans several ledger dirs or journals. Nothing converts it to rows and back.
 

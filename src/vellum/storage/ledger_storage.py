@@ -156,9 +156,9 @@ class LedgerStorage:
     def add_entries(self, entries: Sequence[BytesLike]) -> list[BaseException | None]:
         return self._writer.add_entries(entries)
 
-    def add_batch(self, batch: AddBatch) -> list[tuple[int, BaseException]]:
+    def write_batch(self, batch: AddBatch) -> list[tuple[int, BaseException]]:
         """The bookie's admitted adds, into the write cache; the refused as (position, error)."""
-        return self._writer.add_batch(batch)
+        return self._writer.write_batch(batch)
 
     # ------------------------------------------------------------------ flush (storage_flush.py)
 

@@ -1,6 +1,6 @@
 """The write path of one ledger storage: adds into the active write cache.
 
-``add_batch`` puts the bookie's admitted adds (an ``AddBatch``, judged once by
+``write_batch`` puts the bookie's admitted adds (an ``AddBatch``, judged once by
 ``Bookie.add_batch``) in the *active* write cache under one hold of the storage's ``cond``;
 ``add_entry`` / ``add_entries`` do the same for entries from outside the ADD path (journal
 replay, tools), reading their ids themselves. A full active cache is swapped for a flush by
@@ -41,7 +41,7 @@ class StorageWriter:
     def add_entry(self, entry: BytesLike) -> None:
         """Put a stored entry (ids from its first 16 bytes) in the write cache: for entries that
         do not come through the bookie's admission (journal replay, tools, tests), so its
-        header is read and its ids checked here. See ``add_batch``.
+        header is read and its ids checked here. See ``write_batch``.
 
         Waits up to ``max_throttle_time_ms`` while both caches are full, then raises
         ``OperationRejectedError``. Durable only after the next ``flush()``.
@@ -52,7 +52,7 @@ class StorageWriter:
 
     def add_entries(self, entries: Sequence[BytesLike]) -> list[BaseException | None]:
         """``add_entry`` for several entries under one hold of the lock; returns per entry the
-        error that refused it (no ledger/entry id header, a negative id, or as ``add_batch``)
+        error that refused it (no ledger/entry id header, a negative id, or as ``write_batch``)
         or None. Raises only if the storage is closed (nothing stored)."""
         refused: list[BaseException | None] = [None] * len(entries)
         good: list[int] = []
@@ -74,11 +74,11 @@ class StorageWriter:
                     entry = bytes(entry)
                 ledger_id, entry_id = unpack(entry, 0)
                 batch.append(entry, b"", 0, ledger_id, entry_id, -1)
-            for pos, why in self.add_batch(batch):
+            for pos, why in self.write_batch(batch):
                 refused[good[pos]] = why
         return refused
 
-    def add_batch(self, batch: AddBatch) -> list[tuple[int, BaseException]]:
+    def write_batch(self, batch: AddBatch) -> list[tuple[int, BaseException]]:
         """Put a batch of admitted adds in the write cache, in order, under one hold of the lock.
 
         The caller validated every add (``Bookie.add_batch``: size, ids, ledger state, master
@@ -136,7 +136,7 @@ class StorageWriter:
         return refused
 
     def _put_one_ledger(self, active: WriteCache, batch: AddBatch) -> bool:
-        """``add_batch``'s fast path (caller holds the lock): the adds of one ledger known here,
+        """``write_batch``'s fast path (caller holds the lock): the adds of one ledger known here,
         new to the write cache, that all fit in it, put at once; False (nothing put) for any
         other batch, which goes add by add."""
         ledger_ids = batch.ledger_ids
