@@ -259,6 +259,14 @@ class Processor:
         self.send = ch.replies.send
 
     def __call__(self, req: Any) -> None:
+        """Process ``req``, guarded: a processor that raises (a bug) answers its own request
+        (``refuse``), and the connection and the requests after it go on."""
+        try:
+            self.process(req)
+        except Exception as e:
+            self.refuse(req, e)
+
+    def process(self, req: Any) -> None:
         raise NotImplementedError
 
     def refuse(self, req: Any, exc: Exception) -> None:
@@ -279,7 +287,7 @@ class AddProcessor(Processor):
 
     __slots__ = ()
 
-    def __call__(self, req: m.AddRequest) -> None:
+    def process(self, req: m.AddRequest) -> None:
         self.add_batch(m.AddBatch.of_requests((req,)))
 
     def add_batch(self, batch: m.AddBatch) -> None:
@@ -368,7 +376,7 @@ class ReadProcessor(Processor):
 
     __slots__ = ()
 
-    def __call__(self, req: m.ReadRequest) -> None:
+    def process(self, req: m.ReadRequest) -> None:
         ch = self.ch
         counters = self.counters
         send = self.send
@@ -459,7 +467,7 @@ class BatchReadProcessor(Processor):
 
     __slots__ = ()
 
-    def __call__(self, req: m.BatchReadRequest) -> None:
+    def process(self, req: m.BatchReadRequest) -> None:
         ledger_id, first, request_id = req.ledger_id, req.start_entry_id, req.request_id
         fence_key = None
         if req.is_fencing:
@@ -477,7 +485,7 @@ class StridedReadProcessor(Processor):
 
     __slots__ = ()
 
-    def __call__(self, req: m.StridedReadRequest) -> None:
+    def process(self, req: m.StridedReadRequest) -> None:
         ledger_id, first, request_id = req.ledger_id, req.first_entry_id, req.request_id
         _read_run(self.ch, "READ_STRIDED", ledger_id, first,
                   lambda status, entries: m.StridedReadResponse(request_id, status, ledger_id, first, entries),
@@ -492,7 +500,7 @@ class ReadLacProcessor(Processor):
 
     __slots__ = ()
 
-    def __call__(self, req: m.ReadLacRequest) -> None:
+    def process(self, req: m.ReadLacRequest) -> None:
         self.counters.requests["READ_LAC"] += 1
         read_lac(self.ch, "READ_LAC", m.ReadLacResponse, req.request_id, req.ledger_id)
 
@@ -517,7 +525,7 @@ class LongPollProcessor(Processor):
 
     __slots__ = ()
 
-    def __call__(self, req: m.LongPollReadLacRequest) -> None:
+    def process(self, req: m.LongPollReadLacRequest) -> None:
         ch = self.ch
         self.counters.requests["LONG_POLL_READ_LAC"] += 1
         request_id, ledger_id = req.request_id, req.ledger_id
@@ -542,7 +550,7 @@ class WriteLacProcessor(Processor):
 
     __slots__ = ()
 
-    def __call__(self, req: m.WriteLacRequest) -> None:
+    def process(self, req: m.WriteLacRequest) -> None:
         ch = self.ch
         self.counters.requests["WRITE_LAC"] += 1
         request_id, ledger_id = req.request_id, req.ledger_id
@@ -563,7 +571,7 @@ class ForceProcessor(Processor):
 
     __slots__ = ()
 
-    def __call__(self, req: m.ForceLedgerRequest) -> None:
+    def process(self, req: m.ForceLedgerRequest) -> None:
         ch = self.ch
         self.counters.requests["FORCE_LEDGER"] += 1
         target = ch.issued.get(req.ledger_id, 0)
@@ -614,7 +622,7 @@ class ListEntriesProcessor(Processor):
 
     __slots__ = ()
 
-    def __call__(self, req: m.ListEntriesRequest) -> None:
+    def process(self, req: m.ListEntriesRequest) -> None:
         self.counters.requests["LIST_ENTRIES"] += 1
         request_id, ledger_id = req.request_id, req.ledger_id
         _on_reader(self.ch, "LIST_ENTRIES", ledger_id,
@@ -628,7 +636,7 @@ class BookieInfoProcessor(Processor):
 
     __slots__ = ()
 
-    def __call__(self, req: m.GetBookieInfoRequest) -> None:
+    def process(self, req: m.GetBookieInfoRequest) -> None:
         self.counters.requests["GET_BOOKIE_INFO"] += 1
         request_id = req.request_id
         _on_reader(self.ch, "GET_BOOKIE_INFO", None,
@@ -642,7 +650,7 @@ class LedgerClosedProcessor(Processor):
 
     __slots__ = ()
 
-    def __call__(self, note: m.LedgerClosedNote) -> None:
+    def process(self, note: m.LedgerClosedNote) -> None:
         self.counters.requests["LEDGER_CLOSED"] += 1
         self.bookie.note_ledger_closed(note.ledger_id)
 
@@ -652,7 +660,7 @@ class TrimProcessor(Processor):
 
     __slots__ = ()
 
-    def __call__(self, req: m.TrimRequest) -> None:
+    def process(self, req: m.TrimRequest) -> None:
         self.counters.requests["TRIM"] += 1
         request_id, ledger_id = req.request_id, req.ledger_id
         _on_reader(self.ch, "TRIM", ledger_id,
@@ -667,7 +675,7 @@ class CollectProcessor(Processor):
 
     __slots__ = ()
 
-    def __call__(self, req: m.CollectRequest) -> None:
+    def process(self, req: m.CollectRequest) -> None:
         ch = self.ch
         send = self.send
         self.counters.requests["COLLECT"] += 1
@@ -739,10 +747,7 @@ class Processors:
                 if adds:
                     add.add_batch(m.AddBatch.of_requests(adds))
                     adds = []
-                try:
-                    processor(req)
-                except Exception as e:  # a bug in one request must not take the connection down
-                    processor.refuse(req, e)  # the processor that raised answers its own request
+                processor(req)  # guarded: a bug answers its own request (``Processor.refuse``)
                 continue
             if kind is m.AddRequest:
                 # Pipelined adds that arrived one by one go to the bookie as one batch too.
