@@ -70,23 +70,27 @@ _monotonic = time.monotonic
 
 
 class _RateLimitedLog:
-    """At most one line per ``interval_s`` (loop thread only); the next line counts those left out."""
+    """At most one line of a kind per ``interval_s`` at ``level`` (loop thread only): ``due``
+    says whether the next line is written; the writer (``Channel.status_for``) writes it."""
+
+    __slots__ = ("_interval_s", "_last", "_left_out", "level")
 
     def __init__(self, level: int, interval_s: float) -> None:
-        self._level = level
+        self.level = level
         self._interval_s = interval_s
         self._last = float("-inf")
         self._left_out = 0
 
-    def note(self, message: str, extra: dict[str, Any], exc: BaseException | None = None) -> None:
+    def due(self) -> str | None:
+        """None: this line is left out (counted); else write it, followed by the text returned
+        (how many were left out since the last one, or nothing)."""
         now = _monotonic()
         if now - self._last < self._interval_s:
             self._left_out += 1
-            return
+            return None
         more = f" ({self._left_out} more since the last such line)" if self._left_out else ""
         self._last, self._left_out = now, 0
-        log.log(self._level, "%s%s", message, more, extra=extra,
-                exc_info=(type(exc), exc, exc.__traceback__) if exc is not None else None)
+        return more
 
 
 _KEY_REFUSALS = _RateLimitedLog(logging.WARNING, KEY_REFUSAL_LOG_INTERVAL_S)
@@ -204,14 +208,19 @@ class Channel:
         extra = {"ledger_id": ledger_id, "entry_id": entry_id, "peer": peer}
         request = f"{what} of ledger {ledger_id} from {peer}"
         if status == EINTERNAL:
-            _UNEXPECTED.note(f"{request} failed unexpectedly, answering EINTERNAL: {exc!r}", extra, exc)
+            limit, line, trace = _UNEXPECTED, f"{request} failed unexpectedly, answering EINTERNAL: {exc!r}", exc
         elif status == EUA:
-            _KEY_REFUSALS.note(f"master key refused: {request}: {exc}", extra)
+            limit, line, trace = _KEY_REFUSALS, f"master key refused: {request}: {exc}", None
         elif status == EIO:
-            _IO_ERRORS.note(f"{request}: answering EIO: {exc}", extra)
-        elif log.isEnabledFor(expected_level):
-            log.log(expected_level, "%s: answering %s: %s", request, WIRE_STATUS_NAMES.get(status, status), exc,
-                    extra=extra)
+            limit, line, trace = _IO_ERRORS, f"{request}: answering EIO: {exc}", None
+        else:
+            if log.isEnabledFor(expected_level):
+                log.log(expected_level, "%s: answering %s: %s", request, WIRE_STATUS_NAMES.get(status, status), exc,
+                        extra=extra)
+            return status
+        more = limit.due()
+        if more is not None:
+            log.log(limit.level, "%s%s", line, more, extra=extra, exc_info=trace)
         return status
 
     def answer(self, result: Any, exc: BaseException | None, ok: Callable[[Any], Any],
