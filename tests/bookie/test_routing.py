@@ -149,3 +149,29 @@ def test_a_fenced_ledger_continues_fenced_and_presence_answers_in_one_call(tmp_p
     finally:
         for s in storages:
             s.close()
+
+
+def test_a_home_never_written_is_chosen_again_and_a_full_bookie_keeps_each_ledger_where_it_is(tmp_path: Path) -> None:
+    """The decision's other rows: a write home chosen but never written whose dir fills is
+    chosen again like a new ledger's (not continued); with every dir full a new ledger goes to
+    its configured-order default (only recovery adds come then) and a ledger with data stays in
+    its write home."""
+    storages = [_storage(tmp_path / f"l{i}") for i in range(3)]
+    writable = {s.ledger_dir: True for s in storages}
+    try:
+        router = LedgerRouter(storages, lambda d: writable[d])
+        chosen = router.storage_for_write(9)
+        writable[chosen.ledger_dir] = False
+        again = router.storage_for_write(9)
+        assert again is not chosen and writable[again.ledger_dir]
+        assert router.homes(9) == [again]                   # chosen anew, not continued
+        home = router.storage_for_write(11)
+        home.set_master_key(11, b"k")
+        home.add_entry(_entry(11, 0))
+        for s in storages:
+            writable[s.ledger_dir] = False
+        assert router.storage_for_write(10) is storages[10 % 3]
+        assert router.storage_for_write(11) is home and router.homes(11) == [home]
+    finally:
+        for s in storages:
+            s.close()

@@ -18,12 +18,13 @@ delete). The last home is its *write home*, where new entries go; every home is 
 - After a restart the homes are found again from the indexes; the write home is the writable
   home holding the highest entry.
 
-A write of a ledger not cached here is routed in three moves: ask (one ``presence`` question
-per storage, ``_facts``), decide (``_homes_in``, ``_decide``, ``_choose``: no storage touched),
-act (at most one ``continue_ledger``). The decision comes back from the storages' answers into
-this module once, and cannot come earlier: which dir is the write home, or the least loaded,
-is what the storages hold now (a dir filled or freed, a log rotated), and a copy kept here of
-their state would be a second truth to keep in step with theirs.
+A write of a ledger not cached here (or whose write home's dir is full) is routed in one pass,
+``_route``: ask (one ``presence`` question per storage, ``_survey``, which also finds the
+homes in the answers), decide from those answers without asking any storage again, act at most
+once (the homes cached; ``continue_ledger`` when the ledger continues in a new dir). Nothing is
+decided before the answers: which dir is the write home, or the least loaded, is what the
+storages hold now (a dir filled or freed, a log rotated), and a copy kept here of their state
+would be a second truth to keep in step with theirs.
 
 Invariants: a ledger known to a storage is always read from it, whatever the number of dirs and
 whichever is full; no read of a ledger answers "no such entry" while another home of the ledger
@@ -92,26 +93,7 @@ class LedgerRouter:
             if self._writable(write.ledger_dir):
                 return write
         with self._lock:
-            # Decide first, from one answer per storage, then act once (a move is the only act).
-            facts = self._facts(ledger_id)
-            homes = self._homes.get(ledger_id)
-            if homes is None:
-                homes = self._homes_in(facts)
-                if homes is not None:
-                    self._homes[ledger_id] = homes
-            target, fresh = self._decide(ledger_id, homes, facts)
-            if homes is None or fresh:
-                # New, or chosen earlier but never written: the dir with the fewest active logs.
-                self._homes[ledger_id] = [target]
-            elif target is not homes[-1]:
-                if target in homes:  # back to a home that is writable again
-                    homes.remove(target)
-                else:
-                    target.continue_ledger(ledger_id, homes)
-                    log.info("ledger %d continues in %s: %s is full", ledger_id, target.ledger_dir,
-                             homes[-1].ledger_dir, extra={"ledger_id": ledger_id})
-                homes.append(target)
-            return target
+            return self._route(ledger_id)
 
     def storage_of(self, ledger_id: int) -> LedgerStorage:
         """The write home if the ledger is known, else where it would be created (journal
@@ -128,60 +110,74 @@ class LedgerRouter:
         homes = self._homes.get(ledger_id)
         if homes is not None:
             return homes
-        found = self._homes_in(self._facts(ledger_id))
+        _facts, found = self._survey(ledger_id)
         if found is None:
             return None
         with self._lock:
             return self._homes.setdefault(ledger_id, found)
 
-    def _facts(self, ledger_id: int) -> dict[int, LedgerPresence]:
-        """What each storage holds of the ledger: one ``presence`` question per storage."""
-        return {id(s): s.presence(ledger_id) for s in self._storages}
-
-    def _homes_in(self, facts: dict[int, LedgerPresence]) -> list[LedgerStorage] | None:
-        """The ledger's homes (write home last) from its ``facts``, or None (known nowhere)."""
+    def _survey(self, ledger_id: int) -> tuple[dict[int, LedgerPresence], list[LedgerStorage] | None]:
+        """Ask each dir its one question about the ledger (``presence``), and find its homes
+        in the answers (write home last; None: known nowhere): a tombstone anywhere is the
+        home (a ledger spanning dirs whose delete reached one dir's GC first is deleted: its
+        tombstone answers, and refuses writes, not the dir that still holds its entries);
+        else every dir holding it live, the writable one with the newest entry last."""
         storages = self._storages
+        facts = {id(s): s.presence(ledger_id) for s in storages}
         for s in storages:
             if facts[id(s)].deleted:
-                # A ledger spanning dirs whose delete reached one dir's GC first is deleted: its
-                # tombstone answers (refuses writes), not the dir that still holds its entries.
-                return [s]
+                return facts, [s]
         live = [s for s in storages if facts[id(s)].live]
         if not live:
-            return None
+            return facts, None
         if len(live) > 1:
-            # Continued across dirs: write where it is writable and holds the newest entry.
-            live.sort(key=lambda s: (self._writable(s.ledger_dir), facts[id(s)].last_entry_id))
-        return live
+            writable = self._writable
+            live.sort(key=lambda s: (writable(s.ledger_dir), facts[id(s)].last_entry_id))
+        return facts, live
 
-    def _decide(self, ledger_id: int, homes: list[LedgerStorage] | None,
-                facts: dict[int, LedgerPresence]) -> tuple[LedgerStorage, bool]:
-        """Where the ledger's next write goes (no storage is asked or changed here): its write
-        home while writable (or a tombstone, which refuses the write itself); else a writable
-        home; else, for a ledger with data, a new writable home (nowhere writable: the write
-        home); else (new, or chosen earlier but never written: ``fresh``, True) the writable dir
-        with the fewest active logs."""
+    def _route(self, ledger_id: int) -> LedgerStorage:
+        """Under the lock, a write whose write home is not cached or not writable: ask, decide,
+        act, each once and in that order. Ask: every dir answers one question (``_survey``).
+        Decide, from the answers alone (no dir is asked again): the write home while writable
+        (or a tombstone, which refuses the write itself); else a home writable again; else,
+        for a ledger with data, the least loaded writable dir it is not in yet (none: the
+        write home; the bookie turns read-only when all are full); else (new, or chosen
+        earlier but never written) the least loaded writable dir (none: every dir is full,
+        only recovery adds come, and they go to the configured-order default). Least loaded =
+        fewest active entry logs, ties spread by ledger id. Act: the homes cached, and a
+        ledger continuing in a new dir takes its state there (``continue_ledger``)."""
+        writable = self._writable
+        facts, found = self._survey(ledger_id)
+        homes = self._homes.get(ledger_id)
+        if homes is None and found is not None:
+            homes = self._homes[ledger_id] = found
+        continuing: list[LedgerStorage] | None = None  # the homes of a ledger with data, to continue
         if homes is not None:
             write = homes[-1]
-            if self._writable(write.ledger_dir) or facts[id(write)].deleted:
-                return write, False
+            if writable(write.ledger_dir) or facts[id(write)].deleted:
+                return write
             if facts[id(write)].live:
                 for home in homes:
-                    if self._writable(home.ledger_dir):
-                        return home, False
-                others = [s for s in self._storages if s not in homes]
-                target = self._choose(ledger_id, others, facts) if others else write
-                # nowhere to go: the bookie turns read-only when all are full
-                return (target if self._writable(target.ledger_dir) else write), False
-        return self._choose(ledger_id, self._storages, facts), True
-
-    def _choose(self, ledger_id: int, among: Sequence[LedgerStorage],
-                facts: dict[int, LedgerPresence]) -> LedgerStorage:
-        writable = [s for s in among if self._writable(s.ledger_dir)]
-        if not writable:
-            # Every dir is full: the bookie is read-only and only recovery adds come; they go
-            # to the ledger's configured-order default rather than fail.
-            return among[ledger_id % len(among)]
-        fewest = min(facts[id(s)].active_logs for s in writable)
-        ties = [s for s in writable if facts[id(s)].active_logs == fewest]
-        return ties[ledger_id % len(ties)]
+                    if writable(home.ledger_dir):  # back to a home that is writable again
+                        homes.remove(home)
+                        homes.append(home)
+                        return home
+                continuing = homes
+        among = self._storages if continuing is None else [s for s in self._storages if s not in continuing]
+        candidates = [s for s in among if writable(s.ledger_dir)]
+        if candidates:
+            fewest = min(facts[id(s)].active_logs for s in candidates)
+            ties = [s for s in candidates if facts[id(s)].active_logs == fewest]
+            target = ties[ledger_id % len(ties)]
+        elif continuing is None:
+            target = among[ledger_id % len(among)]
+        else:
+            return continuing[-1]
+        if continuing is None:  # new, or chosen earlier but never written
+            self._homes[ledger_id] = [target]
+            return target
+        target.continue_ledger(ledger_id, continuing)
+        log.info("ledger %d continues in %s: %s is full", ledger_id, target.ledger_dir, continuing[-1].ledger_dir,
+                 extra={"ledger_id": ledger_id})
+        continuing.append(target)
+        return target
