@@ -83,7 +83,7 @@ from vellum.server.session import (
     Refuse,
     Reply,
     Session,
-    Trusted,
+    UpgradeTls,
 )
 
 log = logging.getLogger(__name__)
@@ -199,27 +199,31 @@ class BookieConnection(asyncio.BufferedProtocol):
         self._decide(session.receive(messages, buffered=self._decoder.buffered > 0))
 
     def _decide(self, decisions: list[Decision]) -> None:
-        """Carry out the session's decisions, in order."""
+        """Carry out the session's decisions, in order. (The connection's own acts are
+        written first, closing and the TLS upgrade, then what it hands on: requests to the
+        processors, replies to the writer, refusals to the log; the hot path's dispatch does
+        not come here, ``buffer_updated`` hands it over directly.)"""
         for d in decisions:
-            if isinstance(d, Dispatch):
+            if isinstance(d, Close):
+                self._close(d.reason, d.message, d.detail)
+            elif isinstance(d, UpgradeTls):
+                if self._transport is not None:
+                    self._transport.pause_reading()  # nothing more in clear; start_tls resumes under TLS
+                self._upgrade_started = self._loop.time()
+                upgrade = self._start_tls(d.request)
+                self._channel.spawn(upgrade)
+            elif isinstance(d, Dispatch):
                 self._processors.dispatch(d.requests)
             elif isinstance(d, Reply):
                 self._replies.send(d.message)
             elif isinstance(d, Refuse):
                 self._refusals.refused(d.reason, self.peer_host(), d.message, d.detail)
-            elif isinstance(d, Close):
-                self._close(d.reason, d.message, d.detail)
             elif isinstance(d, Authenticated):
                 log.info("connection from %s authenticated: %s", self._peer(), d.identity.describe(),
                          extra={"peer": self._peer()})
-            elif isinstance(d, Trusted):
+            else:  # Trusted
                 self._decoder.max_frame_size = self._limits.max_frame_size
                 self._guard.authenticated(self)
-            else:  # UpgradeTls
-                if self._transport is not None:
-                    self._transport.pause_reading()  # nothing more in clear; start_tls resumes under TLS
-                self._upgrade_started = self._loop.time()
-                self._channel.spawn(self._start_tls(d.request))
 
     def _peer(self) -> str:
         if self._transport is None:
