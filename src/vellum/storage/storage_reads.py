@@ -207,9 +207,9 @@ class StorageReader:
         """
         if stride < 1:
             raise IncorrectParameterError(f"READ_STRIDED of ledger {ledger_id}: stride {stride} must be >= 1")
-        if stride == 1:
-            return self.get_entries(ledger_id, first, max_count, max_bytes)
-        return self._multi_read(ledger_id, first, stride, max(1, max_count), max_bytes)
+        if max_count <= 0:  # a stride of 1 is a BATCH_READ: no bound
+            max_count = 1 << 62 if stride == 1 else 1
+        return self._multi_read(ledger_id, first, stride, max_count, max_bytes)
 
     def _multi_read(self, ledger_id: int, first: int, stride: int, limit: int, max_bytes: int) -> PackedEntries:
         """``get_entries`` and ``get_strided``: runs from the caches, then from the entry logs;
@@ -289,8 +289,9 @@ class StorageReader:
                 max_bytes=max_bytes - out.entry_bytes if max_bytes > 0 else 0, first_counts=not len(out))
         except (StorageError, CorruptionError):
             return 0, False
+        digest = self._data.read_digest(ledger_id)
         took = 0
-        for buf, starts, ends, good in _verified(run, self._data.read_digest(ledger_id)):
+        for buf, starts, ends, good in _verified(run, digest):
             if good:
                 out.add_records(*_records_of(buf, starts, ends, good))
                 took += good
