@@ -112,11 +112,11 @@ class StorageReader:
         the read-ahead cache); else where the index puts it, read from that entry log once and
         verified once (a copy that fails is located again: moved by compaction, it is read at
         its new place; still there, it is corrupt); then, for a forward reader, the run that
-        follows it into the read-ahead cache. An entry read from an entry log that fails its checks (the ledger's learnt CRC
-        digest, the stored ids, the size) raises ``CorruptEntryError`` (EIO, never "no such
-        entry"), logged and counted in ``bookie_READ_ENTRY_CORRUPT`` unless
-        ``report_corrupt=False`` (a multi-entry read that stops short before it: the entry is
-        reported when asked for).
+        follows it into the read-ahead cache. An entry read from an entry log that fails its
+        checks (the ledger's learnt CRC digest, the stored ids, the size) raises
+        ``CorruptEntryError`` (EIO, never "no such entry"), logged and counted in
+        ``bookie_READ_ENTRY_CORRUPT`` unless ``report_corrupt=False`` (a multi-entry read that
+        stops short before it: the entry is reported when asked for).
         """
         if entry_id == LAST_ADD_CONFIRMED:
             entry_id = self.get_last_entry_id(ledger_id)
