@@ -272,3 +272,30 @@ def test_a_failing_completion_does_not_drop_the_completions_after_it(caplog: pyt
         asyncio.run(main())
     assert ran == [1, 2]
     assert "a completion on the loop failed" in caplog.text and "a bug in one answer" in caplog.text
+
+
+def test_a_read_after_the_reader_pool_shut_down_is_answered_once_with_the_error() -> None:
+    """A READ that misses memory while the bookie stops (its reader pool shut down) is answered
+    at once, on the caller's thread, with the pool's error; an entry in memory is still answered
+    from memory; BATCH_READ, which always goes to a reader thread, gets the same error."""
+    fake = _RecordingBookie()
+
+    async def main() -> list[tuple[Any, ...]]:
+        loop = asyncio.get_running_loop()
+        ab = AsyncBookie(cast(Bookie, fake), loop, read_threads=1)
+        ab.close()
+        answers: list[tuple[Any, ...]] = []
+
+        def done(value: Any, exc: BaseException | None) -> None:
+            answers.append((value, type(exc), threading.current_thread().name))
+
+        ab.read_cb(1, 5, None, done)
+        ab.read_cb(1, 0, None, done)
+        ab.read_entries_cb(1, 0, 2, 0, None, done)
+        await asyncio.sleep(0.01)
+        return answers
+
+    here = threading.current_thread().name
+    assert asyncio.run(main()) == [(None, RuntimeError, here), (b"cached", type(None), here),
+                                   (None, RuntimeError, here)]
+    assert "read_entry" not in fake.calls

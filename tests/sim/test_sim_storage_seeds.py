@@ -20,7 +20,7 @@ from vellum.sim.metadata import SimMetadataStore
 from vellum.sim.real_bookie import RealSimBookie
 from vellum.sim.runner import DEFAULT_FAULTS, SCENARIOS, SimOptions, run_seed
 from vellum.sim.workload import WorkloadShape
-from vellum.storage import storage_reads
+from vellum.storage import ledger_data
 
 #: how many seeds after a named seed are tried when it no longer fails (as tests/sim/test_sim_seeds.py)
 DRIFT = 60
@@ -92,7 +92,7 @@ def test_a_corrupt_copy_is_eio_and_without_the_check_the_clients_digest_still_ca
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Defect D5 (a corrupt replica served as good), with the real bookie as the simulator runs it:
     a byte of a stored entry flips in its entry log while the bookie is down. With the keyless CRC
-    check of reads the bookie answers EIO; with it reverted (``storage_reads._check_reads``) it
+    check of reads the bookie answers EIO; with it reverted (``ledger_data._check_reads``) it
     serves the bad bytes with EOK, and every client path verifies the ledger's digest
     (``DigestManager.verify``: reads, recovery reads, the AutoRecovery copier), which rejects them
     and reads another replica. So no promise of the checker can fail on one bad copy per entry: the
@@ -125,7 +125,7 @@ def test_a_corrupt_copy_is_eio_and_without_the_check_the_clients_digest_still_ca
     with pytest.raises(CorruptEntryError):
         loop.run_until_complete(read(2))
     assert loop.run_until_complete(read(3)) == _entry(3)  # the other entries are intact
-    monkeypatch.setattr(storage_reads, "_check_reads", False)  # the fix reverted
+    monkeypatch.setattr(ledger_data, "_check_reads", False)  # the fix reverted
     served = loop.run_until_complete(read(2))
     assert served != _entry(2) and len(served) == len(_entry(2))  # bad bytes answered as good
     with pytest.raises(DigestMismatchError):

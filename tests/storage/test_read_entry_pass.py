@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from storage_support import open_storage
 
+from vellum.errors import CorruptEntryError, StorageError
 from vellum.format.entry import DigestManager, DigestType, master_key
 from vellum.ids import location_log_id
 from vellum.stats import REGISTRY
@@ -86,5 +88,60 @@ def test_a_read_ahead_overtaken_by_a_trim_caches_nothing_of_the_trimmed_range(tm
         # Later reads are not affected: a forward reader from the trim point reads ahead again.
         assert [bytes(st.get_entry(LEDGER, e)) for e in (20, 21)] == [entry(20), entry(21)]
         assert st.read_cache_contains(LEDGER, 22)
+    finally:
+        st.close()
+
+
+def test_a_location_that_keeps_changing_is_a_storage_error_never_a_corrupt_entry(tmp_path: Path) -> None:
+    """Each lookup answers another place whose copy fails its checks (as if compaction moved the
+    entry again and again between lookup and read): the read locates it three times at most and
+    gives up with a storage error; no copy is reported corrupt, since the index never pointed
+    twice at the one that failed."""
+    st = open_storage(tmp_path)
+    try:
+        fill(st, 5)
+        st.flush()
+        index = st._reader.locations
+        real = index.get_location(LEDGER, 3)
+        assert real is not None
+        lookups: list[int] = []
+
+        def lookup(ledger_id: int, entry_id: int) -> int | None:
+            lookups.append(entry_id)
+            return real - 1 - len(lookups)  # a few bytes before the record: never its copy
+
+        index.get_location = lookup  # type: ignore[method-assign]
+        before = corrupt_reads(tmp_path)
+        with pytest.raises(StorageError, match="location kept changing") as info:
+            st.get_entry(LEDGER, 3, read_ahead=False)
+        assert not isinstance(info.value, CorruptEntryError)
+        assert lookups == [3, 3, 3]
+        assert corrupt_reads(tmp_path) == before
+    finally:
+        st.close()
+
+
+def test_a_copy_that_fails_where_the_index_still_points_is_corrupt_once(tmp_path: Path) -> None:
+    """A copy that fails its checks is located again; the index pointing at it again makes it
+    corrupt: EIO, counted once, after two lookups and one read."""
+    st = open_storage(tmp_path)
+    try:
+        fill(st, 5)
+        st.flush()
+        index = st._reader.locations
+        real = index.get_location(LEDGER, 3)
+        assert real is not None
+        lookups: list[int] = []
+
+        def lookup(ledger_id: int, entry_id: int) -> int | None:
+            lookups.append(entry_id)
+            return real - 1  # one byte before the record, every time
+
+        index.get_location = lookup  # type: ignore[method-assign]
+        before = corrupt_reads(tmp_path)
+        with pytest.raises(CorruptEntryError, match="entry 3: stored copy is corrupt"):
+            st.get_entry(LEDGER, 3, read_ahead=False)
+        assert lookups == [3, 3]
+        assert corrupt_reads(tmp_path) == before + 1
     finally:
         st.close()

@@ -19,7 +19,7 @@ from vellum.ids import location_log_id, location_offset
 from vellum.proto import codec
 from vellum.proto import messages as m
 from vellum.stats import REGISTRY
-from vellum.storage import entry_log_reader, storage_reads
+from vellum.storage import entry_log_reader, ledger_data
 from vellum.storage.compaction import STEP_INDEX_UPDATED, EntryLogMetadata, compact_entry_log
 from vellum.storage.ledger_storage import LedgerStorage
 
@@ -180,7 +180,7 @@ def test_the_run_check_follows_the_reads_check_flag(tmp_path: Path, monkeypatch:
         st.flush()
         flip_payload_byte(st, 4)
         assert len(st.get_entries(LEDGER, 0, 10, 0)) == 4
-        monkeypatch.setattr(storage_reads, "_check_reads", False)
+        monkeypatch.setattr(ledger_data, "_check_reads", False)
         assert len(st.get_entries(LEDGER, 0, 10, 0)) == 10
     finally:
         st.close()

@@ -20,6 +20,7 @@ from vellum.format.entry import DigestManager, DigestType, digest_length, master
 from vellum.format.ledger_index import DIGEST_NOT_CHECKABLE
 from vellum.ids import location_log_id, location_offset
 from vellum.stats import REGISTRY
+from vellum.storage import ledger_data
 from vellum.storage.ledger_storage import LedgerStorage
 
 LEDGER = 7
@@ -209,5 +210,27 @@ def test_digest_type_is_learnt_again_by_journal_replay_style_adds(tmp_path: Path
     try:
         st.add_entry(dm.compute(0, -1, 1, b"x"))
         assert st.ledgers_index.get(LEDGER).digest_type == DigestType.CRC32  # type: ignore[union-attr]
+    finally:
+        st.close()
+
+
+def test_the_reads_check_flag_turns_off_what_reads_check_and_nothing_else(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The simulator's ``serve-unchecked-reads`` regression lives with the read digest
+    (``ledger_data._check_reads``): a single read and a multi-entry read then serve the bad copy,
+    uncounted; compaction's intact check (``entry_intact``, which decides whether a copy is
+    carried into a new log) still sees it is bad."""
+    entries = write_ledger(tmp_path, DigestType.CRC32C)
+    flip_payload_byte(tmp_path, DigestType.CRC32C)
+    st = open_storage(tmp_path)
+    try:
+        monkeypatch.setattr(ledger_data, "_check_reads", False)
+        before = corrupt_reads(tmp_path)
+        served = bytes(st.get_entry(LEDGER, BAD, read_ahead=False))
+        assert served != entries[BAD] and len(served) == len(entries[BAD])
+        assert len(st.get_entries(LEDGER, 0, ENTRIES, 0)) == ENTRIES
+        assert corrupt_reads(tmp_path) == before
+        assert not st.entry_intact(LEDGER, served)
+        assert st.entry_intact(LEDGER, entries[BAD])
     finally:
         st.close()

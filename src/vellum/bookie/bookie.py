@@ -546,24 +546,17 @@ class Bookie:
         return storage.get_entry(ledger_id, entry_id)
 
     def read_entries(self, ledger_id: int, first: int, max_count: int, max_bytes: int) -> PackedEntries:
-        """Consecutive entries from ``first`` until a gap or a bound (BATCH_READ; see
-        ``LedgerStorage.get_entries``)."""
-        return self._read_run(ledger_id, first,
-                              lambda storage: storage.get_entries(ledger_id, first, max_count, max_bytes))
+        """Consecutive entries from ``first`` until a gap or a bound (BATCH_READ: a strided read
+        with a stride of 1; see ``LedgerStorage.get_entries``)."""
+        return self.read_strided(ledger_id, first, 1, max_count, max_bytes)
 
     def read_strided(self, ledger_id: int, first: int, stride: int, max_count: int,
                      max_bytes: int) -> PackedEntries:
         """Entries ``first, first + stride, ...`` until one is missing or a bound (READ_STRIDED;
-        see ``LedgerStorage.get_strided``)."""
-        return self._read_run(ledger_id, first,
-                              lambda storage: storage.get_strided(ledger_id, first, stride, max_count, max_bytes))
-
-    def _read_run(self, ledger_id: int, first: int,
-                  read: Callable[[LedgerView], PackedEntries]) -> PackedEntries:
-        """A multi-entry read from the ledger's storage: a miss on its first entry of a limbo
-        ledger is "unknown", never "no such entry" (this bookie may have lost it)."""
+        see ``LedgerStorage.get_strided``). A miss on the first entry of a limbo ledger is
+        "unknown", never "no such entry" (this bookie may have lost it)."""
         try:
-            got = read(self._storage(ledger_id))
+            got = self._storage(ledger_id).get_strided(ledger_id, first, stride, max_count, max_bytes)
         except (NoSuchEntryError, NoSuchLedgerError):
             if ledger_id in self.limbo:
                 raise unknown_state(ledger_id, f"entry {first}") from None

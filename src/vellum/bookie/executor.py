@@ -348,13 +348,13 @@ class AsyncBookie:
             return
         try:
             cached = self._bookie.read_cached_entry(ledger_id, entry_id)
-        except Exception as exc:
+            if cached is None:  # on disk: read on a reader thread, answered through the bridge
+                self._reads.submit(self._run_off_loop, done, self._bookie.read_entry, ledger_id, entry_id)
+                return
+        except Exception as exc:  # the lookup failed, or the reader pool is shut down (the bookie is stopping)
             done(None, exc)
             return
-        if cached is not None:
-            done(cached, None)
-            return
-        self._off_loop(done, self._bookie.read_entry, ledger_id, entry_id)
+        done(cached, None)
 
     def read_entries_cb(self, ledger_id: int, first: int, max_count: int, max_bytes: int,
                         fence_key: bytes | None, done: OnEntries) -> None:

@@ -54,7 +54,8 @@ from vellum.sim.node import BookieNode
 from vellum.sim.real_bookie import PageCache, RealSimBookie, remove_scratch, scratch_root
 from vellum.sim.workload import Workload, WorkloadShape
 from vellum.storage import cookies as storage_cookies
-from vellum.storage import storage_reads, storage_upkeep
+from vellum.storage import ledger_data as storage_ledger_data
+from vellum.storage import storage_upkeep
 
 log = logging.getLogger(__name__)
 
@@ -186,7 +187,7 @@ _FLAG_SWITCHES: dict[str, tuple[Any, str, bool]] = {
     "copy-only-from-other-replicas": (ar_copier, "_read_from_replaced_bookie", False),
     "start-wiped-bookie": (storage_cookies, "_refuse_wiped_bookie", False),
     "no-delete-tombstone": (storage_upkeep, "_leave_tombstone", False),
-    "serve-unchecked-reads": (storage_reads, "_check_reads", False),
+    "serve-unchecked-reads": (storage_ledger_data, "_check_reads", False),
     "take-back-at-once": (client_ledger_writer, "_wait_before_take_back", False),
     "limbo-answers-no-entry": (bookie_integrity, "_answer_unknown", False),
     "future-audit-time": (ar_auditor, "_clamp_future_audit_time", False),

@@ -10,8 +10,11 @@ up (ledger ids are never reused, so they cost a few bytes of index per deleted l
 Verification (defect D5 of docs/correctness.md): the bookie knows no ledger's digest type or
 password, so the table learns the keyless digest (CRC32 or CRC32C) from a ledger's first adds
 (``digest_seen`` outside the lock, ``learn_digest`` under it), stored as
-``LedgerData.digest_type``; ``checked_digest`` tells the read path what to verify with. HMAC and
-DUMMY ledgers, and ledgers not learnt, are never checked, so a good entry is never flagged.
+``LedgerData.digest_type``; ``read_digest`` tells the read path what to verify an entry read
+from an entry log with (``checked_digest`` tells compaction). HMAC and DUMMY ledgers, and
+ledgers not learnt, are never checked, so a good entry is never flagged. The simulator's
+``serve-unchecked-reads`` regression (docs/verification.md) turns the read check off here, in
+the one place every read path asks (``_check_reads``).
 
 Every method takes the storage's ``cond`` itself, except those that say the caller holds it.
 """
@@ -23,7 +26,7 @@ import hmac
 import logging
 from collections.abc import Iterator
 
-from vellum.errors import LedgerFencedError, NoSuchLedgerError, UnauthorizedAccessError
+from vellum.errors import LedgerFencedError, NoSuchEntryError, NoSuchLedgerError, UnauthorizedAccessError
 from vellum.format.entry import BytesLike, DigestType, checksum_matches, sniff_checksum
 from vellum.format.ledger_index import DIGEST_NOT_CHECKABLE, LedgerData
 from vellum.storage.index import LedgerMetadataIndex
@@ -35,6 +38,10 @@ log = logging.getLogger("vellum.storage.ledger_storage")
 DIGEST_SAMPLE_ADDS = 8
 #: ``LedgerData.digest_type`` values whose entries are verified when read from an entry log
 _CHECKED_DIGESTS = frozenset((int(DigestType.CRC32), int(DigestType.CRC32C)))
+
+#: test flag (the simulator's ``serve-unchecked-reads`` regression, docs/verification.md, defect D5
+#: of docs/correctness.md): False serves what is read from an entry log without its keyless CRC check
+_check_reads = True
 
 
 class LedgerDataTable:
@@ -73,6 +80,13 @@ class LedgerDataTable:
     def ledger_exists(self, ledger_id: int) -> bool:
         with self._cond:
             return ledger_id in self.by_id
+
+    def not_held(self, ledger_id: int, entry_id: int) -> NoSuchLedgerError | NoSuchEntryError:
+        """The error for an entry this storage neither caches nor indexes: "no such ledger" if
+        the ledger is unknown here, else "no such entry"."""
+        if not self.ledger_exists(ledger_id):
+            return NoSuchLedgerError(f"ledger {ledger_id} is not in {self.ledger_dir}")
+        return NoSuchEntryError(f"ledger {ledger_id} entry {entry_id} is not in {self.ledger_dir}")
 
     def is_deleted(self, ledger_id: int) -> bool:
         """True if this storage deleted the ledger (its tombstone is in the index)."""
@@ -199,12 +213,18 @@ class LedgerDataTable:
             self.put_ledger(ledger_id, _replace(data, digest_type=learnt))
 
     def checked_digest(self, ledger_id: int) -> int | None:
-        """The CRC digest type the ledger's entries read from disk are verified with; None if
-        they are not verified (HMAC or DUMMY, or not learnt). Lock-free: a dict read."""
+        """The CRC digest type the ledger's stored entries are verified with; None if they are
+        not verifiable (HMAC or DUMMY, or not learnt). Lock-free: a dict read."""
         data = self.by_id.get(ledger_id)
         if data is None or data.digest_type not in _CHECKED_DIGESTS:
             return None
         return data.digest_type
+
+    def read_digest(self, ledger_id: int) -> int | None:
+        """The CRC digest type what is read of the ledger from an entry log is verified with
+        before it is served or cached (``checked_digest``); None: not checked (not verifiable,
+        or the check turned off by the ``_check_reads`` test flag)."""
+        return self.checked_digest(ledger_id) if _check_reads else None
 
     def forget(self, ledger_id: int) -> LedgerData | None:
         """Drop a deleted ledger from memory; its data (None if unknown). Caller holds ``cond``

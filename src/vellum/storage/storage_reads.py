@@ -32,15 +32,19 @@ the very bytes read (``proto.messages.PackedEntries``), and records with other e
 them (a strided run) as those records joined.
 
 Verification (defect D5 of docs/correctness.md): every entry of a ledger whose keyless digest
-was learnt (``storage/ledger_data.py``) read from an entry log is verified before it is returned
-or enters the read-ahead cache (the write cache holds what was received). A copy that fails
-raises ``CorruptEntryError`` (EIO, never "no such entry"), logged with its ledger, entry, log and
-offset and counted in ``bookie_READ_ENTRY_CORRUPT``; a multi-entry read returns the entries
-before it and stops, and the read that starts at it gets the error (the client then reads that
-entry from another replica). Compaction may move entries at any time: a single read whose copy
-fails is looked up again and is corrupt only if the index still points there; a run is valid
-wherever it was read (the stored ids of each record are checked, and compaction copies records
-as they are), and a run that cannot be read falls back to ``get_entry`` for its first entry.
+was learnt read from an entry log is verified before it is returned or enters the read-ahead
+cache (the write cache holds what was received), with the digest the ledger data gives for reads
+(``LedgerDataTable.read_digest``, ``storage/ledger_data.py``: the one place the simulator's
+``serve-unchecked-reads`` regression turns the check off). A copy that fails raises
+``CorruptEntryError`` (EIO, never "no such entry"), logged with its ledger, entry, log and
+offset and counted in ``bookie_READ_ENTRY_CORRUPT`` where the copy is judged corrupt (in
+``get_entry``, once); a multi-entry read returns the entries before it and stops, and the read
+that starts at it gets the error (the client then reads that entry from another replica).
+Compaction may move entries at any time: a single read whose copy fails locates the entry again
+(the same loop: at most ``_LOCATE_ATTEMPTS`` lookups) and the copy is corrupt only if the index
+still points there; a run is valid wherever it was read (the stored ids of each record are
+checked, and compaction copies records as they are), and a run that cannot be read falls back to
+``get_entry`` for its first entry.
 """
 
 from __future__ import annotations
@@ -79,9 +83,9 @@ _CORRUPT_READS = stats.counter(
 )
 
 
-#: test flag (the simulator's ``serve-unchecked-reads`` regression, docs/verification.md, defect D5):
-#: False serves an entry read from an entry log without its keyless CRC check
-_check_reads = True
+#: lookups of an entry's location a single read makes at most: a copy that fails its checks is
+#: located again (compaction may have moved it), and corrupt only where the index still points
+_LOCATE_ATTEMPTS = 3
 
 
 class StorageReader:
@@ -106,12 +110,13 @@ class StorageReader:
 
         One pass in the order the entry travels: which entry; in memory (a write cache, else
         the read-ahead cache); else where the index puts it, read from that entry log once and
-        verified once; then, for a forward reader, the run that follows it into the read-ahead
-        cache. An entry read from an entry log that fails its checks (the ledger's learnt CRC
-        digest, the stored ids, the size) raises ``CorruptEntryError`` (EIO, never "no such
-        entry"), logged and counted in ``bookie_READ_ENTRY_CORRUPT`` unless
-        ``report_corrupt=False`` (a multi-entry read that stops short before it: the entry is
-        reported when asked for).
+        verified once (a copy that fails is located again: moved by compaction, it is read at
+        its new place; still there, it is corrupt); then, for a forward reader, the run that
+        follows it into the read-ahead cache. An entry read from an entry log that fails its
+        checks (the ledger's learnt CRC digest, the stored ids, the size) raises
+        ``CorruptEntryError`` (EIO, never "no such entry"), logged and counted in
+        ``bookie_READ_ENTRY_CORRUPT`` unless ``report_corrupt=False`` (a multi-entry read that
+        stops short before it: the entry is reported when asked for).
         """
         if entry_id == LAST_ADD_CONFIRMED:
             entry_id = self.get_last_entry_id(ledger_id)
@@ -129,28 +134,35 @@ class StorageReader:
             found = self._read_cache.get(key)
         if found is not None:
             return found
-        # On disk. A copy that fails its checks is looked up again: compaction may have moved
-        # the entry and deleted its old log since the lookup, and only a copy the index still
-        # points at is corrupt.
-        location = self.locations.get_location(ledger_id, entry_id)
-        digest = self._read_digest(ledger_id)
-        for _attempt in range(2):
+        # On disk: located, read once, checked once. A copy that fails its checks is located
+        # again: compaction may have moved the entry (and deleted its old log) since the lookup.
+        # Only a copy the index still points at is corrupt (rule 3 of docs/correctness.md).
+        failed: int | None = None  # the location of the copy that failed its checks
+        why = ""  # and why it failed
+        for _attempt in range(_LOCATE_ATTEMPTS):
+            location = self.locations.get_location(ledger_id, entry_id)
             if location is None:
-                if not self._data.ledger_exists(ledger_id):
-                    raise NoSuchLedgerError(f"ledger {ledger_id} is not in {self.ledger_dir}")
-                raise NoSuchEntryError(f"ledger {ledger_id} entry {entry_id} is not in {self.ledger_dir}")
+                raise self._data.not_held(ledger_id, entry_id)
+            if location == failed:
+                path, offset = self.entry_logger.log_path(location_log_id(location)), location_offset(location)
+                if report_corrupt:
+                    _CORRUPT_READS.labels(str(self.ledger_dir)).inc()
+                    log.error("corrupt entry: ledger %d entry %d in entry log %s at offset %d (location %d): %s; "
+                              "answered EIO, another replica must serve it and re-replication replace this copy",
+                              ledger_id, entry_id, path, offset, location, why,
+                              extra={"ledger_id": ledger_id, "entry_id": entry_id})
+                raise CorruptEntryError(f"ledger {ledger_id} entry {entry_id}: stored copy is corrupt ({why}) "
+                                        f"in {path} at offset {offset}")
             try:
                 entry = self.entry_logger.read_entry(ledger_id, entry_id, location)
             except CorruptionError as e:
                 why = str(e)
             else:
+                digest = self._data.read_digest(ledger_id)
                 if digest is None or checksum_matches(entry, digest):
                     break
                 why = f"{DigestType(digest).name} digest mismatch over {len(entry)} bytes"
-            again = self.locations.get_location(ledger_id, entry_id)
-            if again == location:
-                raise self._corrupt_entry(ledger_id, entry_id, location, why, report_corrupt)
-            location = again
+            failed = location
         else:
             raise StorageError(f"ledger {ledger_id} entry {entry_id}: location kept changing")
         # Read ahead: the window the read-ahead cache grants a forward reader, read from right
@@ -195,9 +207,9 @@ class StorageReader:
         """
         if stride < 1:
             raise IncorrectParameterError(f"READ_STRIDED of ledger {ledger_id}: stride {stride} must be >= 1")
-        if stride == 1:
-            return self.get_entries(ledger_id, first, max_count, max_bytes)
-        return self._multi_read(ledger_id, first, stride, max(1, max_count), max_bytes)
+        if max_count <= 0:  # a stride of 1 is a BATCH_READ: no bound
+            max_count = 1 << 62 if stride == 1 else 1
+        return self._multi_read(ledger_id, first, stride, max_count, max_bytes)
 
     def _multi_read(self, ledger_id: int, first: int, stride: int, limit: int, max_bytes: int) -> PackedEntries:
         """``get_entries`` and ``get_strided``: runs from the caches, then from the entry logs;
@@ -277,33 +289,15 @@ class StorageReader:
                 max_bytes=max_bytes - out.entry_bytes if max_bytes > 0 else 0, first_counts=not len(out))
         except (StorageError, CorruptionError):
             return 0, False
+        digest = self._data.read_digest(ledger_id)
         took = 0
-        for buf, starts, ends, good in _verified(run, self._read_digest(ledger_id)):
+        for buf, starts, ends, good in _verified(run, digest):
             if good:
                 out.add_records(*_records_of(buf, starts, ends, good))
                 took += good
             if good < len(starts):
                 return took, False  # the run ends before a corrupt copy
         return took, run.full
-
-    def _read_digest(self, ledger_id: int) -> int | None:
-        """The keyless digest what is read of the ledger from an entry log is checked with
-        (None: not checkable, or the check reverted by the ``_check_reads`` test flag)."""
-        return self._data.checked_digest(ledger_id) if _check_reads else None
-
-    def _corrupt_entry(self, ledger_id: int, entry_id: int, location: int, why: str,
-                       report: bool) -> CorruptEntryError:
-        """The error for a stored copy that fails its checks; logged and counted if ``report``."""
-        path = self.entry_logger.log_path(location_log_id(location))
-        offset = location_offset(location)
-        if report:
-            _CORRUPT_READS.labels(str(self.ledger_dir)).inc()
-            log.error("corrupt entry: ledger %d entry %d in entry log %s at offset %d (location %d): %s; "
-                      "answered EIO, another replica must serve it and re-replication replace this copy",
-                      ledger_id, entry_id, path, offset, location, why,
-                      extra={"ledger_id": ledger_id, "entry_id": entry_id})
-        return CorruptEntryError(f"ledger {ledger_id} entry {entry_id}: stored copy is corrupt ({why}) "
-                                 f"in {path} at offset {offset}")
 
     def get_cached_entry(self, ledger_id: int, entry_id: int) -> Stored | None:
         """The entry if a write cache or the read-ahead cache holds it, else None. Never touches
