@@ -229,13 +229,23 @@ class Channel:
         """Answer one request, once: ``ok(result)`` when the bookie did it (``exc`` None), else
         ``failed(status)`` with ``exc``'s status (``status_for``: counted and logged). A bug
         building or sending ``ok``'s answer is answered as one (EINTERNAL), never as EIO."""
-        if exc is None:
+        failing = exc is not None
+        while True:  # at most twice: ok's answer, then the failure's if that one could not be made or sent
+            if not failing:
+                try:
+                    msg = ok(result)
+                except Exception as e:
+                    exc, failing = e, True
+            if failing:
+                assert exc is not None
+                msg = failed(self.status_for(exc, op, ledger_id, entry_id, what))
             try:
-                self.replies.send(ok(result))
+                self.replies.send(msg)
                 return
             except Exception as e:
-                exc = e
-        self.replies.send(failed(self.status_for(exc, op, ledger_id, entry_id, what)))
+                if failing:
+                    raise
+                exc, failing = e, True
 
     def check_force_waiters(self) -> None:
         completed = self.completed
