@@ -101,19 +101,18 @@ class LedgerKeys:
     def _load(self, ledger_id: int, master_key: bytes) -> LedgerState:
         """Decide, then create once: what the storage holds of the ledger; if it holds no key,
         the metadata check (outside the lock); then, under the lock, the ledger made known."""
-        with self.lock:
-            state = self.states.get(ledger_id)
-            if state is not None:
-                return state
-            stored = self._router.view(ledger_id).get_master_key(ledger_id)
-            if stored is not None or self._check is None:
-                return self._remember(ledger_id, master_key, stored)
-        self._check_new_key(ledger_id, master_key)
-        with self.lock:
-            state = self.states.get(ledger_id)
-            if state is not None:  # made known meanwhile (by another first request)
-                return state
-            return self._remember(ledger_id, master_key, self._router.view(ledger_id).get_master_key(ledger_id))
+        checked = False
+        while True:  # at most twice: the first look finds no key stored, the check runs, look again
+            if checked:
+                self._check_new_key(ledger_id, master_key)
+            with self.lock:
+                state = self.states.get(ledger_id)
+                if state is not None:  # known, or made known meanwhile by another first request
+                    return state
+                stored = self._router.view(ledger_id).get_master_key(ledger_id)
+                if stored is not None or self._check is None or checked:
+                    return self._remember(ledger_id, master_key, stored)
+            checked = True
 
     def _remember(self, ledger_id: int, master_key: bytes, stored: bytes | None) -> LedgerState:
         """Under ``lock``: cache the ledger's state: its stored key, or (none stored) a new
