@@ -64,6 +64,8 @@ Decoded: TypeAlias = Message | BadFrame | AddBatch | AddAnswers
 
 #: the body size of a v2 ADD response (header, rc, ledger id, entry id)
 _ADD_RESP_BODY = _ADD_RESP.size - 4
+#: ADD answers decoded at once at most (a run is cut at the first frame unlike its first)
+_ANSWER_RUN = 256
 
 
 # Keyed by message type like the encoders; the opcode tables each side decodes with are built
@@ -344,6 +346,7 @@ class FrameDecoder:
         server = side == "server"
         unpack_add = _ADD_FRAME.unpack_from
         unpack_answer = _ADD_RESP.unpack_from
+        iter_answers = _ADD_RESP.iter_unpack
         adds: AddBatch | None = None
         answers: AddAnswers | None = None
         while end - pos >= 4:
@@ -374,11 +377,29 @@ class FrameDecoder:
                         if answers is None:
                             answers = AddAnswers()
                             out.append(answers)
+                        self._peek = False
+                        run = min((end - pos) // _ADD_RESP.size, _ANSWER_RUN)
+                        if run > 1:
+                            # The answers that follow this one, decoded as columns at once:
+                            # as many whole frames as are like it (same size and header).
+                            stop = pos + run * _ADD_RESP.size
+                            sizes, headers, statuses, ledger_ids, entry_ids = zip(
+                                *iter_answers(view[pos:stop]))
+                            if sizes.count(size) != run or headers.count(header) != run:
+                                run = next(k for k, (z, h) in enumerate(zip(sizes, headers))
+                                           if z != size or h != header)
+                                stop = pos + run * _ADD_RESP.size
+                                statuses, ledger_ids, entry_ids = (
+                                    statuses[:run], ledger_ids[:run], entry_ids[:run])
+                            answers.statuses.extend(statuses)
+                            answers.ledger_ids.extend(ledger_ids)
+                            answers.entry_ids.extend(entry_ids)
+                            pos = stop
+                            continue
                         answers.statuses.append(status)
                         answers.ledger_ids.append(ledger_id)
                         answers.entry_ids.append(entry_id)
                         pos = stop
-                        self._peek = False
                         continue
                 adds = None
                 answers = None
