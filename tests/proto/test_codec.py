@@ -256,6 +256,51 @@ def test_batching_client_decoder_batches_the_add_answers_of_one_read() -> None:
 @settings(max_examples=30, deadline=None)
 @given(
     n=st.integers(min_value=2, max_value=700),
+    odd=st.lists(st.tuples(st.integers(min_value=0, max_value=699),
+                           st.sampled_from(["flags", "size", "opcode", "read", "key"])), max_size=4),
+    cut=st.integers(min_value=0, max_value=67),  # the tail frame is 68 bytes
+)
+def test_a_long_run_of_adds_decodes_as_its_frames(n: int, odd: list[tuple[int, str]], cut: int) -> None:
+    """Runs of ADD frames of one size are decoded as columns many frames at once: longer than
+    one such step, cut where a frame is not like the first (other flags: still an ADD; another
+    size; another opcode of the same size: not an ADD; another request), before a partial
+    frame; master keys may differ within a run."""
+    dm = DigestManager(3, DigestType.CRC32C)
+    frames = [encode(AddRequest(KEY, dm.compute(e, e - 1, 10 * e, b"p%04d" % (e % 10_000)), 0)) for e in range(n)]
+    for at, kind in odd:
+        if at < n:
+            entry = dm.compute(at, at - 1, 10 * at, b"p%04d" % at)
+            if kind == "flags":
+                frames[at] = encode(AddRequest(KEY, entry, 2))
+            elif kind == "size":
+                frames[at] = encode(AddRequest(KEY, entry + b"+", 0))
+            elif kind == "opcode":  # an ADD's body under another opcode
+                body = bytearray(frames[at][4:])
+                body[1] = OP_READ
+                frames[at] = frame(bytes(body))
+            elif kind == "read":
+                frames[at] = encode(ReadRequest(3, at))
+            else:
+                frames[at] = encode(AddRequest(master_key(b"other"), entry, 0))
+    stream = b"".join(frames)
+    tail = encode(AddRequest(KEY, dm.compute(9, 8, 0, b"tail"), 0))
+    expected = FrameDecoder(MAX, side="server").feed(stream)
+    decoder = FrameDecoder(MAX, side="server", batch_adds=True)
+    out = decoder.feed(stream + tail[:cut])
+    flat = [r for m in out for r in (m.requests() if isinstance(m, AddBatch) else [m])]
+    assert flat == expected
+    batches = [m for m in out if isinstance(m, AddBatch)]
+    for b in batches:  # the id columns are the entries' first 24 bytes
+        assert [struct.unpack_from(">qqq", e) for e in b.entries] == list(zip(b.ledger_ids, b.entry_ids, b.lacs))
+        assert all(type(e) is bytes for e in b.entries)
+    assert decoder.buffered == cut
+    rest = decoder.feed(tail[cut:])
+    assert [r for m in rest for r in m.requests()] == [AddRequest(KEY, dm.compute(9, 8, 0, b"tail"), 0)]  # type: ignore[union-attr]
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    n=st.integers(min_value=2, max_value=700),
     odd=st.lists(st.tuples(st.integers(min_value=0, max_value=699), st.sampled_from(["flags", "opcode", "read"])),
                  max_size=4),
     cut=st.integers(min_value=0, max_value=27),
