@@ -224,8 +224,7 @@ class EntryLogger:
         field = fmt.SIZE_FIELD
         out: list[int] = []
         pack = fmt.encode_size
-        # entries of one size (one-row entries of fixed-size rows): their records' ends are a
-        # range and their size fields one bytes object (no int nor bytes made per entry)
+        # entries of one size (one-row entries): records' ends in a range, one size field for all
         uniform = sizes.count(sizes[0]) == n
         stride = field + sizes[0]
         one_field = pack(sizes[0])
