@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import struct
+from collections import deque
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import cast
 
 import pytest
 from client_testkit import MASTER_KEY, InProcessBookie, inprocess_bookies, make_entry, run
 
 from vellum.client.bookie_client import BookieClient
+from vellum.client.bookie_connection import Pending
 from vellum.errors import (
     EOK,
     EUA,
@@ -592,6 +595,68 @@ def test_a_batch_of_adds_answers_each_entry_and_bookie_once_whatever_each_bookie
                 assert seen[0] == sent, "bookie A got one ADD per entry, in entry order"
                 assert seen[1] == [k for k in sent if k != 5]
                 assert client.is_connected(a) and client.is_connected(b)
+            finally:
+                await client.close()
+
+    run(main(), use_uvloop=True)
+
+
+def test_a_batch_of_adds_makes_each_request_as_its_constructor_would() -> None:
+    """``add_quorum_batch_cb`` sets each request's slots itself (the constructor's call is a
+    third of a request's cost there): every slot is set, to what ``Pending(...)`` sets."""
+
+    def answer(token: object, index: int, bookie: str, exc: BaseException | None) -> None:
+        pass
+
+    async def main() -> None:
+        async with _FakeBookie(lambda data, w: None) as bid:
+            client = BookieClient()
+            try:
+                client.add_quorum_batch_cb([bid], [(0,), (0,)], MASTER_KEY,
+                                           [make_entry(LEDGER, 0, b"a"), make_entry(LEDGER, 0, b"b")],
+                                           False, answer, ["t0", "t1"], 5)
+                conn = client._connection(bid)
+                first = conn.adds[(LEDGER, 0)]
+                second = first.next
+                assert second is not None  # the same key twice: chained in order
+                for p, token, nxt in ((first, "t0", second), (second, "t1", None)):
+                    made = Pending(conn, m.OP_ADD, (LEDGER, 0), 0, answer, None, p.deadline, token, 0)
+                    made.next = nxt
+                    assert {s: getattr(p, s) for s in Pending.__slots__} == {
+                        s: getattr(made, s) for s in Pending.__slots__}
+            finally:
+                await client.close()
+
+    run(main(), use_uvloop=True)
+
+
+@pytest.mark.parametrize("answered", [0, 3, 40, 97, 100])
+def test_the_sweep_drops_answered_requests_and_expires_only_overdue_ones(answered: int) -> None:
+    """The sweep drops the answered requests at a deadline deque's head at once (a few or most
+    of them), then expires the overdue ones in order and keeps the rest, answered or not."""
+
+    async def main() -> None:
+        async with _FakeBookie(lambda data, w: None) as bid:
+            client = BookieClient()
+            try:
+                conn = client._connection(bid)
+                expired: list[int] = []
+
+                def cb(token: object, index: int, bookie: str, exc: BaseException | None) -> None:
+                    assert isinstance(exc, TimeoutError_)
+                    expired.append(cast(int, token))
+
+                requests = [Pending(conn, m.OP_ADD, (LEDGER, k), 0, cb, None, 10.0 if k < 90 else 30.0, k, 0)
+                            for k in range(100)]
+                for k, p in enumerate(requests):
+                    p.done = k < answered or k % 7 == 3  # the head answered, then some here and there
+                conn.timeouts[5.0] = deque(requests)
+                assert conn.sweep(20.0) is (answered < 100)
+                overdue = [k for k in range(answered, 90) if k % 7 != 3]
+                assert expired == overdue
+                left = list(conn.timeouts.get(5.0, ()))
+                assert [p.token for p in left if not p.done] == [k for k in range(max(answered, 90), 100) if k % 7 != 3]
+                assert left == requests[max(answered, 90):len(requests)] if answered < 100 else left == []
             finally:
                 await client.close()
 

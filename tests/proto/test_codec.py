@@ -253,6 +253,82 @@ def test_batching_client_decoder_batches_the_add_answers_of_one_read() -> None:
     assert [type(m).__name__ for m in out] == ["AddAnswers", "BadFrame", "AddAnswers"]
 
 
+@settings(max_examples=30, deadline=None)
+@given(
+    n=st.integers(min_value=2, max_value=700),
+    odd=st.lists(st.tuples(st.integers(min_value=0, max_value=699),
+                           st.sampled_from(["flags", "size", "opcode", "read", "key"])), max_size=4),
+    cut=st.integers(min_value=0, max_value=67),  # the tail frame is 68 bytes
+)
+def test_a_long_run_of_adds_decodes_as_its_frames(n: int, odd: list[tuple[int, str]], cut: int) -> None:
+    """Runs of ADD frames of one size are decoded as columns many frames at once: longer than
+    one such step, cut where a frame is not like the first (other flags: still an ADD; another
+    size; another opcode of the same size: not an ADD; another request), before a partial
+    frame; master keys may differ within a run."""
+    dm = DigestManager(3, DigestType.CRC32C)
+    frames = [encode(AddRequest(KEY, dm.compute(e, e - 1, 10 * e, b"p%04d" % (e % 10_000)), 0)) for e in range(n)]
+    for at, kind in odd:
+        if at < n:
+            entry = dm.compute(at, at - 1, 10 * at, b"p%04d" % at)
+            if kind == "flags":
+                frames[at] = encode(AddRequest(KEY, entry, 2))
+            elif kind == "size":
+                frames[at] = encode(AddRequest(KEY, entry + b"+", 0))
+            elif kind == "opcode":  # an ADD's body under another opcode
+                body = bytearray(frames[at][4:])
+                body[1] = OP_READ
+                frames[at] = frame(bytes(body))
+            elif kind == "read":
+                frames[at] = encode(ReadRequest(3, at))
+            else:
+                frames[at] = encode(AddRequest(master_key(b"other"), entry, 0))
+    stream = b"".join(frames)
+    tail = encode(AddRequest(KEY, dm.compute(9, 8, 0, b"tail"), 0))
+    expected = FrameDecoder(MAX, side="server").feed(stream)
+    decoder = FrameDecoder(MAX, side="server", batch_adds=True)
+    out = decoder.feed(stream + tail[:cut])
+    flat = [r for m in out for r in (m.requests() if isinstance(m, AddBatch) else [m])]
+    assert flat == expected
+    batches = [m for m in out if isinstance(m, AddBatch)]
+    for b in batches:  # the id columns are the entries' first 24 bytes
+        assert [struct.unpack_from(">qqq", e) for e in b.entries] == list(zip(b.ledger_ids, b.entry_ids, b.lacs))
+        assert all(type(e) is bytes for e in b.entries)
+    assert decoder.buffered == cut
+    rest = decoder.feed(tail[cut:])
+    assert [r for m in rest for r in m.requests()] == [AddRequest(KEY, dm.compute(9, 8, 0, b"tail"), 0)]  # type: ignore[union-attr]
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    n=st.integers(min_value=2, max_value=700),
+    odd=st.lists(st.tuples(st.integers(min_value=0, max_value=699), st.sampled_from(["flags", "opcode", "read"])),
+                 max_size=4),
+    cut=st.integers(min_value=0, max_value=27),
+)
+def test_a_long_run_of_add_answers_decodes_as_its_frames(n: int, odd: list[tuple[int, str]], cut: int) -> None:
+    """Runs of ADD answers are decoded as columns many frames at once: longer than one such
+    step, cut where a frame of the same size is not like its first (other flags: still an
+    answer; another opcode: a BadFrame), before another response, and before a partial frame."""
+    frames = [encode(AddResponse(EOK if e % 5 else ETOOMANYREQUESTS, 7 + e // 300, e)) for e in range(n)]
+    for at, kind in odd:
+        if at < n:
+            if kind == "flags":  # the same answer with a flag set: matched as the others
+                frames[at] = frame(struct.pack(">Iiqq", (2 << 24) | (OP_ADD << 16) | 1, EOK, 7, at))
+            elif kind == "opcode":  # 24 bytes of body, but not an ADD
+                frames[at] = frame(struct.pack(">Iiqq", (2 << 24) | (OP_READ << 16), EOK, 7, at))
+            else:
+                frames[at] = encode(ReadResponse(ENOENTRY, 7, at))
+    stream = b"".join(frames)
+    tail = encode(AddResponse(EOK, 9, 9))
+    expected = FrameDecoder(MAX, side="client").feed(stream)
+    decoder = FrameDecoder(MAX, side="client", batch_adds=True)
+    out = decoder.feed(stream + tail[:cut])
+    flat = [r for m in out for r in (m.responses() if isinstance(m, AddAnswers) else [m])]
+    assert flat == expected
+    assert decoder.buffered == cut
+    assert decoder.feed(tail[cut:])[0].responses() == [AddResponse(EOK, 9, 9)]  # type: ignore[union-attr]
+
+
 def test_an_add_frame_built_without_its_message_is_the_messages_frame() -> None:
     parts = encode_add_request(KEY, ENTRY, 2)
     assert parts[1] is ENTRY  # the entry is never copied

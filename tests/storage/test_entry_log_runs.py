@@ -31,14 +31,20 @@ def _logs(root: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted((root / "current").glob("*.log"))}
 
 
+@pytest.mark.parametrize("same_size", [False, True], ids=["sizes", "one-size"])
 @pytest.mark.parametrize("seed", range(6))
-def test_a_run_is_written_as_one_entry_at_a_time(tmp_path: Path, seed: int) -> None:
+def test_a_run_is_written_as_one_entry_at_a_time(tmp_path: Path, seed: int, same_size: bool) -> None:
     rnd = random.Random(seed)
     limit = fmt.HEADER_SIZE + rnd.randrange(2_000, 6_000)
     wbs = rnd.choice((64, 700, 1_500, 4_096))
-    # sizes around the write buffer and the log limit, one entry bigger than a whole log
-    sizes = [rnd.choice((16, 17, rnd.randrange(16, 400), rnd.randrange(400, 1_600))) for _ in range(120)]
-    sizes[rnd.randrange(len(sizes))] = limit + 100
+    if same_size:  # runs of entries of one size take a path of their own (one-row entries)
+        size, count = ((16, 400), (rnd.randrange(17, 400), 200), (rnd.randrange(400, 1_600), 60),
+                       (limit + 100, 6))[seed % 4]
+        sizes = [size] * count
+    else:
+        # sizes around the write buffer and the log limit, one entry bigger than a whole log
+        sizes = [rnd.choice((16, 17, rnd.randrange(16, 400), rnd.randrange(400, 1_600))) for _ in range(120)]
+        sizes[rnd.randrange(len(sizes))] = limit + 100
     runs: list[tuple[int, list[bytes]]] = []
     eid = 0
     while eid < len(sizes):

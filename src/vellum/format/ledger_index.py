@@ -36,6 +36,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from itertools import repeat
 
 from vellum.errors import CorruptionError
 from vellum.ids import INT64_MAX
@@ -60,7 +61,7 @@ def location_key(ledger_id: int, entry_id: int) -> bytes:
 def location_keys(ledger_id: int, entry_ids: Iterable[int]) -> Iterator[bytes]:
     """``location_key(ledger_id, e)`` for each ``e`` of ``entry_ids`` (a run of one ledger),
     without a Python call per entry."""
-    return map(_LONG.pack(ledger_id).__add__, map(_LONG.pack, entry_ids))
+    return map(_LOC_KEY.pack, repeat(ledger_id), entry_ids)
 
 
 def encode_locations(locations: Iterable[int]) -> Iterator[bytes]:

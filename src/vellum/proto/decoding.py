@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import functools
 import struct
+from itertools import repeat
+from operator import itemgetter
 from typing import Any, TypeAlias
 
 from vellum.errors import EBADVERSION, FramingError, IncorrectParameterError
@@ -64,6 +66,12 @@ Decoded: TypeAlias = Message | BadFrame | AddBatch | AddAnswers
 
 #: the body size of a v2 ADD response (header, rc, ledger id, entry id)
 _ADD_RESP_BODY = _ADD_RESP.size - 4
+#: ADD answers decoded at once at most (a run is cut at the first frame unlike its first)
+_ANSWER_RUN = 256
+#: ADD frames decoded at once at most (the same), and the frame sizes whose structs a decoder keeps
+_ADD_RUN = 256
+_ADD_RUN_SIZES = 16
+_first = itemgetter(0)
 
 
 # Keyed by message type like the encoders; the opcode tables each side decodes with are built
@@ -236,7 +244,7 @@ class FrameDecoder:
     #: (unless ``allocate_announced``)
     BIG_START = 64 * 1024
 
-    __slots__ = ("_allocate_announced", "_batch_adds", "_big", "_big_fill", "_big_size", "_decoders", "_end", "_failure", "_max",
+    __slots__ = ("_add_runs", "_allocate_announced", "_batch_adds", "_big", "_big_fill", "_big_size", "_decoders", "_end", "_failure", "_max",
                  "_owned_decoders", "_peek", "_scratch", "_side", "_start", "_view")
 
     def __init__(self, max_frame_size: int, *, side: Side, batch_adds: bool = False,
@@ -262,6 +270,7 @@ class FrameDecoder:
         self._big_size = 0  # the big frame's announced body size (len(_big) grows towards it)
         self._peek = False  # the last frame was big: read the next length on its own
         self._failure: str | None = None
+        self._add_runs: dict[int, tuple[struct.Struct, struct.Struct]] = {}  # by ADD body size
 
     @property
     def max_frame_size(self) -> int:
@@ -344,6 +353,7 @@ class FrameDecoder:
         server = side == "server"
         unpack_add = _ADD_FRAME.unpack_from
         unpack_answer = _ADD_RESP.unpack_from
+        iter_answers = _ADD_RESP.iter_unpack
         adds: AddBatch | None = None
         answers: AddAnswers | None = None
         while end - pos >= 4:
@@ -362,6 +372,30 @@ class FrameDecoder:
                         if adds is None:
                             adds = AddBatch()
                             out.append(adds)
+                        run = min((end - pos) // (size + 4), _ADD_RUN)
+                        if run > 1 and size < self.BIG_FRAME:
+                            # This ADD and those that follow it, as many whole frames as are
+                            # like it (same size and header), decoded as columns at once.
+                            stop = pos + run * (size + 4)
+                            ids_of, entries_of = self._add_run_structs(size)
+                            sizes, headers, keys, ledger_ids, entry_ids, lacs = zip(
+                                *ids_of.iter_unpack(view[pos:stop]))
+                            if sizes.count(size) != run or headers.count(header) != run:
+                                run = next(k for k, (z, h) in enumerate(zip(sizes, headers))
+                                           if z != size or h != header)
+                                stop = pos + run * (size + 4)
+                                keys, ledger_ids, entry_ids, lacs = (
+                                    keys[:run], ledger_ids[:run], entry_ids[:run], lacs[:run])
+                            # The columns the whole ADD path uses; each entry's one copy.
+                            adds.entries.extend(map(_first, entries_of.iter_unpack(view[pos:stop])))
+                            adds.keys.extend(keys)
+                            adds.flags.extend(repeat(header & 0xFFFF, run))
+                            adds.ledger_ids.extend(ledger_ids)
+                            adds.entry_ids.extend(entry_ids)
+                            adds.lacs.extend(lacs)
+                            pos = stop
+                            self._peek = False
+                            continue
                         # The columns the whole ADD path uses; the entry's one copy.
                         adds.append(bytes(view[start + 24 : stop]), key, header & 0xFFFF,
                                     ledger_id, entry_id, lac)
@@ -374,11 +408,29 @@ class FrameDecoder:
                         if answers is None:
                             answers = AddAnswers()
                             out.append(answers)
+                        self._peek = False
+                        run = min((end - pos) // _ADD_RESP.size, _ANSWER_RUN)
+                        if run > 1:
+                            # The answers that follow this one, decoded as columns at once:
+                            # as many whole frames as are like it (same size and header).
+                            stop = pos + run * _ADD_RESP.size
+                            sizes, headers, statuses, ledger_ids, entry_ids = zip(
+                                *iter_answers(view[pos:stop]))
+                            if sizes.count(size) != run or headers.count(header) != run:
+                                run = next(k for k, (z, h) in enumerate(zip(sizes, headers))
+                                           if z != size or h != header)
+                                stop = pos + run * _ADD_RESP.size
+                                statuses, ledger_ids, entry_ids = (
+                                    statuses[:run], ledger_ids[:run], entry_ids[:run])
+                            answers.statuses.extend(statuses)
+                            answers.ledger_ids.extend(ledger_ids)
+                            answers.entry_ids.extend(entry_ids)
+                            pos = stop
+                            continue
                         answers.statuses.append(status)
                         answers.ledger_ids.append(ledger_id)
                         answers.entry_ids.append(entry_id)
                         pos = stop
-                        self._peek = False
                         continue
                 adds = None
                 answers = None
@@ -402,6 +454,20 @@ class FrameDecoder:
             pos = end = 0
         self._start, self._end = pos, end
         return out
+
+    def _add_run_structs(self, size: int) -> tuple[struct.Struct, struct.Struct]:
+        """For a run of ADD frames of body ``size``: the struct of one whole frame's length,
+        header, master key and the entry's ids (the rest skipped), and that of its entry."""
+        found = self._add_runs.get(size)
+        if found is None:
+            if len(self._add_runs) >= _ADD_RUN_SIZES:
+                self._add_runs.clear()
+            entry = size - 4 - MASTER_KEY_LENGTH
+            found = self._add_runs[size] = (
+                struct.Struct(f">iI{MASTER_KEY_LENGTH}sqqq{entry - 24}x"),
+                struct.Struct(f">{8 + MASTER_KEY_LENGTH}x{entry}s"),
+            )
+        return found
 
     def _grow_big(self, big: bytearray) -> bytearray:
         """The big frame's buffer, full so far, doubled (at most to the frame's size)."""

@@ -224,6 +224,10 @@ class EntryLogger:
         field = fmt.SIZE_FIELD
         out: list[int] = []
         pack = fmt.encode_size
+        # entries of one size (one-row entries): records' ends in a range, one size field for all
+        uniform = sizes.count(sizes[0]) == n
+        stride = field + sizes[0]
+        one_field = pack(sizes[0])
         limit = self.log_size_limit
         wbs = self.write_buffer_size
         i = 0
@@ -234,7 +238,10 @@ class EntryLogger:
                 buf = log.buf
                 start = log.pos
                 # ends[k]: the log's end once the run's entries i .. i+k-1 are appended
-                ends = list(itertools.accumulate(map(field.__add__, itertools.islice(sizes, i, None)), initial=start))
+                ends: Sequence[int] = (
+                    range(start, start + (n - i + 1) * stride, stride) if uniform
+                    else list(itertools.accumulate(map(field.__add__, itertools.islice(sizes, i, None)),
+                                                   initial=start)))
                 # entries that end within the limit (none when an oversized entry filled the log)
                 fit = max(0, bisect.bisect_right(ends, limit) - 1)
                 if fit == 0 and start <= fmt.HEADER_SIZE:
@@ -246,9 +253,14 @@ class EntryLogger:
                     full = bisect.bisect_left(ends, ends[k] + wbs - len(buf), k + 1, fit + 1)
                     q = min(full, fit)
                     out.extend(map(record_base.__add__, ends[k:q]))
-                    for size_field, entry in zip(map(pack, sizes[i + k:i + q]), entries[i + k:i + q]):
-                        buf += size_field  # two appends: cheaper than joining the slice first
-                        buf += entry
+                    if uniform:  # one size field for all
+                        for entry in entries[i + k:i + q]:
+                            buf += one_field  # two appends: cheaper than joining the slice first
+                            buf += entry
+                    else:
+                        for size_field, entry in zip(map(pack, sizes[i + k:i + q]), entries[i + k:i + q]):
+                            buf += size_field
+                            buf += entry
                     log.pos = ends[q]
                     log.buf_sizes[ledger_id] = log.buf_sizes.get(ledger_id, 0) + ends[q] - ends[k]
                     k = q

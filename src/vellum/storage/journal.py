@@ -212,9 +212,17 @@ def pack_record(buf: bytearray, record: bytes | list[bytes | bytearray | memoryv
     it is; a batch of client entries as one ``[int32 len][entry]`` record per entry
     (``format/journal.py``). The writer thread and ``commit()`` both pack with this."""
     if isinstance(record, list):
-        for entry in record:
-            buf += _PACK_LEN(len(entry))
-            buf += entry
+        sizes = list(map(len, record))
+        if sizes and sizes.count(sizes[0]) == len(sizes):
+            # entries of one size (one-row entries of fixed-size rows): one length field for all
+            field = _PACK_LEN(sizes[0])
+            for entry in record:
+                buf += field
+                buf += entry
+        else:
+            for field, entry in zip(map(_PACK_LEN, sizes), record):
+                buf += field
+                buf += entry
         return len(record)
     buf += record
     return 1
