@@ -64,10 +64,12 @@ from vellum.errors import (
     OperationRejectedError,
     StorageError,
     UnauthorizedAccessError,
+    VellumError,
     WriteOnReadOnlyBookieError,
 )
 from vellum.format.entry import master_key
 from vellum.proto.messages import FLAG_RECOVERY_ADD, AddBatch
+from vellum.sim.loop import SimLoop
 
 _IDS = struct.Struct(">qqq")
 
@@ -167,7 +169,9 @@ class LaterReads:
 class SimBookie(LaterReads):
     """One incarnation of a simulated bookie (a restart makes a new one over the same disk)."""
 
-    def __init__(self, name: str, loop: asyncio.AbstractEventLoop, rng: random.Random, disk: SimDisk,
+    _loop: SimLoop
+
+    def __init__(self, name: str, loop: SimLoop, rng: random.Random, disk: SimDisk,
                  key_check: KeyCheck, *, group_wait_s: float, fsync_s: tuple[float, float],
                  read_s: tuple[float, float], writeback_s: tuple[float, float] = (5.0, 30.0)) -> None:
         self.name = name
@@ -424,18 +428,29 @@ class SimBookie(LaterReads):
             raise NoSuchLedgerError(f"ledger {ledger_id} not on {self.name}")
         return rec
 
-    def _entry(self, ledger_id: int, entry_id: int) -> bytes:
-        rec = self._held(ledger_id)
+    def _lookup(self, ledger_id: int, entry_id: int) -> bytes | VellumError:
+        """A stored entry, or the error that answers its read (built, not raised: most reads of
+        a run ask for an entry or a ledger this bookie does not hold)."""
+        rec = self.mem.get(ledger_id)
+        if rec is None or rec.deleted:
+            return NoSuchLedgerError(f"ledger {ledger_id} not on {self.name}")
+        entries = rec.entries
         if entry_id == -1:
-            if not rec.entries:
-                raise NoSuchEntryError(f"ledger {ledger_id} has no entry on {self.name}")
-            entry_id = max(rec.entries)
-        found = rec.entries.get(entry_id)
+            if not entries:
+                return NoSuchEntryError(f"ledger {ledger_id} has no entry on {self.name}")
+            entry_id = max(entries)
+        found = entries.get(entry_id)
         if found is None:
-            raise NoSuchEntryError(f"ledger {ledger_id} entry {entry_id} is not on {self.name}")
+            return NoSuchEntryError(f"ledger {ledger_id} entry {entry_id} is not on {self.name}")
         if (ledger_id, entry_id) in self.disk.corrupt:
             # rule 2 of docs/correctness.md: a bad copy is an I/O error, never served, never "no such entry"
-            raise CorruptEntryError(f"ledger {ledger_id} entry {entry_id} is corrupt on {self.name}")
+            return CorruptEntryError(f"ledger {ledger_id} entry {entry_id} is corrupt on {self.name}")
+        return found
+
+    def _entry(self, ledger_id: int, entry_id: int) -> bytes:
+        found = self._lookup(ledger_id, entry_id)
+        if isinstance(found, VellumError):
+            raise found
         return found
 
     def read_cb(self, ledger_id: int, entry_id: int, key: bytes | None,
@@ -449,8 +464,9 @@ class SimBookie(LaterReads):
     # read_cb's steps are methods, not closures: a run reads thousands of entries
     def _read_start(self, ledger_id: int, entry_id: int, key: bytes | None,
                     done: Callable[[bytes | None, BaseException | None], None]) -> None:
-        if key is None:
-            self._read_later(ledger_id, entry_id, done)
+        if key is None:  # ``_read_later``, inline (most reads)
+            low, high = self._read_s
+            self._loop.call_later(low + (high - low) * self._rng.random(), self._read_now, ledger_id, entry_id, done)
             return
         fut, fenced = self._future()
         self.fence_cb(ledger_id, key, fenced)
@@ -464,15 +480,15 @@ class SimBookie(LaterReads):
 
     def _read_now(self, ledger_id: int, entry_id: int, done: Callable[[bytes | None, BaseException | None], None]) -> None:
         """``_later``'s timer without its future: the answer runs on the loop's next turn, as the
-        future's done callback would (the same order of callbacks, fewer objects)."""
+        future's done callback would (the same order of callbacks, fewer objects; at once when
+        that is the same, ``SimLoop.call_last``)."""
         if not self.alive:
             return
-        try:
-            entry = self._entry(ledger_id, entry_id)
-        except Exception as e:
-            self._loop.call_soon(done, None, e)
+        found = self._lookup(ledger_id, entry_id)
+        if isinstance(found, VellumError):
+            self._loop.call_last(done, None, found)
         else:
-            self._loop.call_soon(done, entry, None)
+            self._loop.call_last(done, found, None)
 
     def read_entry(self, ledger_id: int, entry_id: int) -> asyncio.Future[bytes]:
         """One entry after the simulated read latency (the tests' direct read of the model)."""

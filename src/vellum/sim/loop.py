@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import heapq
+import itertools
 from collections.abc import Callable
 from contextvars import copy_context
 from typing import Any
@@ -111,7 +113,10 @@ class SimLoop(asyncio.BaseEventLoop):
         self._selector = _VirtualSelector(self)
         self._clock_resolution = 1e-9
         self._heap: list[_Call] = []  # the timers, each its own heap item
-        self._seq = 0
+        #: the next timer's sequence number (1, 2, ...), and a timer's push onto the heap: both C
+        #: calls, for the simulated network, which pushes its delivery timers itself
+        self.next_seq: Callable[[], int] = itertools.count(1).__next__
+        self.push_timer: Callable[[_Call], None] = functools.partial(heapq.heappush, self._heap)
         self._ready_append = self._ready.append  # type: ignore[attr-defined]  # bound once: one per call_soon
         self.connect_hook: ConnectHook | None = None
         self.executor_hook: ExecutorHook | None = None
@@ -136,10 +141,9 @@ class SimLoop(asyncio.BaseEventLoop):
         and timers due at the same instant run in the order they were scheduled."""
         if self._closed:  # type: ignore[attr-defined]
             raise RuntimeError("Event loop is closed")
-        self._seq += 1
-        timer = _Call((when, self._seq, callback, args, context if context is not None else copy_context(),
+        timer = _Call((when, self.next_seq(), callback, args, context if context is not None else copy_context(),
                        False, True, self))
-        heapq.heappush(self._heap, timer)
+        self.push_timer(timer)
         return timer  # type: ignore[return-value]
 
     def call_later(self, delay: float, callback: Callable[..., object], *args: Any,  # type: ignore[override]
@@ -148,10 +152,10 @@ class SimLoop(asyncio.BaseEventLoop):
             raise TypeError("delay must not be None")
         if self._closed:  # type: ignore[attr-defined]
             raise RuntimeError("Event loop is closed")
-        self._seq += 1  # call_at's body inline: one Python call less per timer
-        timer = _Call((self._now + delay, self._seq, callback, args,
+        # call_at's body inline: one Python call less per timer
+        timer = _Call((self._now + delay, self.next_seq(), callback, args,
                        context if context is not None else copy_context(), False, True, self))
-        heapq.heappush(self._heap, timer)
+        self.push_timer(timer)
         return timer  # type: ignore[return-value]
 
     def call_soon(self, callback: Callable[..., object], *args: Any,  # type: ignore[override]
@@ -162,6 +166,24 @@ class SimLoop(asyncio.BaseEventLoop):
                         self))
         self._ready_append(handle)
         return handle  # type: ignore[return-value]
+
+    def call_last(self, callback: Callable[..., object], *args: Any) -> None:
+        """``call_soon(callback, *args)`` as the LAST act of a callback the loop runs (a timer's
+        or a ready callback's own body, never code it calls that goes on afterwards): when
+        nothing else is ready, no timer is due and the loop is not stopping, the callback would
+        run next and alone, before anything it schedules, so it runs now, in the caller's
+        context (a private copy the loop made for it, as ``call_soon`` would make one); the
+        order of every callback is the same. Otherwise it is scheduled."""
+        heap = self._heap
+        if self._ready or self._stopping or (heap and heap[0][0] < self._now + self._clock_resolution):  # type: ignore[attr-defined]
+            self.call_soon(callback, *args)
+            return
+        try:
+            callback(*args)
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as exc:
+            self.call_exception_handler({"message": f"Exception in callback {callback!r}", "exception": exc})
 
     def call_soon_threadsafe(self, callback: Callable[..., object], *args: Any,  # type: ignore[override]
                              context: contextvars.Context | None = None) -> asyncio.Handle:
