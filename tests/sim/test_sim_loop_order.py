@@ -124,8 +124,8 @@ def test_a_seed_gives_the_same_history_alone_in_a_campaign_and_with_the_collecto
 
 def test_handles_cancel_once_and_many_cancelled_timers_leave_the_rest_in_order() -> None:
     """What callers use of a handle (``cancel``, ``cancelled``, ``when``): a timer cancelled twice
-    counts once, and when most of the heap is cancelled it is cleaned without losing a live timer
-    or its place in the order."""
+    counts once, and when most of the heap is cancelled it is cleaned (at the cancel that tips
+    it) without losing a live timer or its place in the order."""
     loop = SimLoop()
     log: list[int] = []
     now = loop.time()
@@ -135,7 +135,9 @@ def test_handles_cancel_once_and_many_cancelled_timers_leave_the_rest_in_order()
         if i % 10:
             t.cancel()
             t.cancel()
-    assert timers[1].cancelled() and loop._timer_cancelled_count == 270
+    # cleaned as the cancelled passed half of the heap; each counted once until it is dropped
+    assert timers[1].cancelled() and len(loop._heap) < 300
+    assert loop._timer_cancelled_count == sum(1 for t in loop._heap if t.cancelled()) == len(loop._heap) - 30
     soon = loop.call_soon(log.append, -1)
     soon.cancel()
     assert soon.cancelled()

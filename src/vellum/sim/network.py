@@ -32,7 +32,7 @@ from contextvars import copy_context
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from vellum.sim.loop import SimLoop, _Call
+from vellum.sim.loop import SimLoop
 
 #: the smallest step between two deliveries of one direction (keeps them in order)
 _TICK = 1e-7
@@ -94,7 +94,7 @@ class SimTransport(asyncio.Transport):
         Hot (one call per message; the body of what was ``Link.send``, one Python call less):
         the random draws are made in one fixed order, ``uniform`` is inlined as
         ``random.uniform`` computes it (``a + (b - a) * random()``), and the delivery timer is
-        pushed as ``SimLoop.call_at`` would push it, without the call."""
+        pushed as ``SimLoop.later`` would push it (a plain list), without the call."""
         link = self._link
         side = self._side
         if link.closing[side]:
@@ -140,8 +140,7 @@ class SimTransport(asyncio.Transport):
                 link._last[dst] = when
             else:
                 net.count("reordered")
-            loop.push_timer(_Call((when, loop.next_seq(), self._deliver, (dst, data), copy_context(), False, True,
-                                   loop)))
+            loop.push_timer([when, loop.next_seq(), self._deliver, (dst, data), copy_context(), False, True, loop])
 
     def close(self) -> None:
         self._link.close(self._side)
