@@ -247,32 +247,34 @@ class SimLoop(asyncio.BaseEventLoop):
         resolution = self._clock_resolution
         seen, spins = self._now, 0
         while True:
-            if self._now != seen:
-                seen, spins = self._now, 0
+            now = self._now
+            if now != seen:
+                seen, spins = now, 0
             else:
                 spins += 1
                 if spins > LIVELOCK_ITERATIONS:
-                    raise SimLivelock(f"virtual time stood still at {self._now:.6f} for {spins} loop iterations: "
+                    raise SimLivelock(f"virtual time stood still at {now:.6f} for {spins} loop iterations: "
                                       "a livelock (something reschedules itself without waiting)")
-            while sched and sched[0][5]:
-                self._timer_cancelled_count -= 1
-                heappop(sched)[6] = False
             if not ready:
+                # cancelled timers on top go (with callbacks ready, the due ones are dropped below)
+                while sched and sched[0][5]:
+                    self._timer_cancelled_count -= 1
+                    heappop(sched)[6] = False
                 if not sched:
                     if self._stopping:  # type: ignore[attr-defined]
                         return
                     raise SimQuiescent("no callback is ready and no timer is pending")
                 if not self._stopping:  # type: ignore[attr-defined]
-                    when = sched[0][0]
-                    if when > self._now:
-                        self._now = when
+                    h = sched[0]
+                    if h[0] > now:
+                        self._now = now = h[0]
                     # the heap's next after its top is one of the top's two children
-                    end = self._now + resolution
+                    end = now + resolution
                     n = len(sched)
                     if n == 1 or (sched[1][0] >= end and (n == 2 or sched[2][0] >= end)):
                         # one timer due now (the usual case): run it as the batch of one it
                         # would be, without passing it through the ready queue
-                        h = heappop(sched)
+                        heappop(sched)
                         h[6] = False
                         try:
                             h[4].run(h[2], *h[3])
@@ -285,7 +287,7 @@ class SimLoop(asyncio.BaseEventLoop):
                         if self._stopping:  # type: ignore[attr-defined]
                             return
                         continue
-            end = self._now + resolution
+            end = now + resolution
             while sched and sched[0][0] < end:
                 h = heappop(sched)
                 h[6] = False

@@ -82,7 +82,12 @@ class SimTransport(asyncio.Transport):
         self._dst = 1 - side
         #: (from, to): the direction this side sends, as partitions and slow links name it
         self._route = (link.names[side], link.names[1 - side])
-        self._deliver = link._deliver  # bound once: one delivery timer per message
+        # bound once: one delivery timer per message, pushed as ``SimLoop.later`` pushes it
+        self._net = link.net
+        self._loop = loop = link.net.loop
+        self._push = loop.push_timer
+        self._next_seq = loop.next_seq
+        self._deliver = link._deliver
 
     def write(self, data: Any) -> None:
         self.writelines((bytes(data),))
@@ -96,51 +101,52 @@ class SimTransport(asyncio.Transport):
         ``random.uniform`` computes it (``a + (b - a) * random()``), and the delivery timer is
         pushed as ``SimLoop.later`` would push it (a plain list), without the call."""
         link = self._link
-        side = self._side
-        if link.closing[side]:
+        if link.closing[self._side]:
             return
         data = b"".join(list_of_data)
         if not data:
             return
-        net = link.net
+        net = self._net
         blocked = net._blocked
         if blocked and self._route in blocked:
             net.count("partitioned")
             net.lossy[link.link_id] = link
             return
         random = net.random
-        faults = net.faults
-        if faults.drop and random() < faults.drop:
+        drop, duplicate, delay_min, spread, slow, slow_factor, reorder, _chunking = net.fault_params
+        if drop and random() < drop:
             net.count("dropped")
             net.lossy[link.link_id] = link
             return
-        copies = 2 if faults.duplicate and random() < faults.duplicate else 1
-        if copies == 2:
+        if duplicate and random() < duplicate:
             net.count("duplicated")
-        loop = net.loop
+            copies = 2
+        else:
+            copies = 1
+        loop = self._loop
         if loop._closed:  # type: ignore[attr-defined]  # as call_at
             raise RuntimeError("Event loop is closed")
         now = loop._now
         dst = self._dst
-        delay_min = faults.delay_min_s
-        spread = faults.delay_max_s - delay_min
-        for _ in range(copies):
+        last_of = link._last
+        while copies:
+            copies -= 1
             delay = delay_min + spread * random()
-            if faults.slow and random() < faults.slow:
-                delay *= faults.slow_factor
+            if slow and random() < slow:
+                delay *= slow_factor
             if net.slow_links:
                 delay *= net.slow_links.get(self._route, 1.0)
             when = now + delay
-            if not (faults.reorder and random() < faults.reorder):
+            if not (reorder and random() < reorder):
                 # strictly after the previous delivery: timers due at the same instant are not
                 # run in the order they were scheduled (asyncio's heap is not stable)
-                last = link._last[dst] + _TICK
+                last = last_of[dst] + _TICK
                 if when < last:
                     when = last
-                link._last[dst] = when
+                last_of[dst] = when
             else:
                 net.count("reordered")
-            loop.push_timer([when, loop.next_seq(), self._deliver, (dst, data), copy_context(), False, True, loop])
+            self._push([when, self._next_seq(), self._deliver, (dst, data), copy_context(), False, True, loop])
 
     def close(self) -> None:
         self._link.close(self._side)
@@ -207,18 +213,26 @@ class Link:
             return
         get_buffer, buffer_updated = self._receivers[dst]
         net = self.net
-        chunking = net.faults.chunking
+        chunking = net.fault_params[7]
         size = len(data)
         want = size
         if want > 1 and chunking and net.random() < 0.2:
             want = 1 + net.randbelow(want)
         buf = get_buffer(want)
+        if want == size and type(buf) is memoryview and len(buf) >= size:
+            # Taken whole into a view of bytes (the decoders' buffers are): copied as given. A
+            # view of another format or shape refuses the copy before writing anything and is
+            # cast below, as it would have been (its format is not read here: each read of it
+            # builds a string).
+            try:
+                buf[:size] = data
+            except (ValueError, TypeError, NotImplementedError):
+                pass
+            else:
+                buffer_updated(size)
+                return
         if type(buf) is not memoryview or buf.format != "B" or buf.ndim != 1:
-            buf = memoryview(buf).cast("B")  # the decoders' buffers are bytes already: no new view
-        if want == size and len(buf) >= size:  # taken whole
-            buf[:size] = data
-            buffer_updated(size)
-            return
+            buf = memoryview(buf).cast("B")
         view = memoryview(data)
         pos = 0
         while True:
@@ -280,7 +294,7 @@ class SimNetwork:
         #: ``rng.randint(1, n)`` is ``1 + randbelow(n)`` (what ``Random.randrange`` computes)
         self.randbelow: Callable[[int], int] = rng._randbelow  # type: ignore[attr-defined]
         self.random: Callable[[], float] = rng.random
-        self.faults = faults
+        self.faults = faults  # and fault_params
         self.servers: dict[str, Server] = {}
         #: blocked directions (from, to)
         self._blocked: set[tuple[str, str]] = set()
@@ -290,6 +304,18 @@ class SimNetwork:
         self.counts: dict[str, int] = {}
         #: connections that lost a write (dropped, or to a partition), by link id
         self.lossy: dict[int, Link] = {}
+
+    @property
+    def faults(self) -> NetFaults:
+        return self._faults
+
+    @faults.setter
+    def faults(self, faults: NetFaults) -> None:
+        self._faults = faults
+        #: what a write reads of the faults, in one tuple: drop, duplicate, delay_min_s, the delay's
+        #: spread (delay_max_s - delay_min_s), slow, slow_factor, reorder, chunking
+        self.fault_params = (faults.drop, faults.duplicate, faults.delay_min_s, faults.delay_max_s - faults.delay_min_s,
+                             faults.slow, faults.slow_factor, faults.reorder, faults.chunking)
 
     def count(self, what: str) -> None:
         self.counts[what] = self.counts.get(what, 0) + 1
