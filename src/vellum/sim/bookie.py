@@ -323,6 +323,7 @@ class SimBookie(LaterReads):
         refused: list[BaseException | None] = []
         accepted: list[tuple[int, int, bytes, bytes]] = []
         disk = self.disk
+        trace = self.trace
         for entry, given_key, flags in zip(batch.entries, batch.keys, batch.flags):
             recovery = bool(flags & FLAG_RECOVERY_ADD)
             key = bytes(given_key)
@@ -342,19 +343,19 @@ class SimBookie(LaterReads):
                 if rec.fenced and not recovery:
                     raise LedgerFencedError(f"ledger {ledger_id} is fenced; refused entry {entry_id}")
             except Exception as e:
-                if self.trace is not None and len(entry) >= 32:
+                if trace is not None and len(entry) >= 32:
                     ids = _IDS.unpack_from(entry)
-                    self.trace("add-refused", ids[0], ids[1], type(e).__name__)
+                    trace("add-refused", ids[0], ids[1], type(e).__name__)
                 refused.append(e)
                 continue
             data = bytes(entry)
-            if self.trace is not None:
-                self.trace("recovery-add" if recovery else "add", ledger_id, entry_id, "fenced" if rec.fenced else None)
+            if trace is not None:
+                trace("recovery-add" if recovery else "add", ledger_id, entry_id, "fenced" if rec.fenced else None)
             rec.entries[entry_id] = data
             self._advance_lac(ledger_id, lac)
             accepted.append((ledger_id, entry_id, data, key))
             refused.append(None)
-            self.adds_accepted += 1
+        self.adds_accepted += len(accepted)
         if not accepted:
             self._loop.call_soon(on_result, refused, None)
             return

@@ -32,6 +32,9 @@ class Event(NamedTuple):
         return f"t={self.t:9.4f} {self.actor:<10} {self.kind}{where}{value}"
 
 
+_new_tuple = tuple.__new__
+
+
 @dataclass
 class History:
     events: list[Event] = field(default_factory=list)
@@ -39,4 +42,5 @@ class History:
 
     def add(self, actor: str, kind: str, ledger: int = -1, entry: int = -1, value: Any = None) -> None:
         clock = self.clock
-        self.events.append(Event(clock() if clock else 0.0, actor, kind, ledger, entry, value))
+        # ``Event(...)`` as its generated ``__new__`` builds it, without that Python call
+        self.events.append(_new_tuple(Event, (clock() if clock else 0.0, actor, kind, ledger, entry, value)))
