@@ -25,11 +25,12 @@ class Event(NamedTuple):
     value: Any = None
 
     def describe(self) -> str:
+        t, actor, kind, ledger, entry, value = self  # one unpacking, not a lookup a field
         where = ""
-        if self.ledger >= 0:
-            where = f" L{self.ledger}" + (f":{self.entry}" if self.entry >= 0 else "")
-        value = "" if self.value is None else f" {self.value}"
-        return f"t={self.t:9.4f} {self.actor:<10} {self.kind}{where}{value}"
+        if ledger >= 0:
+            where = f" L{ledger}" + (f":{entry}" if entry >= 0 else "")
+        text = "" if value is None else f" {value}"
+        return f"t={t:9.4f} {actor:<10} {kind}{where}{text}"
 
 
 _new_tuple = tuple.__new__
