@@ -20,7 +20,10 @@ does anything else, so ``call_soon``, ``call_later`` and ``call_at`` are lean ve
 handles are ``_Call`` lists built in C instead of ``asyncio.Handle`` objects built in Python
 (what callers use of a handle, ``cancel`` above all, behaves the same), and ``_run_once`` runs a callback
 inline and keeps iterating until the loop is stopped (what ``run_forever`` would do, one Python
-call less per iteration). The order of callbacks is exactly asyncio's.
+call less per iteration). The simulator's own steps, which need no handle, are plain lists
+(``soon``, ``later``), and a step that hands on as its last act may run the next callback at
+once where it would run next and alone anyway (``call_last``). The order of callbacks is
+exactly asyncio's.
 """
 
 from __future__ import annotations
