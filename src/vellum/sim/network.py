@@ -200,10 +200,6 @@ class Link:
         self._receivers = tuple((p.get_buffer, p.buffer_updated) for p in protocols)
         self.transports = (SimTransport(self, 0), SimTransport(self, 1))
 
-    def send(self, side: int, data: bytes) -> None:
-        """``side`` writes ``data`` (what its transport's ``write`` does)."""
-        self.transports[side].write(data)
-
     def _deliver(self, dst: int, data: bytes) -> None:
         # Hot (one call per delivery): a chunk's size is drawn as ``randint(1, want)`` would
         # draw it (``1 + _randbelow(want)``, what ``randrange`` computes), and a write taken
