@@ -100,6 +100,48 @@ def test_one_direction_is_fifo_in_any_chunking_and_a_partition_loses_writes() ->
     loop.close()
 
 
+class _OddSink(_Sink):
+    """Offers its receive buffer as a view of another format, of two dimensions, or as the
+    bytearray itself (the network casts each to a view of bytes)."""
+
+    kind = "signed"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.buf = bytearray(64)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        raw = memoryview(self.buf)
+        if self.kind == "signed":
+            return raw.cast("b")
+        if self.kind == "2-d":
+            return raw.cast("B", shape=[8, 8])
+        return self.buf  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("kind", ["signed", "2-d", "bytearray"])
+@pytest.mark.parametrize("chunking", [False, True])
+def test_writes_arrive_whole_in_a_receive_buffer_of_any_byte_layout(kind: str, chunking: bool) -> None:
+    loop, net, server = _net(NetFaults(delay_min_s=0.001, delay_max_s=0.05, chunking=chunking))
+
+    class Sink(_OddSink):
+        pass
+
+    Sink.kind = kind
+    server.accept = lambda: server.accepted.append(Sink()) or server.accepted[-1]  # type: ignore[method-assign]
+
+    async def main() -> bytes:
+        transport, _client = await net.connect(_Sink, "b", 1)
+        for i in range(30):
+            transport.write(bytes([i]) * (10 + i))
+        await asyncio.sleep(1.0)
+        return bytes(server.accepted[0].data)
+
+    got = loop.run_until_complete(main())
+    assert got == b"".join(bytes([i]) * (10 + i) for i in range(30))
+    loop.close()
+
+
 def test_a_down_bookie_refuses_and_a_crash_resets_the_client_side() -> None:
     loop, net, server = _net(NetFaults())
 

@@ -64,10 +64,12 @@ from vellum.errors import (
     OperationRejectedError,
     StorageError,
     UnauthorizedAccessError,
+    VellumError,
     WriteOnReadOnlyBookieError,
 )
 from vellum.format.entry import master_key
 from vellum.proto.messages import FLAG_RECOVERY_ADD, AddBatch
+from vellum.sim.loop import SimLoop
 
 _IDS = struct.Struct(">qqq")
 
@@ -136,7 +138,7 @@ class LaterReads:
     The bookie provides ``alive``, ``_loop``, ``_rng`` and ``_read_s``."""
 
     alive: bool
-    _loop: asyncio.AbstractEventLoop
+    _loop: SimLoop
     _rng: random.Random
     _read_s: tuple[float, float]
 
@@ -146,7 +148,7 @@ class LaterReads:
         after a simulated read latency (never, if the bookie died meanwhile). With ``then``, a
         second storage read follows after a latency of its own: ``then(*args, result)``."""
         low, high = self._read_s  # ``uniform`` inline, as ``random.uniform`` computes it: one call less
-        self._loop.call_later(low + (high - low) * self._rng.random(), self._run_now, done, fn, args, then)
+        self._loop.later(low + (high - low) * self._rng.random(), self._run_now, done, fn, args, then)
 
     def _run_now(self, done: Callable[[Any, BaseException | None], None], fn: Callable[..., Any],
                  args: tuple[Any, ...], then: Callable[..., Any] | None) -> None:
@@ -167,7 +169,7 @@ class LaterReads:
 class SimBookie(LaterReads):
     """One incarnation of a simulated bookie (a restart makes a new one over the same disk)."""
 
-    def __init__(self, name: str, loop: asyncio.AbstractEventLoop, rng: random.Random, disk: SimDisk,
+    def __init__(self, name: str, loop: SimLoop, rng: random.Random, disk: SimDisk,
                  key_check: KeyCheck, *, group_wait_s: float, fsync_s: tuple[float, float],
                  read_s: tuple[float, float], writeback_s: tuple[float, float] = (5.0, 30.0)) -> None:
         self.name = name
@@ -248,7 +250,8 @@ class SimBookie(LaterReads):
             return
         self._pending.append((apply, done))
         if self._flush is None:
-            delay = self._group_wait_s + self._rng.uniform(*self._fsync_s)
+            low, high = self._fsync_s  # ``uniform`` inline, as ``random.uniform`` computes it: one call less
+            delay = self._group_wait_s + (low + (high - low) * self._rng.random())
             self._flush = self._loop.call_later(delay, self._sync)
 
     def _sync(self) -> None:
@@ -319,13 +322,16 @@ class SimBookie(LaterReads):
         """As ``AsyncBookie.add_batch_cb``: ``on_result(refused per add, durability error)``."""
         refused: list[BaseException | None] = []
         accepted: list[tuple[int, int, bytes, bytes]] = []
-        for entry, key, flags in zip(batch.entries, batch.keys, batch.flags):
+        disk = self.disk
+        trace = self.trace
+        for entry, given_key, flags in zip(batch.entries, batch.keys, batch.flags):
             recovery = bool(flags & FLAG_RECOVERY_ADD)
+            key = bytes(given_key)
             try:
                 if len(entry) < 32:
                     raise IncorrectParameterError(f"entry of {len(entry)} bytes is shorter than its header")
                 ledger_id, entry_id, lac = _IDS.unpack_from(entry)
-                if self.disk.full and not recovery:  # as bookie/bookie.py's _judge: read-only before the key
+                if disk.full and not recovery:  # as bookie/bookie.py's _judge: read-only before the key
                     raise WriteOnReadOnlyBookieError(
                         f"bookie {self.name} is read-only (disk full); refused entry {ledger_id}:{entry_id}")
                 if self.storage_failing:
@@ -333,23 +339,23 @@ class SimBookie(LaterReads):
                         f"{self.name}: write cache full and the previous cache is still being flushed; "
                         f"rejecting ledger {ledger_id} entry {entry_id} (last flush failed: "
                         "[Errno 5] Input/output error)")
-                rec = self._ledger(ledger_id, bytes(key))
+                rec = self._ledger(ledger_id, key)
                 if rec.fenced and not recovery:
                     raise LedgerFencedError(f"ledger {ledger_id} is fenced; refused entry {entry_id}")
             except Exception as e:
-                if self.trace is not None and len(entry) >= 32:
+                if trace is not None and len(entry) >= 32:
                     ids = _IDS.unpack_from(entry)
-                    self.trace("add-refused", ids[0], ids[1], type(e).__name__)
+                    trace("add-refused", ids[0], ids[1], type(e).__name__)
                 refused.append(e)
                 continue
             data = bytes(entry)
-            if self.trace is not None:
-                self.trace("recovery-add" if recovery else "add", ledger_id, entry_id, "fenced" if rec.fenced else None)
+            if trace is not None:
+                trace("recovery-add" if recovery else "add", ledger_id, entry_id, "fenced" if rec.fenced else None)
             rec.entries[entry_id] = data
             self._advance_lac(ledger_id, lac)
-            accepted.append((ledger_id, entry_id, data, bytes(key)))
+            accepted.append((ledger_id, entry_id, data, key))
             refused.append(None)
-            self.adds_accepted += 1
+        self.adds_accepted += len(accepted)
         if not accepted:
             self._loop.call_soon(on_result, refused, None)
             return
@@ -424,18 +430,29 @@ class SimBookie(LaterReads):
             raise NoSuchLedgerError(f"ledger {ledger_id} not on {self.name}")
         return rec
 
-    def _entry(self, ledger_id: int, entry_id: int) -> bytes:
-        rec = self._held(ledger_id)
+    def _lookup(self, ledger_id: int, entry_id: int) -> bytes | VellumError:
+        """A stored entry, or the error that answers its read (built, not raised: most reads of
+        a run ask for an entry or a ledger this bookie does not hold)."""
+        rec = self.mem.get(ledger_id)
+        if rec is None or rec.deleted:
+            return NoSuchLedgerError(f"ledger {ledger_id} not on {self.name}")
+        entries = rec.entries
         if entry_id == -1:
-            if not rec.entries:
-                raise NoSuchEntryError(f"ledger {ledger_id} has no entry on {self.name}")
-            entry_id = max(rec.entries)
-        found = rec.entries.get(entry_id)
+            if not entries:
+                return NoSuchEntryError(f"ledger {ledger_id} has no entry on {self.name}")
+            entry_id = max(entries)
+        found = entries.get(entry_id)
         if found is None:
-            raise NoSuchEntryError(f"ledger {ledger_id} entry {entry_id} is not on {self.name}")
+            return NoSuchEntryError(f"ledger {ledger_id} entry {entry_id} is not on {self.name}")
         if (ledger_id, entry_id) in self.disk.corrupt:
             # rule 2 of docs/correctness.md: a bad copy is an I/O error, never served, never "no such entry"
-            raise CorruptEntryError(f"ledger {ledger_id} entry {entry_id} is corrupt on {self.name}")
+            return CorruptEntryError(f"ledger {ledger_id} entry {entry_id} is corrupt on {self.name}")
+        return found
+
+    def _entry(self, ledger_id: int, entry_id: int) -> bytes:
+        found = self._lookup(ledger_id, entry_id)
+        if isinstance(found, VellumError):
+            raise found
         return found
 
     def read_cb(self, ledger_id: int, entry_id: int, key: bytes | None,
@@ -444,13 +461,14 @@ class SimBookie(LaterReads):
         simulated read latency (nothing is served from memory at once). Each step starts on
         the loop's next turn, as the steps of a task awaiting the fence, then the read, would:
         a seed's schedule does not depend on which of the two the processor uses."""
-        self._loop.call_soon(self._read_start, ledger_id, entry_id, key, done)
+        self._loop.soon(self._read_start, ledger_id, entry_id, key, done)
 
     # read_cb's steps are methods, not closures: a run reads thousands of entries
     def _read_start(self, ledger_id: int, entry_id: int, key: bytes | None,
                     done: Callable[[bytes | None, BaseException | None], None]) -> None:
-        if key is None:
-            self._read_later(ledger_id, entry_id, done)
+        if key is None:  # ``_read_later``, inline (most reads)
+            low, high = self._read_s
+            self._loop.later(low + (high - low) * self._rng.random(), self._read_now, ledger_id, entry_id, done)
             return
         fut, fenced = self._future()
         self.fence_cb(ledger_id, key, fenced)
@@ -460,19 +478,19 @@ class SimBookie(LaterReads):
     def _read_later(self, ledger_id: int, entry_id: int,
                     done: Callable[[bytes | None, BaseException | None], None]) -> None:
         low, high = self._read_s  # ``uniform`` inline, as ``random.uniform`` computes it: one call less
-        self._loop.call_later(low + (high - low) * self._rng.random(), self._read_now, ledger_id, entry_id, done)
+        self._loop.later(low + (high - low) * self._rng.random(), self._read_now, ledger_id, entry_id, done)
 
     def _read_now(self, ledger_id: int, entry_id: int, done: Callable[[bytes | None, BaseException | None], None]) -> None:
         """``_later``'s timer without its future: the answer runs on the loop's next turn, as the
-        future's done callback would (the same order of callbacks, fewer objects)."""
+        future's done callback would (the same order of callbacks, fewer objects; at once when
+        that is the same, ``SimLoop.call_last``)."""
         if not self.alive:
             return
-        try:
-            entry = self._entry(ledger_id, entry_id)
-        except Exception as e:
-            self._loop.call_soon(done, None, e)
+        found = self._lookup(ledger_id, entry_id)
+        if isinstance(found, VellumError):
+            self._loop.call_last(done, None, found)
         else:
-            self._loop.call_soon(done, entry, None)
+            self._loop.call_last(done, found, None)
 
     def read_entry(self, ledger_id: int, entry_id: int) -> asyncio.Future[bytes]:
         """One entry after the simulated read latency (the tests' direct read of the model)."""

@@ -25,11 +25,15 @@ class Event(NamedTuple):
     value: Any = None
 
     def describe(self) -> str:
+        t, actor, kind, ledger, entry, value = self  # one unpacking, not a lookup a field
         where = ""
-        if self.ledger >= 0:
-            where = f" L{self.ledger}" + (f":{self.entry}" if self.entry >= 0 else "")
-        value = "" if self.value is None else f" {self.value}"
-        return f"t={self.t:9.4f} {self.actor:<10} {self.kind}{where}{value}"
+        if ledger >= 0:
+            where = f" L{ledger}" + (f":{entry}" if entry >= 0 else "")
+        text = "" if value is None else f" {value}"
+        return f"t={t:9.4f} {actor:<10} {kind}{where}{text}"
+
+
+_new_tuple = tuple.__new__
 
 
 @dataclass
@@ -39,4 +43,5 @@ class History:
 
     def add(self, actor: str, kind: str, ledger: int = -1, entry: int = -1, value: Any = None) -> None:
         clock = self.clock
-        self.events.append(Event(clock() if clock else 0.0, actor, kind, ledger, entry, value))
+        # ``Event(...)`` as its generated ``__new__`` builds it, without that Python call
+        self.events.append(_new_tuple(Event, (clock() if clock else 0.0, actor, kind, ledger, entry, value)))

@@ -20,14 +20,19 @@ does anything else, so ``call_soon``, ``call_later`` and ``call_at`` are lean ve
 handles are ``_Call`` lists built in C instead of ``asyncio.Handle`` objects built in Python
 (what callers use of a handle, ``cancel`` above all, behaves the same), and ``_run_once`` runs a callback
 inline and keeps iterating until the loop is stopped (what ``run_forever`` would do, one Python
-call less per iteration). The order of callbacks is exactly asyncio's.
+call less per iteration). The simulator's own steps, which need no handle, are plain lists
+(``soon``, ``later``), and a step that hands on as its last act may run the next callback at
+once where it would run next and alone anyway (``call_last``). The order of callbacks is
+exactly asyncio's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import heapq
+import itertools
 from collections.abc import Callable
 from contextvars import copy_context
 from typing import Any
@@ -62,7 +67,10 @@ class _Call(list):  # type: ignore[type-arg]
         if not self[5]:
             self[5] = True
             if self[6]:  # a timer still in the heap: counted, the heap is cleaned when many are
-                self[7]._timer_cancelled_count += 1
+                loop = self[7]
+                loop._timer_cancelled_count += 1
+                if loop._timer_cancelled_count > 100:
+                    loop._clean_heap()
             self[2] = self[3] = None  # what asyncio's handles drop too
 
     def cancelled(self) -> bool:
@@ -110,8 +118,11 @@ class SimLoop(asyncio.BaseEventLoop):
         self._now = start_time
         self._selector = _VirtualSelector(self)
         self._clock_resolution = 1e-9
-        self._heap: list[_Call] = []  # the timers, each its own heap item
-        self._seq = 0
+        self._heap: list[list[Any]] = []  # the timers, each its own heap item (a ``_Call`` or a plain list)
+        #: the next timer's sequence number (1, 2, ...), and a timer's push onto the heap: both C
+        #: calls, for the simulated network, which pushes its delivery timers itself (as ``later``)
+        self.next_seq: Callable[[], int] = itertools.count(1).__next__
+        self.push_timer: Callable[[list[Any]], None] = functools.partial(heapq.heappush, self._heap)
         self._ready_append = self._ready.append  # type: ignore[attr-defined]  # bound once: one per call_soon
         self.connect_hook: ConnectHook | None = None
         self.executor_hook: ExecutorHook | None = None
@@ -136,10 +147,9 @@ class SimLoop(asyncio.BaseEventLoop):
         and timers due at the same instant run in the order they were scheduled."""
         if self._closed:  # type: ignore[attr-defined]
             raise RuntimeError("Event loop is closed")
-        self._seq += 1
-        timer = _Call((when, self._seq, callback, args, context if context is not None else copy_context(),
+        timer = _Call((when, self.next_seq(), callback, args, context if context is not None else copy_context(),
                        False, True, self))
-        heapq.heappush(self._heap, timer)
+        self.push_timer(timer)
         return timer  # type: ignore[return-value]
 
     def call_later(self, delay: float, callback: Callable[..., object], *args: Any,  # type: ignore[override]
@@ -148,10 +158,10 @@ class SimLoop(asyncio.BaseEventLoop):
             raise TypeError("delay must not be None")
         if self._closed:  # type: ignore[attr-defined]
             raise RuntimeError("Event loop is closed")
-        self._seq += 1  # call_at's body inline: one Python call less per timer
-        timer = _Call((self._now + delay, self._seq, callback, args,
+        # call_at's body inline: one Python call less per timer
+        timer = _Call((self._now + delay, self.next_seq(), callback, args,
                        context if context is not None else copy_context(), False, True, self))
-        heapq.heappush(self._heap, timer)
+        self.push_timer(timer)
         return timer  # type: ignore[return-value]
 
     def call_soon(self, callback: Callable[..., object], *args: Any,  # type: ignore[override]
@@ -162,6 +172,39 @@ class SimLoop(asyncio.BaseEventLoop):
                         self))
         self._ready_append(handle)
         return handle  # type: ignore[return-value]
+
+    # The simulator's own scheduling (the network's deliveries, the model bookie's steps): no
+    # handle is returned, so the item is a plain list (laid out as a ``_Call``; the loop only
+    # indexes it), a third of the cost of building a ``_Call``.
+    def soon(self, callback: Callable[..., object], *args: Any) -> None:
+        """``call_soon(callback, *args)`` without a handle (nothing can cancel it)."""
+        if self._closed:  # type: ignore[attr-defined]
+            raise RuntimeError("Event loop is closed")
+        self._ready_append([0.0, 0, callback, args, copy_context(), False, False, self])
+
+    def later(self, delay: float, callback: Callable[..., object], *args: Any) -> None:
+        """``call_later(delay, callback, *args)`` without a handle (nothing can cancel it)."""
+        if self._closed:  # type: ignore[attr-defined]
+            raise RuntimeError("Event loop is closed")
+        self.push_timer([self._now + delay, self.next_seq(), callback, args, copy_context(), False, True, self])
+
+    def call_last(self, callback: Callable[..., object], *args: Any) -> None:
+        """``call_soon(callback, *args)`` as the LAST act of a callback the loop runs (a timer's
+        or a ready callback's own body, never code it calls that goes on afterwards): when
+        nothing else is ready, no timer is due and the loop is not stopping, the callback would
+        run next and alone, before anything it schedules, so it runs now, in the caller's
+        context (a private copy the loop made for it, as ``call_soon`` would make one); the
+        order of every callback is the same. Otherwise it is scheduled."""
+        heap = self._heap
+        if self._ready or self._stopping or (heap and heap[0][0] < self._now + self._clock_resolution):  # type: ignore[attr-defined]
+            self.soon(callback, *args)
+            return
+        try:
+            callback(*args)
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as exc:
+            self.call_exception_handler({"message": f"Exception in callback {callback!r}", "exception": exc})
 
     def call_soon_threadsafe(self, callback: Callable[..., object], *args: Any,  # type: ignore[override]
                              context: contextvars.Context | None = None) -> asyncio.Handle:
@@ -177,6 +220,24 @@ class SimLoop(asyncio.BaseEventLoop):
         return asyncio.Task(coro, loop=self, name=name, context=context)
 
     # --------------------------------------------------------------------- one iteration
+    def _clean_heap(self) -> None:
+        """Drop the cancelled timers from the heap once they are more than half of it (and more
+        than 100): what ``BaseEventLoop._run_once`` does at its next iteration. The heap's order
+        of live timers is a total order (deadline, then sequence), so when this runs changes
+        nothing of the order they run in; ``cancel`` calls it, sparing each iteration the test."""
+        sched = self._heap
+        cancelled: int = self._timer_cancelled_count  # type: ignore[has-type]
+        if cancelled * 2 > len(sched):
+            live = []
+            for item in sched:
+                if item[5]:
+                    item[6] = False
+                else:
+                    live.append(item)
+            heapq.heapify(live)
+            sched[:] = live
+            self._timer_cancelled_count = 0
+
     def _run_once(self) -> None:
         """``BaseEventLoop._run_once`` without the selector, the debug timing and the slow
         paths a real loop needs, repeated until the loop is stopped: move the due timers to the
@@ -189,43 +250,34 @@ class SimLoop(asyncio.BaseEventLoop):
         resolution = self._clock_resolution
         seen, spins = self._now, 0
         while True:
-            if self._now != seen:
-                seen, spins = self._now, 0
+            now = self._now
+            if now != seen:
+                seen, spins = now, 0
             else:
                 spins += 1
                 if spins > LIVELOCK_ITERATIONS:
-                    raise SimLivelock(f"virtual time stood still at {self._now:.6f} for {spins} loop iterations: "
+                    raise SimLivelock(f"virtual time stood still at {now:.6f} for {spins} loop iterations: "
                                       "a livelock (something reschedules itself without waiting)")
-            cancelled: int = self._timer_cancelled_count  # type: ignore[has-type]
-            if cancelled > 100 and cancelled * 2 > len(sched):
-                live = []
-                for item in sched:
-                    if item[5]:
-                        item[6] = False
-                    else:
-                        live.append(item)
-                heapq.heapify(live)
-                sched[:] = live
-                self._timer_cancelled_count = 0
-            while sched and sched[0][5]:
-                self._timer_cancelled_count -= 1
-                heappop(sched)[6] = False
             if not ready:
+                # cancelled timers on top go (with callbacks ready, the due ones are dropped below)
+                while sched and sched[0][5]:
+                    self._timer_cancelled_count -= 1
+                    heappop(sched)[6] = False
                 if not sched:
                     if self._stopping:  # type: ignore[attr-defined]
                         return
                     raise SimQuiescent("no callback is ready and no timer is pending")
                 if not self._stopping:  # type: ignore[attr-defined]
-                    when = sched[0][0]
-                    if when > self._now:
-                        self._now = when
+                    h = sched[0]
+                    if h[0] > now:
+                        self._now = now = h[0]
                     # the heap's next after its top is one of the top's two children
-                    end = self._now + resolution
+                    end = now + resolution
                     n = len(sched)
                     if n == 1 or (sched[1][0] >= end and (n == 2 or sched[2][0] >= end)):
                         # one timer due now (the usual case): run it as the batch of one it
                         # would be, without passing it through the ready queue
-                        h = heappop(sched)
+                        heappop(sched)
                         h[6] = False
                         try:
                             h[4].run(h[2], *h[3])
@@ -238,7 +290,7 @@ class SimLoop(asyncio.BaseEventLoop):
                         if self._stopping:  # type: ignore[attr-defined]
                             return
                         continue
-            end = self._now + resolution
+            end = now + resolution
             while sched and sched[0][0] < end:
                 h = heappop(sched)
                 h[6] = False

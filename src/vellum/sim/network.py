@@ -28,8 +28,11 @@ import asyncio
 import contextvars
 import random
 from collections.abc import Callable
+from contextvars import copy_context
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+from vellum.sim.loop import SimLoop
 
 #: the smallest step between two deliveries of one direction (keeps them in order)
 _TICK = 1e-7
@@ -70,18 +73,80 @@ class Server(Protocol):
 
 
 class SimTransport(asyncio.Transport):
-    """One side of a ``Link``: what a protocol writes through."""
+    """One side of a ``Link``: what a protocol writes through (it sends to the other side)."""
 
     def __init__(self, link: Link, side: int) -> None:
         super().__init__()
         self._link = link
         self._side = side
+        self._dst = 1 - side
+        #: (from, to): the direction this side sends, as partitions and slow links name it
+        self._route = (link.names[side], link.names[1 - side])
+        # bound once: one delivery timer per message, pushed as ``SimLoop.later`` pushes it
+        self._net = link.net
+        self._loop = loop = link.net.loop
+        self._push = loop.push_timer
+        self._next_seq = loop.next_seq
+        self._deliver = link._deliver
 
     def write(self, data: Any) -> None:
-        self._link.send(self._side, bytes(data))
+        self.writelines((bytes(data),))
 
     def writelines(self, list_of_data: Any) -> None:
-        self._link.send(self._side, b"".join(list_of_data))  # join copies: the caller may reuse its buffers
+        """Send one write (the whole of ``list_of_data``, joined: the caller may reuse its
+        buffers) to the other side, through the run's faults.
+
+        Hot (one call per message; the body of what was ``Link.send``, one Python call less):
+        the random draws are made in one fixed order, ``uniform`` is inlined as
+        ``random.uniform`` computes it (``a + (b - a) * random()``), and the delivery timer is
+        pushed as ``SimLoop.later`` would push it (a plain list), without the call."""
+        link = self._link
+        if link.closing[self._side]:
+            return
+        data = b"".join(list_of_data)
+        if not data:
+            return
+        net = self._net
+        blocked = net._blocked
+        if blocked and self._route in blocked:
+            net.count("partitioned")
+            net.lossy[link.link_id] = link
+            return
+        random = net.random
+        drop, duplicate, delay_min, spread, slow, slow_factor, reorder, _chunking = net.fault_params
+        if drop and random() < drop:
+            net.count("dropped")
+            net.lossy[link.link_id] = link
+            return
+        if duplicate and random() < duplicate:
+            net.count("duplicated")
+            copies = 2
+        else:
+            copies = 1
+        loop = self._loop
+        if loop._closed:  # type: ignore[attr-defined]  # as call_at
+            raise RuntimeError("Event loop is closed")
+        now = loop._now
+        dst = self._dst
+        last_of = link._last
+        while copies:
+            copies -= 1
+            delay = delay_min + spread * random()
+            if slow and random() < slow:
+                delay *= slow_factor
+            if net.slow_links:
+                delay *= net.slow_links.get(self._route, 1.0)
+            when = now + delay
+            if not (reorder and random() < reorder):
+                # strictly after the previous delivery: timers due at the same instant are not
+                # run in the order they were scheduled (asyncio's heap is not stable)
+                last = last_of[dst] + _TICK
+                if when < last:
+                    when = last
+                last_of[dst] = when
+            else:
+                net.count("reordered")
+            self._push([when, self._next_seq(), self._deliver, (dst, data), copy_context(), False, True, loop])
 
     def close(self) -> None:
         self._link.close(self._side)
@@ -119,7 +184,7 @@ class SimTransport(asyncio.Transport):
 
 
 class Link:
-    """A connection: side 0 is the client, side 1 the bookie."""
+    """A connection: side 0 is the client, side 1 the bookie. Each side's transport sends."""
 
     def __init__(self, net: SimNetwork, link_id: int, names: tuple[str, str],
                  protocols: tuple[asyncio.BufferedProtocol, asyncio.BufferedProtocol]) -> None:
@@ -127,55 +192,13 @@ class Link:
         self.link_id = link_id
         self.names = names
         self.protocols = protocols
-        self.transports = (SimTransport(self, 0), SimTransport(self, 1))
         self.closing = [False, False]
         self.lost = [False, False]
         # the last delivery time per receiving side (FIFO per direction)
         self._last = [0.0, 0.0]
-
-    def send(self, side: int, data: bytes) -> None:
-        # Hot (one call per message): the random draws are made in one fixed order, and
-        # ``uniform`` is inlined as ``random.uniform`` computes it (``a + (b - a) * random()``).
-        if self.closing[side] or not data:
-            return
-        net = self.net
-        dst = 1 - side
-        names = self.names
-        blocked = net._blocked
-        if blocked and (names[side], names[dst]) in blocked:
-            net.count("partitioned")
-            net.lossy[self.link_id] = self
-            return
-        random = net.rng.random
-        faults = net.faults
-        if faults.drop and random() < faults.drop:
-            net.count("dropped")
-            net.lossy[self.link_id] = self
-            return
-        copies = 2 if faults.duplicate and random() < faults.duplicate else 1
-        if copies == 2:
-            net.count("duplicated")
-        loop = net.loop
-        now = loop.time()
-        delay_min = faults.delay_min_s
-        spread = faults.delay_max_s - delay_min
-        for _ in range(copies):
-            delay = delay_min + spread * random()
-            if faults.slow and random() < faults.slow:
-                delay *= faults.slow_factor
-            if net.slow_links:
-                delay *= net.slow_links.get((names[side], names[dst]), 1.0)
-            when = now + delay
-            if not (faults.reorder and random() < faults.reorder):
-                # strictly after the previous delivery: timers due at the same instant are not
-                # run in the order they were scheduled (asyncio's heap is not stable)
-                last = self._last[dst] + _TICK
-                if when < last:
-                    when = last
-                self._last[dst] = when
-            else:
-                net.count("reordered")
-            loop.call_at(when, self._deliver, dst, data)
+        #: each side's receiving half, bound once: (get_buffer, buffer_updated)
+        self._receivers = tuple((p.get_buffer, p.buffer_updated) for p in protocols)
+        self.transports = (SimTransport(self, 0), SimTransport(self, 1))
 
     def _deliver(self, dst: int, data: bytes) -> None:
         # Hot (one call per delivery): a chunk's size is drawn as ``randint(1, want)`` would
@@ -184,35 +207,47 @@ class Link:
         lost = self.lost
         if lost[dst]:
             return
-        proto = self.protocols[dst]
-        get_buffer = proto.get_buffer
-        buffer_updated = proto.buffer_updated
+        get_buffer, buffer_updated = self._receivers[dst]
         net = self.net
-        chunking = net.faults.chunking
-        rng_random = net.rng.random
+        chunking = net.fault_params[7]
         size = len(data)
-        view: memoryview | None = None
+        want = size
+        if want > 1 and chunking and net.random() < 0.2:
+            want = 1 + net.randbelow(want)
+        buf = get_buffer(want)
+        if want == size and type(buf) is memoryview and len(buf) >= size:
+            # Taken whole into a view of bytes (the decoders' buffers are): copied as given. A
+            # view of another format or shape refuses the copy before writing anything and is
+            # cast below, as it would have been (its format is not read here: each read of it
+            # builds a string).
+            try:
+                buf[:size] = data
+            except (ValueError, TypeError, NotImplementedError):
+                pass
+            else:
+                buffer_updated(size)
+                return
+        if type(buf) is not memoryview or buf.format != "B" or buf.ndim != 1:
+            buf = memoryview(buf).cast("B")
+        view = memoryview(data)
         pos = 0
-        while pos < size and not lost[dst]:
-            want = size - pos
-            if chunking and want > 1 and rng_random() < 0.2:
-                want = 1 + net.randbelow(want)
-            buf = get_buffer(want)
-            if type(buf) is not memoryview or buf.format != "B" or buf.ndim != 1:
-                buf = memoryview(buf).cast("B")  # the decoders' buffers are bytes already: no new view
+        while True:
             n = len(buf)
             if n > want:
                 n = want
             if n <= 0:
                 raise RuntimeError("a protocol offered an empty receive buffer")
-            if n == size:
-                buf[:n] = data
-            else:
-                if view is None:
-                    view = memoryview(data)
-                buf[:n] = view[pos:pos + n]
+            buf[:n] = view[pos:pos + n]
             pos += n
             buffer_updated(n)
+            if pos >= size or lost[dst]:
+                return
+            want = size - pos
+            if want > 1 and chunking and net.random() < 0.2:
+                want = 1 + net.randbelow(want)
+            buf = get_buffer(want)
+            if type(buf) is not memoryview or buf.format != "B" or buf.ndim != 1:
+                buf = memoryview(buf).cast("B")
 
     def close(self, side: int) -> None:
         """Orderly close by ``side``: what it wrote still arrives, then the peer sees EOF."""
@@ -249,12 +284,13 @@ class Link:
 class SimNetwork:
     """The simulated network of one run (see the module docstring)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, rng: random.Random, faults: NetFaults) -> None:
+    def __init__(self, loop: SimLoop, rng: random.Random, faults: NetFaults) -> None:
         self.loop = loop
         self.rng = rng
         #: ``rng.randint(1, n)`` is ``1 + randbelow(n)`` (what ``Random.randrange`` computes)
         self.randbelow: Callable[[int], int] = rng._randbelow  # type: ignore[attr-defined]
-        self.faults = faults
+        self.random: Callable[[], float] = rng.random
+        self.faults = faults  # and fault_params
         self.servers: dict[str, Server] = {}
         #: blocked directions (from, to)
         self._blocked: set[tuple[str, str]] = set()
@@ -264,6 +300,18 @@ class SimNetwork:
         self.counts: dict[str, int] = {}
         #: connections that lost a write (dropped, or to a partition), by link id
         self.lossy: dict[int, Link] = {}
+
+    @property
+    def faults(self) -> NetFaults:
+        return self._faults
+
+    @faults.setter
+    def faults(self, faults: NetFaults) -> None:
+        self._faults = faults
+        #: what a write reads of the faults, in one tuple: drop, duplicate, delay_min_s, the delay's
+        #: spread (delay_max_s - delay_min_s), slow, slow_factor, reorder, chunking
+        self.fault_params = (faults.drop, faults.duplicate, faults.delay_min_s, faults.delay_max_s - faults.delay_min_s,
+                             faults.slow, faults.slow_factor, faults.reorder, faults.chunking)
 
     def count(self, what: str) -> None:
         self.counts[what] = self.counts.get(what, 0) + 1

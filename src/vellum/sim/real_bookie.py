@@ -71,6 +71,7 @@ from vellum.meta.api import LedgerManager, RegistrationManager
 from vellum.proto.messages import FLAG_RECOVERY_ADD, AddBatch
 from vellum.sim.bookie import KeyCheck, LaterReads, completion
 from vellum.sim.index_power import UnsyncedIndex
+from vellum.sim.loop import SimLoop
 from vellum.stats import CollectorRegistry
 from vellum.storage.dirs import DiskUsageFn
 from vellum.storage.durable import FileOps
@@ -292,7 +293,7 @@ class RealSimBookie(LaterReads):
     """One incarnation of a real bookie on the simulated loop (a restart makes a new one over
     the same ``home``). The interface is ``AsyncBookie``'s, plus ``crash`` and ``gc_pass``."""
 
-    def __init__(self, name: str, loop: asyncio.AbstractEventLoop, rng: random.Random, home: Path,
+    def __init__(self, name: str, loop: SimLoop, rng: random.Random, home: Path,
                  ledgers: LedgerManager, key_check: KeyCheck, *, group_wait_s: float,
                  fsync_s: tuple[float, float], read_s: tuple[float, float],
                  checkpoint_s: tuple[float, float] = (0.2, 1.5), page_cache: PageCache | None = None,
