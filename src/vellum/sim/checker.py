@@ -123,7 +123,7 @@ def _minimal(events: list[Event], ledger: int, entry: int) -> tuple[Event, ...]:
 
 
 #: what a long minimal history leaves out first
-_NOISE = frozenset({"fence", "add-failed", "recover-failed", "read-failed", "gc", "add", "add-refused"})
+_NOISE = frozenset({"fence", "add-failed", "recover-failed", "read-failed", "refresh-failed", "gc", "add", "add-refused"})
 _FAULTS = frozenset({"crash", "restart", "partition", "heal", "slow", "meta-lost", "corrupt", "torn", "eio", "wipe",
                      "full", "writable", "clock", "fsync-lied", "expire", "lost-for-good"})
 

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from vellum.errors import NoSuchLedgerError, VellumError
+from vellum.errors import NoSuchEntryError, NoSuchLedgerError, VellumError
 from vellum.ids import LedgerId
 from vellum.sim.checker import Placement
 from vellum.sim.history import digest
@@ -239,9 +239,28 @@ class Workload:
                         await h.refresh_metadata()
                 except NoSuchLedgerError:
                     break
+                except NoSuchEntryError as ex:
+                    # an entry at or below the LAC is gone: the application asks whether the
+                    # ledger still exists, and stops tailing it once it was deleted
+                    history.add("reader", "read-failed", lid, value=type(ex).__name__)
+                    if await self._deleted(h, lid):
+                        break
                 except VellumError as ex:
                     history.add("reader", "read-failed", lid, value=type(ex).__name__)
                 await asyncio.sleep(rng.uniform(0.005, 0.15))
+
+    async def _deleted(self, h: LedgerHandle, lid: int) -> bool:
+        """Whether the ledger's metadata is gone (refreshed through the handle, as a tailing
+        application would); a refresh that fails otherwise tells nothing (the reader polls on)."""
+        self.operations += 1
+        try:
+            await h.refresh_metadata()
+        except NoSuchLedgerError:
+            self.history.add("reader", "gone", lid)
+            return True
+        except VellumError as ex:
+            self.history.add("reader", "refresh-failed", lid, value=type(ex).__name__)
+        return False
 
     # ----------------------------------------------------------------------- recoverer
     async def _recoverer(self) -> None:
