@@ -72,6 +72,15 @@ _ANSWER_RUN = 256
 _ADD_RUN = 256
 _ADD_RUN_SIZES = 16
 _first = itemgetter(0)
+#: bound once: ``FrameDecoder.buffer_updated`` reads them as globals instead of binding a local
+#: each call (most calls parse one or two frames)
+_unpack_len = _INT.unpack_from
+_unpack_add = _ADD_FRAME.unpack_from
+_unpack_answer = _ADD_RESP.unpack_from
+_iter_answers = _ADD_RESP.iter_unpack
+_ADD_RESP_SIZE = _ADD_RESP.size
+#: ``FrameDecoder.BIG_FRAME``
+_BIG_FRAME = 16 * 1024
 
 
 # Keyed by message type like the encoders; the opcode tables each side decodes with are built
@@ -237,14 +246,14 @@ class FrameDecoder:
     """
 
     #: frames at least this big get a buffer of their own
-    BIG_FRAME = 16 * 1024
+    BIG_FRAME = _BIG_FRAME
     #: the reused receive buffer for smaller frames (holds any partial small frame)
     SCRATCH = 64 * 1024
     #: a big frame's buffer starts this big (at most) and doubles as the frame's bytes arrive
     #: (unless ``allocate_announced``)
     BIG_START = 64 * 1024
 
-    __slots__ = ("_add_runs", "_allocate_announced", "_batch_adds", "_big", "_big_fill", "_big_size", "_decoders", "_end", "_failure", "_max",
+    __slots__ = ("_add_answers", "_add_requests", "_add_runs", "_allocate_announced", "_big", "_big_fill", "_big_size", "_decoders", "_end", "_failure", "_max",
                  "_owned_decoders", "_peek", "_scratch", "_side", "_start", "_view")
 
     def __init__(self, max_frame_size: int, *, side: Side, batch_adds: bool = False,
@@ -255,7 +264,8 @@ class FrameDecoder:
             raise IncorrectParameterError(f"side must be 'server' or 'client', not {side!r}")
         self._max = max_frame_size
         self._side: Side = side
-        self._batch_adds = batch_adds
+        self._add_requests = batch_adds and side == "server"  # ADD frames come out as an AddBatch
+        self._add_answers = batch_adds and side == "client"  # ADD answers come out as AddAnswers
         self._allocate_announced = allocate_announced
         self._decoders = _REQUEST_DECODERS if side == "server" else _RESPONSE_DECODERS
         self._owned_decoders = _REQUEST_DECODERS_OWNED if side == "server" else _RESPONSE_DECODERS_OWNED
@@ -341,24 +351,19 @@ class FrameDecoder:
             self._big, self._big_fill = None, 0
             view = memoryview(big).toreadonly()  # handed over: the messages may keep views of it
             return [_decode(view, self._owned_decoders, self._side)]
-        self._end += nbytes
+        end = self._end = self._end + nbytes
         # The scratch buffer's parse, inline (one call a read less): every frame complete in
-        # _scratch[_start:_end], in order.
+        # _scratch[_start:_end], in order. (Most reads complete one or two frames: what a frame
+        # does not use is not bound to a local first.)
         out: list[Decoded] = []
         view = self._view
-        pos, end = self._start, self._end
-        decoders, side, limit = self._decoders, self._side, self._max
-        unpack_len = _INT.unpack_from
-        batching = self._batch_adds
-        server = side == "server"
-        unpack_add = _ADD_FRAME.unpack_from
-        unpack_answer = _ADD_RESP.unpack_from
-        iter_answers = _ADD_RESP.iter_unpack
+        pos = self._start
         adds: AddBatch | None = None
         answers: AddAnswers | None = None
         while end - pos >= 4:
-            (size,) = unpack_len(view, pos)
-            if size < 0 or size > limit:
+            (size,) = _unpack_len(view, pos)
+            if size < 0 or size > self._max:
+                limit = self._max
                 self._failure = (
                     f"frame length {size} outside 0..{limit} (max frame size): stream out of sync"
                 )
@@ -366,14 +371,14 @@ class FrameDecoder:
             start = pos + 4
             stop = start + size
             if stop <= end:
-                if batching and server and size >= _ADD_FRAME_MIN_BODY:
-                    _size, header, key, ledger_id, entry_id, lac = unpack_add(view, pos)
+                if self._add_requests and size >= _ADD_FRAME_MIN_BODY:
+                    _size, header, key, ledger_id, entry_id, lac = _unpack_add(view, pos)
                     if header & _ADD_HEADER_MASK == _ADD_HEADER:
                         if adds is None:
                             adds = AddBatch()
                             out.append(adds)
                         run = min((end - pos) // (size + 4), _ADD_RUN)
-                        if run > 1 and size < self.BIG_FRAME:
+                        if run > 1 and size < _BIG_FRAME:
                             # This ADD and those that follow it, as many whole frames as are
                             # like it (same size and header), decoded as columns at once.
                             stop = pos + run * (size + 4)
@@ -400,26 +405,26 @@ class FrameDecoder:
                         adds.append(bytes(view[start + 24 : stop]), key, header & 0xFFFF,
                                     ledger_id, entry_id, lac)
                         pos = stop
-                        self._peek = size >= self.BIG_FRAME
+                        self._peek = size >= _BIG_FRAME
                         continue
-                elif batching and not server and size == _ADD_RESP_BODY:
-                    _size, header, status, ledger_id, entry_id = unpack_answer(view, pos)
+                elif self._add_answers and size == _ADD_RESP_BODY:
+                    _size, header, status, ledger_id, entry_id = _unpack_answer(view, pos)
                     if header & _ADD_HEADER_MASK == _ADD_HEADER:
                         if answers is None:
                             answers = AddAnswers()
                             out.append(answers)
                         self._peek = False
-                        run = min((end - pos) // _ADD_RESP.size, _ANSWER_RUN)
+                        run = min((end - pos) // _ADD_RESP_SIZE, _ANSWER_RUN)
                         if run > 1:
                             # The answers that follow this one, decoded as columns at once:
                             # as many whole frames as are like it (same size and header).
-                            stop = pos + run * _ADD_RESP.size
+                            stop = pos + run * _ADD_RESP_SIZE
                             sizes, headers, statuses, ledger_ids, entry_ids = zip(
-                                *iter_answers(view[pos:stop]))
+                                *_iter_answers(view[pos:stop]))
                             if sizes.count(size) != run or headers.count(header) != run:
                                 run = next(k for k, (z, h) in enumerate(zip(sizes, headers))
                                            if z != size or h != header)
-                                stop = pos + run * _ADD_RESP.size
+                                stop = pos + run * _ADD_RESP_SIZE
                                 statuses, ledger_ids, entry_ids = (
                                     statuses[:run], ledger_ids[:run], entry_ids[:run])
                             answers.statuses.extend(statuses)
@@ -434,11 +439,11 @@ class FrameDecoder:
                         continue
                 adds = None
                 answers = None
-                out.append(_decode(view[start:stop], decoders, side))  # copies what it keeps
+                out.append(_decode(view[start:stop], self._decoders, self._side))  # copies what it keeps
                 pos = stop
-                self._peek = size >= self.BIG_FRAME
+                self._peek = size >= _BIG_FRAME
                 continue
-            if size >= self.BIG_FRAME:
+            if size >= _BIG_FRAME:
                 have = end - start
                 # ``size`` is within ``limit`` (checked above). By default never the announced
                 # size up front: what came, and room for as much again.
