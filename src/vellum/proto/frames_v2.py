@@ -151,6 +151,8 @@ def encode_add_responses(status: int | Sequence[int], ledger_ids: Sequence[int],
     pack = _ADD_RESP.pack
     try:
         if isinstance(status, int):
+            if len(entry_ids) == 1:  # one add a read, the usual reply: its frame, no list to join
+                return pack(24, _ADD_RESP_HEADER, status, ledger_ids[0], entry_ids[0])
             return b"".join([pack(24, _ADD_RESP_HEADER, status, lid, eid) for lid, eid in zip(ledger_ids, entry_ids)])
         return b"".join([pack(24, _ADD_RESP_HEADER, st, lid, eid)
                          for st, lid, eid in zip(status, ledger_ids, entry_ids)])
