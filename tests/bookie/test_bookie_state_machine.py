@@ -131,6 +131,8 @@ class BookieMachine(RuleBasedStateMachine):
     @rule()
     def crash_and_reopen(self) -> None:
         bookie = self.opened.bookie
+        for gc_thread in bookie.gc_threads:  # a crashed process's threads end with it
+            gc_thread.stop()
         bookie._checkpointer.stop()
         bookie._dirs.stop()
         for journal in bookie._journals:
