@@ -30,14 +30,16 @@ set-up, nothing added), and divide the difference by ``--entries``:
 from __future__ import annotations
 
 import argparse
-import asyncio
-import collections
 import os
 import shutil
+import sys
 import tempfile
 import threading
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_common import append_in_slices
 
 
 def run_client(args: argparse.Namespace) -> None:
@@ -49,18 +51,7 @@ def run_client(args: argparse.Namespace) -> None:
     payloads = [os.urandom(args.size) for _ in range(args.entries)]
 
     async def append_all(handle: Any) -> None:
-        slices: collections.deque[tuple[asyncio.Future[int], int]] = collections.deque()
-        outstanding = 0
-        for start in range(0, len(payloads), args.batch):
-            part = payloads[start:start + args.batch]
-            while slices and outstanding + len(part) > args.window:
-                fut, n = slices.popleft()
-                outstanding -= n
-                await fut
-            slices.append((handle.append_batch_async(part), len(part)))
-            outstanding += len(part)
-        while slices:
-            await slices.popleft()[0]
+        await append_in_slices(handle, payloads, args.batch, args.window)
 
     base = Path(tempfile.mkdtemp(prefix="vellum-add-instructions-"))
     try:

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_common import cpu_seconds, emit
+from bench_common import append_in_slices, cpu_seconds, emit
 
 
 def _journal_fsyncs(metrics_urls: list[str]) -> float:
@@ -111,18 +111,7 @@ def main() -> None:
             await window.popleft()
 
     async def append_batches(handle: Any) -> None:
-        slices: collections.deque[tuple[asyncio.Future[int], int]] = collections.deque()
-        outstanding = 0
-        for start in range(0, len(payloads), args.batch):
-            part = payloads[start:start + args.batch]
-            while slices and outstanding + len(part) > args.window:
-                fut, n = slices.popleft()
-                outstanding -= n
-                await fut
-            slices.append((handle.append_batch_async(part), len(part)))
-            outstanding += len(part)
-        while slices:
-            await slices.popleft()[0]
+        await append_in_slices(handle, payloads, args.batch, args.window)
 
     rounds: list[dict[str, float]] = []
     base = Path(tempfile.mkdtemp(prefix="vellum-append-cpu-"))

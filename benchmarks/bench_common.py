@@ -3,8 +3,11 @@ emitting a report (``--json`` for scripts). Imported by path (``benchmarks/`` is
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,3 +36,21 @@ def emit(report: dict[str, Any], *, as_json: bool) -> None:
                 print(f"  {k:26s} {v:,.3f}" if isinstance(v, float) else f"  {k:26s} {v}")
         else:
             print(f"{key}: {value:,.3f}" if isinstance(value, float) else f"{key}: {value}")
+
+
+async def append_in_slices(handle: Any, payloads: Sequence[bytes], batch: int, window: int) -> None:
+    """Append ``payloads`` to ``handle`` as a sink task does: slices of ``batch`` entries, one
+    ``append_batch_async`` each, at most ``window`` entries in flight (the oldest slices
+    awaited first), then every slice awaited."""
+    slices: collections.deque[tuple[asyncio.Future[int], int]] = collections.deque()
+    outstanding = 0
+    for start in range(0, len(payloads), batch):
+        part = payloads[start:start + batch]
+        while slices and outstanding + len(part) > window:
+            fut, n = slices.popleft()
+            outstanding -= n
+            await fut
+        slices.append((handle.append_batch_async(part), len(part)))
+        outstanding += len(part)
+    while slices:
+        await slices.popleft()[0]
