@@ -402,7 +402,7 @@ class BookieClient(BookieUpkeepOps):
                 conn, table, dq, out = target
                 # Pending(conn, OP_ADD, key, 0, callback, None, deadline, token, i), its slots
                 # set here: the constructor's call is a third of a request's cost on this path
-                # (tests/client/test_bookie_client_batch.py checks the two alike)
+                # (tests/client/test_bookie_client.py checks the two alike)
                 p = new_pending(Pending)
                 p.conn = conn
                 p.op = op_add
