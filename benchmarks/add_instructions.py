@@ -35,6 +35,7 @@ import shutil
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -70,48 +71,30 @@ def run_client(args: argparse.Namespace) -> None:
         shutil.rmtree(base, ignore_errors=True)
 
 
-def run_storage(args: argparse.Namespace) -> None:
-    from vellum.bookie.assembly import open_bookie
-    from vellum.config import ServerConfig
-    from vellum.format.entry import DigestManager, DigestType, master_key
-    from vellum.proto import FrameDecoder, encode
-    from vellum.proto.messages import AddRequest
+class _InFlight:
+    """At most ``limit`` operations waiting for their callback: ``issue(start)`` calls
+    ``start(done)`` and returns once there is room again; ``drain()`` waits for every one."""
 
-    key = master_key(b"k")
-    dm = DigestManager(1, DigestType.CRC32C, b"k")
-    payload = os.urandom(args.size)
-    frames = [encode(AddRequest(key, dm.compute(e, e - 1, 0, payload))) for e in range(args.entries)]
-    reads = [b"".join(frames[i:i + args.per_read]) for i in range(0, args.entries, args.per_read)]
-    decoder = FrameDecoder(5 << 20, side="server", batch_adds=True)
-    batches = [batch for data in reads for batch in decoder.feed(data)]
-    root = Path(args.dir)
-    root.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=root) as tmp:
-        config = ServerConfig(journal_directories=(tmp + "/j",), ledger_directories=(tmp + "/l",),
-                              http_server_enabled=False)
-        opened = open_bookie(config, bookie_id="bench:1")
-        bookie: Any = opened.bookie
-        pending = [0]
-        cond = threading.Condition()
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._waiting = 0
+        self._cond = threading.Condition()
 
-        def durable(exc: BaseException | None) -> None:
-            with cond:
-                pending[0] -= 1
-                cond.notify()
+    def _done(self, exc: BaseException | None) -> None:
+        with self._cond:
+            self._waiting -= 1
+            self._cond.notify()
 
-        try:
-            if not args.noop:
-                for batch in batches:
-                    with cond:
-                        pending[0] += 1
-                    bookie.add_batch(batch, durable)
-                    with cond:
-                        cond.wait_for(lambda: pending[0] <= args.window)
-                with cond:
-                    cond.wait_for(lambda: pending[0] == 0)
-            bookie.checkpoint()
-        finally:
-            opened.close()
+    def issue(self, start: Callable[[Callable[[BaseException | None], None]], object]) -> None:
+        with self._cond:
+            self._waiting += 1
+        start(self._done)
+        with self._cond:
+            self._cond.wait_for(lambda: self._waiting <= self._limit)
+
+    def drain(self) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: self._waiting == 0)
 
 
 def _stored_entries(args: argparse.Namespace) -> list[bytes]:
@@ -122,14 +105,46 @@ def _stored_entries(args: argparse.Namespace) -> list[bytes]:
     return [dm.compute(e, e - 1, 0, payload) for e in range(args.entries)]
 
 
-def run_decode(args: argparse.Namespace) -> None:
+def _add_reads(args: argparse.Namespace) -> list[bytes]:
+    """The stored entries as ADD frames, ``--per-read`` frames to a read of the socket."""
     from vellum.format.entry import master_key
-    from vellum.proto import FrameDecoder, encode
+    from vellum.proto import encode
     from vellum.proto.messages import AddRequest
 
     key = master_key(b"k")
     frames = [encode(AddRequest(key, e)) for e in _stored_entries(args)]
-    reads = [b"".join(frames[i:i + args.per_read]) for i in range(0, args.entries, args.per_read)]
+    return [b"".join(frames[i:i + args.per_read]) for i in range(0, args.entries, args.per_read)]
+
+
+def run_storage(args: argparse.Namespace) -> None:
+    from vellum.bookie.assembly import open_bookie
+    from vellum.config import ServerConfig
+    from vellum.proto import FrameDecoder
+
+    decoder = FrameDecoder(5 << 20, side="server", batch_adds=True)
+    batches = [batch for data in _add_reads(args) for batch in decoder.feed(data)]
+    root = Path(args.dir)
+    root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=root) as tmp:
+        config = ServerConfig(journal_directories=(tmp + "/j",), ledger_directories=(tmp + "/l",),
+                              http_server_enabled=False)
+        opened = open_bookie(config, bookie_id="bench:1")
+        bookie: Any = opened.bookie
+        try:
+            if not args.noop:
+                in_flight = _InFlight(args.window)
+                for batch in batches:
+                    in_flight.issue(lambda done, batch=batch: bookie.add_batch(batch, done))
+                in_flight.drain()
+            bookie.checkpoint()
+        finally:
+            opened.close()
+
+
+def run_decode(args: argparse.Namespace) -> None:
+    from vellum.proto import FrameDecoder
+
+    reads = _add_reads(args)
     decoder = FrameDecoder(5 << 20, side="server", batch_adds=True)
     if not args.noop:
         decoded = sum(len(b.entries) for data in reads for b in decoder.feed(data))
@@ -145,24 +160,12 @@ def run_journal(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(dir=root) as tmp:
         journal = Journal(Path(tmp) / "j")
         journal.start()
-        pending = [0]
-        cond = threading.Condition()
-
-        def durable(exc: BaseException | None) -> None:
-            with cond:
-                pending[0] -= 1
-                cond.notify()
-
         try:
             if not args.noop:
+                in_flight = _InFlight(args.window)
                 for i in range(0, args.entries, args.per_read):
-                    with cond:
-                        pending[0] += 1
-                    journal.log_entries(entries[i:i + args.per_read], durable)
-                    with cond:
-                        cond.wait_for(lambda: pending[0] <= args.window)
-                with cond:
-                    cond.wait_for(lambda: pending[0] == 0)
+                    in_flight.issue(lambda done, i=i: journal.log_entries(entries[i:i + args.per_read], done))
+                in_flight.drain()
         finally:
             journal.shutdown()
 
