@@ -30,6 +30,7 @@ set-up, nothing added), and divide the difference by ``--entries``:
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import shutil
 import sys
@@ -134,7 +135,7 @@ def run_storage(args: argparse.Namespace) -> None:
             if not args.noop:
                 in_flight = _InFlight(args.window)
                 for batch in batches:
-                    in_flight.issue(lambda done, batch=batch: bookie.add_batch(batch, done))
+                    in_flight.issue(functools.partial(bookie.add_batch, batch))
                 in_flight.drain()
             bookie.checkpoint()
         finally:
@@ -164,7 +165,7 @@ def run_journal(args: argparse.Namespace) -> None:
             if not args.noop:
                 in_flight = _InFlight(args.window)
                 for i in range(0, args.entries, args.per_read):
-                    in_flight.issue(lambda done, i=i: journal.log_entries(entries[i:i + args.per_read], done))
+                    in_flight.issue(functools.partial(journal.log_entries, entries[i:i + args.per_read]))
                 in_flight.drain()
         finally:
             journal.shutdown()
