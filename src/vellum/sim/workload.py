@@ -239,14 +239,12 @@ class Workload:
                         await h.refresh_metadata()
                 except NoSuchLedgerError:
                     break
-                except NoSuchEntryError as ex:
-                    # an entry at or below the LAC is gone: the application asks whether the
-                    # ledger still exists, and stops tailing it once it was deleted
-                    history.add("reader", "read-failed", lid, value=type(ex).__name__)
-                    if await self._deleted(h, lid):
-                        break
                 except VellumError as ex:
                     history.add("reader", "read-failed", lid, value=type(ex).__name__)
+                    # an entry at or below the LAC is gone: the application asks whether the
+                    # ledger still exists, and stops tailing it once it was deleted
+                    if isinstance(ex, NoSuchEntryError) and await self._deleted(h, lid):
+                        break
                 await asyncio.sleep(rng.uniform(0.005, 0.15))
 
     async def _deleted(self, h: LedgerHandle, lid: int) -> bool:
