@@ -172,9 +172,6 @@ class BookieConnection(asyncio.BufferedProtocol):
         # allocate_announced: a big answer (to a request of ours) gets its buffer once, at its size
         self.decoder = codec.FrameDecoder(client.settings.max_frame_size, side="client", batch_adds=True,
                                           allocate_announced=True)
-        # the transport asks the decoder itself where a read goes (``get_buffer`` below says the
-        # same in a call more, per read)
-        self.get_buffer = self.decoder.get_buffer  # type: ignore[method-assign]
         self.out: list[m.BytesLike] = []
         self.out_bytes = 0  # bytes in ``out`` (counted under TLS only)
         self.flush_scheduled = False

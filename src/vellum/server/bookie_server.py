@@ -120,9 +120,6 @@ class BookieConnection(asyncio.BufferedProtocol):
         self._decoder = codec.FrameDecoder(
             limits.max_frame_size if trusted else min(limits.max_frame_size, limits.peers.unauthenticated_max_frame_size),
             side="server", batch_adds=True)
-        # the transport asks the decoder itself where a read goes (``get_buffer`` below says the
-        # same in a call more, per read)
-        self.get_buffer = self._decoder.get_buffer  # type: ignore[method-assign]
         self._guard = guard if guard is not None else ConnectionGuard(
             limits.peers, RefusalLog(limits.peers.refusal_log_period_s, counters.refused), counters=counters)
         self._refusals = self._guard.refusals
