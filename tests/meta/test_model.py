@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -44,6 +46,32 @@ def test_round_trip(password: bytes, custom: dict[str, bytes], last: int, state:
     data = serialize_ledger_metadata(m)
     assert data.startswith(b"VellumLedgerMetadata\t1\n")
     assert deserialize_ledger_metadata(data, where="t") == m
+
+
+@given(
+    password=st.binary(max_size=12),
+    custom=st.dictionaries(st.text(max_size=6), st.binary(max_size=8), max_size=3),
+    bookies=st.lists(st.text(min_size=1, max_size=8), min_size=3, max_size=3, unique=True),
+    last=st.integers(-1, 1 << 62),
+    changes=st.lists(st.integers(1, 1000), max_size=3, unique=True),
+)
+def test_serialized_body_is_the_indented_json_dump(password: bytes, custom: dict[str, bytes], bookies: list[str],
+                                                   last: int, changes: list[int]) -> None:
+    # serialize_ledger_metadata writes the body itself (json's indented encoder is Python): the
+    # bytes must be json.dumps(to_json_dict(), indent=1), escapes of any text included
+    m = md(password=password, custom_metadata=custom, last_entry_id=last, length=max(last, 0) * 3,
+           ensembles={0: tuple(bookies)}, ctime_ms=1234, creator_token=-5)
+    for first in sorted(changes):
+        m = m.with_ensemble(first, tuple(reversed(bookies)))
+    for value in (m, m.closed(last, 7)):
+        expected = f"VellumLedgerMetadata\t1\n{json.dumps(value.to_json_dict(), indent=1)}\n".encode()
+        assert serialize_ledger_metadata(value) == expected
+
+
+def test_serialized_numbers_of_other_types_are_as_json_writes_them() -> None:
+    m = md(ctime_ms=True)  # not made by this module, but json writes a bool as true
+    expected = f"VellumLedgerMetadata\t1\n{json.dumps(m.to_json_dict(), indent=1)}\n".encode()
+    assert b'"ctime": true' in expected and serialize_ledger_metadata(m) == expected
 
 
 def test_serialization_is_readable_and_password_is_in_clear() -> None:
