@@ -262,7 +262,7 @@ class BookieClient(BookieUpkeepOps):
         loop = self._get_loop()
         now = loop.time()
         pending = False
-        for conn in list(self._conns.values()):
+        for conn in tuple(self._conns.values()):
             if conn.timeouts:
                 pending = conn.sweep(now) or pending
         if pending:
