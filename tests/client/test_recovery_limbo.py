@@ -14,6 +14,7 @@ from client_testkit import run
 from test_ledger_support import client_cluster
 
 from vellum.client import recovery
+from vellum.client.distribution import RoundRobinSchedule
 from vellum.client.replica_read import NEGATIVE_ANSWERS
 from vellum.errors import (
     LedgerRecoveryError,
@@ -28,6 +29,11 @@ from vellum.meta.model import LedgerMetadata
 LEDGER = 9
 DM = DigestManager(LEDGER, DigestType.CRC32C, b"pw")
 ENSEMBLE = ["b1:1", "b2:1", "b3:1"]
+
+
+def _schedule() -> RoundRobinSchedule:
+    md = _md()
+    return RoundRobinSchedule(md.ensemble_size, md.write_quorum_size, md.ack_quorum_size)
 
 
 def _md() -> LedgerMetadata:
@@ -71,13 +77,13 @@ def test_recovery_read_never_declares_absent_on_unknown_answers() -> None:
         # One explicit negative and one "unknown": (WQ - AQ) + 1 = 2 negatives are needed.
         bookies = FakeBookies({"b1:1": {5: unknown}, "b2:1": {}, "b3:1": {5: TimeoutError_("slow")}})
         with pytest.raises(LedgerRecoveryError, match="neither readable nor absent"):
-            await recovery._recovery_read(_ctx(bookies), DM, LEDGER, 5, ENSEMBLE, _md(), master_key(b"pw"))
+            await recovery._recovery_read(_ctx(bookies), DM, LEDGER, 5, ENSEMBLE, _schedule(), master_key(b"pw"))
         # Two explicit negatives do prove the entry was never acknowledged, "unknown" or not.
         bookies = FakeBookies({"b1:1": {5: unknown}, "b2:1": {}, "b3:1": {}})
-        assert await recovery._recovery_read(_ctx(bookies), DM, LEDGER, 5, ENSEMBLE, _md(), master_key(b"pw")) is None
+        assert await recovery._recovery_read(_ctx(bookies), DM, LEDGER, 5, ENSEMBLE, _schedule(), master_key(b"pw")) is None
         # A positive answer elsewhere wins.
         bookies = FakeBookies({"b1:1": {5: unknown}, "b2:1": {5: _entry(5, 4)}, "b3:1": {}})
-        found = await recovery._recovery_read(_ctx(bookies), DM, LEDGER, 5, ENSEMBLE, _md(), master_key(b"pw"))
+        found = await recovery._recovery_read(_ctx(bookies), DM, LEDGER, 5, ENSEMBLE, _schedule(), master_key(b"pw"))
         assert found is not None and found[1].entry_id == 5
 
     run(main())

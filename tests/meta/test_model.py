@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -44,6 +47,58 @@ def test_round_trip(password: bytes, custom: dict[str, bytes], last: int, state:
     data = serialize_ledger_metadata(m)
     assert data.startswith(b"VellumLedgerMetadata\t1\n")
     assert deserialize_ledger_metadata(data, where="t") == m
+
+
+@given(
+    password=st.binary(max_size=12),
+    custom=st.dictionaries(st.text(max_size=6), st.binary(max_size=8), max_size=3),
+    bookies=st.lists(st.text(min_size=1, max_size=8), min_size=3, max_size=3, unique=True),
+    last=st.integers(-1, 1 << 62),
+    changes=st.lists(st.integers(1, 1000), max_size=3, unique=True),
+)
+def test_serialized_body_is_the_indented_json_dump(password: bytes, custom: dict[str, bytes], bookies: list[str],
+                                                   last: int, changes: list[int]) -> None:
+    # serialize_ledger_metadata writes the body itself (json's indented encoder is Python): the
+    # bytes must be json.dumps(to_json_dict(), indent=1), escapes of any text included
+    m = md(password=password, custom_metadata=custom, last_entry_id=last, length=max(last, 0) * 3,
+           ensembles={0: tuple(bookies)}, ctime_ms=1234, creator_token=-5)
+    for first in sorted(changes):
+        m = m.with_ensemble(first, tuple(reversed(bookies)))
+    for value in (m, m.closed(last, 7)):
+        expected = f"VellumLedgerMetadata\t1\n{json.dumps(value.to_json_dict(), indent=1)}\n".encode()
+        assert serialize_ledger_metadata(value) == expected
+
+
+def test_serialized_numbers_of_other_types_are_as_json_writes_them() -> None:
+    m = md(ctime_ms=True)  # not made by this module, but json writes a bool as true
+    expected = f"VellumLedgerMetadata\t1\n{json.dumps(m.to_json_dict(), indent=1)}\n".encode()
+    assert b'"ctime": true' in expected and serialize_ledger_metadata(m) == expected
+
+
+def test_fields_are_normalized() -> None:
+    m = md(state=3, digest_type=int(DigestType.CRC32), password=bytearray(b"pw"), custom_metadata={"k": bytearray(b"v")},
+           ensembles={0: ["b1:3181", "b2:3181", "b3:3181"]})
+    assert m.state is LedgerState.CLOSED and m.digest_type is DigestType.CRC32
+    assert type(m.password) is bytes and type(m.custom_metadata["k"]) is bytes
+    assert type(m.ensembles[0]) is tuple and all(type(b) is str for b in m.ensembles[0])
+
+
+def test_transitions_are_what_dataclasses_replace_gives_and_are_checked() -> None:
+    # the helpers copy the fields themselves (LedgerMetadata._replace): the same values, and
+    # still normalized and checked by __post_init__
+    m = md(custom_metadata={"k": b"v"}, ctime_ms=7)
+    for got, expected in [
+        (m.with_ensemble(10, ["b4:1", "b2:3181", "b3:3181"]),
+         dataclasses.replace(m, ensembles={**m.ensembles, 10: ("b4:1", "b2:3181", "b3:3181")})),
+        (m.in_recovery(), dataclasses.replace(m, state=LedgerState.IN_RECOVERY)),
+        (m.closed(41, 4200), dataclasses.replace(m, state=LedgerState.CLOSED, last_entry_id=41, length=4200)),
+    ]:
+        assert got == expected and vars(got) == vars(expected)
+        assert type(got.ensembles[max(got.ensembles)]) is tuple
+    with pytest.raises(IncorrectParameterError, match="lastEntryId/length"):
+        m.closed(-2, 0)
+    with pytest.raises(IncorrectParameterError, match="distinct bookies"):
+        m.with_ensemble(10, ["b4:1", "b4:1", "b3:3181"])
 
 
 def test_serialization_is_readable_and_password_is_in_clear() -> None:

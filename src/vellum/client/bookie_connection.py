@@ -174,6 +174,7 @@ class BookieConnection(asyncio.BufferedProtocol):
                                           allocate_announced=True)
         self.out: list[m.BytesLike] = []
         self.out_bytes = 0  # bytes in ``out`` (counted under TLS only)
+        self.tls = client.settings.tls is not None  # frames go through TLS (read at every send and flush)
         self.flush_scheduled = False
         self.next_request_id = 0
         # v2 ops, keyed by (ledger id, entry id): head of the FIFO chain of pending requests
@@ -299,7 +300,7 @@ class BookieConnection(asyncio.BufferedProtocol):
         self.out += parts
         if self.state != CONNECTED:
             return
-        if self.client.settings.tls is not None:
+        if self.tls:
             # Under TLS a flush encrypts everything queued before its first byte leaves: a burst
             # of big adds leaves in slices instead, each encrypted and on the wire while the
             # next is built, and the TLS layer's buffers stay small (docs/security.md).
@@ -319,7 +320,7 @@ class BookieConnection(asyncio.BufferedProtocol):
             self.out = []
             self.out_bytes = 0
             # A TLS transport makes TLS records of each buffer: small frames go joined.
-            self.transport.writelines(codec.coalesce(out) if self.client.settings.tls is not None else out)
+            self.transport.writelines(codec.coalesce(out) if self.tls else out)
 
     def new_request_id(self) -> int:
         self.next_request_id += 1
@@ -499,8 +500,9 @@ class BookieConnection(asyncio.BufferedProtocol):
     def sweep(self, now: float) -> bool:
         """Expire overdue requests; True if requests are still pending."""
         expired: list[tuple[Pending, float]] | None = None
+        emptied: list[float] | None = None
         timeouts = self.timeouts
-        for timeout_s, dq in list(timeouts.items()):
+        for timeout_s, dq in timeouts.items():
             popleft = dq.popleft
             while dq:
                 p = dq[0]
@@ -514,6 +516,11 @@ class BookieConnection(asyncio.BufferedProtocol):
                 else:
                     break
             if not dq:
+                if emptied is None:
+                    emptied = []
+                emptied.append(timeout_s)
+        if emptied is not None:
+            for timeout_s in emptied:
                 del timeouts[timeout_s]
         if expired is not None:
             for p, timeout_s in expired:

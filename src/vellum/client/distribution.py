@@ -65,7 +65,7 @@ class RoundRobinSchedule:
     ``write_sets[e % E]`` (there are only ``E`` distinct ones), so the append path indexes a table
     instead of computing ``WQ`` remainders per entry."""
 
-    __slots__ = ("ack_quorum_size", "ensemble_size", "write_quorum_size", "write_sets")
+    __slots__ = ("_member_sets", "ack_quorum_size", "ensemble_size", "write_quorum_size", "write_sets")
 
     def __init__(self, ensemble_size: int, write_quorum_size: int, ack_quorum_size: int) -> None:
         self.ensemble_size = ensemble_size
@@ -75,6 +75,9 @@ class RoundRobinSchedule:
         self.write_sets: tuple[tuple[int, ...], ...] = tuple(
             tuple(write_set(r, ensemble_size, write_quorum_size)) for r in range(ensemble_size)
         )
+        # the same write sets as sets: coverage is asked at every answer of a LAC read, and a
+        # set intersection counts a write set's answered members in C
+        self._member_sets = tuple(frozenset(ws) for ws in self.write_sets)
 
     def write_set(self, entry_id: int) -> tuple[int, ...]:
         """Ensemble indexes storing ``entry_id``, head first."""
@@ -83,13 +86,16 @@ class RoundRobinSchedule:
     def replicas(self, ensemble: Sequence[str], entry_id: int, rotation: int = 0) -> list[str]:
         """The bookies of ``ensemble`` storing ``entry_id``, in write-set order starting at its
         ``rotation``-th member (reads spread over the replicas by rotating)."""
-        ws = self.write_set(entry_id)
-        n = len(ws)
-        return [ensemble[ws[(rotation + i) % n]] for i in range(n)]
+        ws = self.write_sets[entry_id % self.ensemble_size]
+        r = rotation % len(ws)
+        if r:
+            ws = ws[r:] + ws[:r]
+        return list(map(ensemble.__getitem__, ws))
 
     def has_quorum_coverage(self, responded: Collection[int]) -> bool:
-        """See :func:`has_quorum_coverage`."""
-        return has_quorum_coverage(responded, self.ensemble_size, self.write_quorum_size, self.ack_quorum_size)
+        """See :func:`has_quorum_coverage` (the same answer, from the write sets made once)."""
+        need = self.write_quorum_size - self.ack_quorum_size + 1
+        return all(len(members.intersection(responded)) >= need for members in self._member_sets)
 
     @property
     def ensemble_coverage(self) -> int:

@@ -145,11 +145,12 @@ async def recover_tail(ctx: ClientContext, handle: LedgerHandle, password: bytes
     writes: list[asyncio.Future[int]] = []
     entry_id = lac + 1
     batch = max(1, ctx.config.recovery_read_batch_size)
+    schedule = RoundRobinSchedule(md.ensemble_size, md.write_quorum_size, md.ack_quorum_size)
     absent = False
     try:
         while not absent:
             results = await asyncio.gather(
-                *(_recovery_read(ctx, digest, ledger_id, e, ensemble, md, key)
+                *(_recovery_read(ctx, digest, ledger_id, e, ensemble, schedule, key)
                   for e in range(entry_id, entry_id + batch)),
                 return_exceptions=True,
             )
@@ -269,14 +270,14 @@ async def _recovery_read(
     ledger_id: int,
     entry_id: int,
     ensemble: list[str],
-    md: LedgerMetadata,
+    schedule: RoundRobinSchedule,
     key: bytes,
 ) -> tuple[bytes | memoryview, Entry] | None:
-    """Fencing read of ``entry_id`` from its whole write set: the entry, None if absent at quorum
-    coverage, LedgerRecoveryError if neither can be decided."""
+    """Fencing read of ``entry_id`` from its whole write set (``schedule``: the ledger's, made
+    once per recovery): the entry, None if absent at quorum coverage, LedgerRecoveryError if
+    neither can be decided."""
     bc = ctx.bookie_client
     timeout = float(ctx.config.read_entry_timeout_s)
-    schedule = RoundRobinSchedule(md.ensemble_size, md.write_quorum_size, md.ack_quorum_size)
     need_negative = schedule.write_set_coverage
     requests = {
         asyncio.ensure_future(bc.read(b, ledger_id, entry_id, fence_master_key=key if _fence_recovery_reads else None,

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import dataclasses
 import enum
 import json
 from collections.abc import Mapping
@@ -71,12 +70,16 @@ class LedgerMetadata:
     __hash__ = None  # type: ignore[assignment]  # holds mappings
 
     def __post_init__(self) -> None:
-        ens = {int(k): tuple(BookieId(str(b)) for b in v) for k, v in sorted(self.ensembles.items())}
+        # (BookieId is str at run time: map(str, ...) builds each tuple in C)
+        ens: dict[int, tuple[str, ...]] = {int(k): tuple(map(str, v)) for k, v in sorted(self.ensembles.items())}
         object.__setattr__(self, "ensembles", ens)
         object.__setattr__(self, "custom_metadata", {str(k): bytes(v) for k, v in self.custom_metadata.items()})
-        object.__setattr__(self, "digest_type", DigestType(self.digest_type))
-        object.__setattr__(self, "state", LedgerState(self.state))
-        object.__setattr__(self, "password", bytes(self.password))
+        if type(self.digest_type) is not DigestType:
+            object.__setattr__(self, "digest_type", DigestType(self.digest_type))
+        if type(self.state) is not LedgerState:
+            object.__setattr__(self, "state", LedgerState(self.state))
+        if type(self.password) is not bytes:
+            object.__setattr__(self, "password", bytes(self.password))
         if not self.ensemble_size >= self.write_quorum_size >= self.ack_quorum_size >= 1:
             raise IncorrectParameterError(
                 "need ensembleSize >= writeQuorumSize >= ackQuorumSize >= 1, got "
@@ -128,13 +131,25 @@ class LedgerMetadata:
             )
         ens = dict(self.ensembles)
         ens[first_entry_id] = tuple(ensemble)
-        return dataclasses.replace(self, ensembles=ens)
+        return self._replace(ensembles=ens)
 
     def in_recovery(self) -> LedgerMetadata:
-        return dataclasses.replace(self, state=LedgerState.IN_RECOVERY)
+        return self._replace(state=LedgerState.IN_RECOVERY)
 
     def closed(self, last_entry_id: int, length: int) -> LedgerMetadata:
-        return dataclasses.replace(self, state=LedgerState.CLOSED, last_entry_id=last_entry_id, length=length)
+        return self._replace(state=LedgerState.CLOSED, last_entry_id=last_entry_id, length=length)
+
+    def _replace(self, **changes: Any) -> LedgerMetadata:
+        """``dataclasses.replace(self, **changes)``: the same fields, normalized and checked by
+        ``__post_init__``, without ``replace``'s walk over the dataclass fields and the keyword
+        call of ``__init__`` (about two thirds of its time; metadata changes at every
+        ensemble change, recovery and close)."""
+        new = object.__new__(type(self))
+        fields = new.__dict__
+        fields.update(self.__dict__)
+        fields.update(changes)
+        new.__post_init__()
+        return new
 
     # -- serialization ------------------------------------------------------------------------
 
@@ -165,10 +180,49 @@ def _b64(b: bytes) -> str:
     return base64.b64encode(b).decode("ascii")
 
 
+_HEADER_LINE = f"{METADATA_FORMAT_NAME}\t{METADATA_FORMAT_VERSION}\n"
+#: a string as ``json.dumps`` writes it (``ensure_ascii``: the C encoder)
+_json_str = json.encoder.encode_basestring_ascii
+
+
 def serialize_ledger_metadata(md: LedgerMetadata) -> bytes:
-    """Bytes for the store: the header line, then pretty JSON (stable key order)."""
-    body = json.dumps(md.to_json_dict(), indent=1, sort_keys=False)
-    return f"{METADATA_FORMAT_NAME}\t{METADATA_FORMAT_VERSION}\n{body}\n".encode()
+    """Bytes for the store: the header line, then pretty JSON (stable key order).
+
+    The body is ``json.dumps(md.to_json_dict(), indent=1)``, byte for byte; it is written here
+    directly because ``json`` encodes indented output in Python, call by call (about five times
+    the time; metadata is written at every ledger create, ensemble change, recovery and close).
+    Numbers of another type than ``int`` (never made by this module) go through ``json.dumps``."""
+    numbers = (md.ensemble_size, md.write_quorum_size, md.ack_quorum_size, md.last_entry_id, md.length,
+               md.ctime_ms, md.creator_token)
+    if any(type(n) is not int for n in numbers):
+        body = json.dumps(md.to_json_dict(), indent=1, sort_keys=False)
+        return f"{_HEADER_LINE}{body}\n".encode()
+    segments = [f'  {{\n   "firstEntryId": {first},\n   "bookies": {_json_strings(bookies, "   ")}\n  }}'
+                for first, bookies in md.ensembles.items()]
+    custom = [f"  {_json_str(k)}: {_json_str(_b64(v))}" for k, v in sorted(md.custom_metadata.items())]
+    return (
+        f'{_HEADER_LINE}{{\n "ensembleSize": {md.ensemble_size},\n "writeQuorumSize": {md.write_quorum_size},\n'
+        f' "ackQuorumSize": {md.ack_quorum_size},\n "state": {_json_str(md.state.name)},\n'
+        f' "lastEntryId": {md.last_entry_id},\n "length": {md.length},\n'
+        f' "digestType": {_json_str(md.digest_type.name)},\n "password": {_json_str(_b64(md.password))},\n'
+        f' "ensembles": {_json_block("[", segments, "]")},\n "customMetadata": {_json_block("{", custom, "}")},\n'
+        f' "ctime": {md.ctime_ms},\n "cToken": {md.creator_token}\n}}\n'
+    ).encode()
+
+
+def _json_block(opening: str, members: list[str], closing: str) -> str:
+    """A top-level field's list or object of ``members`` (each already indented), as
+    ``json.dumps(..., indent=1)`` writes it."""
+    if not members:
+        return opening + closing
+    return opening + "\n" + ",\n".join(members) + "\n " + closing
+
+
+def _json_strings(items: tuple[str, ...], indent: str) -> str:
+    """A list of strings whose key is at ``indent``, as ``json.dumps(..., indent=1)`` writes it."""
+    if not items:
+        return "[]"
+    return f"[\n{indent} " + f",\n{indent} ".join(map(_json_str, items)) + f"\n{indent}]"
 
 
 def deserialize_ledger_metadata(data: bytes, *, where: str) -> LedgerMetadata:
