@@ -92,8 +92,6 @@ LONG_POLL_MARGIN_S: Final = 5.0
 DEFAULT_START_TLS_TIMEOUT_S: Final = 10.0
 
 _ENTRY_IDS = struct.Struct(">qq")  # first 16 bytes of a stored entry: ledgerId, entryId
-_OP_ADD: Final = m.OP_ADD
-_new_pending = object.__new__
 #: one bookie of a batch of adds (``BookieClient._batch_target``)
 _BatchTarget = tuple[BookieConnection, dict[tuple[int, int], Pending], deque[Pending], list[m.BytesLike]]
 
@@ -326,42 +324,12 @@ class BookieClient(BookieUpkeepOps):
             for i in indexes:
                 self._get_loop().call_soon(callback, token, i, ensemble[i], err)
             return
-        # _submit_v2 for each bookie in turn (the same steps in the same order, the clock read
-        # per request), its request's slots set here as add_quorum_batch_cb sets them: the call
-        # per bookie was about half of this path's cost (tests/client/test_bookie_client.py)
-        conns = self._conns
-        key = (ledger_id, entry_id)
         for i in indexes:
-            bookie_id = ensemble[i]
-            conn = conns.get(bookie_id)
-            if conn is None:
-                try:
-                    conn = self._connection(bookie_id)
-                except VellumError as exc:
-                    self._get_loop().call_soon(callback, token, i, bookie_id, exc)
-                    continue
-            p = _new_pending(Pending)
-            p.conn = conn
-            p.op = _OP_ADD
-            p.key = key
-            p.request_id = 0
-            p.cb = callback
-            p.fut = None
-            p.deadline = conn.loop.time() + timeout_s
-            p.done = False
-            p.next = None
-            p.token = token
-            p.index = i
-            head = conn.adds.setdefault(key, p)
-            if head is not p:  # same key already in flight: answers come back in order
-                while head.next is not None:
-                    head = head.next
-                head.next = p
-            dq = conn.timeouts.get(timeout_s)
-            if dq is None or self._sweep_handle is None:
-                dq = self._deadlines(conn, timeout_s)
-            dq.append(p)
-            conn.send(parts)
+            try:
+                self._submit_v2(ensemble[i], m.OP_ADD, ledger_id, entry_id, parts, callback, None, timeout_s,
+                                token, i)
+            except VellumError as exc:
+                self._get_loop().call_soon(callback, token, i, ensemble[i], exc)
 
     def add_quorum_batch_cb(
         self,
