@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -183,6 +186,31 @@ def test_crc_types_ignore_the_password() -> None:
     for digest_type in (DigestType.CRC32, DigestType.CRC32C):
         stored = DigestManager(5, digest_type, b"a").compute(0, -1, 3, b"abc")
         assert DigestManager(5, digest_type, b"b").verify(stored).payload == b"abc"
+
+
+def test_an_entry_is_a_frozen_value_built_by_position_or_field_name() -> None:
+    # Entry's __init__ is written out (slot setters): it must take and store what the
+    # dataclass's generated one would.
+    by_position = Entry(1, 2, 3, 4, b"p")
+    by_name = Entry(payload=b"p", length=4, lac=3, entry_id=2, ledger_id=1)
+    assert by_position == by_name and hash(by_position) == hash(by_name)
+    assert (by_name.ledger_id, by_name.entry_id, by_name.lac, by_name.length, by_name.payload) == (1, 2, 3, 4, b"p")
+    assert repr(by_name) == "Entry(ledger_id=1, entry_id=2, lac=3, length=4, payload=b'p')"
+    assert list(inspect.signature(Entry).parameters) == [f.name for f in dataclasses.fields(Entry)]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        by_name.lac = 5  # type: ignore[misc]  # frozen: the assignment is what is tested
+
+
+@pytest.mark.parametrize("kind", [bytes, bytearray, memoryview])
+def test_a_crc32c_entry_verifies_from_any_buffer_and_names_a_bad_digest(kind: type) -> None:
+    dm = DigestManager(5, DigestType.CRC32C)
+    stored = dm.compute(4, 3, 7, b"payload")
+    assert dm.verify(kind(stored), 4) == Entry(5, 4, 3, 7, b"payload")
+    assert type(dm.verify(kind(stored)).payload) is bytes
+    bad = bytearray(stored)
+    bad[-1] ^= 1
+    with pytest.raises(DigestMismatchError, match=r"ledger 5 entry 4: CRC32C digest mismatch"):
+        dm.verify(kind(bytes(bad)), 4)
 
 
 def test_wrong_ledger_or_entry_id_is_named() -> None:

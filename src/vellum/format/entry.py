@@ -43,11 +43,11 @@ import struct
 import zlib
 from array import array
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from enum import IntEnum
 from itertools import repeat
 from operator import add
-from typing import TypeAlias, overload
+from typing import Any, TypeAlias, overload
 
 import crc32c
 
@@ -119,15 +119,31 @@ def mac_key(password: bytes) -> bytes:
     return hashlib.sha1(b"mac" + password).digest()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Entry:
-    """A verified entry: its header fields and its payload."""
+    """A verified entry: its header fields and its payload.
+
+    One is made per entry verified (``DigestManager.verify``): its ``__init__`` stores each
+    field through its slot's setter, as the frozen dataclass's generated one would store it
+    (``object.__setattr__`` by name), at about two thirds of the cost."""
 
     ledger_id: int
     entry_id: int
     lac: int
     length: int
     payload: bytes
+
+    def __init__(self, ledger_id: int, entry_id: int, lac: int, length: int, payload: bytes) -> None:
+        set_ledger_id, set_entry_id, set_lac, set_length, set_payload = _ENTRY_SETTERS
+        set_ledger_id(self, ledger_id)
+        set_entry_id(self, entry_id)
+        set_lac(self, lac)
+        set_length(self, length)
+        set_payload(self, payload)
+
+
+#: the setters of ``Entry``'s slots, in field order (its ``__init__``)
+_ENTRY_SETTERS: tuple[Callable[[Any, Any], None], ...] = tuple(getattr(Entry, f.name).__set__ for f in fields(Entry))
 
 
 def parse_entry_header(buf: BytesLike) -> tuple[int, int, int, int]:
@@ -163,6 +179,8 @@ _KEYLESS: dict[int, tuple[Callable[..., int], Callable[..., tuple[int]], int]] =
     _CRC32_CODE: (_crc32_fn, _unpack_crc32, _CRC32_END),
 }
 _CRC32C_CHECKED = struct.Struct(">qqq8xI")  # ledger id, entry id, LAC and CRC32C digest of a stored entry
+_CRC32C_ENTRY = struct.Struct(">qqqqI")  # a CRC32C entry's header and digest (``DigestManager.verify``)
+_CRC32C_TYPE = DigestType.CRC32C
 
 
 def checksum_matches(entry: BytesLike, digest_type: int) -> bool:
@@ -419,6 +437,17 @@ class DigestManager:
 
         Raises :class:`DigestMismatchError` naming the ledger, the entry and what mismatched.
         """
+        if self.digest_type is _CRC32C_TYPE and len(entry) >= _CRC32C_END:
+            # CRC32C (the default digest), once per entry a client reads: the header and the
+            # digest in one unpack, the CRC compared as the int it is (a CRC is no secret: no
+            # constant-time compare), no call of the digest function. Whatever does not match
+            # falls through to the checks below, which name it.
+            ledger_id, entry_id, lac, length, stored = _CRC32C_ENTRY.unpack_from(entry)
+            if ledger_id == self.ledger_id and (expected_entry_id is None or entry_id == expected_entry_id):
+                view = memoryview(entry)
+                payload = view[_CRC32C_END:]
+                if stored == _crc32c_fn(payload, _crc32c_fn(view[:ENTRY_HEADER_SIZE])):
+                    return Entry(ledger_id, entry_id, lac, length, bytes(payload))
         size = len(entry)
         dlen = self.digest_length
         if size < ENTRY_HEADER_SIZE + dlen:
