@@ -745,15 +745,23 @@ def _first_entry(req: Any) -> int | None:
 
 class Processors:
     """A connection's processors, by request type; ``dispatch`` takes what the session
-    dispatched, in arrival order."""
+    dispatched, in arrival order. Each operation's processor is made at its first request (a
+    connection that only adds and reads makes three, not a dozen)."""
 
     __slots__ = ("_add", "_by_type", "_ch")
 
     def __init__(self, ch: Channel) -> None:
         self._ch = ch
         self._add = AddProcessor(ch, m.OPCODE_NAMES[m.OP_ADD])
-        self._by_type: dict[type, Processor] = {kind: processor(ch, m.OPCODE_NAMES[kind.OPCODE])
-                                                for kind, processor in _PROCESSORS.items()}
+        self._by_type: dict[type, Processor] = {}  # made as their requests come (``_made``)
+
+    def _made(self, kind: type[Any]) -> Processor | None:
+        """The processor of requests of type ``kind``, made now (None: no operation's)."""
+        processor = _PROCESSORS.get(kind)
+        if processor is None:
+            return None
+        made = self._by_type[kind] = processor(self._ch, m.OPCODE_NAMES[kind.OPCODE])
+        return made
 
     def dispatch(self, requests: list[Any]) -> None:
         add = self._add
@@ -761,13 +769,6 @@ class Processors:
         adds: list[m.AddRequest] = []
         for req in requests:
             kind = type(req)
-            processor = by_type.get(kind)  # every operation but ADD (the usual case: one lookup)
-            if processor is not None:
-                if adds:
-                    add.add_batch(m.AddBatch.of_requests(adds))
-                    adds = []
-                processor(req)  # guarded: a bug answers its own request (``Processor.refuse``)
-                continue
             if kind is m.AddRequest:
                 # Pipelined adds that arrived one by one go to the bookie as one batch too.
                 adds.append(req)
@@ -777,6 +778,10 @@ class Processors:
                 adds = []
             if kind is m.AddBatch:
                 add.add_batch(req)
+                continue
+            processor = by_type.get(kind) or self._made(kind)  # every operation but ADD
+            if processor is not None:
+                processor(req)  # guarded: a bug answers its own request (``Processor.refuse``)
             else:
                 self._ch.replies.send(m.ErrorResponse(EBADREQ))
         if adds:
