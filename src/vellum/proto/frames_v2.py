@@ -113,10 +113,22 @@ def _enc_read_req(m: ReadRequest) -> list[BytesLike]:
 
 
 def _enc_read_resp(m: ReadResponse) -> list[BytesLike]:
-    entry = m.entry
-    if m.status != EOK and len(entry):
+    return encode_read_response(m.status, m.ledger_id, m.entry_id, m.entry)
+
+
+_READ_RESP_HEADER = _V | (OP_READ << 16)
+
+
+def encode_read_response(status: int, ledger_id: int, entry_id: int, entry: BytesLike = b"") -> list[BytesLike]:
+    """The frame of ``ReadResponse(status, ledger_id, entry_id, entry)`` without building the
+    message: how a bookie answers a READ, its most frequent answer after ADD's (the entry is
+    never copied)."""
+    if status != EOK and len(entry):
         raise IncorrectParameterError("READ response: an entry is only sent with EOK")
-    head = _READ_RESP.pack(24 + len(entry), _V | (OP_READ << 16), m.status, m.ledger_id, m.entry_id)
+    try:
+        head = _READ_RESP.pack(24 + len(entry), _READ_RESP_HEADER, status, ledger_id, entry_id)
+    except struct.error as exc:
+        raise IncorrectParameterError(f"cannot encode a READ response ({status}, {ledger_id}, {entry_id}): {exc}") from exc
     return [head, entry] if len(entry) else [head]
 
 

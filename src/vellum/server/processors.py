@@ -14,7 +14,8 @@ Invariants:
   per ledger, how an outcome becomes a status), hands it down once, and answers the outcome
   with one reply: the pipelined ADDs of one read (an ``AddBatch``) go to the bookie as one
   batch and, when all are durable, are answered with one buffer carrying each add's status; a
-  READ is one ``AsyncBookie.read_cb`` (no task), answered with one ``ReadResponse``; BATCH_READ,
+  READ is one ``AsyncBookie.read_cb`` (no task), answered with one READ response
+  (``ReplyWriter.send_read``: its frame encoded from its fields, no message object); BATCH_READ,
   READ_STRIDED and READ_LAC likewise (``read_entries_cb``, ``read_strided_cb``, ``read_lac_cb``),
   and a long poll waits on a LAC watcher and a timer (``watch_lac_cb``), no task per request;
   LIST_ENTRIES, GET_BOOKIE_INFO and TRIM are answered from the done callback of the future the
@@ -398,14 +399,14 @@ class ReadProcessor(Processor):
     def process(self, req: m.ReadRequest) -> None:
         ch = self.ch
         counters = self.counters
-        send = self.send
+        send_read = ch.replies.send_read  # the answer's frame from its fields (no ReadResponse)
         ledger_id, entry_id = req.ledger_id, req.entry_id
         fencing = req.is_fencing
         op = "READ_FENCE" if fencing else "READ"
         counters.requests[op] += 1
         if not counters.try_read():
             counters.rejected["READ"] += 1
-            send(m.ReadResponse(ETOOMANYREQUESTS, ledger_id, entry_id, b""))
+            send_read(ETOOMANYREQUESTS, ledger_id, entry_id)
             return
 
         def answer(entry: bytes | memoryview | None, exc: BaseException | None) -> None:
@@ -415,12 +416,12 @@ class ReadProcessor(Processor):
             ch.reading -= 1
             if exc is None:
                 assert entry is not None
-                send(m.ReadResponse(EOK, ledger_id, entry_id, entry))
+                send_read(EOK, ledger_id, entry_id, entry)
                 return
             # Includes ENOENTRY/ENOLEDGER after a fence of a ledger this bookie holds nothing
             # of: the fence itself is durable, the reader learns there is no entry.
             what = f"fencing READ of entry {entry_id}" if fencing else None
-            send(m.ReadResponse(ch.status_for(exc, op, ledger_id, entry_id, what), ledger_id, entry_id, b""))
+            send_read(ch.status_for(exc, op, ledger_id, entry_id, what), ledger_id, entry_id)
 
         fence_key = None
         if fencing:
