@@ -1,9 +1,8 @@
 """Decoding (sans-IO): the decoders of every frame by opcode, one direction at a time (built
-from the message registry; looked up by the whole header first, so that a frame without flags,
-the usual one, is found without splitting its header), ``decode_body`` for one frame body, and
-``FrameDecoder``, the framer of a byte stream with its zero-copy ownership rules (views only of
-buffers it owns) and its batching of pipelined ADDs into ``AddBatch`` columns. ``codec.py`` is
-the facade that names these."""
+from the message registry), ``decode_body`` for one frame body, and ``FrameDecoder``, the framer
+of a byte stream with its zero-copy ownership rules (views only of buffers it owns) and its
+batching of pipelined ADDs into ``AddBatch`` columns. ``codec.py`` is the facade that names
+these."""
 
 from __future__ import annotations
 
@@ -76,7 +75,6 @@ _first = itemgetter(0)
 #: bound once: ``FrameDecoder.buffer_updated`` reads them as globals instead of binding a local
 #: each call (most calls parse one or two frames)
 _unpack_len = _INT.unpack_from
-_unpack_header = _HEADER.unpack_from
 _unpack_add = _ADD_FRAME.unpack_from
 _unpack_answer = _ADD_RESP.unpack_from
 _iter_answers = _ADD_RESP.iter_unpack
@@ -101,31 +99,18 @@ _REQUEST_DECODERS = _opcode_table(REQUEST_TYPES)
 
 _RESPONSE_DECODERS = _opcode_table(RESPONSE_TYPES)
 
-
-def _with_headers(by_opcode: dict[int, _Decoder]) -> dict[int, _Decoder]:
-    """What ``_decode`` looks a frame up in: ``by_opcode``, and each of its decoders again under
-    the whole header of a frame of this protocol version without flags (the usual frame: one
-    lookup of the header as read, no field split out first). The two kinds of key never meet:
-    opcodes are below 256, such headers at least ``PROTOCOL_VERSION << 24``."""
-    return {**by_opcode, **{(PROTOCOL_VERSION << 24) | (op << 16): dec for op, dec in by_opcode.items()}}
-
-
-_REQUEST_TABLE = _with_headers(_REQUEST_DECODERS)
-
-_RESPONSE_TABLE = _with_headers(_RESPONSE_DECODERS)
-
 #: For frames received into a buffer of their own (``FrameDecoder``'s big frames): entry
 #: payloads become views of that buffer instead of copies.
-_REQUEST_TABLE_OWNED = _with_headers({
+_REQUEST_DECODERS_OWNED: dict[int, _Decoder] = {
     **_REQUEST_DECODERS, OP_ADD: functools.partial(_dec_add_req, owned=True),
-})
+}
 
-_RESPONSE_TABLE_OWNED = _with_headers({
+_RESPONSE_DECODERS_OWNED: dict[int, _Decoder] = {
     **_RESPONSE_DECODERS,
     OP_READ: functools.partial(_dec_read_resp, owned=True),
     OP_BATCH_READ: functools.partial(_dec_batch_resp, owned=True),
     OP_READ_STRIDED: functools.partial(_dec_strided_resp, owned=True),
-})
+}
 
 # Vellum opcodes whose request/response carries a ledger id right after the request id (+rc).
 _VELLUM_LEDGER_OPS = frozenset(
@@ -176,21 +161,14 @@ def decode_body(body: memoryview | bytes, *, side: Side) -> Decoded:
     responses if ``side == "client"``. Never raises for a bad body: returns a :class:`BadFrame`.
     """
     view = body if isinstance(body, memoryview) else memoryview(body)
-    decoders = _REQUEST_TABLE if side == "server" else _RESPONSE_TABLE
+    decoders = _REQUEST_DECODERS if side == "server" else _RESPONSE_DECODERS
     return _decode(view, decoders, side)
 
 
 def _decode(body: memoryview, decoders: dict[int, _Decoder], side: Side) -> Decoded:
-    """One frame body; ``decoders`` is a direction's table (``_with_headers``)."""
     if len(body) < 4:
         return BadFrame(f"frame body of {len(body)} bytes has no header")
-    (header,) = _unpack_header(body)
-    decoder = decoders.get(header)
-    if decoder is not None:  # this version, a known opcode, no flags: decoded as it is
-        try:
-            return decoder(body, 0)
-        except (_Malformed, struct.error) as exc:
-            return _bad_frame(body, header, str(exc), side)
+    (header,) = _HEADER.unpack_from(body)
     version = header >> 24
     opcode = (header >> 16) & 0xFF
     flags = header & 0xFFFF
@@ -203,29 +181,25 @@ def _decode(body: memoryview, decoders: dict[int, _Decoder], side: Side) -> Deco
             flags,
         )
     decoder = decoders.get(opcode)
-    if decoder is None:
+    if decoder is not None:
+        try:
+            # Vellum's operations define no flags: refuse them rather than guess their meaning.
+            # (ERROR uses its flags as a bit mask of known ids; v2 frames keep theirs.)
+            if flags and opcode in _VELLUM_OP_RANGE:
+                raise _Malformed(f"{OPCODE_NAMES[opcode]} frame with flags {flags:#x}; none are defined")
+            return decoder(body, flags)
+        except (_Malformed, struct.error) as exc:
+            reason = str(exc)
+    else:
         kind = "request" if side == "server" else "response"
         name = OPCODE_NAMES.get(opcode)
-        return _bad_frame(body, header, f"opcode {opcode}{f' ({name})' if name else ''} is not a known {kind}", side)
-    try:
-        # Vellum's operations define no flags: refuse them rather than guess their meaning.
-        # (ERROR uses its flags as a bit mask of known ids; v2 frames keep theirs.)
-        if flags and opcode in _VELLUM_OP_RANGE:
-            raise _Malformed(f"{OPCODE_NAMES[opcode]} frame with flags {flags:#x}; none are defined")
-        return decoder(body, flags)
-    except (_Malformed, struct.error) as exc:
-        return _bad_frame(body, header, str(exc), side)
-
-
-def _bad_frame(body: memoryview, header: int, reason: str, side: Side) -> BadFrame:
-    """A frame of this version that cannot be used, for ``reason``, with what ids it shows."""
-    opcode = (header >> 16) & 0xFF
+        reason = f"opcode {opcode}{f' ({name})' if name else ''} is not a known {kind}"
     request_id, ledger_id, entry_id = _recover_ids(body, opcode, side)
     return BadFrame(
         reason,
-        version=header >> 24,
+        version=version,
         opcode=opcode,
-        flags=header & 0xFFFF,
+        flags=flags,
         request_id=request_id,
         ledger_id=ledger_id,
         entry_id=entry_id,
@@ -293,8 +267,8 @@ class FrameDecoder:
         self._add_requests = batch_adds and side == "server"  # ADD frames come out as an AddBatch
         self._add_answers = batch_adds and side == "client"  # ADD answers come out as AddAnswers
         self._allocate_announced = allocate_announced
-        self._decoders = _REQUEST_TABLE if side == "server" else _RESPONSE_TABLE
-        self._owned_decoders = _REQUEST_TABLE_OWNED if side == "server" else _RESPONSE_TABLE_OWNED
+        self._decoders = _REQUEST_DECODERS if side == "server" else _RESPONSE_DECODERS
+        self._owned_decoders = _REQUEST_DECODERS_OWNED if side == "server" else _RESPONSE_DECODERS_OWNED
         # Made at the first read (an idle connection costs none), then never resized: views
         # of it may be out.
         self._scratch = bytearray()
