@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -183,6 +185,33 @@ def test_crc_types_ignore_the_password() -> None:
     for digest_type in (DigestType.CRC32, DigestType.CRC32C):
         stored = DigestManager(5, digest_type, b"a").compute(0, -1, 3, b"abc")
         assert DigestManager(5, digest_type, b"b").verify(stored).payload == b"abc"
+
+
+@pytest.mark.parametrize("digest_type", list(DigestType))
+def test_a_verified_entry_is_an_entry_like_any_other(digest_type: DigestType) -> None:
+    # verify makes its Entry through a class of Entry's layout (one that is not frozen), then
+    # gives it its class: what comes out must be an Entry in every way.
+    dm = DigestManager(5, digest_type, b"pw")
+    got = dm.verify(dm.compute(4, 3, 7, b"payload"), 4)
+    made = Entry(5, 4, 3, 7, b"payload")
+    assert type(got) is Entry and got == made and hash(got) == hash(made)
+    assert repr(got) == "Entry(ledger_id=5, entry_id=4, lac=3, length=7, payload=b'payload')"
+    assert (got.ledger_id, got.entry_id, got.lac, got.length, got.payload) == (5, 4, 3, 7, b"payload")
+    assert dataclasses.replace(got, lac=9) == Entry(5, 4, 9, 7, b"payload")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        got.lac = 5  # type: ignore[misc]  # frozen: the assignment is what is tested
+
+
+@pytest.mark.parametrize("kind", [bytes, bytearray, memoryview])
+def test_a_crc32c_entry_verifies_from_any_buffer_and_names_a_bad_digest(kind: type) -> None:
+    dm = DigestManager(5, DigestType.CRC32C)
+    stored = dm.compute(4, 3, 7, b"payload")
+    assert dm.verify(kind(stored), 4) == Entry(5, 4, 3, 7, b"payload")
+    assert type(dm.verify(kind(stored)).payload) is bytes
+    bad = bytearray(stored)
+    bad[-1] ^= 1
+    with pytest.raises(DigestMismatchError, match=r"ledger 5 entry 4: CRC32C digest mismatch"):
+        dm.verify(kind(bytes(bad)), 4)
 
 
 def test_wrong_ledger_or_entry_id_is_named() -> None:

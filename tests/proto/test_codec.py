@@ -21,7 +21,7 @@ from vellum.errors import (
 )
 from vellum.format.entry import ENTRY_HEADER_SIZE, DigestManager, DigestType, master_key
 from vellum.proto import FrameDecoder, decode_body, encode, encode_parts
-from vellum.proto.codec import encode_add_request, encode_add_responses
+from vellum.proto.codec import encode_add_request, encode_add_responses, encode_read_response
 from vellum.proto.messages import (
     FLAG_DO_FENCING,
     MIN_ENTRY_SIZE,
@@ -120,6 +120,25 @@ def test_a_batch_of_add_responses_may_carry_a_status_per_add(rows: list[tuple[in
     statuses, ledger_ids, entry_ids = [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]
     assert encode_add_responses(statuses, ledger_ids, entry_ids) == b"".join(
         encode(AddResponse(status, lid, eid)) for status, lid, eid in rows)
+
+
+@given(st.sampled_from([EOK, EBADREQ, 199]), st.integers(0, 2**63 - 1), st.integers(-1, 2**63 - 1),
+       st.sampled_from([b"", ENTRY, memoryview(ENTRY)]))
+def test_a_read_response_from_its_fields_is_the_frame_of_its_message(status: int, ledger_id: int, entry_id: int,
+                                                                      entry: bytes | memoryview) -> None:
+    if status != EOK and entry:
+        entry = b""
+    parts = encode_read_response(status, ledger_id, entry_id, entry)
+    assert parts == encode_parts(ReadResponse(status, ledger_id, entry_id, entry))
+    assert FrameDecoder(MAX, side="client").feed(b"".join(parts)) == [ReadResponse(status, ledger_id, entry_id, entry)]
+    assert len(parts) == 1 or parts[-1] is entry  # the entry is not copied
+
+
+def test_a_read_response_from_its_fields_is_checked() -> None:
+    with pytest.raises(IncorrectParameterError, match="an entry is only sent with EOK"):
+        encode_read_response(EBADREQ, 1, 2, ENTRY)
+    with pytest.raises(IncorrectParameterError, match="cannot encode a READ response"):
+        encode_read_response(EOK, 2**63, 2, ENTRY)
 
 
 def test_a_batch_of_add_responses_is_checked() -> None:

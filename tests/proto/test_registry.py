@@ -4,8 +4,10 @@ of message types: the codec, the package and the test strategies all follow it."
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import typing
 
+import pytest
 from proto_strategies import STRATEGIES
 
 import vellum.proto
@@ -74,3 +76,39 @@ def test_every_request_has_an_answer_refusing_it_in_the_form_its_client_matches(
     assert m.refusal_for(m.TrimRequest(9, 3, 5, key), 102) == m.ErrorResponse(102, 9, m.OP_TRIM, 3)
     bad = m.BadFrame("unknown opcode", version=m.PROTOCOL_VERSION, opcode=99, request_id=7)
     assert m.refusal_for(bad, 102) == bad.error_response()
+
+
+def test_every_message_is_built_from_its_fields_by_position_or_name() -> None:
+    # The read messages' __init__s are written out (slot setters, messages.py's docstring):
+    # each must take the fields in order, with their defaults, store each where it belongs and
+    # leave the message frozen, as the dataclass's generated one does for the others.
+    for t in m.MESSAGE_TYPES:
+        fields = dataclasses.fields(t)
+        params = list(inspect.signature(t).parameters.values())
+        assert [p.name for p in params] == [f.name for f in fields], t.__name__
+        for p, f in zip(params, fields):
+            default = inspect.Parameter.empty if f.default is dataclasses.MISSING else f.default
+            assert p.default == default, (t.__name__, f.name)
+        values = {f.name: object() for f in fields}  # each field a value of its own
+        by_name, by_position = t(**values), t(*values.values())
+        assert by_name == by_position, t.__name__
+        assert all(getattr(by_name, name) is value for name, value in values.items()), t.__name__
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(by_name, fields[0].name, 0)
+
+
+@pytest.mark.parametrize("msg", [
+    m.ReadRequest(1, 2), m.ReadRequest(1, 2, m.FLAG_DO_FENCING, bytes(20)), m.ReadResponse(0, 1, 2, bytes(40)),
+    m.ReadResponse(2, 1, 2), m.StridedReadRequest(9, 1, 2, 3, 4, 5), m.StridedReadResponse(9, 0, 1, 2, [bytes(40)]),
+    m.StridedReadResponse(9, 2, 1, 2), m.ReadLacResponse(9, 0, 1, b"", bytes(40)),
+], ids=repr)
+def test_a_decoded_read_message_is_its_message_in_every_way(msg: m.Message) -> None:
+    # The read frames' decoders make their message through a class of its layout that is not
+    # frozen, then give it its class (frame_parts.py's docstring): it must be the message.
+    side = "server" if type(msg) in m.REQUEST_TYPES else "client"
+    [got] = codec.FrameDecoder(1 << 20, side=side).feed(codec.encode(msg))  # type: ignore[arg-type]
+    fields = [f.name for f in dataclasses.fields(got)]  # type: ignore[arg-type]
+    made = type(msg)(**{name: getattr(got, name) for name in fields})  # by its own constructor
+    assert type(got) is type(msg) and got == msg and got == made and repr(got) == repr(made)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(got, fields[0], 0)

@@ -75,7 +75,12 @@ from vellum.proto.decoding import (  # noqa: F401
     decode_body,
 )
 from vellum.proto.frame_parts import Side  # noqa: F401
-from vellum.proto.frames_v2 import encode_add_head, encode_add_request, encode_add_responses  # noqa: F401
+from vellum.proto.frames_v2 import (  # noqa: F401
+    encode_add_head,
+    encode_add_request,
+    encode_add_responses,
+    encode_read_response,
+)
 from vellum.proto.frames_vellum import (  # noqa: F401
     ERROR_HAS_ENTRY_ID,
     ERROR_HAS_LEDGER_ID,

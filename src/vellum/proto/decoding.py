@@ -254,7 +254,7 @@ class FrameDecoder:
     BIG_START = 64 * 1024
 
     __slots__ = ("_add_answers", "_add_requests", "_add_runs", "_allocate_announced", "_big", "_big_fill", "_big_size", "_decoders", "_end", "_failure", "_max",
-                 "_owned_decoders", "_peek", "_scratch", "_side", "_start", "_view")
+                 "_owned_decoders", "_peek", "_scratch", "_scratch_size", "_side", "_start", "_view")
 
     def __init__(self, max_frame_size: int, *, side: Side, batch_adds: bool = False,
                  allocate_announced: bool = False) -> None:
@@ -272,6 +272,7 @@ class FrameDecoder:
         # Made at the first read (an idle connection costs none), then never resized: views
         # of it may be out.
         self._scratch = bytearray()
+        self._scratch_size = 0  # len(_scratch), kept with it (get_buffer compares without a call)
         self._view = memoryview(self._scratch)  # of the scratch buffer, made with it (one view, not one a read)
         self._start = 0  # unparsed bytes are _scratch[_start:_end]
         self._end = 0
@@ -327,9 +328,10 @@ class FrameDecoder:
                 big = self._grow_big(big)
             return memoryview(big)[self._big_fill :]
         end = self._end
-        if end == len(self._scratch) or (self._peek and self._start):
-            if not self._scratch:
+        if end == self._scratch_size or (self._peek and self._start):
+            if not self._scratch_size:
                 self._scratch = bytearray(self.SCRATCH)
+                self._scratch_size = self.SCRATCH
                 self._view = memoryview(self._scratch)
             self._compact()
             end = self._end
@@ -377,10 +379,10 @@ class FrameDecoder:
                         if adds is None:
                             adds = AddBatch()
                             out.append(adds)
-                        run = min((end - pos) // (size + 4), _ADD_RUN)
-                        if run > 1 and size < _BIG_FRAME:
+                        if end - stop >= size + 4 and size < _BIG_FRAME:  # a whole frame as big follows
                             # This ADD and those that follow it, as many whole frames as are
                             # like it (same size and header), decoded as columns at once.
+                            run = min((end - pos) // (size + 4), _ADD_RUN)
                             stop = pos + run * (size + 4)
                             ids_of, entries_of = self._add_run_structs(size)
                             sizes, headers, keys, ledger_ids, entry_ids, lacs = zip(
@@ -414,10 +416,10 @@ class FrameDecoder:
                             answers = AddAnswers()
                             out.append(answers)
                         self._peek = False
-                        run = min((end - pos) // _ADD_RESP_SIZE, _ANSWER_RUN)
-                        if run > 1:
+                        if end - stop >= _ADD_RESP_SIZE:  # a whole answer follows
                             # The answers that follow this one, decoded as columns at once:
                             # as many whole frames as are like it (same size and header).
+                            run = min((end - pos) // _ADD_RESP_SIZE, _ANSWER_RUN)
                             stop = pos + run * _ADD_RESP_SIZE
                             sizes, headers, statuses, ledger_ids, entry_ids = zip(
                                 *_iter_answers(view[pos:stop]))

@@ -1,7 +1,14 @@
 """What every frame layout shares (sans-IO): the header and integer structs, the checks of
 master keys, flags and texts, and ``_Malformed``, how a decoder says a body does not match its
 layout. The layouts themselves are ``frames_v2.py`` and ``frames_vellum.py``; ``codec.py`` is the
-facade. Package-private: only the ``proto`` modules import these names."""
+facade. Package-private: only the ``proto`` modules import these names.
+
+The decoders of the frames of every read (READ, READ_STRIDED and READ_LAC answers, READ and
+READ_STRIDED requests) make their message through a ``_Decoded...`` class: the message's slots
+(the same layout) without its frozen ``__setattr__``, whose ``__init__`` stores the fields as
+plain slot stores and then gives the object its class, the message's (``__class__``
+assignment between classes of one layout). What comes out is that message like any other
+(type, equality, hash, frozen), at about half the cost of the message's own ``__init__``."""
 
 from __future__ import annotations
 

@@ -113,10 +113,22 @@ def _enc_read_req(m: ReadRequest) -> list[BytesLike]:
 
 
 def _enc_read_resp(m: ReadResponse) -> list[BytesLike]:
-    entry = m.entry
-    if m.status != EOK and len(entry):
+    return encode_read_response(m.status, m.ledger_id, m.entry_id, m.entry)
+
+
+_READ_RESP_HEADER = _V | (OP_READ << 16)
+
+
+def encode_read_response(status: int, ledger_id: int, entry_id: int, entry: BytesLike = b"") -> list[BytesLike]:
+    """The frame of ``ReadResponse(status, ledger_id, entry_id, entry)`` without building the
+    message: how a bookie answers a READ, its most frequent answer after ADD's (the entry is
+    never copied)."""
+    if status != EOK and len(entry):
         raise IncorrectParameterError("READ response: an entry is only sent with EOK")
-    head = _READ_RESP.pack(24 + len(entry), _V | (OP_READ << 16), m.status, m.ledger_id, m.entry_id)
+    try:
+        head = _READ_RESP.pack(24 + len(entry), _READ_RESP_HEADER, status, ledger_id, entry_id)
+    except struct.error as exc:
+        raise IncorrectParameterError(f"cannot encode a READ response ({status}, {ledger_id}, {entry_id}): {exc}") from exc
     return [head, entry] if len(entry) else [head]
 
 
@@ -168,14 +180,40 @@ def _dec_add_req(body: memoryview, flags: int, *, owned: bool = False) -> Messag
     return AddRequest(bytes(body[4:24]), body[24:] if owned else bytes(body[24:]), flags)
 
 
+class _DecodedReadRequest:
+    """How ``_dec_read_req`` makes a ``ReadRequest`` (see ``frame_parts``' docstring)."""
+
+    __slots__ = ReadRequest.__slots__
+
+    def __init__(self, ledger_id: int, entry_id: int, flags: int, master_key: bytes | None) -> None:
+        self.ledger_id = ledger_id
+        self.entry_id = entry_id
+        self.flags = flags
+        self.master_key = master_key
+        self.__class__ = ReadRequest  # type: ignore[assignment]  # the layout is ReadRequest's: it becomes one
+
+
+class _DecodedReadResponse:
+    """How ``_dec_read_resp`` makes a ``ReadResponse`` (see ``frame_parts``' docstring)."""
+
+    __slots__ = ReadResponse.__slots__
+
+    def __init__(self, status: int, ledger_id: int, entry_id: int, entry: BytesLike) -> None:
+        self.status = status
+        self.ledger_id = ledger_id
+        self.entry_id = entry_id
+        self.entry = entry
+        self.__class__ = ReadResponse  # type: ignore[assignment]  # the layout is ReadResponse's: it becomes one
+
+
 def _dec_read_req(body: memoryview, flags: int) -> Message:
     if flags & FLAG_DO_FENCING:
         _expect(body, 40, "fencing READ")
         _, ledger_id, entry_id, key = _READ_REQ_FENCE_B.unpack_from(body)
-        return ReadRequest(ledger_id, entry_id, flags, key)
+        return _DecodedReadRequest(ledger_id, entry_id, flags, key)  # type: ignore[return-value]  # a ReadRequest
     _expect(body, 20, "READ")
     ledger_id, entry_id = _ENTRY_IDS.unpack_from(body, 4)
-    return ReadRequest(ledger_id, entry_id, flags)
+    return _DecodedReadRequest(ledger_id, entry_id, flags, None)  # type: ignore[return-value]  # a ReadRequest
 
 
 def _dec_batch_req(body: memoryview, flags: int) -> Message:
@@ -200,8 +238,9 @@ def _dec_read_resp(body: memoryview, flags: int, *, owned: bool = False) -> Mess
     _, status, ledger_id, entry_id = _READ_RESP_B.unpack_from(body)
     if status != EOK:
         _expect(body, 24, "READ error response")
-        return ReadResponse(status, ledger_id, entry_id)
-    return ReadResponse(status, ledger_id, entry_id, body[24:] if owned else bytes(body[24:]))
+        return _DecodedReadResponse(status, ledger_id, entry_id, b"")  # type: ignore[return-value]  # a ReadResponse
+    return _DecodedReadResponse(  # type: ignore[return-value]  # a ReadResponse
+        status, ledger_id, entry_id, body[24:] if owned else bytes(body[24:]))
 
 
 def _dec_batch_resp(body: memoryview, flags: int, *, owned: bool = False) -> Message:

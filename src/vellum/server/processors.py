@@ -14,7 +14,8 @@ Invariants:
   per ledger, how an outcome becomes a status), hands it down once, and answers the outcome
   with one reply: the pipelined ADDs of one read (an ``AddBatch``) go to the bookie as one
   batch and, when all are durable, are answered with one buffer carrying each add's status; a
-  READ is one ``AsyncBookie.read_cb`` (no task), answered with one ``ReadResponse``; BATCH_READ,
+  READ is one ``AsyncBookie.read_cb`` (no task), answered with one READ response
+  (``ReplyWriter.send_read``: its frame encoded from its fields, no message object); BATCH_READ,
   READ_STRIDED and READ_LAC likewise (``read_entries_cb``, ``read_strided_cb``, ``read_lac_cb``),
   and a long poll waits on a LAC watcher and a timer (``watch_lac_cb``), no task per request;
   LIST_ENTRIES, GET_BOOKIE_INFO and TRIM are answered from the done callback of the future the
@@ -398,14 +399,14 @@ class ReadProcessor(Processor):
     def process(self, req: m.ReadRequest) -> None:
         ch = self.ch
         counters = self.counters
-        send = self.send
+        send_read = ch.replies.send_read  # the answer's frame from its fields (no ReadResponse)
         ledger_id, entry_id = req.ledger_id, req.entry_id
         fencing = req.is_fencing
         op = "READ_FENCE" if fencing else "READ"
         counters.requests[op] += 1
         if not counters.try_read():
             counters.rejected["READ"] += 1
-            send(m.ReadResponse(ETOOMANYREQUESTS, ledger_id, entry_id, b""))
+            send_read(ETOOMANYREQUESTS, ledger_id, entry_id)
             return
 
         def answer(entry: bytes | memoryview | None, exc: BaseException | None) -> None:
@@ -415,12 +416,12 @@ class ReadProcessor(Processor):
             ch.reading -= 1
             if exc is None:
                 assert entry is not None
-                send(m.ReadResponse(EOK, ledger_id, entry_id, entry))
+                send_read(EOK, ledger_id, entry_id, entry)
                 return
             # Includes ENOENTRY/ENOLEDGER after a fence of a ledger this bookie holds nothing
             # of: the fence itself is durable, the reader learns there is no entry.
             what = f"fencing READ of entry {entry_id}" if fencing else None
-            send(m.ReadResponse(ch.status_for(exc, op, ledger_id, entry_id, what), ledger_id, entry_id, b""))
+            send_read(ch.status_for(exc, op, ledger_id, entry_id, what), ledger_id, entry_id)
 
         fence_key = None
         if fencing:
@@ -745,15 +746,23 @@ def _first_entry(req: Any) -> int | None:
 
 class Processors:
     """A connection's processors, by request type; ``dispatch`` takes what the session
-    dispatched, in arrival order."""
+    dispatched, in arrival order. Each operation's processor is made at its first request (a
+    connection that only adds and reads makes three, not a dozen)."""
 
     __slots__ = ("_add", "_by_type", "_ch")
 
     def __init__(self, ch: Channel) -> None:
         self._ch = ch
         self._add = AddProcessor(ch, m.OPCODE_NAMES[m.OP_ADD])
-        self._by_type: dict[type, Processor] = {kind: processor(ch, m.OPCODE_NAMES[kind.OPCODE])
-                                                for kind, processor in _PROCESSORS.items()}
+        self._by_type: dict[type, Processor] = {}  # made as their requests come (``_made``)
+
+    def _made(self, kind: type[Any]) -> Processor | None:
+        """The processor of requests of type ``kind``, made now (None: no operation's)."""
+        processor = _PROCESSORS.get(kind)
+        if processor is None:
+            return None
+        made = self._by_type[kind] = processor(self._ch, m.OPCODE_NAMES[kind.OPCODE])
+        return made
 
     def dispatch(self, requests: list[Any]) -> None:
         add = self._add
@@ -761,13 +770,6 @@ class Processors:
         adds: list[m.AddRequest] = []
         for req in requests:
             kind = type(req)
-            processor = by_type.get(kind)  # every operation but ADD (the usual case: one lookup)
-            if processor is not None:
-                if adds:
-                    add.add_batch(m.AddBatch.of_requests(adds))
-                    adds = []
-                processor(req)  # guarded: a bug answers its own request (``Processor.refuse``)
-                continue
             if kind is m.AddRequest:
                 # Pipelined adds that arrived one by one go to the bookie as one batch too.
                 adds.append(req)
@@ -777,6 +779,10 @@ class Processors:
                 adds = []
             if kind is m.AddBatch:
                 add.add_batch(req)
+                continue
+            processor = by_type.get(kind) or self._made(kind)  # every operation but ADD
+            if processor is not None:
+                processor(req)  # guarded: a bug answers its own request (``Processor.refuse``)
             else:
                 self._ch.replies.send(m.ErrorResponse(EBADREQ))
         if adds:

@@ -15,9 +15,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from vellum.proto import codec
+from vellum.proto import messages as m
 
 _encode_add_responses = codec.encode_add_responses  # bound once: called per answered batch
 _encode_parts = codec.encode_parts  # bound once: called per reply
+_encode_read_response = codec.encode_read_response  # bound once: called per READ answered
 
 
 class ReplyWriter:
@@ -48,6 +50,16 @@ class ReplyWriter:
         if self._transport is None:
             return
         self._out.extend(_encode_parts(msg))
+        if not self._scheduled:
+            self._scheduled = True
+            self._loop.call_soon(self.flush)
+
+    def send_read(self, status: int, ledger_id: int, entry_id: int, entry: m.BytesLike = b"") -> None:
+        """Queue ``ReadResponse(status, ledger_id, entry_id, entry)``, encoded from its fields
+        (a READ's answer, without the message object)."""
+        if self._transport is None:
+            return
+        self._out.extend(_encode_read_response(status, ledger_id, entry_id, entry))
         if not self._scheduled:
             self._scheduled = True
             self._loop.call_soon(self.flush)
