@@ -476,7 +476,7 @@ class BookieClient(BookieUpkeepOps):
         before answering, so later normal adds fail with LedgerFencedError.
         """
         flags = m.FLAG_DO_FENCING if fence_master_key is not None else 0
-        parts = codec.encode_parts(m.ReadRequest(ledger_id, entry_id, flags, fence_master_key))
+        parts = codec.encode_parts(m.new_read_request(ledger_id, entry_id, flags, fence_master_key))
         fut: asyncio.Future[bytes | memoryview] = self._get_loop().create_future()
         self._submit_v2(bookie_id, m.OP_READ, ledger_id, entry_id, parts, None, fut, timeout_s)
         return await fut
@@ -491,7 +491,7 @@ class BookieClient(BookieUpkeepOps):
         """
         fut: asyncio.Future[bytes | memoryview] = self._get_loop().create_future()
         try:
-            parts = codec.encode_parts(m.ReadRequest(ledger_id, entry_id, 0, None))
+            parts = codec.encode_parts(m.new_read_request(ledger_id, entry_id, 0, None))
             self._submit_v2(bookie_id, m.OP_READ, ledger_id, entry_id, parts, None, fut, timeout_s)
         except VellumError as exc:
             fut.set_exception(exc)
@@ -552,7 +552,7 @@ class BookieClient(BookieUpkeepOps):
             m.OP_READ_STRIDED,
             ledger_id,
             first_entry_id,
-            lambda rid: m.StridedReadRequest(rid, ledger_id, first_entry_id, stride, max_count, max_size),
+            lambda rid: m.new_strided_read_request(rid, ledger_id, first_entry_id, stride, max_count, max_size),
             timeout_s,
         )
         result: m.FrameEntries = await fut
@@ -570,7 +570,7 @@ class BookieClient(BookieUpkeepOps):
     ) -> asyncio.Future[tuple[bytes, bytes]]:
         """:meth:`read_lac` as a future, without a coroutine or task (as :meth:`read_future`)."""
         return self._submit_by_id(
-            bookie_id, m.OP_READ_LAC, ledger_id, -1, lambda rid: m.ReadLacRequest(rid, ledger_id), timeout_s
+            bookie_id, m.OP_READ_LAC, ledger_id, -1, lambda rid: m.new_read_lac_request(rid, ledger_id), timeout_s
         )
 
     async def long_poll_lac(

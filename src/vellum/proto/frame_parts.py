@@ -4,11 +4,9 @@ layout. The layouts themselves are ``frames_v2.py`` and ``frames_vellum.py``; ``
 facade. Package-private: only the ``proto`` modules import these names.
 
 The decoders of the frames of every read (READ, READ_STRIDED and READ_LAC answers, READ and
-READ_STRIDED requests) make their message through a ``_Decoded...`` class: the message's slots
-(the same layout) without its frozen ``__setattr__``, whose ``__init__`` stores the fields as
-plain slot stores and then gives the object its class, the message's (``__class__``
-assignment between classes of one layout). What comes out is that message like any other
-(type, equality, hash, frozen), at about half the cost of the message's own ``__init__``."""
+READ_STRIDED requests) make their message through its positional constructor in
+``messages`` (``new_read_response`` and the like, made by ``vellum.frozen.builder``): the same
+message at about half the cost of its own ``__init__``."""
 
 from __future__ import annotations
 

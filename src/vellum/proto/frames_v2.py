@@ -37,6 +37,8 @@ from vellum.proto.messages import (
     Message,
     ReadRequest,
     ReadResponse,
+    new_read_request,
+    new_read_response,
 )
 
 _ADD_REQ = struct.Struct(">iI20s")  # + entry
@@ -180,40 +182,15 @@ def _dec_add_req(body: memoryview, flags: int, *, owned: bool = False) -> Messag
     return AddRequest(bytes(body[4:24]), body[24:] if owned else bytes(body[24:]), flags)
 
 
-class _DecodedReadRequest:
-    """How ``_dec_read_req`` makes a ``ReadRequest`` (see ``frame_parts``' docstring)."""
-
-    __slots__ = ReadRequest.__slots__
-
-    def __init__(self, ledger_id: int, entry_id: int, flags: int, master_key: bytes | None) -> None:
-        self.ledger_id = ledger_id
-        self.entry_id = entry_id
-        self.flags = flags
-        self.master_key = master_key
-        self.__class__ = ReadRequest  # type: ignore[assignment]  # the layout is ReadRequest's: it becomes one
-
-
-class _DecodedReadResponse:
-    """How ``_dec_read_resp`` makes a ``ReadResponse`` (see ``frame_parts``' docstring)."""
-
-    __slots__ = ReadResponse.__slots__
-
-    def __init__(self, status: int, ledger_id: int, entry_id: int, entry: BytesLike) -> None:
-        self.status = status
-        self.ledger_id = ledger_id
-        self.entry_id = entry_id
-        self.entry = entry
-        self.__class__ = ReadResponse  # type: ignore[assignment]  # the layout is ReadResponse's: it becomes one
-
 
 def _dec_read_req(body: memoryview, flags: int) -> Message:
     if flags & FLAG_DO_FENCING:
         _expect(body, 40, "fencing READ")
         _, ledger_id, entry_id, key = _READ_REQ_FENCE_B.unpack_from(body)
-        return _DecodedReadRequest(ledger_id, entry_id, flags, key)  # type: ignore[return-value]  # a ReadRequest
+        return new_read_request(ledger_id, entry_id, flags, key)
     _expect(body, 20, "READ")
     ledger_id, entry_id = _ENTRY_IDS.unpack_from(body, 4)
-    return _DecodedReadRequest(ledger_id, entry_id, flags, None)  # type: ignore[return-value]  # a ReadRequest
+    return new_read_request(ledger_id, entry_id, flags, None)
 
 
 def _dec_batch_req(body: memoryview, flags: int) -> Message:
@@ -238,8 +215,8 @@ def _dec_read_resp(body: memoryview, flags: int, *, owned: bool = False) -> Mess
     _, status, ledger_id, entry_id = _READ_RESP_B.unpack_from(body)
     if status != EOK:
         _expect(body, 24, "READ error response")
-        return _DecodedReadResponse(status, ledger_id, entry_id, b"")  # type: ignore[return-value]  # a ReadResponse
-    return _DecodedReadResponse(  # type: ignore[return-value]  # a ReadResponse
+        return new_read_response(status, ledger_id, entry_id, b"")
+    return new_read_response(
         status, ledger_id, entry_id, body[24:] if owned else bytes(body[24:]))
 
 

@@ -6,7 +6,7 @@ ERROR (127) (``docs/protocol.md``). An encoder and a decoder per message, side b
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from vellum.errors import EOK, IncorrectParameterError
@@ -66,6 +66,9 @@ from vellum.proto.messages import (
     TrimResponse,
     WriteLacRequest,
     WriteLacResponse,
+    new_read_lac_response,
+    new_strided_read_request,
+    new_strided_read_response,
 )
 
 _REQ_LEDGER = struct.Struct(">iIqq")  # requestId, ledgerId
@@ -340,58 +343,13 @@ def _enc_auth_resp(m: AuthResponse) -> list[BytesLike]:
     return [_AUTH_RESP.pack(20 + len(message), _V | (OP_AUTH << 16), m.request_id, m.status, len(message)), message]
 
 
-class _DecodedStridedReadRequest:
-    """How ``_dec_strided_req`` makes a ``StridedReadRequest`` (see ``frame_parts``' docstring)."""
-
-    __slots__ = StridedReadRequest.__slots__
-
-    def __init__(self, request_id: int, ledger_id: int, first_entry_id: int, stride: int, max_count: int,
-                 max_size: int) -> None:
-        self.request_id = request_id
-        self.ledger_id = ledger_id
-        self.first_entry_id = first_entry_id
-        self.stride = stride
-        self.max_count = max_count
-        self.max_size = max_size
-        self.__class__ = StridedReadRequest  # type: ignore[assignment]  # the layout is its: it becomes one
-
-
-class _DecodedStridedReadResponse:
-    """How ``_dec_strided_resp`` makes a ``StridedReadResponse`` (see ``frame_parts``' docstring)."""
-
-    __slots__ = StridedReadResponse.__slots__
-
-    def __init__(self, request_id: int, status: int, ledger_id: int, first_entry_id: int,
-                 entries: Sequence[BytesLike]) -> None:
-        self.request_id = request_id
-        self.status = status
-        self.ledger_id = ledger_id
-        self.first_entry_id = first_entry_id
-        self.entries = entries
-        self.__class__ = StridedReadResponse  # type: ignore[assignment]  # the layout is its: it becomes one
-
-
-class _DecodedReadLacResponse:
-    """How ``_dec_read_lac_resp`` makes a ``ReadLacResponse`` (see ``frame_parts``' docstring)."""
-
-    __slots__ = ReadLacResponse.__slots__
-
-    def __init__(self, request_id: int, status: int, ledger_id: int, lac_body: BytesLike,
-                 last_entry: BytesLike) -> None:
-        self.request_id = request_id
-        self.status = status
-        self.ledger_id = ledger_id
-        self.lac_body = lac_body
-        self.last_entry = last_entry
-        self.__class__ = ReadLacResponse  # type: ignore[assignment]  # the layout is its: it becomes one
-
 
 def _dec_strided_req(body: memoryview, flags: int) -> Message:
     _expect(body, 44, "READ_STRIDED")
     _, request_id, ledger_id, first, stride, count, max_size = _STRIDED_REQ_B.unpack_from(body)
     if stride < 1 or count < 1:
         raise _Malformed(f"READ_STRIDED with stride {stride} and count {count} (both must be >= 1)")
-    return _DecodedStridedReadRequest(  # type: ignore[return-value]  # a StridedReadRequest
+    return new_strided_read_request(
         request_id, ledger_id, first, stride, count, max_size)
 
 
@@ -402,8 +360,8 @@ def _dec_strided_resp(body: memoryview, flags: int, *, owned: bool = False) -> M
     _, request_id, status, ledger_id, first = _STRIDED_RESP_B.unpack_from(body)
     if status != EOK:
         _expect(body, 32, "READ_STRIDED error response")
-        return _DecodedStridedReadResponse(request_id, status, ledger_id, first, ())  # type: ignore[return-value]
-    return _DecodedStridedReadResponse(  # type: ignore[return-value]  # a StridedReadResponse
+        return new_strided_read_response(request_id, status, ledger_id, first, ())
+    return new_strided_read_response(
         request_id, status, ledger_id, first, _entries(body, 32, "READ_STRIDED", owned))
 
 
@@ -435,7 +393,7 @@ def _dec_lp_read_lac_resp(body: memoryview, flags: int) -> Message:
 
 
 def _dec_read_lac_resp(body: memoryview, flags: int) -> Message:
-    return _DecodedReadLacResponse(*_lac_resp_fields(body, "READ_LAC"))  # type: ignore[return-value]  # a ReadLacResponse
+    return new_read_lac_response(*_lac_resp_fields(body, "READ_LAC"))
 
 
 def _req_ledger_decoder(

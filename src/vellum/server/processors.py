@@ -508,7 +508,7 @@ class StridedReadProcessor(Processor):
     def process(self, req: m.StridedReadRequest) -> None:
         ledger_id, first, request_id = req.ledger_id, req.first_entry_id, req.request_id
         _read_run(self.ch, "READ_STRIDED", ledger_id, first,
-                  lambda status, entries: m.StridedReadResponse(request_id, status, ledger_id, first, entries),
+                  lambda status, entries: m.new_strided_read_response(request_id, status, ledger_id, first, entries),
                   self.bookie.read_strided_cb, ledger_id, first, req.stride, req.max_count,
                   self.ch.response_budget(req.max_size))
 
