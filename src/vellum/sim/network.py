@@ -146,7 +146,8 @@ class SimTransport(asyncio.Transport):
                 last_of[dst] = when
             else:
                 net.count("reordered")
-            self._push([when, self._next_seq(), self._deliver, (dst, data), copy_context(), False, True, loop])
+            deliver = self._deliver
+            self._push([when, self._next_seq(), deliver, (deliver, dst, data), copy_context().run, False, True, loop])
 
     def close(self) -> None:
         self._link.close(self._side)
