@@ -22,10 +22,10 @@ handles are ``_Call`` lists built in C instead of ``asyncio.Handle`` objects bui
 inline and keeps iterating until the loop is stopped (what ``run_forever`` would do, one Python
 call less per iteration). An item keeps the tuple its scheduling call collected, ``(callback,
 *args)``, and its context's bound ``run``, so running it builds no argument tuple; a timer
-taken off the heap runs alone, without the ready queue, when the heap's next is not due. The simulator's own steps, which need no handle, are plain lists
-(``soon``, ``later``), and a step that hands on as its last act may run the next callback at
-once where it would run next and alone anyway (``call_last``). The order of callbacks is
-exactly asyncio's.
+taken off the heap runs alone, without the ready queue, when the heap's next is not due. The
+simulator's own steps, which need no handle, are plain lists (``soon``, ``later``), and a step
+that hands on as its last act may run the next callback at once where it would run next and
+alone anyway (``call_last``). The order of callbacks is exactly asyncio's.
 """
 
 from __future__ import annotations
