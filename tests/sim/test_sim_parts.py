@@ -4,6 +4,7 @@ bookie's durability and fencing (what the seeds rely on)."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import random
 import struct
 
@@ -242,3 +243,33 @@ def test_history_rows_read_as_each_event_describes_itself() -> None:
     assert describe_rows(events) == "".join(rows)
     assert describe_rows(events, frozenset({"add", "gc"})) == "".join(r for r in rows if " add " not in r
                                                                         and not r.endswith(" gc"))
+
+
+def test_a_connections_deliveries_run_in_one_context_copied_when_it_was_made() -> None:
+    """Each direction's deliveries run in one context, copied when the connection was made: a
+    value the writer sets afterwards is not seen, and one the receiver sets stays for its next
+    delivery (as a selector loop's reader handle of a socket runs every read in its context)."""
+    tag: contextvars.ContextVar[str] = contextvars.ContextVar("tag", default="none")
+    loop, net, server = _net(NetFaults(chunking=False))
+    seen: list[str] = []
+
+    class Tagged(_Sink):
+        def buffer_updated(self, nbytes: int) -> None:
+            super().buffer_updated(nbytes)
+            seen.append(tag.get())
+            tag.set("set by the receiver")
+
+    server.accept = lambda: server.accepted.append(Tagged()) or server.accepted[-1]  # type: ignore[method-assign]
+
+    async def main() -> None:
+        tag.set("when connected")
+        transport, _client = await net.connect(_Sink, "b", 1)
+        tag.set("when written")
+        transport.write(b"one")
+        await asyncio.sleep(0.1)
+        transport.write(b"two")
+        await asyncio.sleep(0.1)
+
+    loop.run_until_complete(main())
+    loop.close()
+    assert seen == ["when connected", "set by the receiver"]
