@@ -18,6 +18,7 @@ import pytest
 
 from vellum.ids import LedgerId
 from vellum.meta import LedgerMetadata, MetadataStore
+from vellum.meta.model import deserialize_ledger_metadata, serialize_ledger_metadata
 from vellum.sim import metadata as sim_metadata
 from vellum.sim.loop import SimLoop
 from vellum.sim.metadata import SimMetadataStore
@@ -111,3 +112,42 @@ def test_password_of_gives_the_stored_rows_password_without_parsing_it(monkeypat
         assert store.password_of(lid) is None
     finally:
         loop.close()
+
+
+def test_every_read_of_a_row_gets_its_own_copy_of_what_its_bytes_parse_to() -> None:
+    """A row is serialized and parsed at its first read, and later reads get copies of that
+    parse: each reader still gets what the bytes give (custom metadata in the bytes' sorted
+    order) and shares nothing mutable with the store, the writer or another reader, as with a
+    real store (docs/verification.md, "Speed")."""
+    loop = SimLoop()
+    try:
+        ledgers = SimMetadataStore(loop).cluster.ledgers
+        md = LedgerMetadata(ensemble_size=1, write_quorum_size=1, ack_quorum_size=1, ensembles={0: ("b:1",)},
+                            custom_metadata={"z": b"1", "a": b"2"}, password=b"pw")
+        lid, _version = ledgers.create_ledger(md)
+        md.ensembles[5] = ("b:2",)  # type: ignore[index]  # a writer breaking the contract afterwards
+        first = ledgers.read_ledger(lid).value
+        assert first == deserialize_ledger_metadata(serialize_ledger_metadata(
+            LedgerMetadata(ensemble_size=1, write_quorum_size=1, ack_quorum_size=1, ensembles={0: ("b:1",)},
+                           custom_metadata={"z": b"1", "a": b"2"}, password=b"pw")), where="test")
+        assert list(first.custom_metadata) == ["a", "z"]
+        first.ensembles[7] = ("b:3",)  # type: ignore[index]  # a reader breaking it
+        first.custom_metadata["b"] = b"3"  # type: ignore[index]
+        again = ledgers.read_ledger(lid).value
+        assert again == ledgers.read_ledger(lid).value and again is not first
+        assert dict(again.ensembles) == {0: ("b:1",)} and list(again.custom_metadata) == ["a", "z"]
+    finally:
+        loop.close()
+
+
+def test_ledger_metadata_has_no_mutable_part_but_the_two_mappings_a_row_copies() -> None:
+    """``_own_copy`` copies ``ensembles`` and ``custom_metadata``: every other field of a
+    ``LedgerMetadata`` must hold an immutable value, or a reader's copy would share it."""
+    md = deserialize_ledger_metadata(serialize_ledger_metadata(LedgerMetadata(
+        ensemble_size=2, write_quorum_size=2, ack_quorum_size=1, ensembles={0: ("b:1", "b:2")},
+        custom_metadata={"k": b"v"}, password=b"pw", ctime_ms=5, creator_token=9)), where="test")
+    immutable = (int, str, bytes, float, bool, type(None), tuple, frozenset)
+    shared = {f.name for f in dataclasses.fields(md) if not isinstance(getattr(md, f.name), immutable)}
+    assert shared == {"ensembles", "custom_metadata"}
+    assert all(isinstance(v, tuple) for v in md.ensembles.values())
+    assert all(isinstance(v, bytes) for v in md.custom_metadata.values())

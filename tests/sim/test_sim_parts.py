@@ -4,6 +4,7 @@ bookie's durability and fencing (what the seeds rely on)."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import random
 import struct
 
@@ -13,6 +14,7 @@ from vellum.errors import LedgerFencedError, NoSuchEntryError, NoSuchLedgerError
 from vellum.format.entry import master_key
 from vellum.proto.messages import AddBatch
 from vellum.sim.bookie import SimBookie, SimDisk
+from vellum.sim.history import Event, describe_rows
 from vellum.sim.loop import SimLoop, SimQuiescent
 from vellum.sim.network import NetFaults, SimNetwork
 
@@ -225,3 +227,49 @@ def test_a_durable_fence_refuses_normal_adds_and_passes_recovery_adds_across_a_r
 
     loop.run_until_complete(main())
     loop.close()
+
+
+def test_history_rows_read_as_each_event_describes_itself() -> None:
+    """``describe_rows`` (what a run's fingerprint digests) writes each event as its row: time,
+    actor padded, kind, then the ledger and entry and the value where the event has them, and
+    leaves out the kinds it is told to."""
+    events = [Event(1.5, "writer", "ack", 3, 7, "abc"), Event(12.25, "nemesis", "crash", value="bookie-1:3181"),
+              Event(2.0, "recoverer", "recover-start", 4), Event(0.0, "reader", "lac", 5, -1, ("h1", 9)),
+              Event(3.0, "bookie-0", "add", 1, 2), Event(1234.56789, "gc", "gc"), Event(7.0, "final", "final-read", 2, 0)]
+    rows = ["t=   1.5000 writer     ack L3:7 abc", "t=  12.2500 nemesis    crash bookie-1:3181",
+            "t=   2.0000 recoverer  recover-start L4", "t=   0.0000 reader     lac L5 ('h1', 9)",
+            "t=   3.0000 bookie-0   add L1:2", "t=1234.5679 gc         gc", "t=   7.0000 final      final-read L2:0"]
+    assert [e.describe() for e in events] == rows
+    assert describe_rows(events) == "".join(rows)
+    assert describe_rows(events, frozenset({"add", "gc"})) == "".join(r for r in rows if " add " not in r
+                                                                        and not r.endswith(" gc"))
+
+
+def test_a_connections_deliveries_run_in_one_context_copied_when_it_was_made() -> None:
+    """Each direction's deliveries run in one context, copied when the connection was made: a
+    value the writer sets afterwards is not seen, and one the receiver sets stays for its next
+    delivery (as a selector loop's reader handle of a socket runs every read in its context)."""
+    tag: contextvars.ContextVar[str] = contextvars.ContextVar("tag", default="none")
+    loop, net, server = _net(NetFaults(chunking=False))
+    seen: list[str] = []
+
+    class Tagged(_Sink):
+        def buffer_updated(self, nbytes: int) -> None:
+            super().buffer_updated(nbytes)
+            seen.append(tag.get())
+            tag.set("set by the receiver")
+
+    server.accept = lambda: server.accepted.append(Tagged()) or server.accepted[-1]  # type: ignore[method-assign]
+
+    async def main() -> None:
+        tag.set("when connected")
+        transport, _client = await net.connect(_Sink, "b", 1)
+        tag.set("when written")
+        transport.write(b"one")
+        await asyncio.sleep(0.1)
+        transport.write(b"two")
+        await asyncio.sleep(0.1)
+
+    loop.run_until_complete(main())
+    loop.close()
+    assert seen == ["when connected", "set by the receiver"]

@@ -46,6 +46,7 @@ registration a read-only bookie rewrites is the nemesis's (``runner.World``). Th
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import random
 import struct
@@ -319,13 +320,19 @@ class SimBookie(LaterReads):
     # ------------------------------------------------------------------ AsyncBookie's face
     def add_batch_cb(self, batch: AddBatch,
                      on_result: Callable[[list[BaseException | None], BaseException | None], None]) -> None:
-        """As ``AsyncBookie.add_batch_cb``: ``on_result(refused per add, durability error)``."""
+        """As ``AsyncBookie.add_batch_cb``: ``on_result(refused per add, durability error)``.
+
+        Hot (every add of a run): a held ledger with the add's key is taken from memory without
+        ``_ledger``'s call (which judges the rest: a first add, a deleted ledger, another key),
+        and ``_advance_lac`` is called only for an add that raises the LAC."""
         refused: list[BaseException | None] = []
         accepted: list[tuple[int, int, bytes, bytes]] = []
         disk = self.disk
         trace = self.trace
+        mem = self.mem
+        lacs = self._lacs
         for entry, given_key, flags in zip(batch.entries, batch.keys, batch.flags):
-            recovery = bool(flags & FLAG_RECOVERY_ADD)
+            recovery = flags & FLAG_RECOVERY_ADD
             key = bytes(given_key)
             try:
                 if len(entry) < 32:
@@ -339,7 +346,9 @@ class SimBookie(LaterReads):
                         f"{self.name}: write cache full and the previous cache is still being flushed; "
                         f"rejecting ledger {ledger_id} entry {entry_id} (last flush failed: "
                         "[Errno 5] Input/output error)")
-                rec = self._ledger(ledger_id, key)
+                rec = mem.get(ledger_id)
+                if rec is None or rec.deleted or rec.master_key != key:
+                    rec = self._ledger(ledger_id, key)  # a first add, or a refusal: as ``_ledger`` judges
                 if rec.fenced and not recovery:
                     raise LedgerFencedError(f"ledger {ledger_id} is fenced; refused entry {entry_id}")
             except Exception as e:
@@ -352,7 +361,8 @@ class SimBookie(LaterReads):
             if trace is not None:
                 trace("recovery-add" if recovery else "add", ledger_id, entry_id, "fenced" if rec.fenced else None)
             rec.entries[entry_id] = data
-            self._advance_lac(ledger_id, lac)
+            if lac > lacs.get(ledger_id, -1):  # ``_advance_lac``'s own test first: most adds do not raise it
+                self._advance_lac(ledger_id, lac)
             accepted.append((ledger_id, entry_id, data, key))
             refused.append(None)
         self.adds_accepted += len(accepted)
@@ -361,13 +371,15 @@ class SimBookie(LaterReads):
             return
 
         def apply(disk: SimDisk) -> None:
+            corrupt = disk.corrupt
             for ledger_id, entry_id, data, key in accepted:
                 rec = disk.record(ledger_id, key)
                 if not rec.deleted:
                     rec.entries[entry_id] = data
-                    disk.corrupt.discard((ledger_id, entry_id))  # a new, good copy replaces a bad one
+                    if corrupt:
+                        corrupt.discard((ledger_id, entry_id))  # a new, good copy replaces a bad one
 
-        self._journal(apply, lambda exc: on_result(refused, exc))
+        self._journal(apply, functools.partial(on_result, refused))
 
     def fence_cb(self, ledger_id: int, key: bytes, done: Callable[[BaseException | None], None]) -> None:
         try:

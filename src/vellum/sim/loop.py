@@ -20,10 +20,12 @@ does anything else, so ``call_soon``, ``call_later`` and ``call_at`` are lean ve
 handles are ``_Call`` lists built in C instead of ``asyncio.Handle`` objects built in Python
 (what callers use of a handle, ``cancel`` above all, behaves the same), and ``_run_once`` runs a callback
 inline and keeps iterating until the loop is stopped (what ``run_forever`` would do, one Python
-call less per iteration). The simulator's own steps, which need no handle, are plain lists
-(``soon``, ``later``), and a step that hands on as its last act may run the next callback at
-once where it would run next and alone anyway (``call_last``). The order of callbacks is
-exactly asyncio's.
+call less per iteration). An item keeps the tuple its scheduling call collected, ``(callback,
+*args)``, and its context's bound ``run``, so running it builds no argument tuple; a timer
+taken off the heap runs alone, without the ready queue, when the heap's next is not due. The
+simulator's own steps, which need no handle, are plain lists (``soon``, ``later``), and a step
+that hands on as its last act may run the next callback at once where it would run next and
+alone anyway (``call_last``). The order of callbacks is exactly asyncio's.
 """
 
 from __future__ import annotations
@@ -55,10 +57,13 @@ class _Call(list):  # type: ignore[type-arg]
     """A scheduled callback: what ``call_soon`` returns and what ``call_at`` keeps in the heap.
 
     A list built in C (half the cost of an ``asyncio.Handle`` built in Python; a run schedules
-    tens of thousands), laid out ``[deadline, sequence, callback, args, context, cancelled,
+    tens of thousands), laid out ``[deadline, sequence, callback, call, run, cancelled,
     scheduled, loop]``: a timer is its own heap item (lists compare by deadline, then by the
-    unique sequence number, never further), a ready callback has deadline and sequence 0. It
-    offers what callers use of a handle: ``cancel``, ``cancelled``, ``when``, ``get_context``.
+    unique sequence number, never further), a ready callback has deadline and sequence 0.
+    ``call`` is ``(callback, *args)`` and ``run`` the context's bound ``run``, so the loop runs
+    an item as ``run(*call)``: no argument tuple is built per callback (``call`` is the tuple
+    the scheduling call collected its arguments into). It offers what callers use of a handle:
+    ``cancel``, ``cancelled``, ``when``, ``get_context``.
     """
 
     __slots__ = ()
@@ -80,7 +85,7 @@ class _Call(list):  # type: ignore[type-arg]
         return float(self[0])
 
     def get_context(self) -> contextvars.Context:
-        return self[4]  # type: ignore[no-any-return]
+        return self[4].__self__  # type: ignore[no-any-return]
 
     def __repr__(self) -> str:
         state = " cancelled" if self[5] else ""
@@ -141,34 +146,39 @@ class SimLoop(asyncio.BaseEventLoop):
             raise ValueError("a monotonic clock never goes back")
         self._now += seconds
 
-    def call_at(self, when: float, callback: Callable[..., object], *args: Any,  # type: ignore[override]
+    # ``call_at``, ``call_later``, ``call_soon``, ``soon`` and ``later`` take ``(callback,
+    # *args)`` as one tuple (``call``), kept as the item's ``call``: the loop runs ``run(*call)``
+    def call_at(self, when: float, *call: Any,  # type: ignore[override]
                 context: contextvars.Context | None = None) -> asyncio.TimerHandle:
-        """A timer in the loop's own heap (the ``_Call`` is its own heap item): compared in C,
-        and timers due at the same instant run in the order they were scheduled."""
+        """``call_at(when, callback, *args)``: a timer in the loop's own heap (the ``_Call`` is
+        its own heap item): compared in C, and timers due at the same instant run in the order
+        they were scheduled."""
         if self._closed:  # type: ignore[attr-defined]
             raise RuntimeError("Event loop is closed")
-        timer = _Call((when, self.next_seq(), callback, args, context if context is not None else copy_context(),
+        timer = _Call((when, self.next_seq(), call[0], call, (context if context is not None else copy_context()).run,
                        False, True, self))
         self.push_timer(timer)
         return timer  # type: ignore[return-value]
 
-    def call_later(self, delay: float, callback: Callable[..., object], *args: Any,  # type: ignore[override]
+    def call_later(self, delay: float, *call: Any,  # type: ignore[override]
                    context: contextvars.Context | None = None) -> asyncio.TimerHandle:
+        """``call_later(delay, callback, *args)``."""
         if delay is None:
             raise TypeError("delay must not be None")
         if self._closed:  # type: ignore[attr-defined]
             raise RuntimeError("Event loop is closed")
         # call_at's body inline: one Python call less per timer
-        timer = _Call((self._now + delay, self.next_seq(), callback, args,
-                       context if context is not None else copy_context(), False, True, self))
+        timer = _Call((self._now + delay, self.next_seq(), call[0], call,
+                       (context if context is not None else copy_context()).run, False, True, self))
         self.push_timer(timer)
         return timer  # type: ignore[return-value]
 
-    def call_soon(self, callback: Callable[..., object], *args: Any,  # type: ignore[override]
+    def call_soon(self, *call: Any,  # type: ignore[override]
                   context: contextvars.Context | None = None) -> asyncio.Handle:
+        """``call_soon(callback, *args)``."""
         if self._closed:  # type: ignore[attr-defined]
             raise RuntimeError("Event loop is closed")
-        handle = _Call((0.0, 0, callback, args, context if context is not None else copy_context(), False, False,
+        handle = _Call((0.0, 0, call[0], call, (context if context is not None else copy_context()).run, False, False,
                         self))
         self._ready_append(handle)
         return handle  # type: ignore[return-value]
@@ -176,17 +186,17 @@ class SimLoop(asyncio.BaseEventLoop):
     # The simulator's own scheduling (the network's deliveries, the model bookie's steps): no
     # handle is returned, so the item is a plain list (laid out as a ``_Call``; the loop only
     # indexes it), a third of the cost of building a ``_Call``.
-    def soon(self, callback: Callable[..., object], *args: Any) -> None:
+    def soon(self, *call: Any) -> None:
         """``call_soon(callback, *args)`` without a handle (nothing can cancel it)."""
         if self._closed:  # type: ignore[attr-defined]
             raise RuntimeError("Event loop is closed")
-        self._ready_append([0.0, 0, callback, args, copy_context(), False, False, self])
+        self._ready_append([0.0, 0, call[0], call, copy_context().run, False, False, self])
 
-    def later(self, delay: float, callback: Callable[..., object], *args: Any) -> None:
+    def later(self, delay: float, *call: Any) -> None:
         """``call_later(delay, callback, *args)`` without a handle (nothing can cancel it)."""
         if self._closed:  # type: ignore[attr-defined]
             raise RuntimeError("Event loop is closed")
-        self.push_timer([self._now + delay, self.next_seq(), callback, args, copy_context(), False, True, self])
+        self.push_timer([self._now + delay, self.next_seq(), call[0], call, copy_context().run, False, True, self])
 
     def call_last(self, callback: Callable[..., object], *args: Any) -> None:
         """``call_soon(callback, *args)`` as the LAST act of a callback the loop runs (a timer's
@@ -206,10 +216,10 @@ class SimLoop(asyncio.BaseEventLoop):
         except BaseException as exc:
             self.call_exception_handler({"message": f"Exception in callback {callback!r}", "exception": exc})
 
-    def call_soon_threadsafe(self, callback: Callable[..., object], *args: Any,  # type: ignore[override]
+    def call_soon_threadsafe(self, *call: Any,  # type: ignore[override]
                              context: contextvars.Context | None = None) -> asyncio.Handle:
         """One thread: the same as ``call_soon`` (asyncio's would build an ``asyncio.Handle``)."""
-        return self.call_soon(callback, *args, context=context)
+        return self.call_soon(*call, context=context)
 
     def create_task(self, coro: Any, *, name: str | None = None,  # type: ignore[override]
                     context: contextvars.Context | None = None) -> asyncio.Task[Any]:
@@ -259,28 +269,28 @@ class SimLoop(asyncio.BaseEventLoop):
                     raise SimLivelock(f"virtual time stood still at {now:.6f} for {spins} loop iterations: "
                                       "a livelock (something reschedules itself without waiting)")
             if not ready:
-                # cancelled timers on top go (with callbacks ready, the due ones are dropped below)
-                while sched and sched[0][5]:
+                # the earliest live timer (cancelled timers on top go; with callbacks ready, the
+                # due ones are dropped below)
+                while True:
+                    if not sched:
+                        if self._stopping:  # type: ignore[attr-defined]
+                            return
+                        raise SimQuiescent("no callback is ready and no timer is pending")
+                    h = sched[0]
+                    if not h[5]:
+                        break
                     self._timer_cancelled_count -= 1
                     heappop(sched)[6] = False
-                if not sched:
-                    if self._stopping:  # type: ignore[attr-defined]
-                        return
-                    raise SimQuiescent("no callback is ready and no timer is pending")
                 if not self._stopping:  # type: ignore[attr-defined]
-                    h = sched[0]
+                    heappop(sched)
+                    h[6] = False
                     if h[0] > now:
                         self._now = now = h[0]
-                    # the heap's next after its top is one of the top's two children
-                    end = now + resolution
-                    n = len(sched)
-                    if n == 1 or (sched[1][0] >= end and (n == 2 or sched[2][0] >= end)):
+                    if not sched or sched[0][0] >= now + resolution:
                         # one timer due now (the usual case): run it as the batch of one it
                         # would be, without passing it through the ready queue
-                        heappop(sched)
-                        h[6] = False
                         try:
-                            h[4].run(h[2], *h[3])
+                            h[4](*h[3])
                         except (SystemExit, KeyboardInterrupt):
                             raise
                         except BaseException as exc:
@@ -290,6 +300,7 @@ class SimLoop(asyncio.BaseEventLoop):
                         if self._stopping:  # type: ignore[attr-defined]
                             return
                         continue
+                    ready.append(h)  # due with others: the first of the batch the heap gives below
             end = now + resolution
             while sched and sched[0][0] < end:
                 h = heappop(sched)
@@ -303,7 +314,7 @@ class SimLoop(asyncio.BaseEventLoop):
                 if h[5]:
                     continue
                 try:
-                    h[4].run(h[2], *h[3])
+                    h[4](*h[3])
                 except (SystemExit, KeyboardInterrupt):
                     raise
                 except BaseException as exc:

@@ -8,7 +8,10 @@ of a missing ledger succeeds; bookie registrations and their watches; AutoRecove
 (under-replicated ledgers that merge their replicas, exclusive re-replication locks, the
 switch, the lost-bookie delay, the audit timestamps, the auditor election: the lowest live vote
 leads) and the key-value area. Metadata travels serialized (``serialize_ledger_metadata``), so
-every reader gets its own copy, as from a real store.
+every reader gets its own copy, as from a real store: what a reader gets is what the row's
+bytes parse to. A row keeps a copy of the metadata it was written from and is serialized and
+parsed at its first read, not at each write (many rows are rewritten before anyone reads them);
+later reads of it get a copy of that parse (``_own_copy``), not a parse each.
 
 Sessions: one ``SimMetadataStore`` is one session on a cluster that every session of a run
 shares (``session(name)`` opens another). Registrations, locks and auditor votes belong to the
@@ -36,6 +39,7 @@ the timeout passes, on virtual time.
 from __future__ import annotations
 
 import asyncio
+import copy
 import socket
 from collections.abc import Callable, Collection, Iterable, Iterator
 
@@ -90,13 +94,42 @@ class _Watch(Watch):
 WriteHook = Callable[[int, LedgerMetadata], None]
 
 
+def _own_copy(md: LedgerMetadata) -> LedgerMetadata:
+    """A copy of ``md`` that shares nothing mutable with it: a reader's own, as a parse of the
+    same bytes would be (a ``LedgerMetadata`` is frozen; its two mappings are its only mutable
+    parts, and their keys and values are immutable)."""
+    own = copy.copy(md)
+    object.__setattr__(own, "ensembles", dict(md.ensembles))
+    object.__setattr__(own, "custom_metadata", dict(md.custom_metadata))
+    return own
+
+
+class _Row:
+    """A ledger's stored row: its version, a copy of the metadata it was written from, and, from
+    its first read on, what its bytes (``serialize_ledger_metadata``) parse to."""
+
+    __slots__ = ("_parsed", "ledger_id", "version", "written")
+
+    def __init__(self, ledger_id: int, version: int, metadata: LedgerMetadata) -> None:
+        self.ledger_id = ledger_id
+        self.version = version
+        self.written = _own_copy(metadata)
+        self._parsed: LedgerMetadata | None = None
+
+    def read(self) -> LedgerMetadata:
+        """The row as a reader gets it from a store: a copy of its own of what the bytes parse to."""
+        parsed = self._parsed
+        if parsed is None:
+            parsed = self._parsed = deserialize_ledger_metadata(serialize_ledger_metadata(self.written),
+                                                                where=f"sim ledgers[{self.ledger_id}]")
+        return _own_copy(parsed)
+
+
 class _Ledgers(LedgerManager, LedgerIdGenerator):
     def __init__(self, deliver: Callable[[Callable[[], None]], None]) -> None:
         self._deliver = deliver
         self.on_write: WriteHook | None = None
-        self._rows: dict[int, tuple[int, bytes]] = {}
-        #: ledger id -> (the stored row it was parsed from, its password): see ``password_of``
-        self._passwords: dict[int, tuple[bytes, bytes]] = {}
+        self._rows: dict[int, _Row] = {}
         self._last_id = 0
         self._watches: dict[int, list[_Watch]] = {}
 
@@ -121,43 +154,41 @@ class _Ledgers(LedgerManager, LedgerIdGenerator):
             self._store_row(ledger_id, 0, metadata)
             self._last_id = max(self._last_id, int(ledger_id))
             return 0
-        held = deserialize_ledger_metadata(row[1], where=f"sim ledgers[{ledger_id}]")
+        held = row.read()
         if metadata.creator_token and held.creator_token == metadata.creator_token:
             return 0
         raise LedgerExistsError(f"ledger {ledger_id} already exists (simulated store, another creator)")
 
     def _store_row(self, ledger_id: int, version: int, metadata: LedgerMetadata) -> None:
-        """Store ``metadata`` as the ledger's row; its password is known without parsing the row."""
-        data = serialize_ledger_metadata(metadata)
-        self._rows[ledger_id] = (version, data)
-        self._passwords[ledger_id] = (data, metadata.password)
+        """Store ``metadata`` as the ledger's row (serialized and parsed when first read)."""
+        self._rows[ledger_id] = _Row(ledger_id, version, metadata)
 
     def read_ledger(self, ledger_id: LedgerId) -> Versioned[LedgerMetadata]:
         row = self._rows.get(ledger_id)
         if row is None:
             raise NoSuchLedgerError(f"no ledger {ledger_id} (simulated store)")
-        return Versioned(deserialize_ledger_metadata(row[1], where=f"sim ledgers[{ledger_id}]"), row[0])
+        return Versioned(row.read(), row.version)
 
     def write_ledger(self, ledger_id: LedgerId, metadata: LedgerMetadata, expected_version: int) -> int:
         row = self._rows.get(ledger_id)
         if row is None:
             raise NoSuchLedgerError(f"no ledger {ledger_id} (simulated store)")
-        if row[0] != expected_version:
+        if row.version != expected_version:
             raise MetadataVersionError(
-                f"ledger {ledger_id} changed: expected version {expected_version}, the store has {row[0]}")
-        self._store_row(ledger_id, row[0] + 1, metadata)
+                f"ledger {ledger_id} changed: expected version {expected_version}, the store has {row.version}")
+        self._store_row(ledger_id, row.version + 1, metadata)
         if self.on_write is not None:
             self.on_write(ledger_id, metadata)
         self._changed(ledger_id)
-        return row[0] + 1
+        return row.version + 1
 
     def delete_ledger(self, ledger_id: LedgerId, expected_version: int | None = None) -> None:
         row = self._rows.get(ledger_id)
         if row is None:
             return
-        if expected_version is not None and row[0] != expected_version:
+        if expected_version is not None and row.version != expected_version:
             raise MetadataVersionError(
-                f"ledger {ledger_id} changed: expected version {expected_version}, the store has {row[0]}")
+                f"ledger {ledger_id} changed: expected version {expected_version}, the store has {row.version}")
         del self._rows[ledger_id]
         self._changed(ledger_id)
 
@@ -166,18 +197,10 @@ class _Ledgers(LedgerManager, LedgerIdGenerator):
 
     def password_of(self, ledger_id: int) -> bytes | None:
         """The password in a ledger's stored metadata, None if it has none: what a simulated
-        bookie's master-key check asks on every first add of a ledger. Taken from the metadata a row
-        was stored from, else parsed once per stored row (the cache keeps the row it belongs to and
-        is used only while that row is the stored one)."""
+        bookie's master-key check asks on every first add of a ledger. Taken from the metadata the
+        row was written from (the bytes hold it as given), without parsing the row."""
         row = self._rows.get(ledger_id)
-        if row is None:
-            return None
-        cached = self._passwords.get(ledger_id)
-        if cached is not None and cached[0] is row[1]:
-            return cached[1]
-        password = deserialize_ledger_metadata(row[1], where=f"sim ledgers[{ledger_id}]").password
-        self._passwords[ledger_id] = (row[1], password)
-        return password
+        return None if row is None else row.written.password
 
     def ledger_ranges(self, start_after: LedgerId | None = None) -> Iterator[LedgerRange]:
         ids = sorted(i for i in self._rows if start_after is None or i > start_after)
@@ -187,8 +210,7 @@ class _Ledgers(LedgerManager, LedgerIdGenerator):
     def watch_ledger(self, ledger_id: LedgerId, callback: LedgerWatcher) -> Watch:
         def fire() -> None:
             row = self._rows.get(ledger_id)
-            callback(ledger_id, None if row is None else Versioned(
-                deserialize_ledger_metadata(row[1], where=f"sim ledgers[{ledger_id}]"), row[0]))
+            callback(ledger_id, None if row is None else Versioned(row.read(), row.version))
 
         return _Watch(self._watches.setdefault(ledger_id, []), fire)
 

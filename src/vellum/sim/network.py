@@ -18,6 +18,11 @@ Writes are handed over in chunks of random sizes (``get_buffer`` / ``buffer_upda
 receiving ``BufferedProtocol``), so the decoders see arbitrary chunking. Which simulated node
 opened a connection is the context variable ``current_node`` (each client actor sets it).
 
+What a side receives runs in one context per direction of a connection, copied when the
+connection is made, as a selector loop runs every read of a socket through the one reader
+handle it registered when the transport was made (and so in that handle's context); one copy
+a connection rather than one a write is also a copy less per message.
+
 Invariants: a protocol's ``connection_lost`` is called exactly once and nothing is delivered to
 it afterwards; every random choice comes from the run's generator.
 """
@@ -88,6 +93,8 @@ class SimTransport(asyncio.Transport):
         self._push = loop.push_timer
         self._next_seq = loop.next_seq
         self._deliver = link._deliver
+        #: the context the other side's deliveries run in (see the module docstring)
+        self._delivery_run = copy_context().run
 
     def write(self, data: Any) -> None:
         self.writelines((bytes(data),))
@@ -99,7 +106,8 @@ class SimTransport(asyncio.Transport):
         Hot (one call per message; the body of what was ``Link.send``, one Python call less):
         the random draws are made in one fixed order, ``uniform`` is inlined as
         ``random.uniform`` computes it (``a + (b - a) * random()``), and the delivery timer is
-        pushed as ``SimLoop.later`` would push it (a plain list), without the call."""
+        pushed as ``SimLoop.later`` would push it (a plain list), without the call, to run in the
+        direction's delivery context."""
         link = self._link
         if link.closing[self._side]:
             return
@@ -146,7 +154,8 @@ class SimTransport(asyncio.Transport):
                 last_of[dst] = when
             else:
                 net.count("reordered")
-            self._push([when, self._next_seq(), self._deliver, (dst, data), copy_context(), False, True, loop])
+            deliver = self._deliver
+            self._push([when, self._next_seq(), deliver, (deliver, dst, data), self._delivery_run, False, True, loop])
 
     def close(self) -> None:
         self._link.close(self._side)

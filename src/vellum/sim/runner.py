@@ -45,7 +45,7 @@ from vellum.server import processors as server_processors
 from vellum.sim.autorecovery import SimAutoRecovery, replicas, virtual_clock
 from vellum.sim.bookie import SimBookie
 from vellum.sim.checker import Placement, Violation, check
-from vellum.sim.history import History
+from vellum.sim.history import History, describe_rows
 from vellum.sim.loop import SimLoop, SimQuiescent
 from vellum.sim.metadata import SimMetadataStore
 from vellum.sim.named_workload import NamedWorkload, named_clock
@@ -795,8 +795,7 @@ def run_seed(seed: int, options: SimOptions | None = None) -> RunResult:
         if named is not None:
             violations += named.check()
         # one update of the rows joined: the same digest as one update a row, fewer calls
-        fp = hashlib.blake2b("".join([ev.describe() for ev in world.history.events if ev.kind not in TRACE_KINDS])
-                             .encode(), digest_size=8)
+        fp = hashlib.blake2b(describe_rows(world.history.events, TRACE_KINDS).encode(), digest_size=8)
         injected = dict(world.injected)
         for counter, kind in _NET_FAULTS.items():
             if world.net.counts.get(counter):
