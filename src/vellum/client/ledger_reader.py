@@ -39,13 +39,13 @@ from vellum.client.distribution import (
     plan_strided_chunks,
     segment_last,
     size_cut,
-    strided_ids,
 )
 from vellum.client.ledger_view import LedgerView
 from vellum.client.replica_read import (
     NEGATIVE_ANSWERS,
     EntryRead,
     ReplicaReads,
+    answer_entries,
     answer_spans,
     collect_answers,
 )
@@ -325,8 +325,7 @@ class LedgerReader:
             try:
                 raws = await self._bc.read_strided(bookie, self.ledger_id, nxt, E, remaining, BATCH_CHUNK_BYTES,
                                                    timeout_s=self._read_timeout_s)
-                ids = strided_ids(nxt, remaining, E)
-                got = [self._digest.verify(raw, eid) for raw, eid in zip(raws[:remaining], ids)]
+                got = list(map(self._digest.verify, answer_entries(raws, remaining), range(nxt, nxt + remaining * E, E)))
             except VellumError as e:
                 log.debug("ledger %d: strided read of %d from %s failed: %s", self.ledger_id, nxt, bookie, e)
             if not got:

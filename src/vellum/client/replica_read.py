@@ -220,7 +220,7 @@ class ReplicaReads:
         entry reads)."""
         verify = self.digest.verify
         got = await self._batch(first, last, replicas, max_size,
-                                lambda raws: [verify(raw, first + i) for i, raw in enumerate(raws)])
+                                lambda raws: list(map(verify, answer_entries(raws), range(first, last + 1))))
         return got or []
 
     async def read_batch_payloads(self, first: int, last: int, replicas: Sequence[str],
@@ -284,6 +284,17 @@ class ReplicaReads:
                     t.exception()
         log.debug("ledger %d: batch read %d..%d failed on every replica: %s", self.ledger_id, first, last, errors)
         return None
+
+
+def answer_entries(raws: Sequence[BytesLike], count: int | None = None) -> Sequence[BytesLike]:
+    """The first ``count`` (default: all) entries of a multi-entry answer, as a list of views of
+    its buffer made in C when it arrived as one frame (iterating a ``FrameEntries`` itself is
+    ``Sequence``'s iterator in Python: a generator step and an item lookup per entry, about a
+    thousand of them a seed of the simulator); any other sequence is only cut to ``count``."""
+    if type(raws) is FrameEntries:
+        starts, ends = (raws.starts, raws.ends) if count is None else (raws.starts[:count], raws.ends[:count])
+        return list(map(raws.body.__getitem__, map(slice, starts, ends)))
+    return raws if count is None else raws[:count]
 
 
 def answer_spans(raws: Sequence[BytesLike]) -> PayloadSpans:
