@@ -112,7 +112,9 @@ async def _gather_window(jobs: list[Callable[[], Awaitable[_T]]], window: int) -
             async with sem:
                 return await job()
 
-    tasks = [asyncio.ensure_future(one(job)) for job in jobs]
+    # the loop's create_task: what ensure_future does with a coroutine, without its type checks
+    loop = asyncio.get_running_loop()
+    tasks = [loop.create_task(one(job)) for job in jobs]
     try:
         return list(await asyncio.gather(*tasks))
     finally:
