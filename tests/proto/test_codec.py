@@ -701,28 +701,6 @@ def test_a_big_frame_is_read_into_its_own_buffer_and_decoded_without_copies() ->
     assert len(decoder.get_buffer(-1)) == 4
 
 
-def test_an_empty_decoder_hands_out_one_whole_view_unless_its_caller_released_it() -> None:
-    """With nothing buffered, ``get_buffer`` hands out the same view of the whole scratch
-    buffer read after read (a transport writes into it and drops it); a caller that released
-    it gets a new one, not the dead one."""
-    decoder = FrameDecoder(MAX, side="server")
-    frame = encode(ReadRequest(3, 5))
-    first = decoder.get_buffer(-1)
-    assert len(first) == FrameDecoder.SCRATCH
-    first[:len(frame)] = frame
-    assert decoder.buffer_updated(len(frame)) == [ReadRequest(3, 5)]
-    again = decoder.get_buffer(-1)
-    assert again is first  # kept, not made again
-    again[:len(frame)] = frame
-    again.release()  # as ``feed`` and some transports do
-    assert decoder.buffer_updated(len(frame)) == [ReadRequest(3, 5)]
-    fresh = decoder.get_buffer(-1)
-    assert fresh is not again and len(fresh) == FrameDecoder.SCRATCH
-    fresh[:len(frame)] = frame
-    assert decoder.buffer_updated(len(frame)) == [ReadRequest(3, 5)]
-    assert decoder.feed(frame * 2) == [ReadRequest(3, 5)] * 2
-
-
 def test_small_frames_read_into_scratch_are_copies() -> None:
     decoder = FrameDecoder(MAX, side="client")
     stream = encode(ReadResponse(EOK, 3, 5, ENTRY)) * 3

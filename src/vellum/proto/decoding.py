@@ -254,7 +254,7 @@ class FrameDecoder:
     BIG_START = 64 * 1024
 
     __slots__ = ("_add_answers", "_add_requests", "_add_runs", "_allocate_announced", "_big", "_big_fill", "_big_size", "_decoders", "_end", "_failure", "_max",
-                 "_owned_decoders", "_peek", "_scratch", "_scratch_size", "_side", "_start", "_view", "_whole")
+                 "_owned_decoders", "_peek", "_scratch", "_scratch_size", "_side", "_start", "_view")
 
     def __init__(self, max_frame_size: int, *, side: Side, batch_adds: bool = False,
                  allocate_announced: bool = False) -> None:
@@ -274,7 +274,6 @@ class FrameDecoder:
         self._scratch = bytearray()
         self._scratch_size = 0  # len(_scratch), kept with it (get_buffer compares without a call)
         self._view = memoryview(self._scratch)  # of the scratch buffer, made with it (one view, not one a read)
-        self._whole = self._view  # what get_buffer hands out when nothing is buffered (a view of _view)
         self._start = 0  # unparsed bytes are _scratch[_start:_end]
         self._end = 0
         self._big: bytearray | None = None  # body of the big frame being received, as far as it came
@@ -312,8 +311,7 @@ class FrameDecoder:
                 buf = self.get_buffer(len(src))
                 n = min(len(buf), len(src))
                 buf[:n] = src[:n]
-                if buf is not self._whole:  # (the whole scratch view is kept for the next read)
-                    buf.release()
+                buf.release()
                 out += self.buffer_updated(n)
                 src = src[n:]
         finally:
@@ -321,9 +319,7 @@ class FrameDecoder:
         return out
 
     def get_buffer(self, sizehint: int = -1) -> memoryview:
-        """Where the next received bytes go (never empty); then call ``buffer_updated``. With
-        nothing buffered (most reads) it is the same view of the whole scratch buffer each
-        time, made once (a new one if its caller released it)."""
+        """Where the next received bytes go (never empty); then call ``buffer_updated``."""
         if self._failure is not None:
             return memoryview(bytearray(4))  # the connection is closing: swallow, parse nothing
         big = self._big
@@ -337,21 +333,12 @@ class FrameDecoder:
                 self._scratch = bytearray(self.SCRATCH)
                 self._scratch_size = self.SCRATCH
                 self._view = memoryview(self._scratch)
-                self._whole = self._view[:]
             self._compact()
             end = self._end
         if self._peek and end < 4:
             return self._view[end:4]
-        if end:
-            return self._view[end:]  # a view of the decoder's own view (its caller may release it)
-        # Nothing buffered (most reads): the whole scratch buffer, as one view made once and
-        # handed out again (not a new view a read), unless its caller released it.
-        whole = self._whole
-        try:
-            len(whole)
-        except ValueError:  # released by the caller: a new one
-            whole = self._whole = self._view[:]
-        return whole
+        # a view of the decoder's own view (its caller may release it)
+        return self._view[end:]
 
     def buffer_updated(self, nbytes: int) -> list[Decoded]:
         """``nbytes`` were written into the buffer ``get_buffer`` returned: the messages they

@@ -120,9 +120,6 @@ class BookieConnection(asyncio.BufferedProtocol):
         self._decoder = codec.FrameDecoder(
             limits.max_frame_size if trusted else min(limits.max_frame_size, limits.peers.unauthenticated_max_frame_size),
             side="server", batch_adds=True)
-        # Reads go straight into the decoder's buffers: its ``get_buffer`` is this protocol's,
-        # bound once (the transport calls it per read; no forwarding call each time).
-        self.get_buffer = self._decoder.get_buffer  # type: ignore[method-assign]  # an instance's own binding
         self._guard = guard if guard is not None else ConnectionGuard(
             limits.peers, RefusalLog(limits.peers.refusal_log_period_s, counters.refused), counters=counters)
         self._refusals = self._guard.refusals
@@ -184,7 +181,6 @@ class BookieConnection(asyncio.BufferedProtocol):
         return self._session.phase is Phase.UPGRADING
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        """The decoder's (each connection binds its decoder's own in ``__init__``)."""
         return self._decoder.get_buffer(sizehint)
 
     def buffer_updated(self, nbytes: int) -> None:
