@@ -21,7 +21,14 @@ from vellum.errors import (
 )
 from vellum.format.entry import ENTRY_HEADER_SIZE, DigestManager, DigestType, master_key
 from vellum.proto import FrameDecoder, decode_body, encode, encode_parts
-from vellum.proto.codec import encode_add_request, encode_add_responses, encode_read_response
+from vellum.proto.codec import (
+    encode_add_request,
+    encode_add_responses,
+    encode_read_lac_request,
+    encode_read_request,
+    encode_read_response,
+    encode_strided_read_request,
+)
 from vellum.proto.messages import (
     FLAG_DO_FENCING,
     MIN_ENTRY_SIZE,
@@ -43,9 +50,11 @@ from vellum.proto.messages import (
     LedgerClosedNote,
     ListEntriesResponse,
     Message,
+    ReadLacRequest,
     ReadLacResponse,
     ReadRequest,
     ReadResponse,
+    StridedReadRequest,
     TrimRequest,
     entry_ranges,
     header_int,
@@ -139,6 +148,49 @@ def test_a_read_response_from_its_fields_is_checked() -> None:
         encode_read_response(EBADREQ, 1, 2, ENTRY)
     with pytest.raises(IncorrectParameterError, match="cannot encode a READ response"):
         encode_read_response(EOK, 2**63, 2, ENTRY)
+
+
+@given(st.integers(0, 2**63 - 1), st.integers(-1, 2**63 - 1), st.sampled_from([0, FLAG_DO_FENCING, 4, 5]))
+def test_a_read_request_from_its_fields_is_the_frame_of_its_message(ledger_id: int, entry_id: int,
+                                                                     flags: int) -> None:
+    key = KEY if flags & FLAG_DO_FENCING else None
+    parts = encode_read_request(ledger_id, entry_id, flags, key)
+    assert parts == encode_parts(ReadRequest(ledger_id, entry_id, flags, key))
+    assert FrameDecoder(MAX, side="server").feed(b"".join(parts)) == [ReadRequest(ledger_id, entry_id, flags, key)]
+
+
+@given(st.integers(0, 2**63 - 1), st.integers(0, 2**63 - 1))
+def test_a_read_lac_request_from_its_fields_is_the_frame_of_its_message(request_id: int, ledger_id: int) -> None:
+    parts = encode_read_lac_request(request_id, ledger_id)
+    assert parts == encode_parts(ReadLacRequest(request_id, ledger_id))
+    assert FrameDecoder(MAX, side="server").feed(b"".join(parts)) == [ReadLacRequest(request_id, ledger_id)]
+
+
+@given(st.integers(0, 2**63 - 1), st.integers(0, 2**63 - 1), st.integers(-1, 2**63 - 1),
+       st.integers(1, 2**31 - 1), st.integers(1, 2**31 - 1), st.integers(0, 2**63 - 1))
+def test_a_strided_read_request_from_its_fields_is_the_frame_of_its_message(
+        request_id: int, ledger_id: int, first: int, stride: int, count: int, max_size: int) -> None:
+    parts = encode_strided_read_request(request_id, ledger_id, first, stride, count, max_size)
+    msg = StridedReadRequest(request_id, ledger_id, first, stride, count, max_size)
+    assert parts == encode_parts(msg)
+    assert FrameDecoder(MAX, side="server").feed(b"".join(parts)) == [msg]
+
+
+def test_read_requests_from_their_fields_are_checked() -> None:
+    with pytest.raises(IncorrectParameterError, match="master key must be 20 bytes, got none"):
+        encode_read_request(1, 2, FLAG_DO_FENCING)
+    with pytest.raises(IncorrectParameterError, match="only sent with FLAG_DO_FENCING"):
+        encode_read_request(1, 2, 0, KEY)
+    with pytest.raises(IncorrectParameterError, match="do not fit in 16 bits"):
+        encode_read_request(1, 2, 0x10000)
+    with pytest.raises(IncorrectParameterError, match="cannot encode a READ request"):
+        encode_read_request(2**63, 2)
+    with pytest.raises(IncorrectParameterError, match="cannot encode a READ_LAC request"):
+        encode_read_lac_request(1, -2**63 - 1)
+    with pytest.raises(IncorrectParameterError, match="stride 0 and count 3 must be >= 1"):
+        encode_strided_read_request(1, 2, 0, 0, 3, 0)
+    with pytest.raises(IncorrectParameterError, match="cannot encode a READ_STRIDED request"):
+        encode_strided_read_request(1, 2, 0, 2**31, 3, 0)
 
 
 def test_a_batch_of_add_responses_is_checked() -> None:

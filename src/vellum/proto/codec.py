@@ -54,6 +54,11 @@ that the two halves of a layout are read together: ``frames_v2.py`` (BookKeeper'
 BATCH_READ), ``frames_vellum.py`` (Vellum's operations, START_TLS, AUTH, ERROR); what they share is
 ``frame_parts.py``; decoding by opcode and the stream framer ``FrameDecoder`` are
 ``decoding.py``. What is not layout (the messages, the registry) lives in ``messages.py``.
+
+The most frequent frames also have an encoder from their fields, for callers that need no
+message object (the same bytes as ``encode_parts`` of the message): ``encode_add_request``,
+``encode_read_response``, ``encode_add_responses`` (a batch), ``encode_read_request``,
+``encode_read_lac_request`` and ``encode_strided_read_request``.
 """
 
 from __future__ import annotations
@@ -79,6 +84,7 @@ from vellum.proto.frames_v2 import (  # noqa: F401
     encode_add_head,
     encode_add_request,
     encode_add_responses,
+    encode_read_request,
     encode_read_response,
 )
 from vellum.proto.frames_vellum import (  # noqa: F401
@@ -86,6 +92,8 @@ from vellum.proto.frames_vellum import (  # noqa: F401
     ERROR_HAS_LEDGER_ID,
     ERROR_HAS_OPCODE,
     ERROR_HAS_REQUEST_ID,
+    encode_read_lac_request,
+    encode_strided_read_request,
 )
 from vellum.proto.messages import MESSAGE_TYPES, BytesLike, Message
 

@@ -106,12 +106,22 @@ def _enc_add_resp(m: AddResponse) -> list[BytesLike]:
 
 
 def _enc_read_req(m: ReadRequest) -> list[BytesLike]:
-    header = _V | (OP_READ << 16) | _flags(m.flags)
-    if m.flags & FLAG_DO_FENCING:
-        return [_READ_REQ_FENCE.pack(40, header, m.ledger_id, m.entry_id, _key(m.master_key, "fencing READ"))]
-    if m.master_key is not None:
-        raise IncorrectParameterError("READ: a master key is only sent with FLAG_DO_FENCING")
-    return [_READ_REQ.pack(20, header, m.ledger_id, m.entry_id)]
+    return encode_read_request(m.ledger_id, m.entry_id, m.flags, m.master_key)
+
+
+def encode_read_request(ledger_id: int, entry_id: int, flags: int = 0,
+                        master_key: BytesLike | None = None) -> list[BytesLike]:
+    """The frame of ``ReadRequest(ledger_id, entry_id, flags, master_key)`` without building the
+    message: how a client asks a bookie for one entry, its most frequent request after ADD."""
+    header = _V | (OP_READ << 16) | _flags(flags)
+    try:
+        if flags & FLAG_DO_FENCING:
+            return [_READ_REQ_FENCE.pack(40, header, ledger_id, entry_id, _key(master_key, "fencing READ"))]
+        if master_key is not None:
+            raise IncorrectParameterError("READ: a master key is only sent with FLAG_DO_FENCING")
+        return [_READ_REQ.pack(20, header, ledger_id, entry_id)]
+    except struct.error as exc:
+        raise IncorrectParameterError(f"cannot encode a READ request ({ledger_id}, {entry_id}): {exc}") from exc
 
 
 def _enc_read_resp(m: ReadResponse) -> list[BytesLike]:

@@ -265,7 +265,16 @@ def _enc_error_resp(m: ErrorResponse) -> list[BytesLike]:
 
 
 def _enc_read_lac_req(m: ReadLacRequest) -> list[BytesLike]:
-    return _req_ledger(OP_READ_LAC, m.request_id, m.ledger_id)
+    return encode_read_lac_request(m.request_id, m.ledger_id)
+
+
+def encode_read_lac_request(request_id: int, ledger_id: int) -> list[BytesLike]:
+    """The frame of ``ReadLacRequest(request_id, ledger_id)`` without building the message (a
+    reader asks each bookie of its ensemble for the LAC)."""
+    try:
+        return _req_ledger(OP_READ_LAC, request_id, ledger_id)
+    except struct.error as exc:
+        raise IncorrectParameterError(f"cannot encode a READ_LAC request ({request_id}, {ledger_id}): {exc}") from exc
 
 
 def _enc_write_lac_resp(m: WriteLacResponse) -> list[BytesLike]:
@@ -310,10 +319,28 @@ def _enc_trim_resp(m: TrimResponse) -> list[BytesLike]:
 
 
 def _enc_strided_req(m: StridedReadRequest) -> list[BytesLike]:
-    if m.stride < 1 or m.max_count < 1:
-        raise IncorrectParameterError(f"READ_STRIDED: stride {m.stride} and count {m.max_count} must be >= 1")
-    return [_STRIDED_REQ.pack(44, _V | (OP_READ_STRIDED << 16), m.request_id, m.ledger_id, m.first_entry_id,
-                              m.stride, m.max_count, m.max_size)]
+    return encode_strided_read_request(m.request_id, m.ledger_id, m.first_entry_id, m.stride, m.max_count,
+                                       m.max_size)
+
+
+_STRIDED_REQ_HEADER = _V | (OP_READ_STRIDED << 16)
+
+
+def encode_strided_read_request(request_id: int, ledger_id: int, first_entry_id: int, stride: int,
+                                max_count: int, max_size: int) -> list[BytesLike]:
+    """The frame of ``StridedReadRequest(request_id, ledger_id, first_entry_id, stride,
+    max_count, max_size)`` without building the message (a reader's bulk read of one bookie's
+    share of a run)."""
+    if stride < 1 or max_count < 1:
+        raise IncorrectParameterError(f"READ_STRIDED: stride {stride} and count {max_count} must be >= 1")
+    try:
+        return [_STRIDED_REQ.pack(44, _STRIDED_REQ_HEADER, request_id, ledger_id, first_entry_id,
+                                  stride, max_count, max_size)]
+    except struct.error as exc:
+        raise IncorrectParameterError(
+            f"cannot encode a READ_STRIDED request ({request_id}, {ledger_id}, {first_entry_id}, {stride}, "
+            f"{max_count}, {max_size}): {exc}") from exc
+
 
 
 def _enc_strided_resp(m: StridedReadResponse) -> list[BytesLike]:
