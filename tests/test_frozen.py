@@ -62,7 +62,6 @@ def test_the_hot_records_built_are_their_class_built_by_its_own_init(cls: type, 
 def test_the_messages_module_builders_build_their_messages() -> None:
     assert m.new_read_request(1, 2, 0, None) == m.ReadRequest(1, 2)
     assert m.new_read_response(0, 1, 2, b"e") == m.ReadResponse(0, 1, 2, b"e")
-    assert m.new_read_lac_request(3, 4) == m.ReadLacRequest(3, 4)
     assert m.new_read_lac_response(3, 0, 4, b"", b"") == m.ReadLacResponse(3, 0, 4)
     assert m.new_strided_read_request(1, 2, 3, 4, 5, 6) == m.StridedReadRequest(1, 2, 3, 4, 5, 6)
     assert m.new_strided_read_response(1, 0, 2, 3, ()) == m.StridedReadResponse(1, 0, 2, 3)

@@ -230,11 +230,12 @@ class BookieClient(BookieUpkeepOps):
         op: int,
         ledger_id: int,
         entry_id: int,
-        build: Callable[[int], m.Request],
+        build: Callable[[int], list[m.BytesLike]],
         timeout_s: float,
     ) -> asyncio.Future[Any]:
-        """A request matched by its id; a failure known at once (closed client, bookie in
-        reconnect backoff) comes back as an already failed future, as in ``read_future``."""
+        """A request matched by its id, its frame made by ``build(request_id)``; a failure known
+        at once (closed client, bookie in reconnect backoff) comes back as an already failed
+        future, as in ``read_future``."""
         try:
             conn = self._connection(bookie_id)
         except VellumError as exc:
@@ -242,7 +243,7 @@ class BookieClient(BookieUpkeepOps):
             failed.set_exception(exc)
             return failed
         request_id = conn.new_request_id()
-        parts = codec.encode_parts(build(request_id))
+        parts = build(request_id)
         loop = conn.loop
         fut: asyncio.Future[Any] = loop.create_future()
         p = Pending(conn, op, (ledger_id, entry_id), request_id, None, fut, loop.time() + timeout_s)
@@ -476,7 +477,7 @@ class BookieClient(BookieUpkeepOps):
         before answering, so later normal adds fail with LedgerFencedError.
         """
         flags = m.FLAG_DO_FENCING if fence_master_key is not None else 0
-        parts = codec.encode_parts(m.new_read_request(ledger_id, entry_id, flags, fence_master_key))
+        parts = codec.encode_read_request(ledger_id, entry_id, flags, fence_master_key)
         fut: asyncio.Future[bytes | memoryview] = self._get_loop().create_future()
         self._submit_v2(bookie_id, m.OP_READ, ledger_id, entry_id, parts, None, fut, timeout_s)
         return await fut
@@ -491,7 +492,7 @@ class BookieClient(BookieUpkeepOps):
         """
         fut: asyncio.Future[bytes | memoryview] = self._get_loop().create_future()
         try:
-            parts = codec.encode_parts(m.new_read_request(ledger_id, entry_id, 0, None))
+            parts = codec.encode_read_request(ledger_id, entry_id)
             self._submit_v2(bookie_id, m.OP_READ, ledger_id, entry_id, parts, None, fut, timeout_s)
         except VellumError as exc:
             fut.set_exception(exc)
@@ -529,7 +530,7 @@ class BookieClient(BookieUpkeepOps):
             m.OP_BATCH_READ,
             ledger_id,
             start_entry_id,
-            lambda rid: m.BatchReadRequest(ledger_id, start_entry_id, rid, max_count, max_size),
+            lambda rid: codec.encode_parts(m.BatchReadRequest(ledger_id, start_entry_id, rid, max_count, max_size)),
             timeout_s,
         )
 
@@ -552,7 +553,7 @@ class BookieClient(BookieUpkeepOps):
             m.OP_READ_STRIDED,
             ledger_id,
             first_entry_id,
-            lambda rid: m.new_strided_read_request(rid, ledger_id, first_entry_id, stride, max_count, max_size),
+            lambda rid: codec.encode_strided_read_request(rid, ledger_id, first_entry_id, stride, max_count, max_size),
             timeout_s,
         )
         result: m.FrameEntries = await fut
@@ -570,7 +571,7 @@ class BookieClient(BookieUpkeepOps):
     ) -> asyncio.Future[tuple[bytes, bytes]]:
         """:meth:`read_lac` as a future, without a coroutine or task (as :meth:`read_future`)."""
         return self._submit_by_id(
-            bookie_id, m.OP_READ_LAC, ledger_id, -1, lambda rid: m.new_read_lac_request(rid, ledger_id), timeout_s
+            bookie_id, m.OP_READ_LAC, ledger_id, -1, lambda rid: codec.encode_read_lac_request(rid, ledger_id), timeout_s
         )
 
     async def long_poll_lac(
@@ -590,7 +591,7 @@ class BookieClient(BookieUpkeepOps):
             m.OP_LONG_POLL_READ_LAC,
             ledger_id,
             -1,
-            lambda rid: m.LongPollReadLacRequest(rid, ledger_id, previous_lac, timeout_ms),
+            lambda rid: codec.encode_parts(m.LongPollReadLacRequest(rid, ledger_id, previous_lac, timeout_ms)),
             timeout_ms / 1000.0 + LONG_POLL_MARGIN_S,
         )
 
@@ -610,7 +611,7 @@ class BookieClient(BookieUpkeepOps):
             m.OP_WRITE_LAC,
             ledger_id,
             lac,
-            lambda rid: m.WriteLacRequest(rid, ledger_id, lac, master_key, lac_body),
+            lambda rid: codec.encode_parts(m.WriteLacRequest(rid, ledger_id, lac, master_key, lac_body)),
             timeout_s,
         )
         await fut
@@ -622,7 +623,7 @@ class BookieClient(BookieUpkeepOps):
             m.OP_FORCE_LEDGER,
             ledger_id,
             -1,
-            lambda rid: m.ForceLedgerRequest(rid, ledger_id),
+            lambda rid: codec.encode_parts(m.ForceLedgerRequest(rid, ledger_id)),
             timeout_s,
         )
         await fut

@@ -33,7 +33,7 @@ class BookieUpkeepOps:
         def _connection(self, bookie_id: str) -> BookieConnection: ...
 
         def _submit_by_id(self, bookie_id: str, op: int, ledger_id: int, entry_id: int,
-                          build: Callable[[int], m.Request], timeout_s: float) -> asyncio.Future[Any]: ...
+                          build: Callable[[int], list[m.BytesLike]], timeout_s: float) -> asyncio.Future[Any]: ...
 
     async def list_entries(
         self, bookie_id: str, ledger_id: int, *, timeout_s: float = DEFAULT_TIMEOUT_S
@@ -44,7 +44,7 @@ class BookieUpkeepOps:
             m.OP_LIST_ENTRIES,
             ledger_id,
             -1,
-            lambda rid: m.ListEntriesRequest(rid, ledger_id),
+            lambda rid: codec.encode_parts(m.ListEntriesRequest(rid, ledger_id)),
             timeout_s,
         )
         result: tuple[tuple[int, int], ...] = await fut
@@ -53,7 +53,7 @@ class BookieUpkeepOps:
     async def bookie_info(self, bookie_id: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> tuple[int, int]:
         """``(total disk capacity, free disk space)`` of the bookie's ledger dirs, in bytes."""
         fut = self._submit_by_id(
-            bookie_id, m.OP_GET_BOOKIE_INFO, -1, -1, lambda rid: m.GetBookieInfoRequest(rid), timeout_s
+            bookie_id, m.OP_GET_BOOKIE_INFO, -1, -1, lambda rid: codec.encode_parts(m.GetBookieInfoRequest(rid)), timeout_s
         )
         result: tuple[int, int] = await fut
         return result
@@ -82,7 +82,7 @@ class BookieUpkeepOps:
             m.OP_TRIM,
             ledger_id,
             end_entry_id,
-            lambda rid: m.TrimRequest(rid, ledger_id, end_entry_id, master_key),
+            lambda rid: codec.encode_parts(m.TrimRequest(rid, ledger_id, end_entry_id, master_key)),
             timeout_s,
         )
         await fut
@@ -105,7 +105,7 @@ class BookieUpkeepOps:
             m.OP_COLLECT,
             ledger_id,
             end_entry_id,
-            lambda rid: m.CollectRequest(rid, ledger_id, end_entry_id, master_key),
+            lambda rid: codec.encode_parts(m.CollectRequest(rid, ledger_id, end_entry_id, master_key)),
             timeout_s,
         )
         result: tuple[int, int] = await fut

@@ -803,12 +803,12 @@ MESSAGE_TYPES: tuple[type[Message], ...] = REQUEST_TYPES + RESPONSE_TYPES
 #: BookKeeper v2's frames (byte for byte): no request id, answers matched by (op, ledger, entry).
 V2_OPCODES = frozenset({OP_ADD, OP_READ, OP_BATCH_READ})
 
-# The messages made once per read on each side (the client's requests, the bookie's answers
-# and their decoders): positional constructors taking every field in field order, at about half
-# the cost of the frozen classes' own ``__init__`` (``vellum.frozen``).
+# The messages made once per read (the read requests a bookie decodes, the answers a client
+# decodes, a strided read's answer a bookie makes): positional constructors taking every field
+# in field order, at about half the cost of the frozen classes' own ``__init__``
+# (``vellum.frozen``). A client encodes its read requests from their fields (``codec``).
 new_read_request = builder(ReadRequest)
 new_read_response = builder(ReadResponse)
-new_read_lac_request = builder(ReadLacRequest)
 new_read_lac_response = builder(ReadLacResponse)
 new_strided_read_request = builder(StridedReadRequest)
 new_strided_read_response = builder(StridedReadResponse)
