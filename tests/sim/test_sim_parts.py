@@ -14,7 +14,7 @@ from vellum.errors import LedgerFencedError, NoSuchEntryError, NoSuchLedgerError
 from vellum.format.entry import master_key
 from vellum.proto.messages import AddBatch
 from vellum.sim.bookie import SimBookie, SimDisk
-from vellum.sim.history import Event, describe_rows
+from vellum.sim.history import Digests, Event, describe_rows, digest
 from vellum.sim.loop import SimLoop, SimQuiescent
 from vellum.sim.network import NetFaults, SimNetwork
 
@@ -243,6 +243,20 @@ def test_history_rows_read_as_each_event_describes_itself() -> None:
     assert describe_rows(events) == "".join(rows)
     assert describe_rows(events, frozenset({"add", "gc"})) == "".join(r for r in rows if " add " not in r
                                                                         and not r.endswith(" gc"))
+
+
+def test_a_runs_digest_table_digests_each_distinct_payload_once() -> None:
+    """``Digests`` gives what ``digest`` gives, for any bytes object of the same content, and
+    keeps the first digest of a payload: a read of it later is a look-up, not a digest."""
+    digests = Digests()
+    written = bytes(range(48))
+    read_back = bytes(bytearray(written))  # another object, the same bytes
+    first = digests[written]
+    assert first == digest(written)
+    assert digests[read_back] is first  # looked up, not digested again
+    other = bytes(48)
+    assert digests[other] == digest(other) != first
+    assert len(digests) == 2
 
 
 def test_a_connections_deliveries_run_in_one_context_copied_when_it_was_made() -> None:

@@ -7,6 +7,9 @@ An ``Event`` is a named tuple (immutable, and built in C: a run records thousand
 event of every seed): one loop, each row one ``%`` format (one C call where an f-string of several
 parts builds each), the ``actor kind`` part formatted once per pair; ``Event.describe`` is a row
 of one.
+``Digests`` is a run's payload -> digest table: a payload is written once and read back many times
+(the reader, the recoverer, the final read), and each digest is worth a few thousand instructions
+where a look-up of its bytes is worth a few hundred, so each distinct payload is digested once.
 """
 
 from __future__ import annotations
@@ -19,6 +22,17 @@ from typing import Any, NamedTuple
 
 def digest(data: bytes) -> str:
     return hashlib.blake2b(data, digest_size=6).hexdigest()
+
+
+class Digests(dict[bytes, str]):
+    """``digests[data]`` is ``digest(data)``, computed at the first look-up of those bytes and
+    kept (for one run: it holds every payload it was asked about)."""
+
+    __slots__ = ()
+
+    def __missing__(self, data: bytes) -> str:
+        value = self[data] = digest(data)
+        return value
 
 
 class Event(NamedTuple):
