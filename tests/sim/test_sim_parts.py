@@ -235,10 +235,12 @@ def test_history_rows_read_as_each_event_describes_itself() -> None:
     leaves out the kinds it is told to."""
     events = [Event(1.5, "writer", "ack", 3, 7, "abc"), Event(12.25, "nemesis", "crash", value="bookie-1:3181"),
               Event(2.0, "recoverer", "recover-start", 4), Event(0.0, "reader", "lac", 5, -1, ("h1", 9)),
-              Event(3.0, "bookie-0", "add", 1, 2), Event(1234.56789, "gc", "gc"), Event(7.0, "final", "final-read", 2, 0)]
+              Event(3.0, "bookie-0", "add", 1, 2), Event(1234.56789, "gc", "gc"), Event(7.0, "final", "final-read", 2, 0),
+              Event(7.0, "final", "final-read", 2, 1, "def"), Event(7.00001, "final", "final-read", 2, 2)]
     rows = ["t=   1.5000 writer     ack L3:7 abc", "t=  12.2500 nemesis    crash bookie-1:3181",
             "t=   2.0000 recoverer  recover-start L4", "t=   0.0000 reader     lac L5 ('h1', 9)",
-            "t=   3.0000 bookie-0   add L1:2", "t=1234.5679 gc         gc", "t=   7.0000 final      final-read L2:0"]
+            "t=   3.0000 bookie-0   add L1:2", "t=1234.5679 gc         gc", "t=   7.0000 final      final-read L2:0",
+            "t=   7.0000 final      final-read L2:1 def", "t=   7.0000 final      final-read L2:2"]
     assert [e.describe() for e in events] == rows
     assert describe_rows(events) == "".join(rows)
     assert describe_rows(events, frozenset({"add", "gc"})) == "".join(r for r in rows if " add " not in r
