@@ -102,3 +102,19 @@ def test_a_bookie_that_missed_an_acknowledged_entry_and_stayed_in_the_ensemble_i
     # every copy present: clean
     full = Placement({0: ("a", "b", "c")}, 3, {"a": every, "b": every, "c": every})
     assert _kinds(_history(CLEAN), final_ends={1: 1}, placements={1: full}) == []
+
+
+def test_the_first_entry_beyond_an_end_is_reported_and_divergent_bytes_in_the_order_first_seen() -> None:
+    """One ``ack-lost`` per end, for the first acknowledged entry beyond it; ``divergent`` lists
+    each distinct digest with the first actor that saw it, entries in the order first seen (not
+    in the order they diverged)."""
+    rows = [*CLEAN, (1.15, "writer", "ack", 1, 3, "dd"), (1.16, "writer", "ack", 1, 2, "cc"),
+            (1.35, "reader", "read", 1, 1, "xx"), (3.5, "reader", "read", 1, 0, "zz"),
+            (3.6, "final", "final-read", 1, 0, "yy"), (3.7, "final", "final-read", 1, 0, "zz")]
+    rows.sort(key=lambda r: r[0])
+    got = [(v.kind, v.entry, v.message) for v in check(_history(rows), final_ends={1: 1}, leftover_deleted={})]
+    assert got == [
+        ("divergent", 0, "different bytes seen: writer=aa, reader=zz, final=yy"),
+        ("divergent", 1, "different bytes seen: writer=bb, reader=xx"),
+        ("ack-lost", 2, "entry 2 acknowledged at t=1.1600 but the ledger was recovered at 1 (t=2.1000)"),
+    ]

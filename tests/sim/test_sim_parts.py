@@ -14,7 +14,7 @@ from vellum.errors import LedgerFencedError, NoSuchEntryError, NoSuchLedgerError
 from vellum.format.entry import master_key
 from vellum.proto.messages import AddBatch
 from vellum.sim.bookie import SimBookie, SimDisk
-from vellum.sim.history import Event, describe_rows
+from vellum.sim.history import Digests, Event, describe_rows, digest
 from vellum.sim.loop import SimLoop, SimQuiescent
 from vellum.sim.network import NetFaults, SimNetwork
 
@@ -235,14 +235,30 @@ def test_history_rows_read_as_each_event_describes_itself() -> None:
     leaves out the kinds it is told to."""
     events = [Event(1.5, "writer", "ack", 3, 7, "abc"), Event(12.25, "nemesis", "crash", value="bookie-1:3181"),
               Event(2.0, "recoverer", "recover-start", 4), Event(0.0, "reader", "lac", 5, -1, ("h1", 9)),
-              Event(3.0, "bookie-0", "add", 1, 2), Event(1234.56789, "gc", "gc"), Event(7.0, "final", "final-read", 2, 0)]
+              Event(3.0, "bookie-0", "add", 1, 2), Event(1234.56789, "gc", "gc"), Event(7.0, "final", "final-read", 2, 0),
+              Event(7.0, "final", "final-read", 2, 1, "def"), Event(7.00001, "final", "final-read", 2, 2)]
     rows = ["t=   1.5000 writer     ack L3:7 abc", "t=  12.2500 nemesis    crash bookie-1:3181",
             "t=   2.0000 recoverer  recover-start L4", "t=   0.0000 reader     lac L5 ('h1', 9)",
-            "t=   3.0000 bookie-0   add L1:2", "t=1234.5679 gc         gc", "t=   7.0000 final      final-read L2:0"]
+            "t=   3.0000 bookie-0   add L1:2", "t=1234.5679 gc         gc", "t=   7.0000 final      final-read L2:0",
+            "t=   7.0000 final      final-read L2:1 def", "t=   7.0000 final      final-read L2:2"]
     assert [e.describe() for e in events] == rows
     assert describe_rows(events) == "".join(rows)
     assert describe_rows(events, frozenset({"add", "gc"})) == "".join(r for r in rows if " add " not in r
                                                                         and not r.endswith(" gc"))
+
+
+def test_a_runs_digest_table_digests_each_distinct_payload_once() -> None:
+    """``Digests`` gives what ``digest`` gives, for any bytes object of the same content, and
+    keeps the first digest of a payload: a read of it later is a look-up, not a digest."""
+    digests = Digests()
+    written = bytes(range(48))
+    read_back = bytes(bytearray(written))  # another object, the same bytes
+    first = digests[written]
+    assert first == digest(written)
+    assert digests[read_back] is first  # looked up, not digested again
+    other = bytes(48)
+    assert digests[other] == digest(other) != first
+    assert len(digests) == 2
 
 
 def test_a_connections_deliveries_run_in_one_context_copied_when_it_was_made() -> None:

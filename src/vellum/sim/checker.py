@@ -139,47 +139,61 @@ def check(history: History, *, final_ends: dict[int, int], leftover_deleted: dic
     events = history.events
     out: list[Violation] = []
     acks: dict[int, dict[int, tuple[float, str]]] = defaultdict(dict)
-    seen: dict[tuple[int, int], dict[str, str]] = defaultdict(dict)
+    #: (ledger, entry) -> (the first digest of its bytes seen, the actor that saw it), in the
+    #: order entries were first seen; ``differing``: the entries seen with other bytes too ->
+    #: {digest: the first actor that saw those bytes}, the first digest first
+    seen: dict[tuple[int, int], tuple[str, str]] = {}
+    seen_get = seen.get
+    differing: dict[tuple[int, int], dict[str, str]] = {}
     recover_start: dict[int, float] = {}
     ends: dict[int, list[tuple[str, int, float]]] = defaultdict(list)
     deleted_at: dict[int, float] = {}
     lacs: dict[str, int] = {}
     final_read: dict[tuple[int, int], str] = {}
-    for ev in events:
-        k = ev.kind
-        if k == "ack":
-            acks[ev.ledger][ev.entry] = (ev.t, ev.value)
-            seen[(ev.ledger, ev.entry)].setdefault(ev.value, ev.actor)
-        elif k in ("read", "final-read"):
-            seen[(ev.ledger, ev.entry)].setdefault(ev.value, ev.actor)
+    # Every event of every seed passes here: the fields are unpacked at once (a named tuple's
+    # field is a descriptor call each), and an entry seen with the same bytes each time (all,
+    # unless a promise is broken) keeps one pair, not a table of one.
+    for t, actor, k, ledger, entry, value in events:
+        if k == "read" or k == "ack" or k == "final-read":
+            key = (ledger, entry)
+            if k == "ack":
+                acks[ledger][entry] = (t, value)
+            first = seen_get(key)
+            if first is None:
+                seen[key] = (value, actor)
+            elif first[0] != value:
+                differing.setdefault(key, {first[0]: first[1]}).setdefault(value, actor)
             if k == "final-read":
-                final_read[(ev.ledger, ev.entry)] = ev.value
+                final_read[key] = value
         elif k == "recover-start":
-            recover_start.setdefault(ev.ledger, ev.t)
+            recover_start.setdefault(ledger, t)
         elif k in ("closed", "recovered"):
-            ends[ev.ledger].append((k, int(ev.value), ev.t))
+            ends[ledger].append((k, int(value), t))
         elif k == "deleted":
-            deleted_at.setdefault(ev.ledger, ev.t)
+            deleted_at.setdefault(ledger, t)
         elif k == "lac":
-            handle, lac = ev.value
+            handle, lac = value
             prev = lacs.get(handle)
             if prev is not None and lac < prev:
-                out.append(Violation("lac-regressed", ev.ledger, -1,
+                out.append(Violation("lac-regressed", ledger, -1,
                                      f"reader handle {handle} saw LAC {prev}, then {lac}",
-                                     _minimal(events, ev.ledger, -1)))
+                                     _minimal(events, ledger, -1)))
             lacs[handle] = max(lac, prev if prev is not None else lac)
 
-    for (ledger, entry), values in seen.items():
-        if len(values) > 1:
-            who = ", ".join(f"{actor}={v}" for v, actor in values.items())
-            out.append(Violation("divergent", ledger, entry, f"different bytes seen: {who}",
-                                 _minimal(events, ledger, entry)))
+    if differing:
+        for ledger, entry in seen:  # in the order the entries were first seen
+            values = differing.get((ledger, entry))
+            if values is not None:
+                who = ", ".join(f"{actor}={v}" for v, actor in values.items())
+                out.append(Violation("divergent", ledger, entry, f"different bytes seen: {who}",
+                                     _minimal(events, ledger, entry)))
 
     for ledger, acked in acks.items():
         for kind, end, t_end in ends.get(ledger, []):
-            for entry, (t_ack, _v) in sorted(acked.items()):
-                if entry <= end:
-                    continue
+            beyond = [e for e in acked if e > end]  # most ends hold every acknowledged entry
+            if beyond:
+                entry = min(beyond)  # one violation per close is enough: the first entry beyond it
+                t_ack = acked[entry][0]
                 started = recover_start.get(ledger)
                 if started is not None and t_ack >= started:
                     out.append(Violation(
@@ -191,7 +205,6 @@ def check(history: History, *, final_ends: dict[int, int], leftover_deleted: dic
                         "ack-lost", ledger, entry,
                         f"entry {entry} acknowledged at t={t_ack:.4f} but the ledger was {kind} at {end} "
                         f"(t={t_end:.4f})", _minimal(events, ledger, entry)))
-                break  # one violation per close is enough
         deleted = deleted_at.get(ledger)
         if deleted is not None:
             # A late acknowledgement of an entry the closed ledger holds is not a write after the

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from vellum.errors import NoSuchEntryError, NoSuchLedgerError, VellumError
 from vellum.ids import LedgerId
 from vellum.sim.checker import Placement
-from vellum.sim.history import digest
+from vellum.sim.history import Digests
 from vellum.sim.network import current_node
 
 if TYPE_CHECKING:
@@ -100,6 +100,8 @@ class Workload:
         self.placements: dict[int, Placement] = {}
         self._closed_quiet: list[int] = []
         self._writer_done = False
+        #: every payload's digest, computed once (written once, read back by several actors)
+        self.digests = Digests()
 
     async def run(self, run_s: float) -> None:
         actors = [asyncio.ensure_future(a) for a in (self._writer(), self._reader(), self._recoverer(), self._gc())]
@@ -146,6 +148,7 @@ class Workload:
 
     async def _write(self, h: LedgerHandle, rng: random.Random) -> None:
         history = self.history
+        digests = self.digests
         lid = h.ledger_id
         inflight: deque[asyncio.Future[int]] = deque()
         failed = False
@@ -158,7 +161,7 @@ class Workload:
             self.operations += 1
             fut = h.append_async(payload)
 
-            def acked(f: asyncio.Future[int], value: str = digest(payload)) -> None:
+            def acked(f: asyncio.Future[int], value: str = digests[payload]) -> None:
                 if f.cancelled():
                     return
                 exc = f.exception()
@@ -206,6 +209,7 @@ class Workload:
         current_node.set("reader")
         rng = random.Random(self.rng.random())
         history = self.history
+        digests = self.digests
         bk = await self.world.client("reader")
         for index in range(self.shape.ledgers):
             lid = await self._ledger(index)
@@ -231,7 +235,7 @@ class Workload:
                         last = min(lac, next_entry + 15)
                         self.operations += 1
                         for entry in await h.read(next_entry, last):
-                            history.add("reader", "read", lid, entry.entry_id, digest(entry.payload))
+                            history.add("reader", "read", lid, entry.entry_id, digests[entry.payload])
                         next_entry = last + 1
                     elif h.is_closed:
                         break
@@ -313,8 +317,9 @@ class Workload:
             except VellumError as ex:
                 self.history.add(actor, "read-failed", h.ledger_id, entry, type(ex).__name__)
                 return False
+            digests = self.digests
             for e in got:
-                self.history.add(actor, kind, h.ledger_id, e.entry_id, digest(e.payload))
+                self.history.add(actor, kind, h.ledger_id, e.entry_id, digests[e.payload])
             entry = upto + 1
         return True
 
