@@ -4,6 +4,7 @@ reported corrupt), and a read-ahead that a trim overtook caches nothing of the t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -92,6 +93,24 @@ def test_a_read_ahead_overtaken_by_a_trim_caches_nothing_of_the_trimmed_range(tm
         st.close()
 
 
+def misdirect_entry_3(st: LedgerStorage, where: Callable[[int, int], int]) -> list[int]:
+    """Fill 5 entries, flush, and make the index answer ``where(real location of entry 3, n)``
+    at the n-th lookup (1, 2, ...); the entry ids looked up are recorded in the list returned."""
+    fill(st, 5)
+    st.flush()
+    index = st._reader.locations
+    real = index.get_location(LEDGER, 3)
+    assert real is not None
+    lookups: list[int] = []
+
+    def lookup(ledger_id: int, entry_id: int) -> int | None:
+        lookups.append(entry_id)
+        return where(real, len(lookups))
+
+    index.get_location = lookup  # type: ignore[method-assign]
+    return lookups
+
+
 def test_a_location_that_keeps_changing_is_a_storage_error_never_a_corrupt_entry(tmp_path: Path) -> None:
     """Each lookup answers another place whose copy fails its checks (as if compaction moved the
     entry again and again between lookup and read): the read locates it three times at most and
@@ -99,18 +118,8 @@ def test_a_location_that_keeps_changing_is_a_storage_error_never_a_corrupt_entry
     twice at the one that failed."""
     st = open_storage(tmp_path)
     try:
-        fill(st, 5)
-        st.flush()
-        index = st._reader.locations
-        real = index.get_location(LEDGER, 3)
-        assert real is not None
-        lookups: list[int] = []
-
-        def lookup(ledger_id: int, entry_id: int) -> int | None:
-            lookups.append(entry_id)
-            return real - 1 - len(lookups)  # a few bytes before the record: never its copy
-
-        index.get_location = lookup  # type: ignore[method-assign]
+        # a few bytes before the record, another place at each lookup: never its copy
+        lookups = misdirect_entry_3(st, lambda real, n: real - 1 - n)
         before = corrupt_reads(tmp_path)
         with pytest.raises(StorageError, match="location kept changing") as info:
             st.get_entry(LEDGER, 3, read_ahead=False)
@@ -126,18 +135,7 @@ def test_a_copy_that_fails_where_the_index_still_points_is_corrupt_once(tmp_path
     corrupt: EIO, counted once, after two lookups and one read."""
     st = open_storage(tmp_path)
     try:
-        fill(st, 5)
-        st.flush()
-        index = st._reader.locations
-        real = index.get_location(LEDGER, 3)
-        assert real is not None
-        lookups: list[int] = []
-
-        def lookup(ledger_id: int, entry_id: int) -> int | None:
-            lookups.append(entry_id)
-            return real - 1  # one byte before the record, every time
-
-        index.get_location = lookup  # type: ignore[method-assign]
+        lookups = misdirect_entry_3(st, lambda real, n: real - 1)  # one byte before the record, every time
         before = corrupt_reads(tmp_path)
         with pytest.raises(CorruptEntryError, match="entry 3: stored copy is corrupt"):
             st.get_entry(LEDGER, 3, read_ahead=False)
