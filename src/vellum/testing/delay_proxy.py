@@ -15,7 +15,7 @@ Invariants:
 - one ``random.Random(seed)`` decides everything, so a run can be replayed.
 
 Run: ``python -m vellum.testing.delay_proxy --route LISTEN_HOST:PORT=TARGET_HOST:PORT ...
-[--delay-ms 2 --jitter-ms 1 --drop-mean-s 20 --seed 1]``; it prints ``PROXY READY`` once every
+[--delay-ms 2 --jitter-ms 1 --drop-mean-s 20 --seed=1]``; it prints ``PROXY READY`` once every
 route listens, and runs until SIGTERM/SIGINT.
 """
 
