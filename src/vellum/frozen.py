@@ -21,7 +21,6 @@ field; the builder takes no defaults: a caller passes every field.
 from __future__ import annotations
 
 import dataclasses
-import keyword
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -33,11 +32,10 @@ def builder(cls: type[T]) -> Callable[..., T]:
     params = getattr(cls, "__dataclass_params__", None)
     if params is None or not params.frozen or "__slots__" not in vars(cls):
         raise TypeError(f"builder({cls.__name__}): only a frozen dataclass with slots=True")
-    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
-    if any(not f.init for f in dataclasses.fields(cls)):  # type: ignore[arg-type]
+    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+    if any(not f.init for f in fields):
         raise TypeError(f"builder({cls.__name__}): every field must be an init field")
-    if any(not n.isidentifier() or keyword.iskeyword(n) for n in names):  # never: they are attribute names
-        raise TypeError(f"builder({cls.__name__}): field names {names!r}")
+    names = [f.name for f in fields]  # identifiers (a class's attribute names): safe in source
     # the __init__ written out, as dataclasses writes its own (source made from field names only)
     body = "".join(f"    self.{n} = {n}\n" for n in names)
     source = f"def __init__(self, {', '.join(names)}):\n{body}    self.__class__ = cls\n"
